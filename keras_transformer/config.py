@@ -1,0 +1,328 @@
+"""Experiment configuration: dataclass schema, YAML loading, dotted overrides and validation.
+
+A config file is YAML with the sections `model`, `data`, `train`, `decode`, `runtime` and
+`export`. Every key has a default (see `config_reference()`); unknown keys and values of the
+wrong type raise `ConfigError` naming the key.
+
+Example:
+>>> config = load_config("configs/quickstart.yaml", overrides=["train.steps=100"])
+>>> config.model.d_model
+"""
+
+import dataclasses
+import os
+import typing
+from typing import Optional, Union
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration problem, reported to users as one line."""
+
+
+def _field(default, help, **kwargs):
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(
+            default_factory=lambda: type(default)(default), metadata={"help": help}, **kwargs
+        )
+    return dataclasses.field(default=default, metadata={"help": help}, **kwargs)
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    """Transformer sizes; the names are those of `keras_transformer.models.Transformer`."""
+
+    num_layers: int = _field(6, "encoder and decoder blocks (N)")
+    d_model: int = _field(512, "model width")
+    num_heads: int = _field(8, "attention heads (h); must divide d_model")
+    d_ff: int = _field(2048, "feed-forward inner width")
+    dropout: float = _field(0.1, "residual dropout P_drop (sub-layer outputs, embedding sums)")
+    attention_dropout: float = _field(0.0, "dropout on attention weights")
+    activation_dropout: float = _field(0.0, "dropout inside the feed-forward network")
+    activation: str = _field("relu", "feed-forward activation")
+    norm_first: bool = _field(False, "pre-norm blocks instead of the paper's post-norm")
+    share_embeddings: bool = _field(True, "one embedding for source, target and softmax")
+    layer_norm_epsilon: float = _field(1e-6, "LayerNorm epsilon")
+
+
+@dataclasses.dataclass
+class DataConfig:
+    """Corpora, vocabulary and batching."""
+
+    train: str = _field(
+        "synthetic:", "training corpus spec: text:SRC,TGT | tsv:FILE | tfds:NAME[:SPLIT] | synthetic:..."
+    )
+    dev: Optional[str] = _field(None, "dev corpus spec (BLEU during training); None to skip")
+    test: Optional[str] = _field(None, "test corpus spec (BLEU at the end); None to skip")
+    vocab_size: int = _field(8000, "SentencePiece vocabulary size (shared source/target)")
+    spm_model_type: str = _field("unigram", "SentencePiece model type: unigram | bpe")
+    spm_character_coverage: float = _field(1.0, "SentencePiece character coverage")
+    spm_max_sentences: int = _field(
+        1_000_000, "at most this many sentences (both sides) train the vocabulary"
+    )
+    max_source_length: int = _field(128, "longest source in tokens (longer: truncated)")
+    max_target_length: int = _field(128, "longest target in tokens (longer: truncated)")
+    tokens_per_batch: int = _field(4096, "padded target tokens per batch (per replica)")
+    bucket_boundaries: Optional[list] = _field(
+        None, "padded lengths of the buckets; None chooses a few up to the max lengths"
+    )
+    shuffle_buffer: int = _field(10000, "examples in the shuffle buffer")
+    seed: int = _field(1234, "seed for the synthetic corpus, shuffling and the vocabulary")
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """The optimisation recipe (the paper's by default)."""
+
+    steps: int = _field(100000, "total optimizer steps")
+    warmup_steps: int = _field(4000, "learning-rate warm-up steps")
+    learning_rate_scale: float = _field(
+        1.0, "multiplier of d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)"
+    )
+    label_smoothing: float = _field(0.1, "label smoothing epsilon_ls")
+    adam_beta_1: float = _field(0.9, "Adam beta_1")
+    adam_beta_2: float = _field(0.98, "Adam beta_2")
+    adam_epsilon: float = _field(1e-9, "Adam epsilon")
+    gradient_accumulation_steps: int = _field(1, "batches whose gradients make one step")
+    clip_norm: Optional[float] = _field(None, "clip gradients to this global norm; None: off")
+    steps_per_epoch: int = _field(1000, "steps between evaluations / Keras epochs")
+    checkpoint_every: int = _field(1000, "steps between checkpoints")
+    keep_checkpoints: int = _field(5, "checkpoints kept (the last K)")
+    log_every: int = _field(100, "steps between TensorBoard scalar writes")
+    eval_max_sentences: int = _field(500, "dev sentences decoded for BLEU during training")
+    num_sample_translations: int = _field(3, "sample translations logged as text")
+    seed: int = _field(42, "seed of weight initialisation and dropout")
+
+
+@dataclasses.dataclass
+class DecodeConfig:
+    """Decoding settings (also fixed into the exported SavedModel)."""
+
+    beam_size: int = _field(4, "beam size k (1 = greedy)")
+    alpha: float = _field(0.6, "length penalty ((5+len)/6)^alpha")
+    max_extra_length: int = _field(50, "outputs stop at source length + this")
+    batch_size: int = _field(32, "sentences decoded together")
+
+
+@dataclasses.dataclass
+class RuntimeConfig:
+    """Where and how training runs."""
+
+    strategy: str = _field("auto", "auto | default | mirrored | multi_worker | tpu")
+    tpu: str = _field("", "TPU address for strategy=tpu ('' = local/auto)")
+    jit_compile: Union[bool, str] = _field("auto", "XLA: true | false | auto (chosen per device)")
+    mixed_precision: Optional[str] = _field(
+        None, "None | mixed_bfloat16 | mixed_float16 (with loss scaling)"
+    )
+    workdir: Optional[str] = _field(None, "output directory; default workdirs/<config name>")
+
+
+@dataclasses.dataclass
+class ExportConfig:
+    """SavedModel export."""
+
+    name: Optional[str] = _field(None, "model name: saved_models/<name>/<version>; default config name")
+    base_dir: str = _field("saved_models", "directory holding the named models")
+    average_checkpoints: int = _field(1, "average the last N checkpoints before exporting")
+
+
+@dataclasses.dataclass
+class ExperimentConfig:
+    """A whole experiment: one dataclass per YAML section."""
+
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    decode: DecodeConfig = dataclasses.field(default_factory=DecodeConfig)
+    runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
+    export: ExportConfig = dataclasses.field(default_factory=ExportConfig)
+    name: str = _field("experiment", "experiment name (default: the config file's stem)")
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+
+SECTIONS = {f.name: f.type for f in dataclasses.fields(ExperimentConfig) if f.name != "name"}
+
+
+def _type_name(tp):
+    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
+
+
+def _coerce(key, value, tp):
+    """Checks `value` against the annotation `tp`; ints are accepted for floats."""
+    origin = typing.get_origin(tp)
+    if origin is Union:
+        errors = []
+        for option in typing.get_args(tp):
+            if option is type(None):
+                if value is None:
+                    return None
+                continue
+            try:
+                return _coerce(key, value, option)
+            except ConfigError as e:
+                errors.append(e)
+        raise ConfigError(
+            f"{key}: expected {' or '.join(_type_name(t) for t in typing.get_args(tp))}, "
+            f"got {type(value).__name__} {value!r}"
+        )
+    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if tp is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if tp in (bool, str, list, dict) and isinstance(value, tp):
+        return value
+    if tp is int and isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+
+
+def _build_section(name, cls, values):
+    if values is None:
+        values = {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"{name}: expected a mapping of keys, got {type(values).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in values.items():
+        if key not in fields:
+            raise ConfigError(
+                f"unknown config key '{name}.{key}' (known: {', '.join(sorted(fields))})"
+            )
+        kwargs[key] = _coerce(f"{name}.{key}", value, hints[key])
+    return cls(**kwargs)
+
+
+def from_dict(values, name=None):
+    """Builds a validated `ExperimentConfig` from a (YAML-like) dict."""
+    values = dict(values or {})
+    config_name = values.pop("name", None) or name or "experiment"
+    unknown = set(values) - set(SECTIONS)
+    if unknown:
+        raise ConfigError(
+            f"unknown config section '{sorted(unknown)[0]}' (known: {', '.join(SECTIONS)})"
+        )
+    sections = {key: _build_section(key, cls, values.get(key)) for key, cls in SECTIONS.items()}
+    config = ExperimentConfig(name=str(config_name), **sections)
+    validate(config)
+    return config
+
+
+def _parse_override(text):
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' must look like section.key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if key.count(".") != 1 and key != "name":
+        raise ConfigError(f"override key '{key}' must look like section.key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def apply_overrides(values, overrides):
+    """Applies `["section.key=value", ...]` (values parsed as YAML scalars) to a config dict."""
+    values = {k: (dict(v) if isinstance(v, dict) else v) for k, v in (values or {}).items()}
+    for text in overrides or []:
+        key, value = _parse_override(text)
+        if key == "name":
+            values["name"] = value
+            continue
+        section, field = key.split(".")
+        if section not in SECTIONS:
+            raise ConfigError(f"unknown config section '{section}' in override '{text}'")
+        if values.get(section) is None:
+            values[section] = {}
+        values[section][field] = value
+    return values
+
+
+def load_config(path=None, overrides=None):
+    """Loads a YAML config file (or only defaults when `path` is None) and applies overrides.
+
+    Raises:
+        ConfigError: the file is missing or malformed, a key is unknown or a value has the wrong
+            type; the message names the file or key.
+    """
+    values, name = {}, None
+    if path is not None:
+        if not os.path.isfile(path):
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            with open(path, encoding="utf-8") as f:
+                values = yaml.safe_load(f) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: invalid YAML ({str(e).splitlines()[0]})") from None
+        if not isinstance(values, dict):
+            raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+        name = os.path.splitext(os.path.basename(path))[0]
+    return from_dict(apply_overrides(values, overrides), name=name)
+
+
+def save_config(config, path):
+    """Writes the resolved config as YAML (what `load_config` reads back)."""
+    with open(path, "w", encoding="utf-8") as f:
+        yaml.safe_dump(config.to_dict(), f, sort_keys=False)
+
+
+def validate(config):
+    """Checks values that are of the right type but impossible."""
+    m, d, t, dec, r = config.model, config.data, config.train, config.decode, config.runtime
+    checks = [
+        (m.num_layers > 0, "model.num_layers must be positive"),
+        (m.d_model > 0 and m.num_heads > 0, "model.d_model and model.num_heads must be positive"),
+        (m.d_model % max(m.num_heads, 1) == 0, "model.d_model must be divisible by model.num_heads"),
+        (0.0 <= m.dropout < 1.0, "model.dropout must be in [0, 1)"),
+        (d.vocab_size >= 16, "data.vocab_size must be at least 16"),
+        (d.max_source_length > 0 and d.max_target_length > 0, "data max lengths must be positive"),
+        (d.tokens_per_batch > 0, "data.tokens_per_batch must be positive"),
+        (t.steps > 0, "train.steps must be positive"),
+        (t.warmup_steps > 0, "train.warmup_steps must be positive"),
+        (0.0 <= t.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)"),
+        (t.gradient_accumulation_steps > 0, "train.gradient_accumulation_steps must be positive"),
+        (t.steps_per_epoch > 0, "train.steps_per_epoch must be positive"),
+        (t.checkpoint_every > 0, "train.checkpoint_every must be positive"),
+        (t.keep_checkpoints > 0, "train.keep_checkpoints must be positive"),
+        (dec.beam_size > 0, "decode.beam_size must be positive"),
+        (dec.batch_size > 0, "decode.batch_size must be positive"),
+        (
+            r.strategy in ("auto", "default", "mirrored", "multi_worker", "tpu"),
+            f"runtime.strategy must be auto|default|mirrored|multi_worker|tpu, got {r.strategy!r}",
+        ),
+        (
+            r.jit_compile in (True, False, "auto"),
+            f"runtime.jit_compile must be true, false or auto, got {r.jit_compile!r}",
+        ),
+        (
+            r.mixed_precision in (None, "mixed_bfloat16", "mixed_float16", "float32"),
+            "runtime.mixed_precision must be null, mixed_bfloat16, mixed_float16 or float32, "
+            f"got {r.mixed_precision!r}",
+        ),
+        (config.export.average_checkpoints > 0, "export.average_checkpoints must be positive"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+    return config
+
+
+def config_reference():
+    """Markdown tables listing every key with its default and meaning (used by the README)."""
+    lines = []
+    for section, cls in SECTIONS.items():
+        lines.append(f"### `{section}`\n")
+        lines.append("| key | default | meaning |")
+        lines.append("|---|---|---|")
+        instance = cls()
+        for f in dataclasses.fields(cls):
+            default = getattr(instance, f.name)
+            shown = "null" if default is None else yaml.safe_dump(default).strip()
+            shown = shown.removesuffix("\n...").removesuffix("...").strip()
+            lines.append(f"| `{f.name}` | `{shown}` | {f.metadata.get('help', '')} |")
+        lines.append("")
+    return "\n".join(lines)

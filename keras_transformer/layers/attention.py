@@ -1,0 +1,245 @@
+"""Scaled dot-product attention and multi-head attention with a fixed-size key/value cache."""
+
+import math
+
+import keras
+from keras import ops
+
+# Logit given to forbidden keys; the softmax runs in float32, where it is finite.
+_MASKED_LOGIT = -1e9
+
+
+def scaled_dot_product_attention(query, key, value, mask=None, dropout_fn=None):
+    """softmax(Q K^T / sqrt(d_k)) V, the paper's equation (1).
+
+    Args:
+        query: `[..., q_len, d_k]`.
+        key: `[..., k_len, d_k]`.
+        value: `[..., k_len, d_v]`.
+        mask: optional boolean tensor broadcastable to `[..., q_len, k_len]`; True means the query
+            may attend to the key. Rows with no allowed key give all-zero weights (never NaN).
+        dropout_fn: optional callable applied to the attention weights (attention dropout).
+
+    Returns:
+        `(output, attention_weights)` with shapes `[..., q_len, d_v]` and `[..., q_len, k_len]`.
+
+    Example:
+    >>> q = k = np.eye(2, dtype="float32")
+    >>> v = np.array([[2.0, 3.0], [4.0, 5.0]], "float32")
+    >>> out, w = scaled_dot_product_attention(q, k, v)  # w ~ [[.67, .33], [.33, .67]]
+
+    References:
+        Vaswani et al., 2017, "Attention Is All You Need", section 3.2.1.
+    """
+    compute_dtype = keras.backend.standardize_dtype(query.dtype)
+    d_k = ops.shape(query)[-1]
+    query = ops.multiply(query, ops.cast(1.0 / math.sqrt(d_k), compute_dtype))
+    logits = ops.matmul(query, ops.swapaxes(key, -1, -2))  # [..., q_len, k_len]
+    # The softmax runs in float32 so that half-precision policies keep a stable normalisation.
+    logits = ops.cast(logits, "float32")
+    if mask is not None:
+        mask = ops.cast(mask, "bool")
+        logits = ops.where(mask, logits, _MASKED_LOGIT)
+    weights = ops.softmax(logits, axis=-1)
+    if mask is not None:
+        # A fully masked row softmaxes to uniform weights over forbidden keys; zero it instead.
+        weights = ops.where(mask, weights, ops.zeros_like(weights))
+    weights = ops.cast(weights, compute_dtype)
+    dropped = dropout_fn(weights) if dropout_fn is not None else weights
+    output = ops.matmul(dropped, value)
+    return output, weights
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class MultiHeadAttention(keras.layers.Layer):
+    """Multi-head attention (paper section 3.2.2) with an optional fixed-size key/value cache.
+
+    The query, key and value are projected to `num_heads` heads of `key_dim` features, attended
+    with `scaled_dot_product_attention`, concatenated and projected back to the query's width.
+
+    For incremental decoding the layer takes a `cache` of shape
+    `[batch, 2, num_heads, max_length, key_dim]` (keys stacked on values):
+    - self-attention: pass the current step's input as `query`, the cache and `cache_update_index`;
+      the step's projected key/value are written at that index (`ops.slice_update`, so shapes stay
+      static for XLA) and the layer returns `(output, updated_cache)`;
+    - cross-attention: build the cache once with `compute_key_value_cache(encoder_output)` and pass
+      it with `cache_update_index=None`; keys and values are then not recomputed.
+
+    Args:
+        num_heads: number of attention heads `h`.
+        key_dim: size of each head for queries and keys (`d_k`).
+        value_dim: size of each head for values (`d_v`); defaults to `key_dim`.
+        dropout: dropout rate on the attention weights.
+        use_bias: whether the projections have biases.
+        output_dim: width of the output; defaults to the query's last dimension.
+        kernel_initializer: initializer of the projection kernels.
+
+    Call arguments:
+        query: `[batch, q_len, dim]`.
+        value: `[batch, k_len, dim]`; ignored when a cross-attention cache is given.
+        key: `[batch, k_len, dim]`; defaults to `value`.
+        attention_mask: boolean `[batch, q_len, k_len]` (or broadcastable), True = may attend.
+        use_causal_mask: also forbid attending to later positions.
+        cache: key/value cache, see above.
+        cache_update_index: int scalar, position of `query` inside the cache (self-attention).
+        return_attention_scores: also return the weights `[batch, heads, q_len, k_len]`.
+        training: enables dropout.
+
+    Returns:
+        `output`, then `attention_scores` if requested, then the cache if one was given.
+
+    Example:
+    >>> mha = MultiHeadAttention(num_heads=8, key_dim=64)
+    >>> y = mha(x, x, use_causal_mask=True)  # x: [batch, len, 512] -> y: [batch, len, 512]
+
+    References:
+        Vaswani et al., 2017, "Attention Is All You Need", section 3.2.2.
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim,
+        value_dim=None,
+        dropout=0.0,
+        use_bias=True,
+        output_dim=None,
+        kernel_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if num_heads <= 0 or key_dim <= 0:
+            raise ValueError(
+                f"num_heads and key_dim must be positive, got num_heads={num_heads}, "
+                f"key_dim={key_dim}"
+            )
+        self.num_heads = int(num_heads)
+        self.key_dim = int(key_dim)
+        self.value_dim = int(value_dim) if value_dim else int(key_dim)
+        self.dropout = float(dropout)
+        self.use_bias = bool(use_bias)
+        self.output_dim = output_dim
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.supports_masking = True
+
+    def _dense(self, units, name):
+        return keras.layers.Dense(
+            units,
+            use_bias=self.use_bias,
+            kernel_initializer=keras.initializers.get(
+                keras.initializers.serialize(self.kernel_initializer)
+            ),
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def build(self, query_shape, value_shape=None, key_shape=None):
+        value_shape = query_shape if value_shape is None else value_shape
+        key_shape = value_shape if key_shape is None else key_shape
+        out_dim = self.output_dim or query_shape[-1]
+        self.query_dense = self._dense(self.num_heads * self.key_dim, "query")
+        self.query_dense.build(query_shape)
+        self.key_dense = self._dense(self.num_heads * self.key_dim, "key")
+        self.key_dense.build(key_shape)
+        self.value_dense = self._dense(self.num_heads * self.value_dim, "value")
+        self.value_dense.build(value_shape)
+        self.output_dense = self._dense(out_dim, "attention_output")
+        self.output_dense.build(tuple(query_shape[:-1]) + (self.num_heads * self.value_dim,))
+        self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        self.built = True
+
+    def _split_heads(self, x, head_dim):
+        # [batch, len, heads * head_dim] -> [batch, heads, len, head_dim]
+        shape = ops.shape(x)
+        x = ops.reshape(x, (shape[0], shape[1], self.num_heads, head_dim))
+        return ops.transpose(x, (0, 2, 1, 3))
+
+    def compute_key_value_cache(self, value, key=None):
+        """Projects `key`/`value` once: `[batch, 2, heads, k_len, key_dim]` (needs key_dim == value_dim)."""
+        key = value if key is None else key
+        k = self._split_heads(self.key_dense(key), self.key_dim)
+        v = self._split_heads(self.value_dense(value), self.value_dim)
+        return ops.stack([k, v], axis=1)
+
+    def call(
+        self,
+        query,
+        value=None,
+        key=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        cache=None,
+        cache_update_index=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        value = query if value is None else value
+        key = value if key is None else key
+        q = self._split_heads(self.query_dense(query), self.key_dim)  # [b, h, q_len, d_k]
+
+        if cache is not None and cache_update_index is None:
+            # Cross-attention with keys/values computed once per source sentence.
+            k, v = cache[:, 0], cache[:, 1]
+        else:
+            k = self._split_heads(self.key_dense(key), self.key_dim)  # [b, h, k_len, d_k]
+            v = self._split_heads(self.value_dense(value), self.value_dim)
+            if cache is not None:
+                step = ops.stack([k, v], axis=1)  # [b, 2, h, q_len, d]
+                start = [0, 0, 0, cache_update_index, 0]
+                cache = ops.slice_update(cache, start, ops.cast(step, cache.dtype))
+                k, v = cache[:, 0], cache[:, 1]
+
+        mask = self._compute_mask(q, k, attention_mask, use_causal_mask, cache, cache_update_index)
+        out, weights = scaled_dot_product_attention(
+            q, k, v, mask=mask, dropout_fn=lambda w: self.dropout_layer(w, training=training)
+        )
+        # [b, h, q_len, d_v] -> [b, q_len, h * d_v]
+        out = ops.transpose(out, (0, 2, 1, 3))
+        shape = ops.shape(out)
+        out = ops.reshape(out, (shape[0], shape[1], self.num_heads * self.value_dim))
+        out = self.output_dense(out)
+
+        results = [out]
+        if return_attention_scores:
+            results.append(weights)
+        if cache is not None:
+            results.append(cache)
+        return results[0] if len(results) == 1 else tuple(results)
+
+    def _compute_mask(self, q, k, attention_mask, use_causal_mask, cache, cache_update_index):
+        """Boolean mask `[batch or 1, 1, q_len, k_len]` (None when nothing is masked)."""
+        mask = None
+        if attention_mask is not None:
+            mask = ops.cast(attention_mask, "bool")
+            if len(mask.shape) == 3:
+                mask = ops.expand_dims(mask, 1)  # broadcast over heads
+        q_len, k_len = ops.shape(q)[2], ops.shape(k)[2]
+        causal = None
+        if cache is not None and cache_update_index is not None:
+            # Query i sits at cache position cache_update_index + i; later slots are empty or future.
+            q_pos = ops.arange(q_len) + cache_update_index
+            causal = ops.expand_dims(q_pos, 1) >= ops.expand_dims(ops.arange(k_len), 0)
+        elif use_causal_mask:
+            causal = ops.expand_dims(ops.arange(q_len), 1) >= ops.expand_dims(ops.arange(k_len), 0)
+        if causal is not None:
+            causal = ops.reshape(causal, (1, 1, q_len, k_len))
+            mask = causal if mask is None else ops.logical_and(mask, causal)
+        return mask
+
+    def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
+        return tuple(query_shape[:-1]) + (self.output_dim or query_shape[-1],)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "key_dim": self.key_dim,
+                "value_dim": self.value_dim,
+                "dropout": self.dropout,
+                "use_bias": self.use_bias,
+                "output_dim": self.output_dim,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            }
+        )
+        return config

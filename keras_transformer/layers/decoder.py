@@ -1,0 +1,205 @@
+"""Transformer decoder block and the stack of N blocks, with key/value caches for decoding."""
+
+import keras
+from keras import ops
+
+from keras_transformer.layers.encoder import _BlockBase, _StackBase
+from keras_transformer.layers.masks import key_padding_mask
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class TransformerDecoderBlock(_BlockBase):
+    """One decoder layer: causal self-attention, encoder-decoder attention and a feed-forward net.
+
+    Each sub-layer has a residual connection and LayerNorm (post-norm as in the paper,
+    `norm_first=True` for pre-norm). The self-attention is causal: position i attends positions
+    <= i only.
+
+    Args:
+        num_heads: attention heads; must divide the input width `d_model`.
+        d_ff: inner width of the feed-forward network.
+        dropout: residual dropout rate (0.1 in the paper).
+        attention_dropout: dropout on attention weights.
+        activation_dropout: dropout inside the feed-forward network.
+        activation: feed-forward activation.
+        norm_first: pre-norm instead of the paper's post-norm.
+        layer_norm_epsilon: LayerNorm epsilon.
+        kernel_initializer: initializer of all projection kernels.
+
+    Call arguments:
+        inputs: embedded target `[batch, t_len, d_model]`.
+        encoder_output: `[batch, s_len, d_model]`; may be None when `cross_attention_cache` is given.
+        decoder_padding_mask: boolean `[batch, t_len]`, True at real target tokens.
+        encoder_padding_mask: boolean `[batch, s_len]`, True at real source tokens.
+        self_attention_cache: `[batch, 2, heads, max_len, head_dim]` for incremental decoding.
+        cache_update_index: int scalar, the position of `inputs` in the cache.
+        cross_attention_cache: `[batch, 2, heads, s_len, head_dim]` from
+            `compute_cross_attention_cache`.
+        return_attention_scores: also return `{"self_attention": ..., "cross_attention": ...}`.
+        training: enables dropout.
+
+    Returns:
+        The output `[batch, t_len, d_model]`, then the scores dict if requested, then the updated
+        self-attention cache if one was given.
+
+    Example:
+    >>> block = TransformerDecoderBlock(num_heads=8, d_ff=2048)
+    >>> y = block(target_x, encoder_output=memory, encoder_padding_mask=source_ids != 0)
+
+    References:
+        Vaswani et al., 2017, "Attention Is All You Need", section 3.1.
+    """
+
+    def build(self, inputs_shape, encoder_output_shape=None):
+        input_shape = inputs_shape
+        d_model = input_shape[-1]
+        encoder_output_shape = encoder_output_shape or input_shape
+        self.self_attention = self._attention(d_model, "self_attention")
+        self.self_attention.build(input_shape, input_shape)
+        self.self_attention_norm = self._norm("self_attention_norm")
+        self.self_attention_norm.build(input_shape)
+        self.cross_attention = self._attention(d_model, "cross_attention")
+        self.cross_attention.build(input_shape, encoder_output_shape)
+        self.cross_attention_norm = self._norm("cross_attention_norm")
+        self.cross_attention_norm.build(input_shape)
+        self._build_feed_forward(input_shape)
+        self.built = True
+
+    def compute_cross_attention_cache(self, encoder_output):
+        """Keys/values of the encoder output, `[batch, 2, heads, s_len, head_dim]`."""
+        return self.cross_attention.compute_key_value_cache(encoder_output)
+
+    def call(
+        self,
+        inputs,
+        encoder_output=None,
+        decoder_padding_mask=None,
+        encoder_padding_mask=None,
+        self_attention_cache=None,
+        cache_update_index=None,
+        cross_attention_cache=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        def self_attention(h):
+            out = self.self_attention(
+                h,
+                h,
+                attention_mask=key_padding_mask(decoder_padding_mask),
+                use_causal_mask=True,
+                cache=self_attention_cache,
+                cache_update_index=cache_update_index,
+                return_attention_scores=True,
+                training=training,
+            )
+            return out[0], out[1:]
+
+        x, (self_scores, *new_cache) = self._residual(
+            inputs, self.self_attention_norm, self_attention, training
+        )
+
+        def cross_attention(h):
+            return self.cross_attention(
+                h,
+                encoder_output,
+                attention_mask=key_padding_mask(encoder_padding_mask),
+                cache=cross_attention_cache,
+                return_attention_scores=True,
+                training=training,
+            )[:2]
+
+        x, cross_scores = self._residual(x, self.cross_attention_norm, cross_attention, training)
+        x = self._feed_forward(x, training)
+
+        results = [x]
+        if return_attention_scores:
+            results.append({"self_attention": self_scores, "cross_attention": cross_scores})
+        if self_attention_cache is not None:
+            results.append(new_cache[0])
+        return results[0] if len(results) == 1 else tuple(results)
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class TransformerDecoder(_StackBase):
+    """A stack of `num_layers` `TransformerDecoderBlock`s (the paper's N = 6).
+
+    For incremental decoding the caches of all layers are stacked in one tensor each:
+    self-attention `[batch, num_layers, 2, heads, max_len, head_dim]` and cross-attention
+    `[batch, num_layers, 2, heads, s_len, head_dim]`.
+
+    Args:
+        num_layers: number of blocks.
+        num_heads, d_ff, dropout, attention_dropout, activation_dropout, activation, norm_first,
+        layer_norm_epsilon, kernel_initializer: passed to every `TransformerDecoderBlock`.
+
+    Call arguments:
+        inputs: embedded target `[batch, t_len, d_model]`.
+        encoder_output: `[batch, s_len, d_model]` (may be None when the cross cache is given).
+        decoder_padding_mask, encoder_padding_mask: boolean token masks, True at real tokens.
+        self_attention_cache, cache_update_index, cross_attention_cache: see above.
+        return_attention_scores: also return a list of each block's scores dict.
+        training: enables dropout.
+
+    Example:
+    >>> decoder = TransformerDecoder(num_layers=6, num_heads=8, d_ff=2048)
+    >>> y = decoder(embedded_target, memory, encoder_padding_mask=source_ids != 0)
+
+    References:
+        Vaswani et al., 2017, "Attention Is All You Need", section 3.1.
+    """
+
+    block_class = TransformerDecoderBlock
+
+    def build(self, inputs_shape, encoder_output_shape=None):
+        self._encoder_output_shape = encoder_output_shape
+        super().build(inputs_shape)
+
+    def _build_block(self, block, input_shape):
+        block.build(input_shape, self._encoder_output_shape)
+
+    def compute_cross_attention_cache(self, encoder_output):
+        """`[batch, num_layers, 2, heads, s_len, head_dim]`, computed once per source."""
+        return ops.stack(
+            [block.compute_cross_attention_cache(encoder_output) for block in self.blocks], axis=1
+        )
+
+    def call(
+        self,
+        inputs,
+        encoder_output=None,
+        decoder_padding_mask=None,
+        encoder_padding_mask=None,
+        self_attention_cache=None,
+        cache_update_index=None,
+        cross_attention_cache=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        x, all_scores, new_caches = inputs, [], []
+        for i, block in enumerate(self.blocks):
+            out = block(
+                x,
+                encoder_output,
+                decoder_padding_mask=decoder_padding_mask,
+                encoder_padding_mask=encoder_padding_mask,
+                self_attention_cache=(
+                    None if self_attention_cache is None else self_attention_cache[:, i]
+                ),
+                cache_update_index=cache_update_index,
+                cross_attention_cache=(
+                    None if cross_attention_cache is None else cross_attention_cache[:, i]
+                ),
+                return_attention_scores=True,
+                training=training,
+            )
+            x, scores = out[0], out[1]
+            all_scores.append(scores)
+            if self_attention_cache is not None:
+                new_caches.append(out[2])
+        x = self._finish(x)
+        results = [x]
+        if return_attention_scores:
+            results.append(all_scores)
+        if self_attention_cache is not None:
+            results.append(ops.stack(new_caches, axis=1))
+        return results[0] if len(results) == 1 else tuple(results)

@@ -1,0 +1,83 @@
+"""Position-wise feed-forward network."""
+
+import keras
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class PositionwiseFeedForward(keras.layers.Layer):
+    """`FFN(x) = max(0, x W1 + b1) W2 + b2`, applied to every position alike.
+
+    Args:
+        d_ff: inner width (2048 in the base model).
+        activation: inner activation; the paper uses `"relu"`.
+        dropout: dropout on the inner activations (0 in the paper).
+        output_dim: output width; defaults to the input's last dimension.
+        kernel_initializer: initializer of both kernels.
+
+    Call arguments:
+        inputs: `[..., d_model]`.
+        training: enables dropout.
+
+    Example:
+    >>> ffn = PositionwiseFeedForward(d_ff=2048)
+    >>> y = ffn(x)  # x: [batch, len, 512] -> y: [batch, len, 512]
+
+    References:
+        Vaswani et al., 2017, "Attention Is All You Need", section 3.3.
+    """
+
+    def __init__(
+        self,
+        d_ff,
+        activation="relu",
+        dropout=0.0,
+        output_dim=None,
+        kernel_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.d_ff = int(d_ff)
+        self.activation = activation
+        self.dropout = float(dropout)
+        self.output_dim = output_dim
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.supports_masking = True
+
+    def build(self, input_shape):
+        init = keras.initializers.serialize(self.kernel_initializer)
+        self.inner = keras.layers.Dense(
+            self.d_ff,
+            activation=self.activation,
+            kernel_initializer=keras.initializers.get(init),
+            dtype=self.dtype_policy,
+            name="inner",
+        )
+        self.inner.build(input_shape)
+        self.inner_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        self.outer = keras.layers.Dense(
+            self.output_dim or input_shape[-1],
+            kernel_initializer=keras.initializers.get(init),
+            dtype=self.dtype_policy,
+            name="outer",
+        )
+        self.outer.build(tuple(input_shape[:-1]) + (self.d_ff,))
+        self.built = True
+
+    def call(self, inputs, training=None):
+        return self.outer(self.inner_dropout(self.inner(inputs), training=training))
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[:-1]) + (self.output_dim or input_shape[-1],)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "d_ff": self.d_ff,
+                "activation": self.activation,
+                "dropout": self.dropout,
+                "output_dim": self.output_dim,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            }
+        )
+        return config

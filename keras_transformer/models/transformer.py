@@ -1,0 +1,287 @@
+"""The encoder-decoder Transformer as a functional Keras model."""
+
+import keras
+from keras import ops
+
+from keras_transformer.layers.decoder import TransformerDecoder
+from keras_transformer.layers.embedding import SinusoidalPositionalEncoding, TokenEmbedding
+from keras_transformer.layers.encoder import TransformerEncoder, head_size
+from keras_transformer.layers.masks import padding_mask
+
+# The paper's sizes (Table 3) plus small ones for tests and CPUs.
+PRESETS = {
+    "transformer_base": dict(num_layers=6, d_model=512, num_heads=8, d_ff=2048, dropout=0.1),
+    # The paper uses P_drop = 0.3 for the big EN-DE model (0.1 for EN-FR).
+    "transformer_big": dict(num_layers=6, d_model=1024, num_heads=16, d_ff=4096, dropout=0.3),
+    "transformer_small": dict(num_layers=3, d_model=256, num_heads=4, d_ff=1024, dropout=0.1),
+    "transformer_tiny": dict(num_layers=2, d_model=64, num_heads=4, d_ff=128, dropout=0.1),
+}
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Transformer(keras.Model):
+    """The Transformer of "Attention Is All You Need" as a functional Keras model.
+
+    The graph is built in `__init__` from the library's layers: a token embedding shared by the
+    source, the target and the pre-softmax projection (scaled by sqrt(d_model)), sinusoidal
+    positions, dropout, an encoder and a decoder stack of `num_layers` blocks each.
+
+    Args:
+        vocab_size: size of the (shared) vocabulary; id 0 is padding.
+        num_layers: blocks in the encoder and in the decoder (N).
+        d_model: model width.
+        num_heads: attention heads (h).
+        d_ff: feed-forward inner width.
+        dropout: residual dropout `P_drop` (sub-layer outputs and embedding sums).
+        attention_dropout: dropout on attention weights.
+        activation_dropout: dropout inside the feed-forward networks.
+        activation: feed-forward activation.
+        norm_first: pre-norm blocks instead of the paper's post-norm.
+        share_embeddings: one embedding matrix for source and target (needs one vocabulary).
+        tie_output_projection: use the target embedding as the pre-softmax projection.
+        source_vocab_size: source vocabulary size when `share_embeddings=False`.
+        num_encoder_layers, num_decoder_layers: override `num_layers` per stack.
+        layer_norm_epsilon: LayerNorm epsilon.
+        dtype: dtype policy of the layers (e.g. `"mixed_bfloat16"`); logits are always float32.
+
+    Call arguments:
+        inputs: dict with `"source_ids"` `[batch, s_len]` and `"target_ids"` `[batch, t_len]`
+            (int, 0 = padding); `target_ids` is the decoder input (BOS-shifted target).
+
+    Returns:
+        Logits `[batch, t_len, vocab_size]` (float32).
+
+    Example:
+    >>> model = Transformer.from_preset("transformer_base", vocab_size=37000)
+    >>> logits = model({"source_ids": src, "target_ids": tgt_in})
+
+    References:
+        Vaswani et al., 2017, "Attention Is All You Need".
+    """
+
+    def __init__(
+        self,
+        vocab_size,
+        num_layers=6,
+        d_model=512,
+        num_heads=8,
+        d_ff=2048,
+        dropout=0.1,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        activation="relu",
+        norm_first=False,
+        share_embeddings=True,
+        tie_output_projection=True,
+        source_vocab_size=None,
+        num_encoder_layers=None,
+        num_decoder_layers=None,
+        layer_norm_epsilon=1e-6,
+        dtype=None,
+        **kwargs,
+    ):
+        head_size(d_model, num_heads)  # fails early with a clear message
+        if share_embeddings and source_vocab_size not in (None, vocab_size):
+            raise ValueError(
+                "share_embeddings=True needs one vocabulary: source_vocab_size "
+                f"({source_vocab_size}) != vocab_size ({vocab_size})"
+            )
+        stack_kwargs = dict(
+            num_heads=num_heads,
+            d_ff=d_ff,
+            dropout=dropout,
+            attention_dropout=attention_dropout,
+            activation_dropout=activation_dropout,
+            activation=activation,
+            norm_first=norm_first,
+            layer_norm_epsilon=layer_norm_epsilon,
+            dtype=dtype,
+        )
+        target_embedding = TokenEmbedding(vocab_size, d_model, dtype=dtype, name="token_embedding")
+        source_embedding = (
+            target_embedding
+            if share_embeddings
+            else TokenEmbedding(
+                source_vocab_size or vocab_size, d_model, dtype=dtype, name="source_embedding"
+            )
+        )
+        positions = SinusoidalPositionalEncoding(dtype=dtype, name="positional_encoding")
+        source_dropout = keras.layers.Dropout(dropout, dtype=dtype, name="source_dropout")
+        target_dropout = keras.layers.Dropout(dropout, dtype=dtype, name="target_dropout")
+        encoder = TransformerEncoder(
+            num_encoder_layers or num_layers, name="encoder", **stack_kwargs
+        )
+        decoder = TransformerDecoder(
+            num_decoder_layers or num_layers, name="decoder", **stack_kwargs
+        )
+        output_projection = (
+            None
+            if tie_output_projection
+            else keras.layers.Dense(vocab_size, dtype=dtype, name="output_projection")
+        )
+        to_float32 = keras.layers.Activation("linear", dtype="float32", name="logits")
+
+        # The functional graph.
+        source_ids = keras.Input(shape=(None,), dtype="int32", name="source_ids")
+        target_ids = keras.Input(shape=(None,), dtype="int32", name="target_ids")
+        source_mask = padding_mask(source_ids)
+        target_mask = padding_mask(target_ids)
+        x = source_dropout(positions(source_embedding(source_ids)))
+        memory = encoder(x, padding_mask=source_mask)
+        y = target_dropout(positions(target_embedding(target_ids)))
+        y = decoder(
+            y, memory, decoder_padding_mask=target_mask, encoder_padding_mask=source_mask
+        )
+        if output_projection is None:
+            logits = target_embedding(y, reverse=True)
+        else:
+            logits = output_projection(y)
+        logits = to_float32(logits)
+        super().__init__(
+            inputs={"source_ids": source_ids, "target_ids": target_ids},
+            outputs=logits,
+            **kwargs,
+        )
+
+        self.source_embedding = source_embedding
+        self.target_embedding = target_embedding
+        self.positional_encoding = positions
+        self.source_dropout = source_dropout
+        self.target_dropout = target_dropout
+        self.encoder = encoder
+        self.decoder = decoder
+        self.output_projection = output_projection
+        self.to_float32 = to_float32
+
+        self.vocab_size = int(vocab_size)
+        self.num_layers = int(num_layers)
+        self.d_model = int(d_model)
+        self.num_heads = int(num_heads)
+        self.d_ff = int(d_ff)
+        self.dropout = float(dropout)
+        self.attention_dropout = float(attention_dropout)
+        self.activation_dropout = float(activation_dropout)
+        self.activation = activation
+        self.norm_first = bool(norm_first)
+        self.share_embeddings = bool(share_embeddings)
+        self.tie_output_projection = bool(tie_output_projection)
+        self.source_vocab_size = source_vocab_size
+        self.num_encoder_layers = num_encoder_layers
+        self.num_decoder_layers = num_decoder_layers
+        self.layer_norm_epsilon = float(layer_norm_epsilon)
+        self.head_dim = d_model // num_heads
+
+    @classmethod
+    def from_preset(cls, preset, vocab_size, **kwargs):
+        """Builds `preset` ("transformer_base", "transformer_big", "transformer_small",
+        "transformer_tiny") with `vocab_size`; other keyword arguments override the preset."""
+        if preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+        return cls(vocab_size=vocab_size, **{**PRESETS[preset], **kwargs})
+
+    # ------------------------------------------------------------------ inference
+
+    def encode(self, source_ids, training=False):
+        """Runs the encoder: `[batch, s_len]` ids -> (`[batch, s_len, d_model]`, `[batch, s_len]` mask)."""
+        source_mask = padding_mask(source_ids)
+        x = self.positional_encoding(self.source_embedding(source_ids))
+        x = self.source_dropout(x, training=training)
+        return self.encoder(x, padding_mask=source_mask, training=training), source_mask
+
+    def init_cache(self, encoder_output, max_length):
+        """The decoding cache for `max_length` target positions.
+
+        Returns a dict with `"self_attention"` zeros
+        `[batch, num_decoder_layers, 2, heads, max_length, head_dim]` and `"cross_attention"`, the
+        encoder output's keys/values `[batch, num_decoder_layers, 2, heads, s_len, head_dim]`,
+        computed here once per sentence.
+        """
+        batch = ops.shape(encoder_output)[0]
+        layers = self.num_decoder_layers or self.num_layers
+        shape = (batch, layers, 2, self.num_heads, max_length, self.head_dim)
+        return {
+            "self_attention": ops.zeros(shape, dtype=self.decoder.compute_dtype),
+            "cross_attention": self.decoder.compute_cross_attention_cache(encoder_output),
+        }
+
+    def decode_step(self, target_ids, cache_index, cache, source_mask):
+        """Decodes `target_ids` `[batch, n]` placed at positions `cache_index .. cache_index+n-1`.
+
+        Returns float32 logits `[batch, n, vocab_size]` for the next tokens and the cache with
+        those positions' keys/values written in. Run step by step from `cache_index=0` this equals
+        the full forward pass.
+        """
+        y = self.positional_encoding(self.target_embedding(target_ids), start_index=cache_index)
+        y, self_cache = self.decoder(
+            y,
+            None,
+            encoder_padding_mask=source_mask,
+            self_attention_cache=cache["self_attention"],
+            cache_update_index=cache_index,
+            cross_attention_cache=cache["cross_attention"],
+        )
+        logits = self._project(y)
+        return logits, {"self_attention": self_cache, "cross_attention": cache["cross_attention"]}
+
+    def _project(self, y):
+        if self.output_projection is None:
+            logits = self.target_embedding(y, reverse=True)
+        else:
+            logits = self.output_projection(y)
+        return self.to_float32(logits)
+
+    def attention_scores(self, source_ids, target_ids):
+        """Attention weights of one forward pass (inference mode), for inspection and plots.
+
+        Returns `{"encoder_self_attention": [per layer [batch, heads, s_len, s_len]],
+        "decoder_self_attention": [...], "decoder_cross_attention": [per layer
+        [batch, heads, t_len, s_len]]}`.
+        """
+        source_mask = padding_mask(source_ids)
+        x = self.positional_encoding(self.source_embedding(source_ids))
+        memory, enc_scores = self.encoder(
+            x, padding_mask=source_mask, return_attention_scores=True
+        )
+        y = self.positional_encoding(self.target_embedding(target_ids))
+        _, dec_scores = self.decoder(
+            y,
+            memory,
+            decoder_padding_mask=padding_mask(target_ids),
+            encoder_padding_mask=source_mask,
+            return_attention_scores=True,
+        )
+        return {
+            "encoder_self_attention": enc_scores,
+            "decoder_self_attention": [s["self_attention"] for s in dec_scores],
+            "decoder_cross_attention": [s["cross_attention"] for s in dec_scores],
+        }
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "trainable": self.trainable,
+            "vocab_size": self.vocab_size,
+            "num_layers": self.num_layers,
+            "d_model": self.d_model,
+            "num_heads": self.num_heads,
+            "d_ff": self.d_ff,
+            "dropout": self.dropout,
+            "attention_dropout": self.attention_dropout,
+            "activation_dropout": self.activation_dropout,
+            "activation": self.activation,
+            "norm_first": self.norm_first,
+            "share_embeddings": self.share_embeddings,
+            "tie_output_projection": self.tie_output_projection,
+            "source_vocab_size": self.source_vocab_size,
+            "num_encoder_layers": self.num_encoder_layers,
+            "num_decoder_layers": self.num_decoder_layers,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+            "dtype": keras.dtype_policies.serialize(self.encoder.dtype_policy),
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        if isinstance(config.get("dtype"), dict):
+            config["dtype"] = keras.dtype_policies.deserialize(config["dtype"])
+        return cls(**config)

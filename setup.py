@@ -1,0 +1,46 @@
+"""keras-transformer: the Transformer of "Attention Is All You Need" in TensorFlow/Keras 3."""
+
+from setuptools import find_packages, setup
+
+with open("README.md", encoding="utf-8") as f:
+    LONG_DESCRIPTION = f.read()
+
+setup(
+    name="keras-transformer",
+    version="0.1.0",
+    description='The Transformer of "Attention Is All You Need" as TensorFlow/Keras 3 layers, '
+    "training, beam search and a TF Serving SavedModel.",
+    long_description=LONG_DESCRIPTION,
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    packages=find_packages(include=["keras_transformer", "keras_transformer.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "tensorflow>=2.21,<2.22",
+        "keras>=3.12,<3.16",
+        "tensorflow-text>=2.21,<2.22",
+        "tensorflow-datasets>=4.9,<5",
+        "tensorboard>=2.21,<2.22",
+        "sentencepiece>=0.2,<0.3",
+        "sacrebleu>=2.4,<3",
+        "pyyaml>=6,<7",
+        "numpy>=1.26,<3",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8",
+            "jax[cpu]>=0.4.30",
+            "ruff>=0.6",
+            "nbclient>=0.10",
+            "nbformat>=5.10",
+            "ipykernel>=6",
+            "matplotlib>=3.8",
+        ],
+    },
+    entry_points={"console_scripts": ["keras-transformer=keras_transformer.cli:main"]},
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Framework :: TensorFlow",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)
