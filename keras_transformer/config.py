@@ -51,7 +51,8 @@ class DataConfig:
     """Corpora, vocabulary and batching."""
 
     train: str = _field(
-        "synthetic:", "training corpus spec: text:SRC,TGT | tsv:FILE | tfds:NAME[:SPLIT] | synthetic:..."
+        "synthetic:",
+        "training corpus spec: text:SRC,TGT | tsv:FILE | tfds:NAME[:SPLIT] | synthetic:...",
     )
     dev: Optional[str] = _field(None, "dev corpus spec (BLEU during training); None to skip")
     test: Optional[str] = _field(None, "test corpus spec (BLEU at the end); None to skip")
@@ -122,7 +123,9 @@ class RuntimeConfig:
 class ExportConfig:
     """SavedModel export."""
 
-    name: Optional[str] = _field(None, "model name: saved_models/<name>/<version>; default config name")
+    name: Optional[str] = _field(
+        None, "model name: saved_models/<name>/<version>; default: the config name"
+    )
     base_dir: str = _field("saved_models", "directory holding the named models")
     average_checkpoints: int = _field(1, "average the last N checkpoints before exporting")
 
@@ -276,7 +279,7 @@ def validate(config):
     checks = [
         (m.num_layers > 0, "model.num_layers must be positive"),
         (m.d_model > 0 and m.num_heads > 0, "model.d_model and model.num_heads must be positive"),
-        (m.d_model % max(m.num_heads, 1) == 0, "model.d_model must be divisible by model.num_heads"),
+        (m.d_model % max(m.num_heads, 1) == 0, "model.d_model must be divisible by num_heads"),
         (0.0 <= m.dropout < 1.0, "model.dropout must be in [0, 1)"),
         (d.vocab_size >= 16, "data.vocab_size must be at least 16"),
         (d.max_source_length > 0 and d.max_target_length > 0, "data max lengths must be positive"),

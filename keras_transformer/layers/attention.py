@@ -155,7 +155,10 @@ class MultiHeadAttention(keras.layers.Layer):
         return ops.transpose(x, (0, 2, 1, 3))
 
     def compute_key_value_cache(self, value, key=None):
-        """Projects `key`/`value` once: `[batch, 2, heads, k_len, key_dim]` (needs key_dim == value_dim)."""
+        """Projects `key`/`value` once: `[batch, 2, heads, k_len, key_dim]`.
+
+        Needs `key_dim == value_dim` (keys and values are stacked).
+        """
         key = value if key is None else key
         k = self._split_heads(self.key_dense(key), self.key_dim)
         v = self._split_heads(self.value_dense(value), self.value_dim)
@@ -216,7 +219,7 @@ class MultiHeadAttention(keras.layers.Layer):
         q_len, k_len = ops.shape(q)[2], ops.shape(k)[2]
         causal = None
         if cache is not None and cache_update_index is not None:
-            # Query i sits at cache position cache_update_index + i; later slots are empty or future.
+            # Query i sits at cache slot cache_update_index + i; later slots are empty or future.
             q_pos = ops.arange(q_len) + cache_update_index
             causal = ops.expand_dims(q_pos, 1) >= ops.expand_dims(ops.arange(k_len), 0)
         elif use_causal_mask:

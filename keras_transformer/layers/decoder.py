@@ -28,7 +28,7 @@ class TransformerDecoderBlock(_BlockBase):
 
     Call arguments:
         inputs: embedded target `[batch, t_len, d_model]`.
-        encoder_output: `[batch, s_len, d_model]`; may be None when `cross_attention_cache` is given.
+        encoder_output: `[batch, s_len, d_model]`; None when `cross_attention_cache` is given.
         decoder_padding_mask: boolean `[batch, t_len]`, True at real target tokens.
         encoder_padding_mask: boolean `[batch, s_len]`, True at real source tokens.
         self_attention_cache: `[batch, 2, heads, max_len, head_dim]` for incremental decoding.

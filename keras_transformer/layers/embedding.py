@@ -39,7 +39,13 @@ class TokenEmbedding(keras.layers.Layer):
     """
 
     def __init__(
-        self, vocab_size, d_model, scale=True, mask_zero=False, embeddings_initializer=None, **kwargs
+        self,
+        vocab_size,
+        d_model,
+        scale=True,
+        mask_zero=False,
+        embeddings_initializer=None,
+        **kwargs,
     ):
         super().__init__(**kwargs)
         self.vocab_size = int(vocab_size)
@@ -82,9 +88,7 @@ class TokenEmbedding(keras.layers.Layer):
                 "d_model": self.d_model,
                 "scale": self.scale,
                 "mask_zero": self.mask_zero,
-                "embeddings_initializer": keras.initializers.serialize(
-                    self.embeddings_initializer
-                ),
+                "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
             }
         )
         return config

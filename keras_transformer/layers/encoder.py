@@ -10,9 +10,7 @@ from keras_transformer.layers.masks import key_padding_mask
 def head_size(d_model, num_heads):
     """`d_model / num_heads`, with a clear error when it does not divide."""
     if d_model % num_heads:
-        raise ValueError(
-            f"d_model ({d_model}) must be divisible by num_heads ({num_heads})"
-        )
+        raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
     return d_model // num_heads
 
 
@@ -74,7 +72,7 @@ class _BlockBase(keras.layers.Layer):
         self.residual_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
     def _residual(self, x, norm, sublayer, training):
-        """Post-norm `LayerNorm(x + Dropout(Sublayer(x)))` or pre-norm `x + Dropout(Sublayer(LN(x)))`.
+        """Post-norm `LN(x + Dropout(Sublayer(x)))` or pre-norm `x + Dropout(Sublayer(LN(x)))`.
 
         `sublayer` returns `(output, extras)`; the extras (attention scores, caches) pass through.
         """
@@ -216,7 +214,9 @@ class _StackBase(keras.layers.Layer):
     def build(self, input_shape, *args, **kwargs):
         self.blocks = []
         for i in range(self.num_layers):
-            block = self.block_class(**self.block_kwargs, dtype=self.dtype_policy, name=f"layer_{i}")
+            block = self.block_class(
+                **self.block_kwargs, dtype=self.dtype_policy, name=f"layer_{i}"
+            )
             self._build_block(block, input_shape)
             self.blocks.append(block)
         # Pre-norm stacks end with a LayerNorm so the output is normalised like the post-norm one.

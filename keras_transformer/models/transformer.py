@@ -129,9 +129,7 @@ class Transformer(keras.Model):
         x = source_dropout(positions(source_embedding(source_ids)))
         memory = encoder(x, padding_mask=source_mask)
         y = target_dropout(positions(target_embedding(target_ids)))
-        y = decoder(
-            y, memory, decoder_padding_mask=target_mask, encoder_padding_mask=source_mask
-        )
+        y = decoder(y, memory, decoder_padding_mask=target_mask, encoder_padding_mask=source_mask)
         if output_projection is None:
             logits = target_embedding(y, reverse=True)
         else:
@@ -182,7 +180,10 @@ class Transformer(keras.Model):
     # ------------------------------------------------------------------ inference
 
     def encode(self, source_ids, training=False):
-        """Runs the encoder: `[batch, s_len]` ids -> (`[batch, s_len, d_model]`, `[batch, s_len]` mask)."""
+        """Runs the encoder on `[batch, s_len]` ids.
+
+        Returns `(encoder_output [batch, s_len, d_model], source_mask [batch, s_len])`.
+        """
         source_mask = padding_mask(source_ids)
         x = self.positional_encoding(self.source_embedding(source_ids))
         x = self.source_dropout(x, training=training)
@@ -239,9 +240,7 @@ class Transformer(keras.Model):
         """
         source_mask = padding_mask(source_ids)
         x = self.positional_encoding(self.source_embedding(source_ids))
-        memory, enc_scores = self.encoder(
-            x, padding_mask=source_mask, return_attention_scores=True
-        )
+        memory, enc_scores = self.encoder(x, padding_mask=source_mask, return_attention_scores=True)
         y = self.positional_encoding(self.target_embedding(target_ids))
         _, dec_scores = self.decoder(
             y,
