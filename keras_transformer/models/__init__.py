@@ -1,5 +1,5 @@
 """Models built from the library's layers."""
 
-from keras_transformer.models.transformer import PRESETS, Transformer
+from keras_transformer.models.transformer import PRESETS, Transformer, build_transformer
 
-__all__ = ["PRESETS", "Transformer"]
+__all__ = ["PRESETS", "Transformer", "build_transformer"]

@@ -284,3 +284,12 @@ class Transformer(keras.Model):
         if isinstance(config.get("dtype"), dict):
             config["dtype"] = keras.dtype_policies.deserialize(config["dtype"])
         return cls(**config)
+
+
+def build_transformer(model_config, vocab_size, dtype=None):
+    """Builds a `Transformer` from the config's `model` section (a `ModelConfig` or a dict).
+
+    This is the one place where the config is unpacked into layer arguments.
+    """
+    values = model_config if isinstance(model_config, dict) else vars(model_config)
+    return Transformer(vocab_size=vocab_size, dtype=dtype, **values)
