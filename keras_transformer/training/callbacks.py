@@ -139,15 +139,11 @@ class TrainingSummaries(keras.callbacks.Callback):
 
 
 def _source_batch(tokenizer, sources, max_source_length, eos_id):
-    """Tokenized sources + EOS, truncated like training data, 0-padded to a multiple of 8."""
+    """Tokenized sources + EOS, truncated like training data, as a ragged tensor."""
     ragged = tokenizer.tokenize(tf.constant(sources, dtype=tf.string))
     ragged = ragged[:, : max_source_length - 1]
     eos = tf.fill([ragged.nrows(), 1], tf.constant(eos_id, ragged.dtype))
-    ragged = tf.concat([ragged, tf.RaggedTensor.from_tensor(eos)], axis=1)
-    # A few padded lengths only, so the compiled decoder is traced a few times at most.
-    length = int(tf.reduce_max(ragged.row_lengths()))
-    length = -(-length // 8) * 8
-    return ragged.to_tensor(0, shape=[None, length])
+    return tf.concat([ragged, tf.RaggedTensor.from_tensor(eos)], axis=1)
 
 
 def translate_sentences(
@@ -187,20 +183,32 @@ def translate_sentences(
                 eos_id=tokenizer.eos_id,
                 max_length=data_config.max_target_length,
             )[0],
-            reduce_retracing=True,
         )
     decode = cache[key]
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    batch_size = min(batch_size, len(sources))
+    ragged = _source_batch(tokenizer, sources, data_config.max_source_length, tokenizer.eos_id)
+    lengths = ragged.row_lengths().numpy()
+    # One padded length for the whole set (a multiple of 8) and full batches: static shapes, so
+    # the decoder is traced once. Sorting by length lets short batches stop early.
+    width = -(-int(lengths.max()) // 8) * 8
+    padded = ragged.to_tensor(0, shape=[None, width])
+    order = np.argsort(lengths, kind="stable")
     outputs = [None] * len(sources)
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
-        ids = _source_batch(
-            tokenizer,
-            [sources[i] for i in chunk],
-            data_config.max_source_length,
-            tokenizer.eos_id,
-        )
-        out = decode(ids).numpy()
+        ids = tf.gather(padded, chunk)
+        # Full batches only (padded with one-EOS sentences): static shapes, one trace per length.
+        rows = int(ids.shape[0])
+        if rows < batch_size:
+            filler = tf.concat(
+                [
+                    tf.fill([batch_size - rows, 1], tf.constant(tokenizer.eos_id, ids.dtype)),
+                    tf.zeros([batch_size - rows, int(ids.shape[1]) - 1], ids.dtype),
+                ],
+                axis=1,
+            )
+            ids = tf.concat([ids, filler], axis=0)
+        out = decode(ids).numpy()[:rows]
         # Everything from the first EOS on is dropped before detokenizing.
         after_eos = np.cumsum(out == tokenizer.eos_id, axis=1) > 0
         out = np.where(after_eos, 0, out).astype("int32")

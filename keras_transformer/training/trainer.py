@@ -182,6 +182,9 @@ def train(config):
     chief = is_chief(strategy)
     from keras_transformer.data import get_or_train_tokenizer, make_dataset, read_pairs
 
+    # Seeding clears TensorFlow's kernel caches, which would drop the SentencePiece op's resource
+    # (the tokenizer must be created after it).
+    keras.utils.set_random_seed(t.seed)
     os.makedirs(workdir, exist_ok=True)
     if chief:
         save_config(config, paths["config"])
@@ -192,7 +195,6 @@ def train(config):
     dataset = make_dataset(pairs, tokenizer, config.data, training=True)
 
     jit_compile = resolve_jit_compile(config.runtime.jit_compile, strategy)
-    keras.utils.set_random_seed(t.seed)
     with strategy.scope():
         model = build_transformer(config.model, tokenizer.vocab_size, dtype=_model_dtype(config))
         compile_model(model, config, jit_compile=jit_compile)
