@@ -73,6 +73,15 @@ class StepCheckpoint(keras.callbacks.Callback):
         self._save(optimizer_step(self.model))
 
 
+class ResumeLogger(keras.callbacks.Callback):
+    """Says where training starts (placed after `BackupAndRestore`, which restores the state)."""
+
+    def on_train_begin(self, logs=None):
+        step = optimizer_step(self.model)
+        if step:
+            print(f"resuming from step {step} (restored from the backup)", flush=True)
+
+
 class StopAtStep(keras.callbacks.Callback):
     """Stops `fit` once the optimizer has made `steps` updates (also after a resume)."""
 

@@ -13,6 +13,7 @@ from keras_transformer.config import save_config
 from keras_transformer.models import build_transformer
 from keras_transformer.training.callbacks import (
     DevEvaluator,
+    ResumeLogger,
     StepCheckpoint,
     StopAtStep,
     TrainingSummaries,
@@ -213,6 +214,7 @@ def train(config):
         keras.callbacks.BackupAndRestore(
             paths["backup"], save_freq=t.checkpoint_every * accumulation, delete_checkpoint=False
         ),
+        ResumeLogger(),
         keras.callbacks.TerminateOnNaN(),
         StopAtStep(t.steps),
         StepCheckpoint(paths["checkpoints"], t.checkpoint_every, t.keep_checkpoints, chief),
