@@ -211,8 +211,13 @@ def train(config):
     accumulation = t.gradient_accumulation_steps
     epochs = math.ceil(t.steps / t.steps_per_epoch)
     callbacks = [
+        # double_checkpoint: a kill in the middle of writing the backup leaves the previous one
+        # to restore from (the write is not atomic).
         keras.callbacks.BackupAndRestore(
-            paths["backup"], save_freq=t.checkpoint_every * accumulation, delete_checkpoint=False
+            paths["backup"],
+            save_freq=t.checkpoint_every * accumulation,
+            double_checkpoint=True,
+            delete_checkpoint=False,
         ),
         ResumeLogger(),
         keras.callbacks.TerminateOnNaN(),
