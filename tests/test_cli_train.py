@@ -129,3 +129,17 @@ def test_sigkilled_run_resumes_from_its_last_checkpoint(tmp_path):
     assert resumed, run.stdout[-2000:]
     assert int(resumed[0].split()[3]) >= 6
     assert "Finished tiny at step 40" in run.stdout
+
+
+@pytest.mark.parametrize("name", ["quickstart", "small", "transformer_base", "transformer_big"])
+def test_shipped_configs_load(name):
+    from keras_transformer.config import load_config
+
+    config = load_config(os.path.join(ROOT, "configs", f"{name}.yaml"))
+    assert config.name == name
+    assert config.data.train and config.data.dev
+    if name == "small":
+        assert (config.model.d_model, config.model.num_layers) == (256, 3)
+        assert (config.model.num_heads, config.model.d_ff) == (4, 1024)
+    if name.startswith("transformer_"):
+        assert config.data.train.startswith("tfds:wmt14_translate/de-en")

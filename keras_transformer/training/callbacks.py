@@ -106,13 +106,18 @@ class TrainingSummaries(keras.callbacks.Callback):
         logdir: TensorBoard log directory (the run's `WORKDIR/logs`).
         every: optimizer steps between writes.
         enabled: False on the non-chief workers.
+        total_steps: the run's length, shown in the printed lines.
+        print_lines: also print one progress line per write (for logs, where Keras' progress
+            bar is not shown).
     """
 
-    def __init__(self, logdir, every=100, enabled=True):
+    def __init__(self, logdir, every=100, enabled=True, total_steps=None, print_lines=False):
         super().__init__()
         self.logdir = logdir
         self.every = max(1, int(every))
         self.enabled = enabled
+        self.total_steps = total_steps
+        self.print_lines = print_lines
         self._writer = None
         self._last = None  # (time, tokens) at the last write
 
@@ -132,15 +137,26 @@ class TrainingSummaries(keras.callbacks.Callback):
         now, tokens = time.perf_counter(), float(logs.get("tokens", 0.0))
         last_time, last_tokens = self._last or (now, tokens)
         self._last = (now, tokens)
+        learning_rate = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+        speed = None
+        if now > last_time and tokens > last_tokens:
+            speed = (tokens - last_tokens) / (now - last_time)
         with self._get_writer().as_default(step=step):
             for key in ("loss", "accuracy", "perplexity"):
                 if key in logs:
                     tf.summary.scalar(key, float(logs[key]))
-            learning_rate = self.model.optimizer.learning_rate
-            tf.summary.scalar("learning_rate", float(keras.ops.convert_to_numpy(learning_rate)))
-            if now > last_time and tokens > last_tokens:
-                tf.summary.scalar("tokens_per_second", (tokens - last_tokens) / (now - last_time))
+            tf.summary.scalar("learning_rate", learning_rate)
+            if speed is not None:
+                tf.summary.scalar("tokens_per_second", speed)
         self._writer.flush()
+        if self.print_lines:
+            total = f"/{self.total_steps}" if self.total_steps else ""
+            print(
+                f"step {step}{total}: loss {float(logs.get('loss', float('nan'))):.4f}, "
+                f"accuracy {float(logs.get('accuracy', float('nan'))):.4f}, "
+                f"lr {learning_rate:.2e}" + (f", {speed:,.0f} tokens/s" if speed else ""),
+                flush=True,
+            )
 
     def on_train_end(self, logs=None):
         if self._writer is not None:

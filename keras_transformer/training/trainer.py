@@ -209,6 +209,7 @@ def train(config):
 
     # Keras counts batches; the config counts optimizer updates.
     accumulation = t.gradient_accumulation_steps
+    tty = sys.stdout.isatty()
     epochs = math.ceil(t.steps / t.steps_per_epoch)
     callbacks = [
         # double_checkpoint: a kill in the middle of writing the backup leaves the previous one
@@ -223,7 +224,9 @@ def train(config):
         keras.callbacks.TerminateOnNaN(),
         StopAtStep(t.steps),
         StepCheckpoint(paths["checkpoints"], t.checkpoint_every, t.keep_checkpoints, chief),
-        TrainingSummaries(paths["logs"], t.log_every, chief),
+        TrainingSummaries(
+            paths["logs"], t.log_every, chief, total_steps=t.steps, print_lines=chief and not tty
+        ),
     ]
     if dev_pairs:
         callbacks.append(
@@ -245,8 +248,10 @@ def train(config):
         epochs=epochs,
         steps_per_epoch=t.steps_per_epoch * accumulation,
         callbacks=callbacks,
-        # A live progress bar in a terminal, one line per epoch in logs.
-        verbose=1 if sys.stdout.isatty() else 2,
+        # A live progress bar in a terminal; in logs, one line per epoch (and TrainingSummaries'
+        # lines every log_every steps).
+        verbose=1 if tty else 2,
+        shuffle=False,  # make_dataset shuffles
     )
     step = optimizer_step(model)
     if step < t.steps:
