@@ -197,8 +197,10 @@ def translate_sentences(
     key = (id(model), beam_size, alpha, max_extra_length)
     cache = _cache if _cache is not None else {}
     if key not in cache:
-        cache[key] = tf.function(
-            lambda ids: translate_ids(
+        # translate_ids has no tensor-dependent Python control flow: no AutoGraph needed.
+        @tf.autograph.experimental.do_not_convert
+        def decode_batch(ids):
+            output_ids, _ = translate_ids(
                 model,
                 ids,
                 beam_size=beam_size,
@@ -207,8 +209,10 @@ def translate_sentences(
                 bos_id=tokenizer.bos_id,
                 eos_id=tokenizer.eos_id,
                 max_length=data_config.max_target_length,
-            )[0],
-        )
+            )
+            return output_ids
+
+        cache[key] = tf.function(decode_batch)
     decode = cache[key]
     batch_size = min(batch_size, len(sources))
     ragged = _source_batch(tokenizer, sources, data_config.max_source_length, tokenizer.eos_id)
