@@ -179,7 +179,6 @@ class Tokenizer:
     def __init__(self, model_path=None, model_proto=None):
         import sentencepiece as spm
         import tensorflow as tf
-        import tensorflow_text as tf_text
 
         if (model_path is None) == (model_proto is None):
             raise ValueError("give exactly one of model_path and model_proto")
@@ -202,9 +201,42 @@ class Tokenizer:
             )
         self.vocab_size = processor.get_piece_size()
         self._processor = processor
-        self._tokenizer = tf_text.SentencepieceTokenizer(
-            model=self.model_proto, out_type=tf.int32, add_bos=False, add_eos=False
-        )
+        self._eager_tokenizer = None
+
+    def _sentencepiece(self):
+        """The tensorflow-text tokenizer to use in the current context.
+
+        tensorflow-text's SentencePiece resource is owned by the kernel that created it. An
+        eagerly created one dies when TensorFlow clears its eager kernel cache, which
+        `tf.random.set_seed` (hence `keras.utils.set_random_seed`) does; a tf.data pipeline or a
+        tf.function holding its handle would then fail with "Resource ... does not exist". So
+        inside a graph (tf.data map functions, tf.function) each trace builds its own resource
+        op, owned by that graph's kernel, and the eager one is rebuilt when it has gone.
+        """
+        import tensorflow as tf
+        import tensorflow_text as tf_text
+
+        def build():
+            return tf_text.SentencepieceTokenizer(
+                model=self.model_proto, out_type=tf.int32, add_bos=False, add_eos=False
+            )
+
+        if not tf.executing_eagerly():
+            return build()
+        if self._eager_tokenizer is None:
+            self._eager_tokenizer = build()
+        return self._eager_tokenizer
+
+    def _run(self, method, value):
+        import tensorflow as tf
+
+        try:
+            return getattr(self._sentencepiece(), method)(value)
+        except tf.errors.NotFoundError:
+            if not tf.executing_eagerly():
+                raise
+            self._eager_tokenizer = None  # its resource was cleared; build it again
+            return getattr(self._sentencepiece(), method)(value)
 
     def tokenize(self, texts):
         """Strings -> ids.
@@ -218,7 +250,7 @@ class Tokenizer:
         """
         import tensorflow as tf
 
-        return self._tokenizer.tokenize(tf.convert_to_tensor(texts, tf.string))
+        return self._run("tokenize", tf.convert_to_tensor(texts, tf.string))
 
     def detokenize(self, ids):
         """Ids -> strings; ids after the first EOS and padding ids (0) are ignored.
@@ -244,7 +276,7 @@ class Tokenizer:
         before_eos = tf.math.cumsum(tf.cast(dense == EOS_ID, tf.int32), axis=1, exclusive=True)
         keep = tf.logical_and(tf.equal(before_eos, 0), tf.not_equal(dense, PAD_ID))
         keep = tf.logical_and(keep, tf.not_equal(dense, EOS_ID))
-        texts = self._tokenizer.detokenize(tf.ragged.boolean_mask(dense, keep))
+        texts = self._run("detokenize", tf.ragged.boolean_mask(dense, keep))
         return texts[0] if scalar else texts
 
     def encode(self, text):
