@@ -245,3 +245,21 @@ def test_average_checkpoints_is_the_mean_of_the_weights(tmp_path):
         np.testing.assert_allclose(w.numpy(), (values[1][j] + values[2][j]) / 2, rtol=1e-6)
     with pytest.raises(ValueError):
         average_checkpoints(model, [])
+
+
+def test_translator_accepts_the_data_tokenizer():
+    from keras_transformer.data import Tokenizer
+
+    translator, _ = exported()
+    with_tokenizer = Translator(
+        fx.trained_model(),
+        Tokenizer(fx.spm_model_path()),
+        beam_size=DECODE["beam_size"],
+        alpha=DECODE["alpha"],
+        max_extra_length=DECODE["max_extra_length"],
+        max_source_length=DATA["max_source_length"],
+        batch_size=DECODE["batch_size"],
+    )
+    assert _as_strings(with_tokenizer(HOSTILE)["translation"]) == _as_strings(
+        translator(HOSTILE)["translation"]
+    )

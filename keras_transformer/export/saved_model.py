@@ -61,7 +61,8 @@ def export_saved_model(
         tokenizer: `keras_transformer.data.Tokenizer` (or SentencePiece model bytes).
         decode_config: `DecodeConfig` (or dict): `beam_size`, `alpha`, `max_extra_length`,
             `batch_size`, fixed into the graph.
-        data_config: `DataConfig` (or dict): `max_source_length` (inputs are truncated to it).
+        data_config: `DataConfig` (or dict): `max_source_length` (inputs are truncated to it)
+            and `max_target_length` (the longest output, EOS included).
         base_dir: directory holding the named models.
         name: the model's name (TF Serving's `--model_name`).
 
@@ -82,6 +83,8 @@ def export_saved_model(
         max_extra_length=_field(decode_config, "max_extra_length", 50),
         batch_size=_field(decode_config, "batch_size", 32),
         max_source_length=_field(data_config, "max_source_length", 128),
+        # As in the dev-set decoding during training: no output longer than the training targets.
+        max_length=_field(data_config, "max_target_length", None),
         bos_id=getattr(tokenizer, "bos_id", 2),
         eos_id=getattr(tokenizer, "eos_id", 3),
         pad_id=getattr(tokenizer, "pad_id", 0),
@@ -117,6 +120,7 @@ def _write_metadata(export_dir, translator, name):
         "alpha": translator.alpha,
         "max_extra_length": translator.max_extra_length,
         "max_source_length": translator.max_source_length,
+        "max_length": translator.max_length,
         "vocab_size": translator.model.vocab_size,
     }
     with open(os.path.join(extra, METADATA_FILE), "w", encoding="utf-8") as f:
