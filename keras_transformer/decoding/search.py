@@ -187,9 +187,10 @@ def beam_search(
     """Beam search with GNMT's length penalty, keeping alive and finished hypotheses apart.
 
     Each step extends every alive beam by every token and keeps the top `2 * beam_size`
-    candidates: those ending in EOS compete for the `beam_size` finished slots (score =
-    `log p / ((5 + length) / 6) ** alpha`, length counting EOS), the others for the alive slots.
-    Taking twice the beam means finished candidates can never crowd out all live ones. The search
+    candidates: those ending in EOS among the first `beam_size` of them compete for the
+    `beam_size` finished slots (score = `log p / ((5 + length) / 6) ** alpha`, length counting
+    EOS), the others for the alive slots. Taking twice the beam means finished candidates can
+    never crowd out all live ones; with `beam_size=1` the search is greedy search. The search
     stops when, for every input, `beam_size` hypotheses have finished and none of the alive ones
     can still beat the worst of them (log-probabilities only fall as a sequence grows, so the
     best an alive beam can reach is its log-probability over the largest length penalty), or
@@ -271,8 +272,11 @@ def beam_search(
         origin = ops.take_along_axis(top_beams, alive_indices, axis=1)  # [batch, k]
         state = keras.tree.map_structure(lambda x: gather_flat_beams(x, origin, k), state)
 
-        # Finished: the best k of the old finished and the candidates that ended now.
-        new_flags = ops.logical_and(ends, possible)  # [batch, 2k]
+        # Finished: the best k of the old finished and the candidates that ended now. As in
+        # fairseq, an EOS candidate counts only if it ranks among the top k (the 2k only keep
+        # the alive beams full), so beam size 1 is exactly greedy search.
+        in_top_k = ops.less(ops.arange(2 * k, dtype="int32"), k)  # [2k]
+        new_flags = ops.logical_and(ops.logical_and(ends, possible), in_top_k)  # [batch, 2k]
         new_scores = top_log_probs / ops.expand_dims(length_penalty(length, alpha), 0)
         new_scores = ops.where(new_flags, new_scores, NEG_INF)  # [batch, 2k]
         all_scores = ops.concatenate([finished_scores, new_scores], axis=1)  # [batch, 3k]
