@@ -19,6 +19,10 @@ def test_short_run_learns_logs_checkpoints_and_resumes(tmp_path, capsys):
     result = train(config)
     assert result["step"] == 8
     assert 0.0 <= result["dev"]["bleu"] <= 100.0
+    assert result["averaged_checkpoints"] == 2
+    # The SavedModel: version 1 of export.base_dir/<name>.
+    assert result["saved_model"] == str(tmp_path / "saved_models" / "tiny" / "1")
+    assert os.path.exists(os.path.join(result["saved_model"], "saved_model.pb"))
 
     # The workdir layout.
     for name in ("config.yaml", "spm.model", "result.json", "backup"):

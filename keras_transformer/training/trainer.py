@@ -18,6 +18,7 @@ from keras_transformer.training.callbacks import (
     StopAtStep,
     TrainingSummaries,
     evaluate_bleu,
+    list_checkpoints,
     optimizer_step,
 )
 from keras_transformer.training.distribute import get_strategy, is_chief, resolve_jit_compile
@@ -127,6 +128,19 @@ def _export(model, tokenizer, config):
         config.export.base_dir,
         config.export.name or config.name,
     )
+
+
+def _maybe_average(model, directory, count):
+    """Averages the last `count` checkpoints into `model` (the paper's final models); returns
+    how many were averaged (1: the model is left as trained)."""
+    checkpoints = list_checkpoints(directory)[-count:]
+    if count <= 1 or len(checkpoints) < 2:
+        return 1
+    from keras_transformer.evaluation import average_checkpoints
+
+    average_checkpoints(model, [path for _, path in checkpoints])
+    print(f"averaged the last {len(checkpoints)} checkpoints", flush=True)
+    return len(checkpoints)
 
 
 def _print_summary(result):
@@ -257,6 +271,7 @@ def train(config):
     if step < t.steps:
         raise RuntimeError(f"training stopped at step {step} of {t.steps} (NaN loss?)")
     train_seconds = time.time() - started
+    averaged = _maybe_average(model, paths["checkpoints"], config.export.average_checkpoints)
 
     result = {
         "name": config.name,
@@ -264,6 +279,7 @@ def train(config):
         "beam_size": config.decode.beam_size,
         "train_seconds": round(train_seconds, 1),
         "checkpoints": paths["checkpoints"],
+        "averaged_checkpoints": averaged,
         "logs": paths["logs"],
     }
     decode_kwargs = dict(
