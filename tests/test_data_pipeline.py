@@ -181,3 +181,14 @@ def test_encode_sources_matches_the_training_convention(pairs, tokenizer):
     assert short.shape == (5, 6)
     np.testing.assert_array_equal(short[:, 3], EOS)
     np.testing.assert_array_equal(short[:, 4:], PAD)
+
+
+def test_a_single_bucket_has_a_static_element_spec(pairs, tokenizer):
+    config = _config(max_source_length=48, max_target_length=40, bucket_boundaries=[48])
+    dataset = make_dataset(pairs, tokenizer, config, verbose=False)
+    features, labels = dataset.element_spec
+    assert features["source_ids"].shape.as_list() == [10, 48]  # 512 // 48
+    assert features["target_ids"].shape.as_list() == [10, 40]
+    assert labels.shape.as_list() == [10, 40]
+    features, labels = next(iter(dataset))
+    assert features["source_ids"].shape == (10, 48) and labels.shape == (10, 40)

@@ -206,6 +206,17 @@ def make_dataset(
         reduce_func=batch_bucket,
         window_size_func=lambda bucket: batch_sizes_t[bucket],
     )
+    if training and len(boundaries) == 1:
+        # One bucket: every batch has the same shape, so the element spec can say so too (what
+        # TPUs and other fully static compilers want); several buckets vary by batch.
+        shapes = ([batch_sizes[0], source_lengths[0]], [batch_sizes[0], target_lengths[0]])
+        dataset = dataset.map(
+            lambda source, target_ids, labels: (
+                tf.ensure_shape(source, shapes[0]),
+                tf.ensure_shape(target_ids, shapes[1]),
+                tf.ensure_shape(labels, shapes[1]),
+            )
+        )
     dataset = dataset.map(
         lambda source, target_ids, labels: (
             {"source_ids": source, "target_ids": target_ids},
