@@ -13,10 +13,12 @@ from keras_transformer.config import save_config
 from keras_transformer.models import build_transformer
 from keras_transformer.training.callbacks import (
     DevEvaluator,
+    ResumeLogger,
     StepCheckpoint,
     StopAtStep,
     TrainingSummaries,
     evaluate_bleu,
+    list_checkpoints,
     optimizer_step,
 )
 from keras_transformer.training.distribute import get_strategy, is_chief, resolve_jit_compile
@@ -128,6 +130,19 @@ def _export(model, tokenizer, config):
     )
 
 
+def _maybe_average(model, directory, count):
+    """Averages the last `count` checkpoints into `model` (the paper's final models); returns
+    how many were averaged (1: the model is left as trained)."""
+    checkpoints = list_checkpoints(directory)[-count:]
+    if count <= 1 or len(checkpoints) < 2:
+        return 1
+    from keras_transformer.evaluation import average_checkpoints
+
+    average_checkpoints(model, [path for _, path in checkpoints])
+    print(f"averaged the last {len(checkpoints)} checkpoints", flush=True)
+    return len(checkpoints)
+
+
 def _print_summary(result):
     lines = [f"Finished {result['name']} at step {result['step']}."]
     for split in ("dev", "test"):
@@ -208,15 +223,24 @@ def train(config):
 
     # Keras counts batches; the config counts optimizer updates.
     accumulation = t.gradient_accumulation_steps
+    tty = sys.stdout.isatty()
     epochs = math.ceil(t.steps / t.steps_per_epoch)
     callbacks = [
+        # double_checkpoint: a kill in the middle of writing the backup leaves the previous one
+        # to restore from (the write is not atomic).
         keras.callbacks.BackupAndRestore(
-            paths["backup"], save_freq=t.checkpoint_every * accumulation, delete_checkpoint=False
+            paths["backup"],
+            save_freq=t.checkpoint_every * accumulation,
+            double_checkpoint=True,
+            delete_checkpoint=False,
         ),
+        ResumeLogger(),
         keras.callbacks.TerminateOnNaN(),
         StopAtStep(t.steps),
         StepCheckpoint(paths["checkpoints"], t.checkpoint_every, t.keep_checkpoints, chief),
-        TrainingSummaries(paths["logs"], t.log_every, chief),
+        TrainingSummaries(
+            paths["logs"], t.log_every, chief, total_steps=t.steps, print_lines=chief and not tty
+        ),
     ]
     if dev_pairs:
         callbacks.append(
@@ -238,13 +262,16 @@ def train(config):
         epochs=epochs,
         steps_per_epoch=t.steps_per_epoch * accumulation,
         callbacks=callbacks,
-        # A live progress bar in a terminal, one line per epoch in logs.
-        verbose=1 if sys.stdout.isatty() else 2,
+        # A live progress bar in a terminal; in logs, one line per epoch (and TrainingSummaries'
+        # lines every log_every steps).
+        verbose=1 if tty else 2,
+        shuffle=False,  # make_dataset shuffles
     )
     step = optimizer_step(model)
     if step < t.steps:
         raise RuntimeError(f"training stopped at step {step} of {t.steps} (NaN loss?)")
     train_seconds = time.time() - started
+    averaged = _maybe_average(model, paths["checkpoints"], config.export.average_checkpoints)
 
     result = {
         "name": config.name,
@@ -252,6 +279,7 @@ def train(config):
         "beam_size": config.decode.beam_size,
         "train_seconds": round(train_seconds, 1),
         "checkpoints": paths["checkpoints"],
+        "averaged_checkpoints": averaged,
         "logs": paths["logs"],
     }
     decode_kwargs = dict(
