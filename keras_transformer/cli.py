@@ -110,4 +110,8 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run through the package module so that `python -m keras_transformer.cli` raises and catches
+    # the same UsageError class as the library code that imports it.
+    from keras_transformer.cli import main as _main
+
+    sys.exit(_main())

@@ -1,0 +1,39 @@
+"""Data: corpus specs, the synthetic corpus, the SentencePiece vocabulary and the tf.data pipeline.
+
+Example:
+>>> from keras_transformer import data
+>>> pairs = data.read_pairs("synthetic:split=train,size=2000")
+>>> tokenizer = data.get_or_train_tokenizer(config.data, pairs, workdir)
+>>> dataset = data.make_dataset(pairs, tokenizer, config.data, training=True)
+"""
+
+from keras_transformer.data.corpora import DataError, DataWarning, parse_spec, read_pairs
+from keras_transformer.data.pipeline import bucket_batch_sizes, bucket_boundaries, make_dataset
+from keras_transformer.data.synthetic import generate as generate_synthetic
+from keras_transformer.data.tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    UNK_ID,
+    Tokenizer,
+    get_or_train_tokenizer,
+    train_sentencepiece,
+)
+
+__all__ = [
+    "BOS_ID",
+    "EOS_ID",
+    "PAD_ID",
+    "UNK_ID",
+    "DataError",
+    "DataWarning",
+    "Tokenizer",
+    "bucket_batch_sizes",
+    "bucket_boundaries",
+    "generate_synthetic",
+    "get_or_train_tokenizer",
+    "make_dataset",
+    "parse_spec",
+    "read_pairs",
+    "train_sentencepiece",
+]

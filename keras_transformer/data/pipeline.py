@@ -1,0 +1,187 @@
+"""tf.data input pipeline: tokenize, add BOS/EOS, truncate, bucket by length, batch by tokens.
+
+Every batch of a bucket has the same shape: sentences are padded to the bucket's fixed length
+(not to the longest sentence in the batch) and a bucket of length L always holds
+`tokens_per_batch // L` sentences (training drops incomplete batches). So a model compiled with
+XLA sees a handful of shapes, one per bucket, and never recompiles after warm-up.
+"""
+
+import sys
+
+from keras_transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+
+def bucket_boundaries(max_length, min_length=8, growth=1.5, multiple=8):
+    """A few fixed padded lengths from `min_length` up to `max_length` (included).
+
+    Lengths grow geometrically by `growth` and are rounded up to a multiple of `multiple`
+    (friendly to accelerators); the last one is `max_length` itself.
+
+    Args:
+        max_length: the longest sequence (the last boundary).
+        min_length: the first boundary.
+        growth: ratio between successive boundaries.
+        multiple: boundaries (except possibly the last) are multiples of this.
+
+    Returns:
+        An increasing list of ints ending with `max_length`.
+
+    Example:
+    >>> bucket_boundaries(128)
+    [8, 16, 24, 40, 64, 96, 128]
+    """
+    if max_length <= 0:
+        raise ValueError(f"max_length must be positive, got {max_length}")
+    boundaries, length = [], min(min_length, max_length)
+    while length < max_length:
+        boundaries.append(length)
+        grown = max(length + 1, int(length * growth))
+        length = -(-grown // multiple) * multiple
+    boundaries.append(max_length)
+    return boundaries
+
+
+def _resolve_boundaries(data_config):
+    max_length = max(data_config.max_source_length, data_config.max_target_length)
+    if data_config.bucket_boundaries:
+        boundaries = sorted({int(b) for b in data_config.bucket_boundaries if 0 < int(b)})
+        boundaries = [b for b in boundaries if b < max_length] + [max_length]
+        return boundaries
+    return bucket_boundaries(max_length)
+
+
+def bucket_batch_sizes(boundaries, tokens_per_batch, batch_multiple=1):
+    """Sentences per batch for each bucket: `tokens_per_batch // length`, rounded down to a
+    multiple of `batch_multiple` (e.g. the number of replicas), at least `batch_multiple`."""
+    sizes = []
+    for length in boundaries:
+        size = (tokens_per_batch // length) // batch_multiple * batch_multiple
+        sizes.append(max(batch_multiple, size))
+    return sizes
+
+
+def make_dataset(
+    pairs,
+    tokenizer,
+    data_config,
+    training=True,
+    *,
+    tokens_per_batch=None,
+    batch_multiple=1,
+    seed=None,
+    verbose=True,
+):
+    """A `tf.data.Dataset` of padded, length-bucketed batches for `model.fit`.
+
+    Args:
+        pairs: list of `(source, target)` strings (from `read_pairs`).
+        tokenizer: a `Tokenizer`.
+        data_config: `keras_transformer.config.DataConfig` (max_source_length,
+            max_target_length, tokens_per_batch, bucket_boundaries, shuffle_buffer, seed).
+        training: True shuffles, repeats forever and drops incomplete batches (every batch of a
+            bucket has the same shape); False keeps every example once, in bucket order, without
+            shuffling (the last batch of a bucket may be smaller).
+        tokens_per_batch: overrides `data_config.tokens_per_batch` (e.g. the global budget of
+            all replicas, when a distribution strategy splits each batch).
+        batch_multiple: batch sizes are multiples of this (e.g. the number of replicas, so each
+            gets an equal share).
+        seed: shuffle seed (default `data_config.seed`).
+        verbose: print the buckets and batch sizes to stderr.
+
+    Returns:
+        A dataset of `({"source_ids": int32 [B, S], "target_ids": int32 [B, T]}, labels int32
+        [B, T])` where source = pieces + [EOS] (truncated to `max_source_length`, EOS kept),
+        target_ids = [BOS] + pieces and labels = pieces + [EOS] (truncated to
+        `max_target_length`), padded with 0. For a bucket of length L, S = min(L,
+        max_source_length), T = min(L, max_target_length) and B = tokens_per_batch // L
+        (rounded down to `batch_multiple`).
+
+    Example:
+    >>> dataset = make_dataset(pairs, tokenizer, config.data)
+    >>> model.fit(dataset, steps_per_epoch=1000)
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    if not pairs:
+        from keras_transformer.data.corpora import DataError
+
+        raise DataError("cannot build a dataset from an empty corpus")
+    max_source = data_config.max_source_length
+    max_target = data_config.max_target_length
+    budget = tokens_per_batch or data_config.tokens_per_batch
+    boundaries = _resolve_boundaries(data_config)
+    batch_sizes = bucket_batch_sizes(boundaries, budget, batch_multiple)
+    source_lengths = [min(b, max_source) for b in boundaries]
+    target_lengths = [min(b, max_target) for b in boundaries]
+    if verbose:
+        shapes = ", ".join(
+            f"[{b}, {s}]/[{b}, {t}]" for b, s, t in zip(batch_sizes, source_lengths, target_lengths)
+        )
+        print(
+            f"{'training' if training else 'evaluation'} data: {len(pairs)} pairs in "
+            f"{len(boundaries)} length buckets, source/target batch shapes {shapes}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    sources = np.array([s for s, _ in pairs], dtype=object)
+    targets = np.array([t for _, t in pairs], dtype=object)
+    dataset = tf.data.Dataset.from_tensor_slices((sources, targets))
+    # Tokenizing a thousand sentences per call is much faster than one at a time.
+    dataset = dataset.batch(1024).map(
+        lambda s, t: (tokenizer.tokenize(s), tokenizer.tokenize(t)),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True,
+    )
+    dataset = dataset.unbatch()
+    # Tokenize once: later epochs read the pieces from memory.
+    dataset = dataset.cache()
+    if training:
+        seed = data_config.seed if seed is None else seed
+        buffer = max(1, min(data_config.shuffle_buffer, len(pairs)))
+        dataset = dataset.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
+        dataset = dataset.repeat()
+
+    eos = tf.constant([EOS_ID], tf.int32)
+    bos = tf.constant([BOS_ID], tf.int32)
+
+    def to_example(source, target):
+        source = tf.concat([source[: max_source - 1], eos], axis=0)
+        target = target[: max_target - 1]
+        return source, tf.concat([bos, target], axis=0), tf.concat([target, eos], axis=0)
+
+    dataset = dataset.map(to_example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+    boundaries_t = tf.constant(boundaries, tf.int32)
+    batch_sizes_t = tf.constant(batch_sizes, tf.int64)
+    source_lengths_t = tf.constant(source_lengths, tf.int64)
+    target_lengths_t = tf.constant(target_lengths, tf.int64)
+
+    def bucket_of(source, target_ids, labels):
+        length = tf.maximum(tf.size(source), tf.size(target_ids))
+        # The first boundary that fits; lengths are truncated so the last always fits.
+        return tf.cast(tf.argmax(tf.cast(length <= boundaries_t, tf.int32)), tf.int64)
+
+    def batch_bucket(bucket, window):
+        source_length = tf.reshape(source_lengths_t[bucket], [1])
+        target_length = tf.reshape(target_lengths_t[bucket], [1])
+        return window.padded_batch(
+            batch_sizes_t[bucket],
+            padded_shapes=(source_length, target_length, target_length),
+            padding_values=(PAD_ID, PAD_ID, PAD_ID),
+            drop_remainder=training,
+        )
+
+    dataset = dataset.group_by_window(
+        key_func=bucket_of,
+        reduce_func=batch_bucket,
+        window_size_func=lambda bucket: batch_sizes_t[bucket],
+    )
+    dataset = dataset.map(
+        lambda source, target_ids, labels: (
+            {"source_ids": source, "target_ids": target_ids},
+            labels,
+        )
+    )
+    return dataset.prefetch(tf.data.AUTOTUNE)

@@ -1,0 +1,444 @@
+"""Greedy and beam search over a next-token log-probability function, and their use on the model.
+
+Everything here is written with `keras.ops` and `ops.while_loop` so it runs on the TensorFlow and
+JAX backends and compiles with XLA: all buffers have a fixed size (`max_length` generated tokens)
+and the loop writes one position per step. Beams are folded into the batch dimension
+(`[batch * beams, ...]`) when the step function is called, so the model sees an ordinary batch.
+
+The step function contract (shared by `greedy_search` and `beam_search`):
+
+    step_fn(ids, index, state) -> (log_probs, new_state)
+
+    ids:       int32 `[rows, max_length + 1]`; column 0 holds the start token (BOS) and columns
+               `1 .. index` the tokens generated so far; later columns are 0.
+    index:     int32 scalar, the column of the last token (the one to feed to a cached decoder).
+    state:     any nest of tensors with leading dimension `rows` (e.g. a key/value cache).
+    log_probs: float `[rows, vocab]`, log p(token at column `index + 1` | ids[:, :index + 1]).
+
+References:
+    Vaswani et al., 2017, "Attention Is All You Need", section 6.1 (beam 4, alpha 0.6);
+    Wu et al., 2016, "Google's Neural Machine Translation System", section 7 (length penalty).
+"""
+
+import keras
+from keras import ops
+
+# A finite "minus infinity": sums of a few of these stay finite in float32 (no inf - inf = NaN),
+# and anything below HALF_NEG_INF is treated as impossible.
+NEG_INF = -1.0e9
+HALF_NEG_INF = 0.5 * NEG_INF
+
+
+# --------------------------------------------------------------------------- small helpers
+
+
+def length_penalty(length, alpha):
+    """GNMT's length penalty `((5 + length) / 6) ** alpha` (float32, same shape as `length`)."""
+    return ops.power((5.0 + ops.cast(length, "float32")) / 6.0, alpha)
+
+
+def flatten_beams(x):
+    """`[batch, beams, ...]` -> `[batch * beams, ...]`."""
+    shape = ops.shape(x)
+    return ops.reshape(x, (-1,) + tuple(shape[2:]))
+
+
+def unflatten_beams(x, beam_size):
+    """`[batch * beams, ...]` -> `[batch, beams, ...]`."""
+    shape = ops.shape(x)
+    return ops.reshape(x, (-1, beam_size) + tuple(shape[1:]))
+
+
+def expand_to_beams(x, beam_size):
+    """`[batch, ...]` -> `[batch * beams, ...]`: each row repeated `beam_size` times in a row."""
+    return ops.repeat(x, beam_size, axis=0)
+
+
+def _flat_indices(beam_indices, old_beams):
+    """Rows of a flattened `[batch * old_beams, ...]` tensor picked by `beam_indices`.
+
+    `beam_indices` `[batch, new_beams]` -> `[batch * new_beams]`.
+    """
+    batch = ops.shape(beam_indices)[0]
+    offsets = ops.arange(batch, dtype="int32") * old_beams  # [batch]
+    flat = ops.cast(beam_indices, "int32") + ops.expand_dims(offsets, 1)  # [batch, new_beams]
+    return ops.reshape(flat, (-1,))
+
+
+def gather_beams(x, beam_indices):
+    """Picks beams per batch element: `x` `[batch, old_beams, ...]`, `beam_indices`
+    `[batch, new_beams]` -> `[batch, new_beams, ...]`."""
+    old_beams = ops.shape(x)[1]
+    new_beams = ops.shape(beam_indices)[1]
+    rows = ops.take(flatten_beams(x), _flat_indices(beam_indices, old_beams), axis=0)
+    return unflatten_beams(rows, new_beams)
+
+
+def gather_flat_beams(x, beam_indices, old_beams):
+    """Like `gather_beams` for beam-folded tensors: `x` `[batch * old_beams, ...]`,
+    `beam_indices` `[batch, new_beams]` -> `[batch * new_beams, ...]`."""
+    return ops.take(x, _flat_indices(beam_indices, old_beams), axis=0)
+
+
+def _initial_sequences(initial_ids, rows_shape, max_length):
+    """`[*rows_shape, max_length + 1]` int32 zeros with `initial_ids` in column 0."""
+    ids = ops.cast(initial_ids, "int32")
+    while len(ids.shape) < len(rows_shape):
+        ids = ops.expand_dims(ids, -1)
+    first = ops.broadcast_to(ops.expand_dims(ids, -1), tuple(rows_shape) + (1,))
+    rest = ops.zeros(tuple(rows_shape) + (max_length,), dtype="int32")
+    return ops.concatenate([first, rest], axis=-1)
+
+
+def _write_column(sequences, column, tokens):
+    """`sequences` `[..., length]` with `tokens` `[...]` written at `column` (a scalar)."""
+    length = ops.shape(sequences)[-1]
+    at_column = ops.equal(ops.arange(length, dtype="int32"), column)  # [length]
+    return ops.where(at_column, ops.expand_dims(ops.cast(tokens, "int32"), -1), sequences)
+
+
+def _output_caps(batch_shape_like, max_length, max_lengths):
+    """Per-input maximum number of generated tokens (EOS included): `[batch]` int32."""
+    if max_lengths is None:
+        return ops.full(ops.shape(batch_shape_like)[:1], max_length, dtype="int32")
+    return ops.minimum(ops.cast(max_lengths, "int32"), ops.cast(max_length, "int32"))
+
+
+def _force_eos(log_probs, must_end, eos_id):
+    """Leaves only EOS possible in the rows where `must_end` (broadcast over the vocabulary)."""
+    vocab = ops.shape(log_probs)[-1]
+    not_eos = ops.not_equal(ops.arange(vocab, dtype="int32"), eos_id)  # [vocab]
+    return ops.where(ops.logical_and(must_end, not_eos), NEG_INF, log_probs)
+
+
+# --------------------------------------------------------------------------- greedy search
+
+
+def greedy_search(
+    step_fn, initial_ids, initial_state, max_length, eos_id=3, alpha=0.0, max_lengths=None
+):
+    """Picks the most likely next token at every step until EOS.
+
+    Args:
+        step_fn: next-token function, see the module docstring (rows = batch).
+        initial_ids: int `[batch]` start tokens (BOS).
+        initial_state: nest of tensors with leading dimension `batch`, passed to `step_fn`.
+        max_length: most tokens generated per input, EOS included (Python int or int scalar);
+            it is also the length of the output buffer.
+        eos_id: the end-of-sequence token.
+        alpha: length-penalty exponent used for the returned scores only.
+        max_lengths: optional int `[batch]`, a smaller limit per input; EOS is forced at the limit.
+
+    Returns:
+        `(ids, scores)`: int32 `[batch, max_length]` generated tokens (EOS included, then 0) and
+        float32 `[batch]` scores `sum(log p) / length_penalty(length, alpha)`.
+
+    Example:
+    >>> ids, scores = greedy_search(step_fn, ops.full((batch,), 2), cache, max_length=60)
+    """
+    caps = _output_caps(initial_ids, max_length, max_lengths)  # [batch]
+    batch_shape = ops.shape(caps)
+    sequences = _initial_sequences(initial_ids, batch_shape, max_length)  # [batch, max_len + 1]
+    log_prob_sums = ops.zeros(batch_shape, dtype="float32")  # [batch]
+    finished = ops.zeros(batch_shape, dtype="bool")  # [batch]
+    lengths = ops.zeros(batch_shape, dtype="int32")  # [batch] tokens generated, EOS included
+
+    def cond(index, sequences, log_prob_sums, finished, lengths, state):
+        return ops.logical_and(ops.less(index, max_length), ops.logical_not(ops.all(finished)))
+
+    def body(index, sequences, log_prob_sums, finished, lengths, state):
+        log_probs, state = step_fn(sequences, index, state)  # [batch, vocab]
+        log_probs = ops.cast(log_probs, "float32")
+        must_end = ops.expand_dims(ops.greater_equal(index + 1, caps), 1)  # [batch, 1]
+        log_probs = _force_eos(log_probs, must_end, eos_id)
+        tokens = ops.cast(ops.argmax(log_probs, axis=-1), "int32")  # [batch]
+        token_log_probs = ops.take_along_axis(log_probs, ops.expand_dims(tokens, 1), axis=1)
+        token_log_probs = ops.squeeze(token_log_probs, 1)  # [batch]
+        # Rows that already ended keep 0 (padding) and their score.
+        tokens = ops.where(finished, 0, tokens)
+        log_prob_sums = ops.where(finished, log_prob_sums, log_prob_sums + token_log_probs)
+        lengths = ops.where(finished, lengths, index + 1)
+        finished = ops.logical_or(finished, ops.equal(tokens, eos_id))
+        sequences = _write_column(sequences, index + 1, tokens)
+        return index + 1, sequences, log_prob_sums, finished, lengths, state
+
+    index = ops.convert_to_tensor(0, dtype="int32")
+    _, sequences, log_prob_sums, _, lengths, _ = ops.while_loop(
+        cond, body, (index, sequences, log_prob_sums, finished, lengths, initial_state)
+    )
+    scores = log_prob_sums / length_penalty(ops.maximum(lengths, 1), alpha)
+    return sequences[:, 1:], scores
+
+
+# --------------------------------------------------------------------------- beam search
+
+
+def beam_search(
+    step_fn,
+    initial_ids,
+    initial_state,
+    beam_size,
+    max_length,
+    alpha=0.6,
+    eos_id=3,
+    max_lengths=None,
+    return_all=False,
+):
+    """Beam search with GNMT's length penalty, keeping alive and finished hypotheses apart.
+
+    Each step extends every alive beam by every token and keeps the top `2 * beam_size`
+    candidates: those ending in EOS among the first `beam_size` of them compete for the
+    `beam_size` finished slots (score = `log p / ((5 + length) / 6) ** alpha`, length counting
+    EOS), the others for the alive slots. Taking twice the beam means finished candidates can
+    never crowd out all live ones; with `beam_size=1` the search is greedy search. The search
+    stops when, for every input, `beam_size` hypotheses have finished and none of the alive ones
+    can still beat the worst of them (log-probabilities only fall as a sequence grows, so the
+    best an alive beam can reach is its log-probability over the largest length penalty), or
+    when `max_length` tokens have been generated. EOS is forced at each input's length limit, so
+    every input gets finished hypotheses.
+
+    Args:
+        step_fn: next-token function, see the module docstring; rows = `batch * beam_size`, beams
+            of one input adjacent (`flatten_beams` order).
+        initial_ids: int `[batch]` start tokens (BOS).
+        initial_state: nest of tensors with leading dimension `batch`; they are repeated for each
+            beam (`expand_to_beams`) and reordered with the beams at every step.
+        beam_size: beams per input `k` (Python int).
+        max_length: most tokens generated per input, EOS included (Python int or int scalar); the
+            length of the output buffer.
+        alpha: length-penalty exponent (0 = plain log-probability).
+        eos_id: the end-of-sequence token.
+        max_lengths: optional int `[batch]`, a smaller limit per input.
+        return_all: return all `beam_size` finished hypotheses (n-best) instead of the best.
+
+    Returns:
+        `(ids, scores)`: int32 `[batch, max_length]` (EOS included, then 0) and float32 `[batch]`;
+        with `return_all`, `[batch, beam_size, max_length]` and `[batch, beam_size]` sorted from
+        the best score down.
+
+    Example:
+    >>> ids, scores = beam_search(step_fn, bos, cache, beam_size=4, max_length=60, alpha=0.6)
+    """
+    k = int(beam_size)
+    caps = _output_caps(initial_ids, max_length, max_lengths)  # [batch]
+    batch = ops.shape(caps)[0]
+    max_penalty = length_penalty(caps, alpha)  # [batch] the largest penalty any output gets
+
+    alive_seqs = _initial_sequences(initial_ids, (batch, k), max_length)  # [batch, k, max_len+1]
+    # All beams start identical; only the first is live, so the first step does not pick k
+    # copies of the same continuation.
+    first_beam = ops.equal(ops.arange(k, dtype="int32"), 0)  # [k]
+    alive_log_probs = ops.where(
+        first_beam, ops.zeros((batch, k), "float32"), ops.full((batch, k), NEG_INF, "float32")
+    )  # [batch, k]
+    finished_seqs = ops.zeros_like(alive_seqs)  # [batch, k, max_len + 1]
+    finished_scores = ops.full((batch, k), NEG_INF, "float32")  # [batch, k]
+    finished_flags = ops.zeros((batch, k), "bool")  # [batch, k]
+    state = keras.tree.map_structure(lambda x: expand_to_beams(x, k), initial_state)
+
+    def cond(index, alive_seqs, alive_log_probs, finished_seqs, finished_scores, finished_flags, _):
+        # Beams are kept sorted, so column 0 is the best alive and column -1 the worst finished.
+        best_alive = alive_log_probs[:, 0] / max_penalty  # [batch]
+        worst_finished = ops.where(finished_flags[:, -1], finished_scores[:, -1], NEG_INF)
+        no_alive = ops.less_equal(alive_log_probs[:, 0], HALF_NEG_INF)  # [batch]
+        done = ops.logical_or(no_alive, ops.greater_equal(worst_finished, best_alive))
+        return ops.logical_and(ops.less(index, max_length), ops.logical_not(ops.all(done)))
+
+    def body(
+        index, alive_seqs, alive_log_probs, finished_seqs, finished_scores, finished_flags, state
+    ):
+        log_probs, state = step_fn(flatten_beams(alive_seqs), index, state)  # [batch * k, vocab]
+        log_probs = unflatten_beams(ops.cast(log_probs, "float32"), k)  # [batch, k, vocab]
+        vocab = ops.shape(log_probs)[-1]
+        length = index + 1  # tokens in each candidate, EOS included
+        must_end = ops.reshape(ops.greater_equal(length, caps), (-1, 1, 1))  # [batch, 1, 1]
+        log_probs = _force_eos(log_probs, must_end, eos_id)
+
+        # Top 2k continuations of all alive beams.
+        candidates = ops.expand_dims(alive_log_probs, 2) + log_probs  # [batch, k, vocab]
+        candidates = ops.reshape(candidates, (-1, k * vocab))  # [batch, k * vocab]
+        top_log_probs, top_indices = ops.top_k(candidates, 2 * k)  # [batch, 2k]
+        top_beams = ops.cast(top_indices // vocab, "int32")  # [batch, 2k] source beam
+        top_tokens = ops.cast(top_indices % vocab, "int32")  # [batch, 2k]
+        top_seqs = gather_beams(alive_seqs, top_beams)  # [batch, 2k, max_len + 1]
+        top_seqs = _write_column(top_seqs, length, top_tokens)
+        ends = ops.equal(top_tokens, eos_id)  # [batch, 2k]
+        possible = ops.greater(top_log_probs, HALF_NEG_INF)  # [batch, 2k]
+
+        # Alive: the best k candidates that did not end.
+        alive_candidates = ops.where(ends, NEG_INF, top_log_probs)  # [batch, 2k]
+        alive_log_probs, alive_indices = ops.top_k(alive_candidates, k)  # [batch, k]
+        alive_seqs = gather_beams(top_seqs, alive_indices)  # [batch, k, max_len + 1]
+        origin = ops.take_along_axis(top_beams, alive_indices, axis=1)  # [batch, k]
+        state = keras.tree.map_structure(lambda x: gather_flat_beams(x, origin, k), state)
+
+        # Finished: the best k of the old finished and the candidates that ended now. As in
+        # fairseq, an EOS candidate counts only if it ranks among the top k (the 2k only keep
+        # the alive beams full), so beam size 1 is exactly greedy search.
+        in_top_k = ops.less(ops.arange(2 * k, dtype="int32"), k)  # [2k]
+        new_flags = ops.logical_and(ops.logical_and(ends, possible), in_top_k)  # [batch, 2k]
+        new_scores = top_log_probs / ops.expand_dims(length_penalty(length, alpha), 0)
+        new_scores = ops.where(new_flags, new_scores, NEG_INF)  # [batch, 2k]
+        all_scores = ops.concatenate([finished_scores, new_scores], axis=1)  # [batch, 3k]
+        all_flags = ops.concatenate([finished_flags, new_flags], axis=1)  # [batch, 3k]
+        all_seqs = ops.concatenate([finished_seqs, top_seqs], axis=1)  # [batch, 3k, len]
+        finished_scores, keep = ops.top_k(all_scores, k)  # [batch, k]
+        finished_flags = ops.take_along_axis(all_flags, keep, axis=1)  # [batch, k]
+        finished_seqs = gather_beams(all_seqs, keep)  # [batch, k, max_len + 1]
+        return (
+            length,
+            alive_seqs,
+            alive_log_probs,
+            finished_seqs,
+            finished_scores,
+            finished_flags,
+            state,
+        )
+
+    index = ops.convert_to_tensor(0, dtype="int32")
+    loop_vars = (
+        index,
+        alive_seqs,
+        alive_log_probs,
+        finished_seqs,
+        finished_scores,
+        finished_flags,
+        state,
+    )
+    (index, alive_seqs, alive_log_probs, finished_seqs, finished_scores, finished_flags, _) = (
+        ops.while_loop(cond, body, loop_vars)
+    )
+
+    # With EOS forced at every limit an input always has finished hypotheses; fall back to the
+    # alive ones anyway so the result never holds an empty slot.
+    any_finished = finished_flags[:, 0]  # [batch]
+    alive_scores = alive_log_probs / length_penalty(ops.maximum(index, 1), alpha)
+    sequences = ops.where(ops.reshape(any_finished, (-1, 1, 1)), finished_seqs, alive_seqs)
+    scores = ops.where(ops.expand_dims(any_finished, 1), finished_scores, alive_scores)
+    sequences = sequences[:, :, 1:]  # drop the start token: [batch, k, max_len]
+    if return_all:
+        return sequences, scores
+    return sequences[:, 0], scores[:, 0]
+
+
+# --------------------------------------------------------------------------- the model
+
+
+def _banned_tokens_mask(vocab_size, banned_ids):
+    """Boolean `[vocab]`, True at ids that must never be generated (padding, BOS)."""
+    ids = ops.arange(vocab_size, dtype="int32")
+    mask = ops.zeros((vocab_size,), dtype="bool")
+    for token in banned_ids:
+        mask = ops.logical_or(mask, ops.equal(ids, token))
+    return mask
+
+
+def _static_or_tensor(value):
+    return value if isinstance(value, int) else ops.cast(value, "int32")
+
+
+def translate_ids(
+    model,
+    source_ids,
+    beam_size=4,
+    alpha=0.6,
+    max_extra_length=50,
+    bos_id=2,
+    eos_id=3,
+    max_length=None,
+    use_cache=True,
+    pad_id=0,
+):
+    """Translates padded source ids with a `Transformer` (beam search, or greedy for beam 1).
+
+    The source is encoded once; the decoder runs one token per step with its key/value cache
+    (`model.decode_step`), the encoder keys/values computed once and shared by the beams. An
+    output is at most `source length + max_extra_length` tokens (per input, EOS included), and
+    never longer than `max_length`. Padding and BOS are never generated.
+
+    Args:
+        model: a `keras_transformer.models.Transformer`.
+        source_ids: int `[batch, s_len]`, 0-padded, ending in EOS as in training.
+        beam_size: beams per input; 1 runs `greedy_search`.
+        alpha: length-penalty exponent.
+        max_extra_length: outputs stop at the source length plus this.
+        bos_id, eos_id, pad_id: special token ids.
+        max_length: optional cap on the output length (e.g. the model's maximum target length).
+        use_cache: False re-runs the full decoder on the whole prefix at every step (slow; a
+            reference for tests).
+
+    Returns:
+        `(output_ids, scores)`: int32 `[batch, T]` without BOS, EOS included and 0-padded after
+        it (`T = min(s_len + max_extra_length, max_length)`), and float32 `[batch]` length-
+        normalised log-probabilities.
+
+    Example:
+    >>> ids, scores = translate_ids(model, source_ids, beam_size=4, alpha=0.6)
+    """
+    source_ids = ops.cast(ops.convert_to_tensor(source_ids), "int32")
+    s_len = source_ids.shape[1]
+    if s_len is None:
+        s_len = ops.shape(source_ids)[1]
+    buffer = s_len + max_extra_length  # [] static when the source length is
+    if max_length is not None:
+        buffer = (
+            min(buffer, int(max_length))
+            if isinstance(buffer, int)
+            else ops.minimum(buffer, int(max_length))
+        )
+    buffer = _static_or_tensor(buffer)
+
+    encoder_output, source_mask = model.encode(source_ids, training=False)
+    source_lengths = ops.sum(ops.cast(source_mask, "int32"), axis=1)  # [batch]
+    caps = source_lengths + max_extra_length  # [batch]
+    batch = ops.shape(source_ids)[0]
+    initial_ids = ops.full((batch,), bos_id, dtype="int32")  # [batch]
+    banned = _banned_tokens_mask(model.vocab_size, (pad_id, bos_id))  # [vocab]
+
+    def to_log_probs(logits):  # [rows, vocab] -> [rows, vocab]
+        log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+        return ops.where(banned, NEG_INF, log_probs)
+
+    k = int(beam_size)
+    if use_cache:
+        cache = model.init_cache(encoder_output, buffer)
+        cross_attention = expand_to_beams(cache["cross_attention"], k)  # [batch*k, L, 2, h, s, d]
+        memory_mask = expand_to_beams(source_mask, k)  # [batch * k, s_len]
+        initial_state = cache["self_attention"]  # [batch, layers, 2, heads, buffer, head_dim]
+
+        def step_fn(ids, index, self_attention):
+            tokens = ops.take(ids, ops.reshape(index, (1,)), axis=1)  # [rows, 1]
+            cache = {"self_attention": self_attention, "cross_attention": cross_attention}
+            logits, cache = model.decode_step(tokens, index, cache, memory_mask)
+            return to_log_probs(logits[:, 0]), cache["self_attention"]
+
+    else:
+        repeated_source = expand_to_beams(source_ids, k)  # [batch * k, s_len]
+        initial_state = ops.zeros((batch,), dtype="int32")  # unused
+
+        def step_fn(ids, index, unused):
+            inputs = {"source_ids": repeated_source, "target_ids": ids[:, :-1]}
+            logits = model(inputs, training=False)  # [rows, buffer, vocab]
+            logits = ops.take(logits, ops.reshape(index, (1,)), axis=1)[:, 0]
+            return to_log_probs(logits), unused
+
+    if k == 1:
+        return greedy_search(
+            step_fn,
+            initial_ids,
+            initial_state,
+            buffer,
+            eos_id=eos_id,
+            alpha=alpha,
+            max_lengths=caps,
+        )
+    return beam_search(
+        step_fn,
+        initial_ids,
+        initial_state,
+        beam_size=k,
+        max_length=buffer,
+        alpha=alpha,
+        eos_id=eos_id,
+        max_lengths=caps,
+    )

@@ -1,0 +1,142 @@
+"""SavedModel export in TF Serving's layout: `BASE_DIR/NAME/VERSION/` with integer versions."""
+
+import json
+import os
+import shutil
+import tempfile
+
+import tensorflow as tf
+
+from keras_transformer.export.translator import Translator
+
+SIGNATURE_KEY = "serving_default"
+METADATA_FILE = "keras_transformer.json"
+
+
+def list_versions(model_dir):
+    """Integer version numbers under `model_dir`, ascending (other names are ignored, as TF
+    Serving does)."""
+    if not os.path.isdir(model_dir):
+        return []
+    versions = []
+    for entry in os.listdir(model_dir):
+        if entry.isdigit() and os.path.isdir(os.path.join(model_dir, entry)):
+            versions.append(int(entry))
+    return sorted(versions)
+
+
+def resolve_model_dir(path):
+    """A SavedModel directory from `path`: itself when it holds `saved_model.pb`, else its
+    highest integer version (TF Serving's model base path). Raises FileNotFoundError."""
+    if os.path.isfile(os.path.join(path, "saved_model.pb")):
+        return path
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"model directory not found: {path}")
+    for version in reversed(list_versions(path)):
+        candidate = os.path.join(path, str(version))
+        if os.path.isfile(os.path.join(candidate, "saved_model.pb")):
+            return candidate
+    raise FileNotFoundError(f"no SavedModel (saved_model.pb or numbered versions) in {path}")
+
+
+def _field(config, key, default):
+    if config is None:
+        return default
+    if isinstance(config, dict):
+        return config.get(key, default)
+    return getattr(config, key, default)
+
+
+def export_saved_model(
+    model, tokenizer, decode_config=None, data_config=None, base_dir="saved_models", name="model"
+):
+    """Exports `Translator(model, tokenizer)` as the next version of `base_dir/name`.
+
+    The SavedModel is written to a hidden temporary directory next to the versions and renamed
+    into place, so TF Serving (which polls the base path) never sees a half-written version and
+    an existing version is never overwritten. If anything fails, nothing is left behind.
+
+    Args:
+        model: a `Transformer` (TensorFlow backend).
+        tokenizer: `keras_transformer.data.Tokenizer` (or SentencePiece model bytes).
+        decode_config: `DecodeConfig` (or dict): `beam_size`, `alpha`, `max_extra_length`,
+            `batch_size`, fixed into the graph.
+        data_config: `DataConfig` (or dict): `max_source_length` (inputs are truncated to it)
+            and `max_target_length` (the longest output, EOS included).
+        base_dir: directory holding the named models.
+        name: the model's name (TF Serving's `--model_name`).
+
+    Returns:
+        The path of the new version directory, e.g. `saved_models/quickstart/3`.
+
+    Example:
+    >>> path = export_saved_model(model, tokenizer, config.decode, config.data, "saved_models",
+    ...                           "quickstart")
+    """
+    if not name or os.sep in str(name) or str(name) in (".", ".."):
+        raise ValueError(f"invalid model name {name!r}")
+    translator = Translator(
+        model,
+        tokenizer,
+        beam_size=_field(decode_config, "beam_size", 4),
+        alpha=_field(decode_config, "alpha", 0.6),
+        max_extra_length=_field(decode_config, "max_extra_length", 50),
+        batch_size=_field(decode_config, "batch_size", 32),
+        max_source_length=_field(data_config, "max_source_length", 128),
+        # As in the dev-set decoding during training: no output longer than the training targets.
+        max_length=_field(data_config, "max_target_length", None),
+        bos_id=getattr(tokenizer, "bos_id", 2),
+        eos_id=getattr(tokenizer, "eos_id", 3),
+        pad_id=getattr(tokenizer, "pad_id", 0),
+    )
+    model_dir = os.path.join(base_dir, str(name))
+    created_model_dir = not os.path.isdir(model_dir)
+    os.makedirs(model_dir, exist_ok=True)
+    # Same parent as the versions, so the final rename is atomic; the dot keeps it out of
+    # TF Serving's sight (only integer names are versions).
+    tmp_dir = tempfile.mkdtemp(prefix=".export-", dir=model_dir)
+    try:
+        tf.saved_model.save(translator, tmp_dir, signatures={SIGNATURE_KEY: translator.serve})
+        _write_metadata(tmp_dir, translator, name)
+        version_dir = _rename_to_next_version(tmp_dir, model_dir)
+    except BaseException:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        if created_model_dir and not os.listdir(model_dir):
+            os.rmdir(model_dir)
+        raise
+    return version_dir
+
+
+def _write_metadata(export_dir, translator, name):
+    # assets.extra/ travels with the SavedModel and is ignored by the loaders.
+    extra = os.path.join(export_dir, "assets.extra")
+    os.makedirs(extra, exist_ok=True)
+    metadata = {
+        "name": str(name),
+        "signature": SIGNATURE_KEY,
+        "inputs": {"text": "string [batch]"},
+        "outputs": {"translation": "string [batch]", "score": "float32 [batch]"},
+        "beam_size": translator.beam_size,
+        "alpha": translator.alpha,
+        "max_extra_length": translator.max_extra_length,
+        "max_source_length": translator.max_source_length,
+        "max_length": translator.max_length,
+        "vocab_size": translator.model.vocab_size,
+    }
+    with open(os.path.join(extra, METADATA_FILE), "w", encoding="utf-8") as f:
+        json.dump(metadata, f, indent=2)
+
+
+def _rename_to_next_version(tmp_dir, model_dir):
+    version = (list_versions(model_dir) or [0])[-1] + 1
+    while True:
+        target = os.path.join(model_dir, str(version))
+        if not os.path.exists(target):
+            try:
+                os.rename(tmp_dir, target)
+                return target
+            except OSError:
+                if not os.path.exists(target):
+                    raise
+        # Another export took this number meanwhile: take the next one, never overwrite.
+        version += 1

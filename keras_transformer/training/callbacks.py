@@ -1,0 +1,337 @@
+"""Training callbacks: step checkpoints, a step limit, TensorBoard summaries and dev-set BLEU."""
+
+import glob
+import os
+import re
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_transformer.evaluation import score_translations
+
+_CKPT_RE = re.compile(r"ckpt-(\d+)\.weights\.h5$")
+
+
+def optimizer_step(model):
+    """The number of optimizer updates so far (accumulated batches count once)."""
+    return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+
+
+def list_checkpoints(directory):
+    """`[(step, path), ...]` of the `ckpt-<step>.weights.h5` files in `directory`, oldest first."""
+    found = []
+    for path in glob.glob(os.path.join(directory, "ckpt-*.weights.h5")):
+        match = _CKPT_RE.search(os.path.basename(path))
+        if match:
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+class StepCheckpoint(keras.callbacks.Callback):
+    """Saves `directory/ckpt-<step>.weights.h5` every `every` optimizer steps, keeping the last
+    `keep`; also at the end of training.
+
+    The files hold the model's weights only (what export and checkpoint averaging need); the
+    optimizer state for resuming lives in `BackupAndRestore`'s backup.
+
+    Args:
+        directory: where the checkpoints go.
+        every: optimizer steps between checkpoints.
+        keep: checkpoints kept (older ones are deleted).
+        enabled: False on the non-chief workers of a multi-worker run.
+    """
+
+    def __init__(self, directory, every, keep, enabled=True):
+        super().__init__()
+        self.directory = directory
+        self.every = int(every)
+        self.keep = int(keep)
+        self.enabled = enabled
+        self._last_saved = None
+
+    def _save(self, step):
+        if not self.enabled or step == self._last_saved or step == 0:
+            return
+        os.makedirs(self.directory, exist_ok=True)
+        path = os.path.join(self.directory, f"ckpt-{step}.weights.h5")
+        # Written under a temporary name and renamed: a kill mid-write leaves no broken ckpt.
+        tmp = os.path.join(self.directory, f".tmp-ckpt-{step}.weights.h5")
+        self.model.save_weights(tmp, overwrite=True)
+        os.replace(tmp, path)
+        self._last_saved = step
+        for _, old in list_checkpoints(self.directory)[: -self.keep]:
+            os.remove(old)
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = optimizer_step(self.model)
+        if step % self.every == 0:
+            self._save(step)
+
+    def on_train_end(self, logs=None):
+        self._save(optimizer_step(self.model))
+
+
+class StopAtStep(keras.callbacks.Callback):
+    """Stops `fit` once the optimizer has made `steps` updates (also after a resume)."""
+
+    def __init__(self, steps):
+        super().__init__()
+        self.steps = int(steps)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if optimizer_step(self.model) >= self.steps:
+            self.model.stop_training = True
+
+
+class TrainingSummaries(keras.callbacks.Callback):
+    """Writes training scalars to TensorBoard every `every` optimizer steps.
+
+    Tags (under `logdir/train`): `loss`, `accuracy`, `perplexity` (running means over the
+    current epoch, as in the progress bar), `learning_rate` and `tokens_per_second` (non-padding
+    target tokens per second since the last write). The x axis is the optimizer step, so resumed
+    runs continue their curves.
+
+    Args:
+        logdir: TensorBoard log directory (the run's `WORKDIR/logs`).
+        every: optimizer steps between writes.
+        enabled: False on the non-chief workers.
+    """
+
+    def __init__(self, logdir, every=100, enabled=True):
+        super().__init__()
+        self.logdir = logdir
+        self.every = max(1, int(every))
+        self.enabled = enabled
+        self._writer = None
+        self._last = None  # (time, tokens) at the last write
+
+    def _get_writer(self):
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(os.path.join(self.logdir, "train"))
+        return self._writer
+
+    def on_epoch_begin(self, epoch, logs=None):
+        # The token counter (a metric) restarts at each epoch.
+        self._last = (time.perf_counter(), 0.0)
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = optimizer_step(self.model)
+        if not self.enabled or step % self.every or not logs:
+            return
+        now, tokens = time.perf_counter(), float(logs.get("tokens", 0.0))
+        last_time, last_tokens = self._last or (now, tokens)
+        self._last = (now, tokens)
+        with self._get_writer().as_default(step=step):
+            for key in ("loss", "accuracy", "perplexity"):
+                if key in logs:
+                    tf.summary.scalar(key, float(logs[key]))
+            learning_rate = self.model.optimizer.learning_rate
+            tf.summary.scalar("learning_rate", float(keras.ops.convert_to_numpy(learning_rate)))
+            if now > last_time and tokens > last_tokens:
+                tf.summary.scalar("tokens_per_second", (tokens - last_tokens) / (now - last_time))
+        self._writer.flush()
+
+    def on_train_end(self, logs=None):
+        if self._writer is not None:
+            self._writer.flush()
+
+
+def _source_batch(tokenizer, sources, max_source_length, eos_id):
+    """Tokenized sources + EOS, truncated like training data, as a ragged tensor."""
+    ragged = tokenizer.tokenize(tf.constant(sources, dtype=tf.string))
+    ragged = ragged[:, : max_source_length - 1]
+    eos = tf.fill([ragged.nrows(), 1], tf.constant(eos_id, ragged.dtype))
+    return tf.concat([ragged, tf.RaggedTensor.from_tensor(eos)], axis=1)
+
+
+def translate_sentences(
+    model,
+    tokenizer,
+    sources,
+    data_config,
+    beam_size=1,
+    alpha=0.6,
+    max_extra_length=50,
+    batch_size=32,
+    _cache=None,
+):
+    """Translates a list of strings with `model` (in Python, for evaluation during training).
+
+    Sentences are sorted by length and decoded `batch_size` at a time with
+    `keras_transformer.decoding.translate_ids` compiled by `tf.function`.
+
+    Returns:
+        The list of detokenized translations, in the order of `sources`.
+    """
+    from keras_transformer.decoding import translate_ids
+
+    if not sources:
+        return []
+    key = (id(model), beam_size, alpha, max_extra_length)
+    cache = _cache if _cache is not None else {}
+    if key not in cache:
+        cache[key] = tf.function(
+            lambda ids: translate_ids(
+                model,
+                ids,
+                beam_size=beam_size,
+                alpha=alpha,
+                max_extra_length=max_extra_length,
+                bos_id=tokenizer.bos_id,
+                eos_id=tokenizer.eos_id,
+                max_length=data_config.max_target_length,
+            )[0],
+        )
+    decode = cache[key]
+    batch_size = min(batch_size, len(sources))
+    ragged = _source_batch(tokenizer, sources, data_config.max_source_length, tokenizer.eos_id)
+    lengths = ragged.row_lengths().numpy()
+    # One padded length for the whole set (a multiple of 8) and full batches: static shapes, so
+    # the decoder is traced once. Sorting by length lets short batches stop early.
+    width = -(-int(lengths.max()) // 8) * 8
+    padded = ragged.to_tensor(0, shape=[None, width])
+    order = np.argsort(lengths, kind="stable")
+    outputs = [None] * len(sources)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        ids = tf.gather(padded, chunk)
+        # Full batches only (padded with one-EOS sentences): static shapes, one trace per length.
+        rows = int(ids.shape[0])
+        if rows < batch_size:
+            filler = tf.concat(
+                [
+                    tf.fill([batch_size - rows, 1], tf.constant(tokenizer.eos_id, ids.dtype)),
+                    tf.zeros([batch_size - rows, int(ids.shape[1]) - 1], ids.dtype),
+                ],
+                axis=1,
+            )
+            ids = tf.concat([ids, filler], axis=0)
+        out = decode(ids).numpy()[:rows]
+        # Everything from the first EOS on is dropped before detokenizing.
+        after_eos = np.cumsum(out == tokenizer.eos_id, axis=1) > 0
+        out = np.where(after_eos, 0, out).astype("int32")
+        texts = tokenizer.detokenize(tf.constant(out)).numpy()
+        for i, text in zip(chunk, texts):
+            outputs[i] = text.decode("utf-8", errors="replace")
+    return outputs
+
+
+def evaluate_bleu(
+    model,
+    tokenizer,
+    pairs,
+    data_config,
+    beam_size=1,
+    alpha=0.6,
+    max_extra_length=50,
+    batch_size=32,
+    _cache=None,
+):
+    """sacreBLEU/chrF of `model` on `pairs` `[(source, reference), ...]`.
+
+    Returns:
+        `(scores, hypotheses)`: `evaluation.score_translations`'s dict and the translations.
+    """
+    hypotheses = translate_sentences(
+        model,
+        tokenizer,
+        [s for s, _ in pairs],
+        data_config,
+        beam_size,
+        alpha,
+        max_extra_length,
+        batch_size,
+        _cache,
+    )
+    return score_translations(hypotheses, [t for _, t in pairs]), hypotheses
+
+
+class DevEvaluator(keras.callbacks.Callback):
+    """Dev-set sacreBLEU at the end of each epoch (greedy by default), logged as `dev_bleu`.
+
+    Adds `dev_bleu` and `dev_chrf` to the epoch logs (progress line, History) and writes them,
+    with a few sample translations as text, to TensorBoard under `logdir/dev` at the optimizer
+    step. The epoch that ends training is skipped when `skip_at_step` is reached (the trainer
+    evaluates the final model itself, with the configured beam).
+
+    Args:
+        pairs: dev `[(source, reference), ...]` (already limited to the sentences to decode).
+        tokenizer: the run's `keras_transformer.data.Tokenizer`.
+        data_config: the `data` config section (max lengths).
+        logdir: TensorBoard log directory; None writes nothing.
+        beam_size: 1 (greedy) keeps evaluation cheap during training.
+        num_samples: sample translations written as text.
+        skip_at_step: no evaluation when the optimizer step has reached this.
+        enabled: False on the non-chief workers (no TensorBoard writes).
+    """
+
+    def __init__(
+        self,
+        pairs,
+        tokenizer,
+        data_config,
+        logdir=None,
+        beam_size=1,
+        alpha=0.6,
+        max_extra_length=50,
+        batch_size=32,
+        num_samples=3,
+        skip_at_step=None,
+        enabled=True,
+    ):
+        super().__init__()
+        self.pairs = list(pairs)
+        self.tokenizer = tokenizer
+        self.data_config = data_config
+        self.logdir = logdir
+        self.decode_kwargs = dict(
+            beam_size=beam_size,
+            alpha=alpha,
+            max_extra_length=max_extra_length,
+            batch_size=batch_size,
+        )
+        self.num_samples = num_samples
+        self.skip_at_step = skip_at_step
+        self.enabled = enabled
+        self._writer = None
+        self._cache = {}
+        self.history = []  # (step, bleu)
+
+    def on_epoch_end(self, epoch, logs=None):
+        step = optimizer_step(self.model)
+        if not self.pairs or (self.skip_at_step is not None and step >= self.skip_at_step):
+            return
+        start = time.perf_counter()
+        scores, hypotheses = evaluate_bleu(
+            self.model,
+            self.tokenizer,
+            self.pairs,
+            self.data_config,
+            _cache=self._cache,
+            **self.decode_kwargs,
+        )
+        self.history.append((step, scores["bleu"]))
+        if logs is not None:
+            logs["dev_bleu"] = scores["bleu"]
+            logs["dev_chrf"] = scores["chrf"]
+        print(
+            f"step {step}: dev BLEU {scores['bleu']:.2f} chrF {scores['chrf']:.2f} "
+            f"({len(self.pairs)} sentences, {time.perf_counter() - start:.1f}s)",
+            flush=True,
+        )
+        if not (self.enabled and self.logdir):
+            return
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(os.path.join(self.logdir, "dev"))
+        with self._writer.as_default(step=step):
+            tf.summary.scalar("dev_bleu", scores["bleu"])
+            tf.summary.scalar("dev_chrf", scores["chrf"])
+            samples = [
+                f"**source:** {src}  \n**reference:** {ref}  \n**model:** {hyp}"
+                for (src, ref), hyp in zip(self.pairs, hypotheses)
+            ][: self.num_samples]
+            if samples:
+                tf.summary.text("sample_translations", tf.constant(samples))
+        self._writer.flush()

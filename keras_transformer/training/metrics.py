@@ -1,0 +1,97 @@
+"""Token-level training metrics that ignore padding: accuracy, perplexity and a token counter."""
+
+import keras
+from keras import ops
+
+from keras_transformer.training.losses import masked_token_cross_entropy
+
+
+class _MaskedMean(keras.metrics.Metric):
+    """Running mean of a per-token value over the non-padding tokens."""
+
+    def __init__(self, pad_id=0, name=None, dtype="float32"):
+        super().__init__(name=name, dtype=dtype)
+        self.pad_id = int(pad_id)
+        self.total = self.add_variable(shape=(), initializer="zeros", name="total")
+        self.count = self.add_variable(shape=(), initializer="zeros", name="count")
+
+    def _values(self, y_true, y_pred):
+        raise NotImplementedError
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        values, mask = self._values(y_true, y_pred)
+        self.total.assign_add(ops.sum(values * mask))
+        self.count.assign_add(ops.sum(mask))
+
+    def result(self):
+        return self.total / ops.maximum(self.count, 1.0)
+
+    def get_config(self):
+        return {"name": self.name, "dtype": self.dtype, "pad_id": self.pad_id}
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class MaskedAccuracy(_MaskedMean):
+    """Fraction of non-padding target tokens whose argmax prediction is the label.
+
+    Args:
+        pad_id: padding id of the labels (0).
+        name: metric name (default "accuracy").
+
+    Example:
+    >>> model.compile(..., metrics=[MaskedAccuracy()])
+    """
+
+    def __init__(self, pad_id=0, name="accuracy", dtype="float32"):
+        super().__init__(pad_id=pad_id, name=name, dtype=dtype)
+
+    def _values(self, y_true, y_pred):
+        y_true = ops.cast(y_true, "int32")
+        hits = ops.cast(
+            ops.equal(ops.cast(ops.argmax(y_pred, axis=-1), "int32"), y_true), "float32"
+        )
+        return hits, ops.cast(ops.not_equal(y_true, self.pad_id), "float32")
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Perplexity(_MaskedMean):
+    """exp of the mean (unsmoothed) negative log-likelihood of the non-padding target tokens.
+
+    Args:
+        pad_id: padding id of the labels (0).
+        name: metric name (default "perplexity").
+    """
+
+    def __init__(self, pad_id=0, name="perplexity", dtype="float32"):
+        super().__init__(pad_id=pad_id, name=name, dtype=dtype)
+
+    def _values(self, y_true, y_pred):
+        return masked_token_cross_entropy(y_true, y_pred, 0.0, self.pad_id)
+
+    def result(self):
+        # Clipped so that an untrained model's first batches do not print inf.
+        return ops.exp(ops.minimum(super().result(), 50.0))
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class TokenCount(keras.metrics.Metric):
+    """Non-padding target tokens seen since the last reset (feeds the tokens/s summary).
+
+    Args:
+        pad_id: padding id of the labels (0).
+        name: metric name (default "tokens").
+    """
+
+    def __init__(self, pad_id=0, name="tokens", dtype="float32"):
+        super().__init__(name=name, dtype=dtype)
+        self.pad_id = int(pad_id)
+        self.count = self.add_variable(shape=(), initializer="zeros", name="count")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        self.count.assign_add(ops.sum(ops.cast(ops.not_equal(y_true, self.pad_id), "float32")))
+
+    def result(self):
+        return ops.convert_to_tensor(self.count)
+
+    def get_config(self):
+        return {"name": self.name, "dtype": self.dtype, "pad_id": self.pad_id}

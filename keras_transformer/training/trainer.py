@@ -1,0 +1,281 @@
+"""`train(config)`: from a corpus spec to a trained, evaluated and exported Transformer."""
+
+import json
+import math
+import os
+import sys
+import time
+
+import keras
+import tensorflow as tf
+
+from keras_transformer.config import save_config
+from keras_transformer.models import build_transformer
+from keras_transformer.training.callbacks import (
+    DevEvaluator,
+    StepCheckpoint,
+    StopAtStep,
+    TrainingSummaries,
+    evaluate_bleu,
+    optimizer_step,
+)
+from keras_transformer.training.distribute import get_strategy, is_chief, resolve_jit_compile
+from keras_transformer.training.losses import MaskedSparseCrossEntropy
+from keras_transformer.training.metrics import MaskedAccuracy, Perplexity, TokenCount
+from keras_transformer.training.schedules import TransformerSchedule
+
+
+def make_optimizer(config, d_model=None):
+    """Adam(beta_1, beta_2, epsilon) on the paper's schedule, with the config's gradient
+    accumulation and global-norm clipping; wrapped in a `LossScaleOptimizer` for mixed_float16.
+    """
+    t = config.train
+    schedule = TransformerSchedule(
+        d_model or config.model.d_model, t.warmup_steps, t.learning_rate_scale
+    )
+    optimizer = keras.optimizers.Adam(
+        learning_rate=schedule,
+        beta_1=t.adam_beta_1,
+        beta_2=t.adam_beta_2,
+        epsilon=t.adam_epsilon,
+        global_clipnorm=t.clip_norm,
+        # Keras wants None (not 1) for "no accumulation".
+        gradient_accumulation_steps=(
+            t.gradient_accumulation_steps if t.gradient_accumulation_steps > 1 else None
+        ),
+    )
+    if config.runtime.mixed_precision == "mixed_float16":
+        # float16 gradients underflow without loss scaling.
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    return optimizer
+
+
+def compile_model(model, config, jit_compile=False, steps_per_execution=1):
+    """Compiles `model` with the paper's loss, optimizer and schedule from `config`.
+
+    Call it inside `strategy.scope()` when training distributed. Afterwards `model.fit` on
+    `keras_transformer.data.make_dataset(...)` trains with the same recipe as `train(config)`.
+
+    Args:
+        model: a `keras_transformer.models.Transformer`.
+        config: an `ExperimentConfig`.
+        jit_compile: XLA-compile the train step.
+        steps_per_execution: batches per compiled call.
+
+    Returns:
+        The model.
+
+    Example:
+    >>> with strategy.scope():
+    ...     model = build_transformer(config.model, tokenizer.vocab_size)
+    ...     compile_model(model, config)
+    >>> model.fit(make_dataset(pairs, tokenizer, config.data), steps_per_epoch=100, epochs=3)
+    """
+    model.compile(
+        optimizer=make_optimizer(config, getattr(model, "d_model", None)),
+        loss=MaskedSparseCrossEntropy(label_smoothing=config.train.label_smoothing),
+        metrics=[MaskedAccuracy(), Perplexity(), TokenCount()],
+        jit_compile=jit_compile,
+        steps_per_execution=steps_per_execution,
+    )
+    return model
+
+
+def resolve_workdir(config):
+    """`runtime.workdir`, or `workdirs/<config name>` when it is not set."""
+    return config.runtime.workdir or os.path.join("workdirs", config.name)
+
+
+def workdir_paths(workdir):
+    """The workdir layout shared with the exporter (see DESIGN.md)."""
+    return {
+        "config": os.path.join(workdir, "config.yaml"),
+        "spm": os.path.join(workdir, "spm.model"),
+        "checkpoints": os.path.join(workdir, "checkpoints"),
+        "backup": os.path.join(workdir, "backup"),
+        "logs": os.path.join(workdir, "logs"),
+        "result": os.path.join(workdir, "result.json"),
+    }
+
+
+def _read_result(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _model_dtype(config):
+    policy = config.runtime.mixed_precision
+    return None if policy in (None, "float32") else policy
+
+
+def _export(model, tokenizer, config):
+    """Exports the SavedModel if the export module is available; returns its path or None."""
+    try:
+        from keras_transformer.export import export_saved_model
+    except ImportError:
+        print("SavedModel export skipped: keras_transformer.export is not available", flush=True)
+        return None
+    return export_saved_model(
+        model,
+        tokenizer,
+        config.decode,
+        config.data,
+        config.export.base_dir,
+        config.export.name or config.name,
+    )
+
+
+def _print_summary(result):
+    lines = [f"Finished {result['name']} at step {result['step']}."]
+    for split in ("dev", "test"):
+        scores = result.get(split)
+        if scores:
+            lines.append(
+                f"  {split} sacreBLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  "
+                f"({scores['sentences']} sentences, beam {result['beam_size']})"
+            )
+    lines.append(f"  checkpoints: {result['checkpoints']}")
+    lines.append(f"  TensorBoard: tensorboard --logdir {result['logs']}")
+    if result.get("saved_model"):
+        lines.append(f"  SavedModel:  {result['saved_model']}")
+    else:
+        lines.append("  SavedModel:  not exported")
+    print("\n".join(lines), flush=True)
+
+
+def train(config):
+    """Trains, evaluates and exports the model described by `config` (an `ExperimentConfig`).
+
+    Writes the workdir (`runtime.workdir`, default `workdirs/<name>`): `config.yaml` (the
+    resolved config), `spm.model`, `checkpoints/ckpt-<step>.weights.h5` (last
+    `train.keep_checkpoints`), `backup/` (resume state), `logs/` (TensorBoard) and `result.json`.
+    Training runs `train.steps` optimizer steps as Keras epochs of `train.steps_per_epoch` steps,
+    with dev BLEU (greedy) after each epoch; the final model is scored on the dev (and test) set
+    with the `decode` settings and exported to `export.base_dir/<name>/<version>`.
+
+    Running it again on the same workdir resumes from the last backup; a finished run is not
+    retrained (its result is printed and returned).
+
+    Returns:
+        The result dict written to `result.json`.
+
+    Example:
+    >>> from keras_transformer.config import load_config
+    >>> result = train(load_config("configs/quickstart.yaml"))
+    >>> result["dev"]["bleu"]
+    """
+    started = time.time()
+    workdir = resolve_workdir(config)
+    paths = workdir_paths(workdir)
+    t = config.train
+    previous = _read_result(paths["result"])
+    if previous and previous.get("step", 0) >= t.steps:
+        print(f"{workdir} already holds a finished run ({previous['step']} steps).", flush=True)
+        _print_summary(previous)
+        return previous
+
+    # The strategy first: multi-worker and TPU setups must precede any device use.
+    strategy = get_strategy(config.runtime)
+    chief = is_chief(strategy)
+    from keras_transformer.data import get_or_train_tokenizer, make_dataset, read_pairs
+
+    # Seeding clears TensorFlow's kernel caches, which would drop the SentencePiece op's resource
+    # (the tokenizer must be created after it).
+    keras.utils.set_random_seed(t.seed)
+    os.makedirs(workdir, exist_ok=True)
+    if chief:
+        save_config(config, paths["config"])
+    pairs = read_pairs(config.data.train)
+    dev_pairs = read_pairs(config.data.dev) if config.data.dev else []
+    test_pairs = read_pairs(config.data.test) if config.data.test else []
+    tokenizer = get_or_train_tokenizer(config.data, pairs, workdir)
+    dataset = make_dataset(pairs, tokenizer, config.data, training=True)
+
+    jit_compile = resolve_jit_compile(config.runtime.jit_compile, strategy)
+    with strategy.scope():
+        model = build_transformer(config.model, tokenizer.vocab_size, dtype=_model_dtype(config))
+        compile_model(model, config, jit_compile=jit_compile)
+    print(
+        f"Training {config.name}: {model.count_params():,} parameters, vocabulary "
+        f"{tokenizer.vocab_size}, {len(pairs):,} training pairs, {t.steps} steps, "
+        f"strategy {type(strategy).__name__} ({strategy.num_replicas_in_sync} replicas), "
+        f"jit_compile={jit_compile}, precision {config.runtime.mixed_precision or 'float32'}",
+        flush=True,
+    )
+
+    # Keras counts batches; the config counts optimizer updates.
+    accumulation = t.gradient_accumulation_steps
+    epochs = math.ceil(t.steps / t.steps_per_epoch)
+    callbacks = [
+        keras.callbacks.BackupAndRestore(
+            paths["backup"], save_freq=t.checkpoint_every * accumulation, delete_checkpoint=False
+        ),
+        keras.callbacks.TerminateOnNaN(),
+        StopAtStep(t.steps),
+        StepCheckpoint(paths["checkpoints"], t.checkpoint_every, t.keep_checkpoints, chief),
+        TrainingSummaries(paths["logs"], t.log_every, chief),
+    ]
+    if dev_pairs:
+        callbacks.append(
+            DevEvaluator(
+                dev_pairs[: t.eval_max_sentences],
+                tokenizer,
+                config.data,
+                logdir=paths["logs"],
+                beam_size=1,
+                max_extra_length=config.decode.max_extra_length,
+                batch_size=config.decode.batch_size,
+                num_samples=t.num_sample_translations,
+                skip_at_step=t.steps,
+                enabled=chief,
+            )
+        )
+    model.fit(
+        dataset,
+        epochs=epochs,
+        steps_per_epoch=t.steps_per_epoch * accumulation,
+        callbacks=callbacks,
+        # A live progress bar in a terminal, one line per epoch in logs.
+        verbose=1 if sys.stdout.isatty() else 2,
+    )
+    step = optimizer_step(model)
+    if step < t.steps:
+        raise RuntimeError(f"training stopped at step {step} of {t.steps} (NaN loss?)")
+    train_seconds = time.time() - started
+
+    result = {
+        "name": config.name,
+        "step": step,
+        "beam_size": config.decode.beam_size,
+        "train_seconds": round(train_seconds, 1),
+        "checkpoints": paths["checkpoints"],
+        "logs": paths["logs"],
+    }
+    decode_kwargs = dict(
+        beam_size=config.decode.beam_size,
+        alpha=config.decode.alpha,
+        max_extra_length=config.decode.max_extra_length,
+        batch_size=config.decode.batch_size,
+    )
+    cache = {}
+    for split, split_pairs in (("dev", dev_pairs), ("test", test_pairs)):
+        if split_pairs:
+            scores, _ = evaluate_bleu(
+                model, tokenizer, split_pairs, config.data, _cache=cache, **decode_kwargs
+            )
+            result[split] = scores
+            if chief:
+                with tf.summary.create_file_writer(os.path.join(paths["logs"], split)).as_default(
+                    step=step
+                ):
+                    tf.summary.scalar(f"final_{split}_bleu", scores["bleu"])
+    result["saved_model"] = _export(model, tokenizer, config) if chief else None
+    result["total_seconds"] = round(time.time() - started, 1)
+    if chief:
+        with open(paths["result"], "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=2)
+    _print_summary(result)
+    return result

@@ -1,0 +1,121 @@
+"""Shared, memoised fixtures of the inference tests: a tiny SentencePiece model and a tiny
+Transformer trained on a toy copy task (a few hundred steps, a few seconds on a CPU).
+
+They are built once per test process (`functools.lru_cache`) and shared by test modules.
+"""
+
+import atexit
+import functools
+import os
+import random
+import shutil
+import tempfile
+
+import numpy as np
+
+WORDS = "red green blue black white apple pear plum cat dog bird fish".split()
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
+MAX_SOURCE_LENGTH = 16
+
+
+@functools.lru_cache(maxsize=None)
+def work_dir():
+    path = tempfile.mkdtemp(prefix="kt-inference-tests-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+def toy_sentences(n, seed=0):
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 5))) for _ in range(n)]
+
+
+@functools.lru_cache(maxsize=None)
+def spm_model_path():
+    """A SentencePiece model with pad 0, unk 1, bos 2, eos 3 trained on the toy sentences."""
+    import sentencepiece as spm
+
+    prefix = os.path.join(work_dir(), "spm")
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(toy_sentences(2000, seed=1)),
+        model_prefix=prefix,
+        vocab_size=40,
+        model_type="unigram",
+        pad_id=PAD,
+        unk_id=UNK,
+        bos_id=BOS,
+        eos_id=EOS,
+        hard_vocab_limit=False,
+        minloglevel=2,
+    )
+    return prefix + ".model"
+
+
+@functools.lru_cache(maxsize=None)
+def spm_processor():
+    import sentencepiece as spm
+
+    return spm.SentencePieceProcessor(model_file=spm_model_path())
+
+
+def encode_sources(texts, max_source_length=MAX_SOURCE_LENGTH):
+    """Python reference of the training layout: tokens + EOS, truncated keeping EOS, 0-padded."""
+    sp = spm_processor()
+    rows = [sp.encode(t)[: max_source_length - 1] + [EOS] for t in texts]
+    width = max(len(r) for r in rows)
+    return np.array([r + [PAD] * (width - len(r)) for r in rows], dtype="int32")
+
+
+def decode_outputs(ids):
+    """Output ids (EOS then 0s) -> strings."""
+    sp = spm_processor()
+    texts = []
+    for row in np.asarray(ids).tolist():
+        tokens = []
+        for t in row:
+            if t in (PAD, EOS):
+                break
+            tokens.append(t)
+        texts.append(sp.decode(tokens))
+    return texts
+
+
+MODEL_KWARGS = dict(num_layers=1, d_model=32, num_heads=2, d_ff=64, dropout=0.0)
+
+
+@functools.lru_cache(maxsize=None)
+def trained_model(steps=300):
+    """A tiny Transformer trained with `model.fit` to copy its input (target = source)."""
+    import keras
+
+    from keras_transformer.models import Transformer
+
+    keras.utils.set_random_seed(0)
+    sp = spm_processor()
+    texts = toy_sentences(2048, seed=2)
+    pieces = [sp.encode(t)[: MAX_SOURCE_LENGTH - 1] for t in texts]
+    width = MAX_SOURCE_LENGTH
+
+    def pad(rows):
+        return np.array([r + [PAD] * (width - len(r)) for r in rows], dtype="int32")
+
+    source = pad([p + [EOS] for p in pieces])
+    target_in = pad([[BOS] + p for p in pieces])
+    labels = pad([p + [EOS] for p in pieces])
+    weights = (labels != PAD).astype("float32")
+    model = Transformer(vocab_size=sp.get_piece_size(), **MODEL_KWARGS)
+    model.compile(
+        optimizer=keras.optimizers.Adam(3e-3),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    batch = 64
+    epochs = max(1, steps * batch // len(texts))
+    model.fit(
+        {"source_ids": source, "target_ids": target_in},
+        labels,
+        sample_weight=weights,
+        batch_size=batch,
+        epochs=epochs,
+        verbose=0,
+    )
+    return model

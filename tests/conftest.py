@@ -1,0 +1,16 @@
+"""Test settings: quiet TensorFlow logs, deterministic seeds."""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_policy():
+    keras.utils.set_random_seed(1234)
+    policy = keras.config.dtype_policy()
+    yield
+    keras.config.set_dtype_policy(policy)

@@ -1,0 +1,84 @@
+"""Config schema: YAML loading, overrides and clear errors."""
+
+import pytest
+
+from keras_transformer.config import (
+    ConfigError,
+    ExperimentConfig,
+    config_reference,
+    load_config,
+    save_config,
+)
+
+
+def write(tmp_path, text, name="exp.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_defaults_are_the_paper_recipe():
+    config = load_config()
+    assert (config.model.num_layers, config.model.d_model, config.model.num_heads) == (6, 512, 8)
+    assert config.model.d_ff == 2048 and config.model.dropout == 0.1
+    assert config.train.label_smoothing == 0.1 and config.train.warmup_steps == 4000
+    assert (config.train.adam_beta_1, config.train.adam_beta_2) == (0.9, 0.98)
+    assert config.train.adam_epsilon == 1e-9
+    assert config.decode.beam_size == 4 and config.decode.alpha == 0.6
+    assert config.decode.max_extra_length == 50
+    assert config.model.norm_first is False and config.model.share_embeddings is True
+
+
+def test_yaml_and_overrides(tmp_path):
+    path = write(tmp_path, "model:\n  d_model: 64\n  num_heads: 4\ntrain:\n  steps: 10\n")
+    config = load_config(
+        path, overrides=["train.steps=20", "data.train=tsv:x.tsv", "model.dropout=0"]
+    )
+    assert config.name == "exp"
+    assert config.model.d_model == 64 and config.train.steps == 20
+    assert config.data.train == "tsv:x.tsv"
+    assert config.model.dropout == 0.0 and isinstance(config.model.dropout, float)
+
+
+def test_save_and_load_round_trip(tmp_path):
+    config = load_config(overrides=["model.d_model=128", "runtime.jit_compile=false"])
+    path = str(tmp_path / "resolved.yaml")
+    save_config(config, path)
+    again = load_config(path)
+    assert again.to_dict() == config.to_dict()
+    assert isinstance(again, ExperimentConfig)
+
+
+@pytest.mark.parametrize(
+    "text, overrides, message",
+    [
+        ("model:\n  d_modle: 64\n", [], "model.d_modle"),
+        ("model:\n  d_model: big\n", [], "model.d_model: expected int"),
+        ("modle:\n  d_model: 64\n", [], "unknown config section 'modle'"),
+        ("", ["train.steps=abc"], "train.steps"),
+        ("", ["train.nope=1"], "train.nope"),
+        ("", ["steps=3"], "section.key"),
+        ("model:\n  d_model: 30\n  num_heads: 8\n", [], "divisible"),
+        ("runtime:\n  strategy: gpus\n", [], "runtime.strategy"),
+        ("model: [1, 2]\n", [], "model: expected a mapping"),
+    ],
+)
+def test_errors_name_the_key(tmp_path, text, overrides, message):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
+        load_config(path, overrides=overrides)
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(str(tmp_path / "missing.yaml"))
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_config(write(tmp_path, "model: [\n"))
+
+
+def test_reference_lists_every_key():
+    reference = config_reference()
+    for section in ("model", "data", "train", "decode", "runtime", "export"):
+        assert f"### `{section}`" in reference
+    assert "| `d_model` | `512` |" in reference
+    assert "| `label_smoothing` | `0.1` |" in reference

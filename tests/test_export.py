@@ -1,0 +1,265 @@
+"""The string-to-string Translator and its SavedModel in TF Serving's layout."""
+
+import functools
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import _inference_fixtures as fx
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer.decoding import translate_ids
+from keras_transformer.evaluation import average_checkpoints
+from keras_transformer.export import (
+    Translator,
+    export_saved_model,
+    list_versions,
+    resolve_model_dir,
+)
+from keras_transformer.models import Transformer
+
+DECODE = {"beam_size": 3, "alpha": 0.6, "max_extra_length": 8, "batch_size": 4}
+DATA = {"max_source_length": fx.MAX_SOURCE_LENGTH}
+
+NORMAL = ["red apple cat", "dog dog fish bird", "blue", "plum pear white black green"]
+HOSTILE = [
+    "",
+    "   \t  ",
+    " ".join(["red green blue"] * 400),  # far longer than the max source length
+    b"red \xff\xfe apple \xc3",  # invalid UTF-8
+    "\u00e9t\u00e9 \u2603 \U0001f600",  # valid UTF-8 outside the vocabulary
+    *NORMAL,
+]
+
+
+def spm_bytes():
+    with open(fx.spm_model_path(), "rb") as f:
+        return f.read()
+
+
+@functools.lru_cache(maxsize=None)
+def exported():
+    """(translator, path of version 1) of the trained tiny model."""
+    model = fx.trained_model()
+    base = os.path.join(fx.work_dir(), "saved_models")
+    path = export_saved_model(model, spm_bytes(), DECODE, DATA, base, "toy")
+    translator = Translator(
+        model,
+        spm_bytes(),
+        beam_size=DECODE["beam_size"],
+        alpha=DECODE["alpha"],
+        max_extra_length=DECODE["max_extra_length"],
+        max_source_length=DATA["max_source_length"],
+        batch_size=DECODE["batch_size"],
+    )
+    return translator, path
+
+
+def _as_strings(values):
+    return [v.decode("utf-8") for v in np.asarray(values)]
+
+
+def test_translator_matches_python_reference():
+    translator, _ = exported()
+    out = translator(NORMAL)
+    ids, scores = translate_ids(
+        fx.trained_model(),
+        fx.encode_sources(NORMAL),
+        beam_size=DECODE["beam_size"],
+        alpha=DECODE["alpha"],
+        max_extra_length=DECODE["max_extra_length"],
+    )
+    assert _as_strings(out["translation"]) == fx.decode_outputs(ids) == NORMAL
+    np.testing.assert_allclose(out["score"], scores, rtol=1e-4, atol=1e-5)
+
+
+def test_translator_answers_every_input():
+    translator, _ = exported()
+    out = translator(HOSTILE)
+    assert out["translation"].shape == (len(HOSTILE),) and out["score"].shape == (len(HOSTILE),)
+    assert out["translation"].dtype == tf.string and out["score"].dtype == tf.float32
+    assert np.all(np.isfinite(out["score"]))
+    # Batch composition (sorting, chunking, padding) does not change a sentence's translation.
+    alone = [_as_strings(translator([t])["translation"])[0] for t in NORMAL]
+    assert _as_strings(out["translation"])[-len(NORMAL) :] == alone
+    empty = translator(tf.zeros([0], tf.string))
+    assert empty["translation"].shape == (0,) and empty["score"].shape == (0,)
+
+
+def test_long_inputs_are_truncated_to_the_max_source_length():
+    translator, _ = exported()
+    sp = fx.spm_processor()
+    long_text = " ".join(["red green blue"] * 400)
+    kept = sp.decode(sp.encode(long_text)[: fx.MAX_SOURCE_LENGTH - 1])
+    out = translator([long_text, kept])
+    translations = _as_strings(out["translation"])
+    assert translations[0] == translations[1]
+    np.testing.assert_allclose(out["score"][0], out["score"][1], rtol=1e-5)
+
+
+_LOAD_SCRIPT = r"""
+import json, sys
+import tensorflow as tf
+import tensorflow_text  # noqa: F401
+loaded = tf.saved_model.load(sys.argv[1])
+serve = loaded.signatures["serving_default"]
+inputs = json.loads(sys.argv[2])
+batch = [s.encode("latin-1") for s in inputs]
+out = serve(text=tf.constant(batch))
+big = serve(text=tf.constant(batch * 40))
+assert big["translation"].shape == (len(batch) * 40,), big["translation"].shape
+assert big["score"].shape == (len(batch) * 40,)
+one = serve(text=tf.constant(batch[-1:]))
+# tensorflow_text itself imports keras; our package must never be needed.
+forbidden = [m for m in sys.modules if m.split(".")[0] == "keras_transformer"]
+try:
+    import keras_transformer  # noqa: F401
+    forbidden.append("importable")
+except ImportError:
+    pass
+print(json.dumps({
+    "translation": [t.decode("utf-8") for t in out["translation"].numpy()],
+    "score": out["score"].numpy().tolist(),
+    "big": [t.decode("utf-8") for t in big["translation"].numpy()[: len(batch)]],
+    "one": one["translation"].numpy()[0].decode("utf-8"),
+    "forbidden": forbidden,
+}))
+"""
+
+
+def test_saved_model_runs_in_a_fresh_process_with_only_tf_and_tf_text():
+    translator, path = exported()
+    raw = [t if isinstance(t, bytes) else t.encode("utf-8") for t in HOSTILE]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("PYTHONPATH", None)  # our package must not be needed (nor importable)
+    done = subprocess.run(
+        [sys.executable, "-c", _LOAD_SCRIPT, path, json.dumps([r.decode("latin-1") for r in raw])],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=fx.work_dir(),
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["forbidden"] == []
+    expected = translator(raw)
+    assert result["translation"] == _as_strings(expected["translation"])
+    np.testing.assert_allclose(result["score"], expected["score"], rtol=1e-4, atol=1e-5)
+    assert result["big"] == result["translation"]
+    assert result["one"] == result["translation"][-1]
+    assert result["translation"][-len(NORMAL) :] == NORMAL
+
+
+def test_saved_model_cli_shows_the_serving_signature():
+    _, path = exported()
+    cli = shutil.which("saved_model_cli") or os.path.join(
+        os.path.dirname(sys.executable), "saved_model_cli"
+    )
+    if not os.path.exists(cli):
+        pytest.skip("saved_model_cli not installed")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run(
+        [cli, "show", "--dir", path, "--tag_set", "serve", "--signature_def", "serving_default"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    tensors = dict(
+        (f"{kind}:{name}", (dtype, shape))
+        for kind, name, dtype, shape in re.findall(
+            r"(inputs|outputs)\['(\w+)'\] tensor_info:\s+dtype: (\w+)\s+shape: (\S+)",
+            done.stdout,
+        )
+    )
+    assert tensors == {
+        "inputs:text": ("DT_STRING", "(-1)"),
+        "outputs:translation": ("DT_STRING", "(-1)"),
+        "outputs:score": ("DT_FLOAT", "(-1)"),
+    }
+    assert "tensorflow/serving/predict" in done.stdout
+
+
+def _untrained_model():
+    return Transformer(vocab_size=fx.spm_processor().get_piece_size(), **fx.MODEL_KWARGS)
+
+
+def test_exports_take_the_next_version_and_never_overwrite(tmp_path):
+    model = _untrained_model()
+    os.makedirs(tmp_path / "m" / "not-a-version")
+    first = export_saved_model(model, spm_bytes(), DECODE, DATA, str(tmp_path), "m")
+    second = export_saved_model(model, spm_bytes(), DECODE, DATA, str(tmp_path), "m")
+    assert first == str(tmp_path / "m" / "1") and second == str(tmp_path / "m" / "2")
+    assert list_versions(str(tmp_path / "m")) == [1, 2]
+    assert sorted(os.listdir(tmp_path / "m")) == ["1", "2", "not-a-version"]  # no temp dirs
+    assert resolve_model_dir(str(tmp_path / "m")) == second
+    assert resolve_model_dir(first) == first
+    with open(os.path.join(first, "assets.extra", "keras_transformer.json")) as f:
+        metadata = json.load(f)
+    assert metadata["beam_size"] == DECODE["beam_size"] and metadata["alpha"] == DECODE["alpha"]
+
+
+def test_a_failed_export_leaves_nothing(tmp_path, monkeypatch):
+    model = _untrained_model()
+    export_saved_model(model, spm_bytes(), DECODE, DATA, str(tmp_path), "m")
+
+    def broken_save(obj, export_dir, signatures=None, **kwargs):
+        with open(os.path.join(export_dir, "saved_model.pb"), "wb") as f:
+            f.write(b"half written")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(tf.saved_model, "save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        export_saved_model(model, spm_bytes(), DECODE, DATA, str(tmp_path), "m")
+    assert os.listdir(tmp_path / "m") == ["1"]
+    with pytest.raises(OSError):
+        export_saved_model(model, spm_bytes(), DECODE, DATA, str(tmp_path), "fresh")
+    assert sorted(os.listdir(tmp_path)) == ["m"]
+
+
+def test_resolve_model_dir_errors(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        resolve_model_dir(str(tmp_path / "missing"))
+    with pytest.raises(FileNotFoundError):
+        resolve_model_dir(str(tmp_path))
+
+
+def test_average_checkpoints_is_the_mean_of_the_weights(tmp_path):
+    model = _untrained_model()
+    paths, values = [], []
+    for i in range(3):
+        for w in model.weights:
+            w.assign(np.random.default_rng(i).normal(size=w.shape).astype("float32"))
+        values.append([w.numpy() for w in model.weights])
+        paths.append(str(tmp_path / f"ckpt-{i}.weights.h5"))
+        model.save_weights(paths[-1])
+    average_checkpoints(model, paths[1:])
+    for j, w in enumerate(model.weights):
+        np.testing.assert_allclose(w.numpy(), (values[1][j] + values[2][j]) / 2, rtol=1e-6)
+    with pytest.raises(ValueError):
+        average_checkpoints(model, [])
+
+
+def test_translator_accepts_the_data_tokenizer():
+    from keras_transformer.data import Tokenizer
+
+    translator, _ = exported()
+    with_tokenizer = Translator(
+        fx.trained_model(),
+        Tokenizer(fx.spm_model_path()),
+        beam_size=DECODE["beam_size"],
+        alpha=DECODE["alpha"],
+        max_extra_length=DECODE["max_extra_length"],
+        max_source_length=DATA["max_source_length"],
+        batch_size=DECODE["batch_size"],
+    )
+    assert _as_strings(with_tokenizer(HOSTILE)["translation"]) == _as_strings(
+        translator(HOSTILE)["translation"]
+    )

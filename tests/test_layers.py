@@ -1,0 +1,307 @@
+"""Layer tests against the paper's formulas and numpy references.
+
+This module uses keras.ops and numpy only: it also runs with KERAS_BACKEND=jax
+(see tests/test_backends.py).
+"""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_transformer.layers import (
+    MultiHeadAttention,
+    PositionwiseFeedForward,
+    SinusoidalPositionalEncoding,
+    TokenEmbedding,
+    TransformerDecoder,
+    TransformerDecoderBlock,
+    TransformerEncoder,
+    TransformerEncoderBlock,
+    scaled_dot_product_attention,
+)
+
+
+def np_(x):
+    return np.asarray(ops.convert_to_numpy(x))
+
+
+def softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+# ---------------------------------------------------------------- scaled dot-product attention
+
+
+def test_worked_example():
+    q = k = np.array([[1.0, 0.0], [0.0, 1.0]], "float32")
+    v = np.array([[2.0, 3.0], [4.0, 5.0]], "float32")
+    out, w = scaled_dot_product_attention(q, k, v)
+    # softmax([1/sqrt2, 0]) = [0.6698, 0.3302]
+    np.testing.assert_allclose(np_(w), [[0.67, 0.33], [0.33, 0.67]], atol=5e-3)
+    np.testing.assert_allclose(np_(out), [[2.66, 3.66], [3.34, 4.34]], atol=5e-3)
+
+
+def test_sdpa_matches_numpy_with_mask():
+    rng = np.random.default_rng(0)
+    q = rng.normal(size=(2, 3, 5, 8)).astype("float32")
+    k = rng.normal(size=(2, 3, 7, 8)).astype("float32")
+    v = rng.normal(size=(2, 3, 7, 4)).astype("float32")
+    mask = rng.random((2, 1, 5, 7)) > 0.3
+    mask[..., 0] = True  # every row keeps one key
+    out, w = scaled_dot_product_attention(q, k, v, mask=mask)
+    logits = q @ k.swapaxes(-1, -2) / math.sqrt(8)
+    ref_w = softmax(np.where(mask, logits, -np.inf))
+    np.testing.assert_allclose(np_(w), ref_w, atol=1e-5)
+    np.testing.assert_allclose(np_(out), ref_w @ v, atol=1e-5)
+    # Rows sum to one over the unmasked keys and give no weight to masked ones.
+    np.testing.assert_allclose(np_(w).sum(-1), 1.0, atol=1e-5)
+    assert np.all(np_(w)[~np.broadcast_to(mask, ref_w.shape)] == 0)
+
+
+def test_fully_masked_rows_give_zeros_not_nan():
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.normal(size=(1, 4, 6)).astype("float32") for _ in range(3))
+    mask = np.ones((1, 4, 4), bool)
+    mask[0, 2] = False
+    out, w = scaled_dot_product_attention(q, k, v, mask=mask)
+    out, w = np_(out), np_(w)
+    assert np.isfinite(out).all() and np.isfinite(w).all()
+    np.testing.assert_array_equal(w[0, 2], 0.0)
+    np.testing.assert_array_equal(out[0, 2], 0.0)
+    np.testing.assert_allclose(w[0, [0, 1, 3]].sum(-1), 1.0, atol=1e-6)
+
+
+# ---------------------------------------------------------------- positional encoding
+
+
+@pytest.mark.parametrize("depth", [16, 512, 7])
+def test_positional_encoding_formula(depth):
+    length, start = 60, 5
+    x = np.zeros((2, length, depth), "float32")
+    y = np_(SinusoidalPositionalEncoding()(x, start_index=start))
+    pos = np.arange(start, start + length)[:, None].astype("float64")
+    i = np.arange(depth)[None, :]
+    angle = pos / np.power(10000.0, (2 * (i // 2)) / depth)
+    ref = np.where(i % 2 == 0, np.sin(angle), np.cos(angle))
+    np.testing.assert_allclose(y[0], ref, atol=2e-4)
+    np.testing.assert_allclose(y[1], ref, atol=2e-4)
+    # A few entries written out from the paper's formula.
+    assert y[0, 0, 0] == pytest.approx(math.sin(5.0), abs=1e-5)
+    assert y[0, 0, 1] == pytest.approx(math.cos(5.0), abs=1e-5)
+    if depth > 3:
+        assert y[0, 3, 2] == pytest.approx(math.sin(8.0 / 10000 ** (2 / depth)), abs=1e-5)
+
+
+def test_positional_encoding_adds_to_input():
+    x = np.random.default_rng(2).normal(size=(1, 9, 12)).astype("float32")
+    layer = SinusoidalPositionalEncoding()
+    base = np_(layer(np.zeros_like(x)))
+    np.testing.assert_allclose(np_(layer(x)), x + base, atol=1e-6)
+
+
+# ---------------------------------------------------------------- embedding and feed-forward
+
+
+def test_token_embedding_scale_and_tied_projection():
+    emb = TokenEmbedding(vocab_size=11, d_model=16)
+    ids = np.array([[1, 4, 0]])
+    x = np_(emb(ids))
+    table = np_(emb.embeddings)
+    np.testing.assert_allclose(x[0], table[[1, 4, 0]] * 4.0, atol=1e-6)
+    h = np.random.default_rng(3).normal(size=(1, 3, 16)).astype("float32")
+    np.testing.assert_allclose(np_(emb(h, reverse=True)), h @ table.T, atol=1e-5)
+    assert emb.compute_mask(ids) is None
+    masked = TokenEmbedding(11, 16, mask_zero=True)
+    assert np_(masked.compute_mask(ids)).tolist() == [[True, True, False]]
+
+
+def test_feed_forward_formula():
+    x = np.random.default_rng(4).normal(size=(2, 5, 8)).astype("float32")
+    ffn = PositionwiseFeedForward(d_ff=32)
+    y = np_(ffn(x))
+    w1, b1 = (np_(v) for v in ffn.inner.weights)
+    w2, b2 = (np_(v) for v in ffn.outer.weights)
+    np.testing.assert_allclose(y, np.maximum(0, x @ w1 + b1) @ w2 + b2, atol=1e-5)
+
+
+# ---------------------------------------------------------------- multi-head attention
+
+
+def test_multi_head_attention_matches_reference():
+    rng = np.random.default_rng(5)
+    xq = rng.normal(size=(2, 4, 12)).astype("float32")
+    xkv = rng.normal(size=(2, 6, 12)).astype("float32")
+    mha = MultiHeadAttention(num_heads=3, key_dim=4)
+    out, scores = mha(xq, xkv, return_attention_scores=True)
+    wq, bq, wk, bk, wv, bv, wo, bo = (np_(w) for w in mha.weights)
+
+    def heads(x):
+        return x.reshape(2, -1, 3, 4).transpose(0, 2, 1, 3)
+
+    q, k, v = heads(xq @ wq + bq), heads(xkv @ wk + bk), heads(xkv @ wv + bv)
+    w = softmax(q @ k.swapaxes(-1, -2) / 2.0)
+    ref = (w @ v).transpose(0, 2, 1, 3).reshape(2, 4, 12) @ wo + bo
+    np.testing.assert_allclose(np_(scores), w, atol=1e-5)
+    np.testing.assert_allclose(np_(out), ref, atol=1e-5)
+
+
+def test_causal_mask_blocks_future():
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(1, 6, 8)).astype("float32")
+    mha = MultiHeadAttention(num_heads=2, key_dim=4)
+    y1 = np_(mha(x, x, use_causal_mask=True))
+    x2 = x.copy()
+    x2[:, 4:] = rng.normal(size=(1, 2, 8))
+    y2 = np_(mha(x2, x2, use_causal_mask=True))
+    np.testing.assert_allclose(y1[:, :4], y2[:, :4], atol=1e-6)
+    assert not np.allclose(y1[:, 4:], y2[:, 4:])
+
+
+def test_self_attention_cache_equals_full_pass():
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(2, 5, 8)).astype("float32")
+    mha = MultiHeadAttention(num_heads=2, key_dim=4)
+    full = np_(mha(x, x, use_causal_mask=True))
+    cache = ops.zeros((2, 2, 2, 7, 4))  # room for 7 positions, 5 used
+    steps = []
+    for t in range(5):
+        out, cache = mha(x[:, t : t + 1], x[:, t : t + 1], cache=cache, cache_update_index=t)
+        steps.append(np_(out))
+    np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
+
+
+def test_cross_attention_cache_equals_direct():
+    rng = np.random.default_rng(8)
+    q = rng.normal(size=(2, 3, 8)).astype("float32")
+    mem = rng.normal(size=(2, 5, 8)).astype("float32")
+    mask = np.array([[True] * 5, [True, True, True, False, False]])[:, None, :]
+    mha = MultiHeadAttention(num_heads=2, key_dim=4)
+    direct = np_(mha(q, mem, attention_mask=mask))
+    cache = mha.compute_key_value_cache(mem)
+    cached, _ = mha(q, None, attention_mask=mask, cache=cache)
+    np.testing.assert_allclose(np_(cached), direct, atol=1e-6)
+
+
+# ---------------------------------------------------------------- blocks and stacks
+
+
+def test_encoder_block_padding_invariance():
+    rng = np.random.default_rng(9)
+    x = rng.normal(size=(1, 4, 16)).astype("float32")
+    padded = np.concatenate([x, rng.normal(size=(1, 3, 16)).astype("float32")], axis=1)
+    for layer in (
+        TransformerEncoderBlock(num_heads=4, d_ff=32),
+        TransformerEncoder(num_layers=2, num_heads=4, d_ff=32, norm_first=True),
+    ):
+        y = np_(layer(x, padding_mask=np.ones((1, 4), bool)))
+        mask = np.array([[True] * 4 + [False] * 3])
+        y_pad = np_(layer(padded, padding_mask=mask))
+        np.testing.assert_allclose(y_pad[:, :4], y, atol=1e-5)
+
+
+def test_encoder_block_post_norm_structure():
+    """Post-norm: every block output is LayerNorm-ed (zero mean, unit variance per position)."""
+    x = np.random.default_rng(10).normal(size=(2, 5, 16)).astype("float32") * 3 + 1
+    y = np_(TransformerEncoderBlock(num_heads=2, d_ff=32)(x))
+    np.testing.assert_allclose(y.mean(-1), 0.0, atol=1e-4)
+    np.testing.assert_allclose(y.std(-1), 1.0, atol=1e-2)
+
+
+def test_decoder_cache_equals_full_pass():
+    rng = np.random.default_rng(11)
+    y = rng.normal(size=(2, 6, 16)).astype("float32")
+    mem = rng.normal(size=(2, 4, 16)).astype("float32")
+    mem_mask = np.array([[True] * 4, [True, True, False, False]])
+    dec = TransformerDecoder(num_layers=2, num_heads=4, d_ff=32)
+    full = np_(dec(y, mem, encoder_padding_mask=mem_mask))
+    cache = ops.zeros((2, 2, 2, 4, 8, 4))
+    cross = dec.compute_cross_attention_cache(mem)
+    outs = []
+    for t in range(6):
+        out, cache = dec(
+            y[:, t : t + 1],
+            None,
+            encoder_padding_mask=mem_mask,
+            self_attention_cache=cache,
+            cache_update_index=t,
+            cross_attention_cache=cross,
+        )
+        outs.append(np_(out))
+    np.testing.assert_allclose(np.concatenate(outs, 1), full, atol=1e-5)
+
+
+def test_decoder_block_returns_scores():
+    rng = np.random.default_rng(12)
+    y = rng.normal(size=(1, 3, 8)).astype("float32")
+    mem = rng.normal(size=(1, 5, 8)).astype("float32")
+    out, scores = TransformerDecoderBlock(num_heads=2, d_ff=16)(
+        y, mem, return_attention_scores=True
+    )
+    assert np_(scores["self_attention"]).shape == (1, 2, 3, 3)
+    cross = np_(scores["cross_attention"])
+    assert cross.shape == (1, 2, 3, 5)
+    np.testing.assert_allclose(cross.sum(-1), 1.0, atol=1e-5)
+    self_w = np_(scores["self_attention"])
+    assert np.all(np.triu(self_w[0, 0], k=1) == 0)  # causal
+
+
+# ---------------------------------------------------------------- config round trips, dtypes
+
+
+LAYER_CASES = [
+    (lambda: MultiHeadAttention(num_heads=2, key_dim=4, dropout=0.1), (2, 3, 8)),
+    (lambda: PositionwiseFeedForward(d_ff=16, activation="relu"), (2, 3, 8)),
+    (lambda: SinusoidalPositionalEncoding(), (2, 3, 8)),
+    (lambda: TransformerEncoderBlock(num_heads=2, d_ff=16, norm_first=True), (2, 3, 8)),
+    (lambda: TransformerDecoderBlock(num_heads=2, d_ff=16, dropout=0.2), (2, 3, 8)),
+    (lambda: TransformerEncoder(num_layers=2, num_heads=2, d_ff=16), (2, 3, 8)),
+    (lambda: TransformerDecoder(num_layers=2, num_heads=2, d_ff=16), (2, 3, 8)),
+]
+
+
+@pytest.mark.parametrize("make, shape", LAYER_CASES)
+def test_config_round_trip_same_outputs(make, shape):
+    x = np.random.default_rng(13).normal(size=shape).astype("float32")
+    layer = make()
+    y = np_(layer(x))
+    clone = layer.__class__.from_config(layer.get_config())
+    assert clone.get_config() == layer.get_config()
+    clone(x)
+    clone.set_weights(layer.get_weights())
+    np.testing.assert_allclose(np_(clone(x)), y, atol=1e-6)
+    # Also through Keras' generic serialization (registered names).
+    restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer))
+    assert type(restored) is type(layer)
+
+
+def test_token_embedding_config_round_trip():
+    emb = TokenEmbedding(vocab_size=20, d_model=8, mask_zero=True)
+    clone = TokenEmbedding.from_config(emb.get_config())
+    assert clone.get_config() == emb.get_config()
+
+
+@pytest.mark.parametrize("make, shape", LAYER_CASES)
+def test_symbolic_call(make, shape):
+    inputs = keras.Input(shape=shape[1:])
+    outputs = make()(inputs)
+    assert tuple(outputs.shape[1:]) == shape[1:]
+
+
+@pytest.mark.parametrize("make, shape", LAYER_CASES)
+def test_mixed_precision_policy(make, shape):
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    layer = make()
+    y = layer(np.ones(shape, "float32"))
+    assert keras.backend.standardize_dtype(y.dtype) == "bfloat16"
+    assert all(keras.backend.standardize_dtype(w.dtype) == "float32" for w in layer.weights)
+
+
+def test_bad_arguments_fail_clearly():
+    with pytest.raises(ValueError, match="divisible"):
+        TransformerEncoderBlock(num_heads=3, d_ff=8)(np.ones((1, 2, 8), "float32"))
+    with pytest.raises(ValueError, match="num_heads"):
+        MultiHeadAttention(num_heads=0, key_dim=4)
