@@ -8,6 +8,8 @@ Keys (all optional): the shapes of ../shared/bench/README.md (vocab, d, layers, 
 src, tgt, steps), `xla` (true | false | "auto": the library's per-device default), `dtype` (a Keras
 dtype policy, default float32), `peak_gflops` (to print MFU).
 
+The model is built and compiled exactly as `keras-transformer train` does (build_transformer,
+training.trainer.compile_model: the library's loss, metrics, Adam and learning-rate schedule).
 The paper's settings, as in the peers: post-norm, residual dropout 0.1, one embedding matrix shared
 by source, target and softmax, label smoothing 0.1, Adam(0.9, 0.98, 1e-9); random token ids, every
 sequence full length. Counting as in the peers: target tokens/s = batch * tgt * steps / seconds,
@@ -28,61 +30,90 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from benchmarks.common import emit, parse_shapes, train_flops_per_token  # noqa: E402
-from keras_transformer.models import Transformer  # noqa: E402
+from keras_transformer.config import from_dict  # noqa: E402
+from keras_transformer.models.transformer import build_transformer  # noqa: E402
+from keras_transformer.training.distribute import resolve_jit_compile  # noqa: E402
+from keras_transformer.training.trainer import compile_model  # noqa: E402
 
 
-def smoothed_loss_fn(vocab, epsilon=0.1, kind=None):
-    """Label-smoothed cross-entropy (smoothing over all `vocab` classes), padding (id 0) masked.
+def experiment_config(cfg):
+    """The library's config for these shapes: every other setting is the paper's default."""
+    return from_dict(
+        {
+            "model": dict(
+                num_layers=cfg["layers"],
+                d_model=cfg["d"],
+                num_heads=cfg["heads"],
+                d_ff=cfg["ff"],
+                dropout=0.1,
+                norm_first=False,
+                share_embeddings=True,
+            ),
+            "train": dict(
+                label_smoothing=0.1, adam_beta_1=0.9, adam_beta_2=0.98, adam_epsilon=1e-9
+            ),
+            "runtime": dict(jit_compile=cfg.get("xla", "auto")),
+        },
+        name="bench",
+    )
 
-    The library's loss is used once the training package provides it. Otherwise (or with an
-    explicit `kind`): "dense" builds the smoothed target distribution and calls the fused
-    softmax-cross-entropy kernel (as Model Garden does); "gather" picks the label's logit with
-    take_along_axis (its gradient is a scatter into a [batch, len, vocab] zero tensor: slow on CPU).
+
+def build_and_compile(cfg):
+    """Our model compiled exactly as `keras-transformer train` compiles it; returns it and xla.
+
+    `cfg["metrics"] = false` drops the training metrics (the peers compute none).
     """
-    if kind is None:
-        try:
-            from keras_transformer.training.losses import LabelSmoothedCrossEntropy
-
-            return LabelSmoothedCrossEntropy(label_smoothing=epsilon)
-        except ImportError:
-            kind = "dense"
-    ops = keras.ops
-
-    def dense(labels, logits):
-        labels = ops.cast(labels, "int32")
-        target = ops.one_hot(labels, vocab, dtype=logits.dtype) * (1.0 - epsilon) + epsilon / vocab
-        per_token = ops.categorical_crossentropy(target, logits, from_logits=True)
-        return per_token * ops.cast(ops.not_equal(labels, 0), per_token.dtype)
-
-    def gather(labels, logits):
-        labels = ops.cast(labels, "int32")
-        lse = ops.logsumexp(logits, axis=-1)
-        picked = ops.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
-        mean = ops.mean(logits, axis=-1)
-        per_token = lse - (1.0 - epsilon) * picked - epsilon * mean
-        return per_token * ops.cast(ops.not_equal(labels, 0), per_token.dtype)
-
-    def sparse(labels, logits):
-        # (1 - eps) * CE(label) + eps * CE(uniform): the fused sparse kernel plus lse - mean.
-        labels = ops.cast(labels, "int32")
-        ce = ops.sparse_categorical_crossentropy(labels, logits, from_logits=True)
-        uniform = ops.logsumexp(logits, axis=-1) - ops.mean(logits, axis=-1)
-        per_token = (1.0 - epsilon) * ce + epsilon * uniform
-        return per_token * ops.cast(ops.not_equal(labels, 0), per_token.dtype)
-
-    return {"dense": dense, "gather": gather, "sparse": sparse}[kind]
+    config = experiment_config(cfg)
+    xla = resolve_jit_compile(config.runtime.jit_compile)
+    keras.utils.set_random_seed(0)
+    model = build_transformer(config.model, cfg["vocab"], dtype=cfg.get("dtype"))
+    compile_model(model, config, jit_compile=xla)
+    if cfg.get("metrics") is False or cfg.get("loss") or cfg.get("optimizer"):
+        # Candidates for A/B runs (benchmarks/ab_train.py) before they move into the library.
+        loss, optimizer = model.loss, model.optimizer
+        if cfg.get("loss") == "dense":
+            loss = DenseSmoothedLoss()
+        if cfg.get("optimizer") == "fused":
+            optimizer = FusedAdam(
+                learning_rate=optimizer._learning_rate, beta_1=0.9, beta_2=0.98, epsilon=1e-9
+            )
+        metrics = None if cfg.get("metrics") is False else model._compile_metrics._user_metrics
+        model.compile(optimizer=optimizer, loss=loss, metrics=metrics, jit_compile=xla)
+    return model, xla
 
 
-def resolve_xla(value):
-    if isinstance(value, bool):
-        return value
-    try:
-        from keras_transformer.training.distribute import resolve_jit_compile
+class DenseSmoothedLoss(keras.losses.Loss):
+    def __init__(self):
+        super().__init__(reduction="mean_with_sample_weight")
 
-        return bool(resolve_jit_compile(value))
-    except ImportError:
-        # CPU default measured in benchmarks/README.md: the TF graph (oneDNN) beats XLA on CPU.
-        return bool(tf.config.list_physical_devices("GPU") or tf.config.list_physical_devices("TPU"))
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        mask = keras.ops.cast(keras.ops.not_equal(y_true, 0), "float32")
+        return super().__call__(y_true, y_pred, sample_weight=mask)
+
+    def call(self, y_true, y_pred):
+        vocab = y_pred.shape[-1]
+        target = keras.ops.one_hot(y_true, vocab) * 0.9 + 0.1 / vocab
+        return keras.ops.categorical_crossentropy(target, y_pred, from_logits=True)
+
+
+class FusedAdam(keras.optimizers.Adam):
+    def update_step(self, gradient, variable, learning_rate):
+        m = self._momentums[self._get_variable_index(variable)]
+        v = self._velocities[self._get_variable_index(variable)]
+        dtype = variable.dtype
+        step = tf.cast(self.iterations + 1, dtype)
+        tf.raw_ops.ResourceApplyAdam(
+            var=variable.handle,
+            m=m.value.handle,
+            v=v.value.handle,
+            beta1_power=tf.pow(tf.cast(self.beta_1, dtype), step),
+            beta2_power=tf.pow(tf.cast(self.beta_2, dtype), step),
+            lr=tf.cast(learning_rate, dtype),
+            beta1=tf.cast(self.beta_1, dtype),
+            beta2=tf.cast(self.beta_2, dtype),
+            epsilon=tf.cast(self.epsilon, dtype),
+            grad=tf.cast(gradient, dtype),
+        )
 
 
 class _StepTimer(keras.callbacks.Callback):
@@ -98,27 +129,6 @@ class _StepTimer(keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         float(keras.ops.convert_to_numpy(logs["loss"]))
         self.end = time.perf_counter()
-
-
-def build_and_compile(cfg):
-    """The model with the paper's training settings, compiled for `model.fit`; returns it and xla."""
-    xla = resolve_xla(cfg.get("xla", "auto"))
-    keras.utils.set_random_seed(0)
-    model = Transformer(
-        vocab_size=cfg["vocab"],
-        num_layers=cfg["layers"],
-        d_model=cfg["d"],
-        num_heads=cfg["heads"],
-        d_ff=cfg["ff"],
-        dropout=0.1,
-        dtype=cfg.get("dtype"),
-    )
-    model.compile(
-        optimizer=keras.optimizers.Adam(1e-4, beta_1=0.9, beta_2=0.98, epsilon=1e-9),
-        loss=smoothed_loss_fn(cfg["vocab"], kind=cfg.get("loss")),
-        jit_compile=xla,
-    )
-    return model, xla
 
 
 def make_dataset(cfg):

@@ -23,13 +23,15 @@ def masked_token_cross_entropy(labels, logits, label_smoothing=0.0, pad_id=0):
     """
     logits = ops.cast(logits, "float32")
     labels = ops.cast(labels, "int32")
-    log_probs = ops.log_softmax(logits, axis=-1)
-    nll = -ops.squeeze(ops.take_along_axis(log_probs, ops.expand_dims(labels, -1), axis=-1), -1)
+    # One fused softmax-cross-entropy kernel against the dense smoothed targets (gradient computed
+    # in the same pass) instead of log_softmax + take_along_axis, whose gradient scatters into a
+    # [batch, length, vocab] zero tensor; the sparse kernel is slower still on CPUs. Measured in
+    # benchmarks/README.md; tests/test_fast_paths.py checks it against the log-softmax formula.
+    vocab_size = logits.shape[-1] or ops.shape(logits)[-1]
+    target = ops.one_hot(labels, vocab_size, dtype="float32")
     if label_smoothing:
-        uniform = -ops.mean(log_probs, axis=-1)
-        losses = (1.0 - label_smoothing) * nll + label_smoothing * uniform
-    else:
-        losses = nll
+        target = target * (1.0 - label_smoothing) + label_smoothing / vocab_size
+    losses = ops.categorical_crossentropy(target, logits, from_logits=True)
     mask = ops.cast(ops.not_equal(labels, pad_id), "float32")
     return losses * mask, mask
 
