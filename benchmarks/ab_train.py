@@ -1,9 +1,9 @@
 """In-process A/B comparison of training-step variants (a development aid for noisy machines).
 
 Usage: python benchmarks/ab_train.py '<shapes JSON>' '<JSON list of variants>' [rounds]
-A variant is a dict of shape overrides (e.g. {"loss": "gather"}) plus `flags`: module attributes
-set before the variant's model is traced, e.g. {"keras_transformer.layers.attention.FUSE_PROJECTIONS":
-false}. The variants' steps are timed alternately, round after round, so machine load hits them
+A variant is a dict of shape overrides (e.g. {"metrics": false}) plus `flags`: module attributes
+set before the variant's model is traced, e.g.
+{"flags": {"keras_transformer.layers.attention.FUSE_PROJECTIONS": false}}. The variants' steps are timed alternately, round after round, so machine load hits them
 alike; prints each variant's median target tokens/s and its ratio to the first.
 """
 

@@ -5,7 +5,6 @@ Prints the `top_n` TensorFlow op types by total self time (a development aid, no
 """
 
 import glob
-import json
 import os
 import sys
 import tempfile
@@ -13,8 +12,6 @@ import tempfile
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: E402
 
@@ -53,7 +50,8 @@ def main(argv):
     steps = cfg["steps"]
     print(f"total op time {total / 1e3 / steps:.1f} ms per step (summed over threads)")
     for name, t in sorted(by_type.items(), key=lambda kv: -kv[1])[:top_n]:
-        print(f"{t / 1e3 / steps:9.1f} ms {100 * t / total:5.1f}%  {count[name] // steps:5d}x {name}")
+        share = 100 * t / total
+        print(f"{t / 1e3 / steps:9.1f} ms {share:5.1f}%  {count[name] // steps:5d}x {name}")
     print("--- top ops")
     for name, t in sorted(by_op.items(), key=lambda kv: -kv[1])[:top_n]:
         print(f"{t / 1e3 / steps:9.1f} ms {100 * t / total:5.1f}%  {name[-120:]}")
