@@ -3,8 +3,9 @@
 Usage: python benchmarks/ab_train.py '<shapes JSON>' '<JSON list of variants>' [rounds]
 A variant is a dict of shape overrides (e.g. {"metrics": false}) plus `flags`: module attributes
 set before the variant's model is traced, e.g.
-{"flags": {"keras_transformer.layers.attention.FUSE_PROJECTIONS": false}}. The variants' steps are timed alternately, round after round, so machine load hits them
-alike; prints each variant's median target tokens/s and its ratio to the first.
+{"flags": {"keras_transformer.layers.attention.FUSE_PROJECTIONS": false}}.
+The variants' steps are timed alternately, round after round, so machine load hits them alike;
+prints each variant's median target tokens/s and its ratio to the first.
 """
 
 import importlib

@@ -90,8 +90,13 @@ def main():
         figures = {}
         for r in range(args.rounds):
             for rec in run(
-                [args.peer_python, "-c", _PEER_WRAPPER, os.path.join(peers, "peer_modelgarden.py"),
-                 json.dumps(shapes)],
+                [
+                    args.peer_python,
+                    "-c",
+                    _PEER_WRAPPER,
+                    os.path.join(peers, "peer_modelgarden.py"),
+                    json.dumps(shapes),
+                ],
                 f"{name}/modelgarden/{r}",
             ):
                 figures.setdefault(("mg", rec["what"]), []).append(rec)

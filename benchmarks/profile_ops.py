@@ -56,5 +56,6 @@ def main(argv):
     for name, t in sorted(by_op.items(), key=lambda kv: -kv[1])[:top_n]:
         print(f"{t / 1e3 / steps:9.1f} ms {100 * t / total:5.1f}%  {name[-120:]}")
 
+
 if __name__ == "__main__":
     main(sys.argv)

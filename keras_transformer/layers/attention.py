@@ -219,7 +219,8 @@ class MultiHeadAttention(keras.layers.Layer):
         else:
             q = self._split_heads(self.query_dense(query), self.key_dim)  # [b, h, q_len, d_k]
             k = v = None
-            if not cross_cached and key is value and self._can_fuse(self.key_dense, self.value_dense):
+            fuse_kv = key is value and self._can_fuse(self.key_dense, self.value_dense)
+            if not cross_cached and fuse_kv:
                 k, v = self._fused_projection(value, (self.key_dense, self.value_dense))
 
         if cross_cached:
