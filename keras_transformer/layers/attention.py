@@ -66,7 +66,9 @@ class MultiHeadAttention(keras.layers.Layer):
     with `scaled_dot_product_attention`, concatenated and projected back to the query's width.
 
     For incremental decoding the layer takes a `cache` of shape
-    `[batch, 2, num_heads, max_length, key_dim]` (keys stacked on values):
+    `[batch, 2, num_heads, max_length, key_dim]` (keys stacked on values), or the same as a pair
+    `(keys, values)` of `[batch, num_heads, max_length, key_dim]` tensors (the faster form: no
+    slicing apart at every step); the updated cache comes back in the form it was given:
     - self-attention: pass the current step's input as `query`, the cache and `cache_update_index`;
       the step's projected key/value are written at that index (`ops.slice_update`, so shapes stay
       static for XLA) and the layer returns `(output, updated_cache)`;
@@ -180,18 +182,19 @@ class MultiHeadAttention(keras.layers.Layer):
             y = ops.add(y, bias)
         return [self._split_heads(part, self.key_dim) for part in ops.split(y, len(denses), -1)]
 
-    def compute_key_value_cache(self, value, key=None):
-        """Projects `key`/`value` once: `[batch, 2, heads, k_len, key_dim]`.
+    def compute_key_value_cache(self, value, key=None, stacked=True):
+        """Projects `key`/`value` once: `[batch, 2, heads, k_len, key_dim]`, or with
+        `stacked=False` the pair `(keys, values)` of `[batch, heads, k_len, key_dim]`.
 
         Needs `key_dim == value_dim` (keys and values are stacked).
         """
         if key is None and self._can_fuse(self.key_dense, self.value_dense):
             k, v = self._fused_projection(value, (self.key_dense, self.value_dense))
-            return ops.stack([k, v], axis=1)
-        key = value if key is None else key
-        k = self._split_heads(self.key_dense(key), self.key_dim)
-        v = self._split_heads(self.value_dense(value), self.value_dim)
-        return ops.stack([k, v], axis=1)
+        else:
+            key = value if key is None else key
+            k = self._split_heads(self.key_dense(key), self.key_dim)
+            v = self._split_heads(self.value_dense(value), self.value_dim)
+        return ops.stack([k, v], axis=1) if stacked else (k, v)
 
     def call(
         self,
@@ -223,14 +226,21 @@ class MultiHeadAttention(keras.layers.Layer):
             if not cross_cached and fuse_kv:
                 k, v = self._fused_projection(value, (self.key_dense, self.value_dense))
 
+        split_cache = isinstance(cache, (tuple, list))
         if cross_cached:
             # Cross-attention with keys/values computed once per source sentence.
-            k, v = cache[:, 0], cache[:, 1]
+            k, v = tuple(cache) if split_cache else (cache[:, 0], cache[:, 1])
         else:
             if k is None:
                 k = self._split_heads(self.key_dense(key), self.key_dim)  # [b, h, k_len, d_k]
                 v = self._split_heads(self.value_dense(value), self.value_dim)
-            if cache is not None:
+            if split_cache:
+                # (keys, values), each [b, h, max_len, d]: written in place, never sliced apart.
+                start = [0, 0, cache_update_index, 0]
+                k = ops.slice_update(cache[0], start, ops.cast(k, cache[0].dtype))
+                v = ops.slice_update(cache[1], start, ops.cast(v, cache[1].dtype))
+                cache = (k, v)
+            elif cache is not None:
                 step = ops.stack([k, v], axis=1)  # [b, 2, h, q_len, d]
                 start = [0, 0, 0, cache_update_index, 0]
                 cache = ops.slice_update(cache, start, ops.cast(step, cache.dtype))
