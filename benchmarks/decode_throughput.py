@@ -32,11 +32,13 @@ import tensorflow as tf  # noqa: E402
 from benchmarks.common import emit, parse_shapes  # noqa: E402
 from keras_transformer.decoding import translate_ids  # noqa: E402
 from keras_transformer.models import Transformer  # noqa: E402
+from keras_transformer.training.distribute import resolve_jit_compile  # noqa: E402
 
 
 def resolve_decode_xla(value):
-    """`auto`: XLA for decoding on every device kind (measured in benchmarks/README.md)."""
-    return True if value == "auto" else bool(value)
+    """`auto`: the library's per-device default (XLA on GPUs/TPUs, the TF graph on CPUs, where
+    it decodes faster: benchmarks/README.md)."""
+    return bool(resolve_jit_compile(value))
 
 
 def build_model(cfg):

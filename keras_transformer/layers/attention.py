@@ -58,6 +58,21 @@ def scaled_dot_product_attention(query, key, value, mask=None, dropout_fn=None):
     return output, weights
 
 
+def _write_at(cache, update, index):
+    """`cache` `[b, h, max_len, d]` with `update` `[b, h, n, d]` written at positions index...
+
+    One new position (the usual decoding step) is blended in with a `where` over the cache:
+    in a TF graph that is one fused pass, where `slice_update` runs as a separately compiled
+    XLA kernel per call and costs several times more (benchmarks/README.md). Longer updates
+    (a prefix) use `slice_update`.
+    """
+    update = ops.cast(update, cache.dtype)
+    if update.shape[2] == 1:
+        slot = ops.equal(ops.arange(ops.shape(cache)[2]), index)  # [max_len]
+        return ops.where(ops.reshape(slot, (1, 1, -1, 1)), update, cache)
+    return ops.slice_update(cache, [0, 0, index, 0], update)
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class MultiHeadAttention(keras.layers.Layer):
     """Multi-head attention (paper section 3.2.2) with an optional fixed-size key/value cache.
@@ -235,10 +250,9 @@ class MultiHeadAttention(keras.layers.Layer):
                 k = self._split_heads(self.key_dense(key), self.key_dim)  # [b, h, k_len, d_k]
                 v = self._split_heads(self.value_dense(value), self.value_dim)
             if split_cache:
-                # (keys, values), each [b, h, max_len, d]: written in place, never sliced apart.
-                start = [0, 0, cache_update_index, 0]
-                k = ops.slice_update(cache[0], start, ops.cast(k, cache[0].dtype))
-                v = ops.slice_update(cache[1], start, ops.cast(v, cache[1].dtype))
+                # (keys, values), each [b, h, max_len, d], never sliced apart.
+                k = _write_at(cache[0], k, cache_update_index)
+                v = _write_at(cache[1], v, cache_update_index)
                 cache = (k, v)
             elif cache is not None:
                 step = ops.stack([k, v], axis=1)  # [b, 2, h, q_len, d]
