@@ -61,16 +61,27 @@ def scaled_dot_product_attention(query, key, value, mask=None, dropout_fn=None):
 def _write_at(cache, update, index):
     """`cache` `[b, h, max_len, d]` with `update` `[b, h, n, d]` written at positions index...
 
-    One new position (the usual decoding step) is blended in with a `where` over the cache:
-    in a TF graph that is one fused pass, where `slice_update` runs as a separately compiled
-    XLA kernel per call and costs several times more (benchmarks/README.md). Longer updates
-    (a prefix) use `slice_update`.
+    One new position (the usual decoding step) is scattered in (`CACHE_WRITE`): in a TF graph
+    `slice_update` runs as a separately compiled XLA kernel per call and costs several times
+    more (benchmarks/README.md). Longer updates (a prefix) use `slice_update`.
     """
     update = ops.cast(update, cache.dtype)
-    if update.shape[2] == 1:
+    if update.shape[2] == 1 and CACHE_WRITE == "scatter":
+        b, h, d = ops.shape(cache)[0], ops.shape(cache)[1], ops.shape(cache)[3]
+        rows = ops.repeat(ops.arange(b, dtype="int32"), h)  # [b * h]
+        heads = ops.tile(ops.arange(h, dtype="int32"), [b])  # [b * h]
+        slots = ops.full((b * h,), ops.cast(index, "int32"), dtype="int32")
+        indices = ops.stack([rows, heads, slots], axis=1)  # [b * h, 3]
+        return ops.scatter_update(cache, indices, ops.reshape(update, (b * h, d)))
+    if update.shape[2] == 1 and CACHE_WRITE == "where":
         slot = ops.equal(ops.arange(ops.shape(cache)[2]), index)  # [max_len]
         return ops.where(ops.reshape(slot, (1, 1, -1, 1)), update, cache)
     return ops.slice_update(cache, [0, 0, index, 0], update)
+
+
+# How one decoding step is written into a (keys, values) cache: "scatter" (default: the fewest
+# bytes moved), "where" (a blend over the cache) or "slice" (slice_update); all give equal caches.
+CACHE_WRITE = "scatter"
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
