@@ -221,3 +221,18 @@ def test_accuracy_equals_argmax_accuracy():
     real = labels != 0
     expected = ((np.argmax(logits, -1) == labels) & real).sum() / real.sum()
     np.testing.assert_allclose(float(metric.result()), expected, atol=ATOL)
+
+
+def test_perplexity_equals_exp_of_mean_nll():
+    from keras_transformer.training.metrics import Perplexity
+
+    logits = rand((3, 5, 13), 4) * 2
+    labels = np.random.default_rng(5).integers(1, 13, (3, 5)).astype("int32")
+    labels[2, 3:] = 0
+    metric = Perplexity()
+    metric.update_state(labels, logits)
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    nll = -np.take_along_axis(log_probs, labels[..., None], -1)[..., 0]
+    real = labels != 0
+    expected = np.exp((nll * real).sum() / real.sum())
+    np.testing.assert_allclose(float(metric.result()), expected, rtol=1e-5)
