@@ -405,10 +405,13 @@ def translate_ids(
 
     k = int(beam_size)
     if use_cache:
-        cache = model.init_cache(encoder_output, buffer)
-        cross_attention = expand_to_beams(cache["cross_attention"], k)  # [batch*k, L, 2, h, s, d]
+        # Per-layer (keys, values) pairs: the fast cache form (no per-step slicing).
+        cache = model.init_cache(encoder_output, buffer, stacked=False)
+        cross_attention = keras.tree.map_structure(
+            lambda x: expand_to_beams(x, k), cache["cross_attention"]
+        )  # per layer ([batch * k, h, s, d], [batch * k, h, s, d])
         memory_mask = expand_to_beams(source_mask, k)  # [batch * k, s_len]
-        initial_state = cache["self_attention"]  # [batch, layers, 2, heads, buffer, head_dim]
+        initial_state = cache["self_attention"]  # per layer ([batch, h, buffer, d], same)
 
         def step_fn(ids, index, self_attention):
             tokens = ops.take(ids, ops.reshape(index, (1,)), axis=1)  # [rows, 1]

@@ -8,6 +8,12 @@ from keras import ops
 # Logit given to forbidden keys; the softmax runs in float32, where it is finite.
 _MASKED_LOGIT = -1e9
 
+# Fast path (measured in benchmarks/README.md): when query, key and value are the same tensor
+# (self-attention), or key and value are (cross-attention), project them with one matmul over the
+# concatenated kernels instead of one matmul each. The weights stay three separate Dense layers,
+# so checkpoints and configs do not change; tests/test_fast_paths.py checks both paths agree.
+FUSE_PROJECTIONS = True
+
 
 def scaled_dot_product_attention(query, key, value, mask=None, dropout_fn=None):
     """softmax(Q K^T / sqrt(d_k)) V, the paper's equation (1).
@@ -34,7 +40,9 @@ def scaled_dot_product_attention(query, key, value, mask=None, dropout_fn=None):
     compute_dtype = keras.backend.standardize_dtype(query.dtype)
     d_k = ops.shape(query)[-1]
     query = ops.multiply(query, ops.cast(1.0 / math.sqrt(d_k), compute_dtype))
-    logits = ops.matmul(query, ops.swapaxes(key, -1, -2))  # [..., q_len, k_len]
+    # einsum contracts the last axes directly (a batched matmul with the key "adjoint"), so no
+    # transposed copy of the keys is materialised.
+    logits = ops.einsum("...qd,...kd->...qk", query, key)  # [..., q_len, k_len]
     # The softmax runs in float32 so that half-precision policies keep a stable normalisation.
     logits = ops.cast(logits, "float32")
     if mask is not None:
@@ -50,6 +58,32 @@ def scaled_dot_product_attention(query, key, value, mask=None, dropout_fn=None):
     return output, weights
 
 
+def _write_at(cache, update, index):
+    """`cache` `[b, h, max_len, d]` with `update` `[b, h, n, d]` written at positions index...
+
+    One new position (the usual decoding step) is scattered in (`CACHE_WRITE`): in a TF graph
+    `slice_update` runs as a separately compiled XLA kernel per call and costs several times
+    more (benchmarks/README.md). Longer updates (a prefix) use `slice_update`.
+    """
+    update = ops.cast(update, cache.dtype)
+    if update.shape[2] == 1 and CACHE_WRITE == "scatter":
+        b, h, d = ops.shape(cache)[0], ops.shape(cache)[1], ops.shape(cache)[3]
+        rows = ops.repeat(ops.arange(b, dtype="int32"), h)  # [b * h]
+        heads = ops.tile(ops.arange(h, dtype="int32"), [b])  # [b * h]
+        slots = ops.full((b * h,), ops.cast(index, "int32"), dtype="int32")
+        indices = ops.stack([rows, heads, slots], axis=1)  # [b * h, 3]
+        return ops.scatter_update(cache, indices, ops.reshape(update, (b * h, d)))
+    if update.shape[2] == 1 and CACHE_WRITE == "where":
+        slot = ops.equal(ops.arange(ops.shape(cache)[2]), index)  # [max_len]
+        return ops.where(ops.reshape(slot, (1, 1, -1, 1)), update, cache)
+    return ops.slice_update(cache, [0, 0, index, 0], update)
+
+
+# How one decoding step is written into a (keys, values) cache: "scatter" (default: the fewest
+# bytes moved), "where" (a blend over the cache) or "slice" (slice_update); all give equal caches.
+CACHE_WRITE = "scatter"
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class MultiHeadAttention(keras.layers.Layer):
     """Multi-head attention (paper section 3.2.2) with an optional fixed-size key/value cache.
@@ -58,7 +92,9 @@ class MultiHeadAttention(keras.layers.Layer):
     with `scaled_dot_product_attention`, concatenated and projected back to the query's width.
 
     For incremental decoding the layer takes a `cache` of shape
-    `[batch, 2, num_heads, max_length, key_dim]` (keys stacked on values):
+    `[batch, 2, num_heads, max_length, key_dim]` (keys stacked on values), or the same as a pair
+    `(keys, values)` of `[batch, num_heads, max_length, key_dim]` tensors (the faster form: no
+    slicing apart at every step); the updated cache comes back in the form it was given:
     - self-attention: pass the current step's input as `query`, the cache and `cache_update_index`;
       the step's projected key/value are written at that index (`ops.slice_update`, so shapes stay
       static for XLA) and the layer returns `(output, updated_cache)`;
@@ -154,15 +190,37 @@ class MultiHeadAttention(keras.layers.Layer):
         x = ops.reshape(x, (shape[0], shape[1], self.num_heads, head_dim))
         return ops.transpose(x, (0, 2, 1, 3))
 
-    def compute_key_value_cache(self, value, key=None):
-        """Projects `key`/`value` once: `[batch, 2, heads, k_len, key_dim]`.
+    def _can_fuse(self, *denses):
+        if not FUSE_PROJECTIONS or self.key_dim != self.value_dim:
+            return False
+        return all(not d.lora_enabled and not d.quantization_mode for d in denses)
+
+    def _fused_projection(self, x, denses):
+        """`x` through the `denses` at once: a list of `[batch, heads, len, head_dim]`, one each.
+
+        Same result as applying each Dense and splitting heads, with one (wider) matmul. The
+        product is split on its last axis (whose gradient is a cheap concatenation).
+        """
+        kernel = ops.concatenate([ops.cast(d.kernel, self.compute_dtype) for d in denses], axis=-1)
+        y = ops.matmul(x, kernel)  # [batch, len, n * heads * head_dim]
+        if self.use_bias:
+            bias = ops.concatenate([ops.cast(d.bias, self.compute_dtype) for d in denses], axis=-1)
+            y = ops.add(y, bias)
+        return [self._split_heads(part, self.key_dim) for part in ops.split(y, len(denses), -1)]
+
+    def compute_key_value_cache(self, value, key=None, stacked=True):
+        """Projects `key`/`value` once: `[batch, 2, heads, k_len, key_dim]`, or with
+        `stacked=False` the pair `(keys, values)` of `[batch, heads, k_len, key_dim]`.
 
         Needs `key_dim == value_dim` (keys and values are stacked).
         """
-        key = value if key is None else key
-        k = self._split_heads(self.key_dense(key), self.key_dim)
-        v = self._split_heads(self.value_dense(value), self.value_dim)
-        return ops.stack([k, v], axis=1)
+        if key is None and self._can_fuse(self.key_dense, self.value_dense):
+            k, v = self._fused_projection(value, (self.key_dense, self.value_dense))
+        else:
+            key = value if key is None else key
+            k = self._split_heads(self.key_dense(key), self.key_dim)
+            v = self._split_heads(self.value_dense(value), self.value_dim)
+        return ops.stack([k, v], axis=1) if stacked else (k, v)
 
     def call(
         self,
@@ -178,15 +236,36 @@ class MultiHeadAttention(keras.layers.Layer):
     ):
         value = query if value is None else value
         key = value if key is None else key
-        q = self._split_heads(self.query_dense(query), self.key_dim)  # [b, h, q_len, d_k]
-
-        if cache is not None and cache_update_index is None:
-            # Cross-attention with keys/values computed once per source sentence.
-            k, v = cache[:, 0], cache[:, 1]
+        cross_cached = cache is not None and cache_update_index is None
+        if (
+            not cross_cached
+            and query is key
+            and key is value
+            and self._can_fuse(self.query_dense, self.key_dense, self.value_dense)
+        ):
+            denses = (self.query_dense, self.key_dense, self.value_dense)
+            q, k, v = self._fused_projection(query, denses)  # each [b, h, len, d]
         else:
-            k = self._split_heads(self.key_dense(key), self.key_dim)  # [b, h, k_len, d_k]
-            v = self._split_heads(self.value_dense(value), self.value_dim)
-            if cache is not None:
+            q = self._split_heads(self.query_dense(query), self.key_dim)  # [b, h, q_len, d_k]
+            k = v = None
+            fuse_kv = key is value and self._can_fuse(self.key_dense, self.value_dense)
+            if not cross_cached and fuse_kv:
+                k, v = self._fused_projection(value, (self.key_dense, self.value_dense))
+
+        split_cache = isinstance(cache, (tuple, list))
+        if cross_cached:
+            # Cross-attention with keys/values computed once per source sentence.
+            k, v = tuple(cache) if split_cache else (cache[:, 0], cache[:, 1])
+        else:
+            if k is None:
+                k = self._split_heads(self.key_dense(key), self.key_dim)  # [b, h, k_len, d_k]
+                v = self._split_heads(self.value_dense(value), self.value_dim)
+            if split_cache:
+                # (keys, values), each [b, h, max_len, d], never sliced apart.
+                k = _write_at(cache[0], k, cache_update_index)
+                v = _write_at(cache[1], v, cache_update_index)
+                cache = (k, v)
+            elif cache is not None:
                 step = ops.stack([k, v], axis=1)  # [b, 2, h, q_len, d]
                 start = [0, 0, 0, cache_update_index, 0]
                 cache = ops.slice_update(cache, start, ops.cast(step, cache.dtype))

@@ -65,9 +65,10 @@ class TransformerDecoderBlock(_BlockBase):
         self._build_feed_forward(input_shape)
         self.built = True
 
-    def compute_cross_attention_cache(self, encoder_output):
-        """Keys/values of the encoder output, `[batch, 2, heads, s_len, head_dim]`."""
-        return self.cross_attention.compute_key_value_cache(encoder_output)
+    def compute_cross_attention_cache(self, encoder_output, stacked=True):
+        """Keys/values of the encoder output, `[batch, 2, heads, s_len, head_dim]` (or the pair
+        `(keys, values)` of `[batch, heads, s_len, head_dim]` with `stacked=False`)."""
+        return self.cross_attention.compute_key_value_cache(encoder_output, stacked=stacked)
 
     def call(
         self,
@@ -125,7 +126,9 @@ class TransformerDecoder(_StackBase):
 
     For incremental decoding the caches of all layers are stacked in one tensor each:
     self-attention `[batch, num_layers, 2, heads, max_len, head_dim]` and cross-attention
-    `[batch, num_layers, 2, heads, s_len, head_dim]`.
+    `[batch, num_layers, 2, heads, s_len, head_dim]`; or, faster (no slicing at every step), each
+    is a list with one `(keys, values)` pair of `[batch, heads, len, head_dim]` tensors per layer.
+    The updated self-attention cache comes back in the form it was given.
 
     Args:
         num_layers: number of blocks.
@@ -157,11 +160,14 @@ class TransformerDecoder(_StackBase):
     def _build_block(self, block, input_shape):
         block.build(input_shape, self._encoder_output_shape)
 
-    def compute_cross_attention_cache(self, encoder_output):
-        """`[batch, num_layers, 2, heads, s_len, head_dim]`, computed once per source."""
-        return ops.stack(
-            [block.compute_cross_attention_cache(encoder_output) for block in self.blocks], axis=1
-        )
+    def compute_cross_attention_cache(self, encoder_output, stacked=True):
+        """`[batch, num_layers, 2, heads, s_len, head_dim]`, computed once per source; with
+        `stacked=False` a list with one `(keys, values)` pair per layer (see the class doc)."""
+        caches = [
+            block.compute_cross_attention_cache(encoder_output, stacked=stacked)
+            for block in self.blocks
+        ]
+        return ops.stack(caches, axis=1) if stacked else caches
 
     def call(
         self,
@@ -182,13 +188,9 @@ class TransformerDecoder(_StackBase):
                 encoder_output,
                 decoder_padding_mask=decoder_padding_mask,
                 encoder_padding_mask=encoder_padding_mask,
-                self_attention_cache=(
-                    None if self_attention_cache is None else self_attention_cache[:, i]
-                ),
+                self_attention_cache=_layer_cache(self_attention_cache, i),
                 cache_update_index=cache_update_index,
-                cross_attention_cache=(
-                    None if cross_attention_cache is None else cross_attention_cache[:, i]
-                ),
+                cross_attention_cache=_layer_cache(cross_attention_cache, i),
                 return_attention_scores=True,
                 training=training,
             )
@@ -201,5 +203,13 @@ class TransformerDecoder(_StackBase):
         if return_attention_scores:
             results.append(all_scores)
         if self_attention_cache is not None:
-            results.append(ops.stack(new_caches, axis=1))
+            split = isinstance(self_attention_cache, (tuple, list))
+            results.append(list(new_caches) if split else ops.stack(new_caches, axis=1))
         return results[0] if len(results) == 1 else tuple(results)
+
+
+def _layer_cache(cache, i):
+    """Layer `i`'s cache: a slice of the stacked tensor, or the i-th `(keys, values)` pair."""
+    if cache is None:
+        return None
+    return cache[i] if isinstance(cache, (tuple, list)) else cache[:, i]

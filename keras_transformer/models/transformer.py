@@ -228,21 +228,29 @@ class Transformer(keras.Model):
         x = self.source_dropout(x, training=training)
         return self.encoder(x, padding_mask=source_mask, training=training), source_mask
 
-    def init_cache(self, encoder_output, max_length):
+    def init_cache(self, encoder_output, max_length, stacked=True):
         """The decoding cache for `max_length` target positions.
 
         Returns a dict with `"self_attention"` zeros
         `[batch, num_decoder_layers, 2, heads, max_length, head_dim]` and `"cross_attention"`, the
         encoder output's keys/values `[batch, num_decoder_layers, 2, heads, s_len, head_dim]`,
-        computed here once per sentence.
+        computed here once per sentence. With `stacked=False` each entry is instead a list with
+        one `(keys, values)` pair of `[batch, heads, length, head_dim]` tensors per layer: the
+        same numbers, in the form incremental decoding runs fastest with (no per-step slicing of
+        the stacked tensors; see benchmarks/README.md). `decode_step` takes either form.
         """
         batch = ops.shape(encoder_output)[0]
         layers = self.num_decoder_layers or self.num_layers
-        shape = (batch, layers, 2, self.num_heads, max_length, self.head_dim)
-        return {
-            "self_attention": ops.zeros(shape, dtype=self.decoder.compute_dtype),
-            "cross_attention": self.decoder.compute_cross_attention_cache(encoder_output),
-        }
+        cross = self.decoder.compute_cross_attention_cache(encoder_output, stacked=stacked)
+        dtype = self.decoder.compute_dtype
+        if stacked:
+            shape = (batch, layers, 2, self.num_heads, max_length, self.head_dim)
+            return {"self_attention": ops.zeros(shape, dtype=dtype), "cross_attention": cross}
+        shape = (batch, self.num_heads, max_length, self.head_dim)
+        self_cache = [
+            (ops.zeros(shape, dtype=dtype), ops.zeros(shape, dtype=dtype)) for _ in range(layers)
+        ]
+        return {"self_attention": self_cache, "cross_attention": cross}
 
     def decode_step(self, target_ids, cache_index, cache, source_mask):
         """Decodes `target_ids` `[batch, n]` placed at positions `cache_index .. cache_index+n-1`.

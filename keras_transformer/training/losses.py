@@ -23,13 +23,15 @@ def masked_token_cross_entropy(labels, logits, label_smoothing=0.0, pad_id=0):
     """
     logits = ops.cast(logits, "float32")
     labels = ops.cast(labels, "int32")
-    log_probs = ops.log_softmax(logits, axis=-1)
-    nll = -ops.squeeze(ops.take_along_axis(log_probs, ops.expand_dims(labels, -1), axis=-1), -1)
-    if label_smoothing:
-        uniform = -ops.mean(log_probs, axis=-1)
-        losses = (1.0 - label_smoothing) * nll + label_smoothing * uniform
+    if keras.backend.backend() == "tensorflow":
+        losses = _tf_smoothed_cross_entropy(labels, logits, float(label_smoothing))
     else:
-        losses = nll
+        # The smoothed target distribution, built with one `where`.
+        vocab_size = logits.shape[-1] or ops.shape(logits)[-1]
+        is_label = ops.equal(ops.expand_dims(labels, -1), ops.arange(vocab_size, dtype="int32"))
+        low = label_smoothing / vocab_size
+        target = ops.where(is_label, 1.0 - label_smoothing + low, low)
+        losses = ops.categorical_crossentropy(target, logits, from_logits=True)
     mask = ops.cast(ops.not_equal(labels, pad_id), "float32")
     return losses * mask, mask
 
@@ -81,3 +83,34 @@ class MaskedSparseCrossEntropy(keras.losses.Loss):
 
     def get_config(self):
         return {"name": self.name, "label_smoothing": self.label_smoothing, "pad_id": self.pad_id}
+
+
+def _tf_smoothed_cross_entropy(labels, logits, eps):
+    """`logsumexp(z) - (1 - eps) * z[label] - eps * mean(z)` with a hand-written gradient.
+
+    The gradient `softmax(z) - target` is formed in the backward pass only, so nothing of the
+    logits' size ([batch, length, vocab]) is kept from the forward pass: no target distribution,
+    no softmax-cross-entropy backprop buffer, no scatter of the label gradient (the
+    take_along_axis gradient). Measured in benchmarks/README.md (time and peak memory);
+    tests/test_fast_paths.py checks value and gradient against the log-softmax formula.
+    """
+    import tensorflow as tf
+
+    vocab_size = tf.shape(logits)[-1]
+
+    @tf.custom_gradient
+    def cross_entropy(z):
+        lse = tf.reduce_logsumexp(z, axis=-1)  # [batch, length]
+        label_logit = tf.gather(z, labels, batch_dims=len(z.shape) - 1)  # [batch, length]
+        loss = lse - (1.0 - eps) * label_logit - eps * tf.reduce_mean(z, axis=-1)
+
+        def grad(upstream):  # [batch, length] -> [batch, length, vocab]
+            low = eps / tf.cast(vocab_size, z.dtype)
+            is_label = tf.equal(tf.expand_dims(labels, -1), tf.range(vocab_size))
+            probs = tf.exp(z - tf.expand_dims(lse, -1))
+            probs = probs - tf.where(is_label, 1.0 - eps + low, low)
+            return probs * tf.expand_dims(upstream, -1)
+
+        return loss, grad
+
+    return cross_entropy(logits)

@@ -1,0 +1,70 @@
+"""In-process A/B comparison of beam-4 decoding variants (a development aid for noisy machines).
+
+Usage: python benchmarks/ab_decode.py '<shapes JSON>' '<JSON list of variants>' [rounds]
+A variant is {"flags": {"module.ATTR": value, ...}, "xla": bool}: the flags are set while the
+variant's decoder is traced. Calls are timed alternately; prints median output tokens/s and the
+ratio to the first variant.
+"""
+
+import json
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import tensorflow as tf  # noqa: E402
+
+from benchmarks.ab_train import set_flags  # noqa: E402
+from benchmarks.common import parse_shapes  # noqa: E402
+from benchmarks.decode_throughput import build_model, sources  # noqa: E402
+from keras_transformer.decoding import translate_ids  # noqa: E402
+
+
+def main(argv):
+    import importlib
+
+    cfg = parse_shapes(argv[:2])
+    variants = json.loads(argv[2])
+    rounds = int(argv[3]) if len(argv) > 3 else 4
+    model = build_model(cfg)
+    src = sources(cfg)
+    fns = []
+    for variant in variants:
+        defaults = {}
+        for dotted in variant.get("flags", {}):
+            module, attr = dotted.rsplit(".", 1)
+            defaults[dotted] = getattr(importlib.import_module(module), attr)
+        set_flags(variant.get("flags", {}))
+
+        @tf.function(jit_compile=bool(variant.get("xla", False)))
+        def fn(s):
+            return translate_ids(model, s, beam_size=4, alpha=0.6, max_length=cfg["tgt"])
+
+        fn(src)[0].numpy()
+        set_flags(defaults)
+        fns.append((variant, fn, []))
+    for _ in range(rounds):
+        for variant, fn, times in fns:
+            start = time.perf_counter()
+            ids = fn(src)[0].numpy()
+            times.append(ids.size / (time.perf_counter() - start))
+    first = statistics.median(fns[0][2])
+    for variant, _, times in fns:
+        med = statistics.median(times)
+        print(
+            json.dumps(
+                dict(
+                    variant=variant,
+                    median_tokens_per_s=round(med, 1),
+                    ratio=round(med / first, 3),
+                    all=[round(t) for t in times],
+                )
+            )
+        )
+
+
+if __name__ == "__main__":
+    main(sys.argv)

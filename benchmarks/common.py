@@ -1,0 +1,46 @@
+"""Helpers shared by the benchmark scripts: shapes, FLOP counting, JSON output, peak memory."""
+
+import datetime
+import json
+import os
+import resource
+import sys
+
+# The shapes of ../shared/bench/README.md ("small" is the default there).
+SMALL = dict(vocab=8192, d=256, layers=3, heads=4, ff=1024, batch=64, src=32, tgt=32, steps=10)
+BASE = dict(vocab=32000, d=512, layers=6, heads=8, ff=2048, batch=64, src=32, tgt=32, steps=3)
+
+
+def parse_shapes(argv, defaults=None):
+    """Shapes from the first command-line argument (a JSON object), over the small defaults."""
+    cfg = dict(SMALL if defaults is None else defaults)
+    if len(argv) > 1 and argv[1].strip():
+        cfg.update(json.loads(argv[1]))
+    return cfg
+
+
+def train_flops_per_token(cfg):
+    """Training FLOPs per target token (the formula of ../shared/bench/README.md).
+
+    `6 * (N_enc*S/T + N_dec + d*V) + 12*d*L*(S*S/T + T + S)`, with
+    `N_enc = L*(4*d*d + 2*d*ff)` and `N_dec = L*(8*d*d + 2*d*ff)`.
+    """
+    d, ff, L, V = cfg["d"], cfg["ff"], cfg["layers"], cfg["vocab"]
+    S, T = cfg["src"], cfg["tgt"]
+    n_enc = L * (4 * d * d + 2 * d * ff)
+    n_dec = L * (8 * d * d + 2 * d * ff)
+    return 6 * (n_enc * S / T + n_dec + d * V) + 12 * d * L * (S * S / T + T + S)
+
+
+def max_rss_mb():
+    """Peak resident memory of this process so far, in MB (ru_maxrss is in KiB on Linux)."""
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)
+
+
+def emit(**fields):
+    """Prints one JSON line with a UTC timestamp and the process's peak memory."""
+    fields.setdefault("max_rss_mb", max_rss_mb())
+    fields["timestamp"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    fields["threads"] = os.cpu_count()
+    print(json.dumps(fields), flush=True)
+    sys.stdout.flush()

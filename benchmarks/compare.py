@@ -1,0 +1,145 @@
+"""Ours against TF Model Garden, alternately, in one run: training and beam-4 decoding, small and
+base shapes; prints every figure as a JSON line, then the ratios of the medians.
+
+Usage (from the repository root):
+    python benchmarks/compare.py [--rounds 2] [--shapes small,base] [--peer-python PATH]
+        [--peers-dir ../shared/bench]
+(`benchmarks/compare.sh` runs it with the defaults.)
+
+Each round runs, one after the other: the Model Garden peer (training then beam-4 decoding, one
+process), our `train_throughput.py`, our `decode_throughput.py`. `peak_matmul.py` runs once at the
+start, for MFU. The peer's peak memory is read from its own process at the moment it prints its
+training figure (so it covers model building and training, as ours does).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+from benchmarks.common import BASE, SMALL  # noqa: E402
+
+SHAPES = {"small": SMALL, "base": BASE}
+
+# Runs a peer script in this interpreter and adds the process's peak RSS (MB) to each JSON line.
+_PEER_WRAPPER = """
+import io, json, resource, runpy, sys
+class Out(io.TextIOBase):
+    def __init__(self, inner): self.inner, self.buf = inner, ""
+    def write(self, s):
+        self.buf += s
+        while "\\n" in self.buf:
+            line, self.buf = self.buf.split("\\n", 1)
+            if line.startswith("{"):
+                rec = json.loads(line)
+                rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+                rec["max_rss_mb"] = round(rss / 1024, 1)
+                line = json.dumps(rec)
+            self.inner.write(line + "\\n"); self.inner.flush()
+        return len(s)
+    def flush(self): self.inner.flush()
+sys.stdout = Out(sys.stdout)
+script = sys.argv[1]
+sys.argv = sys.argv[1:]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def run(cmd, label):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    records = []
+    for line in proc.stdout.splitlines():
+        if line.startswith("{"):
+            rec = json.loads(line)
+            rec["run"] = label
+            print(json.dumps(rec), flush=True)
+            records.append(rec)
+    if proc.returncode:
+        print(json.dumps({"run": label, "error": proc.stderr[-2000:]}), flush=True)
+    return records
+
+
+def median(values):
+    return statistics.median(values) if values else float("nan")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--shapes", default="small,base")
+    parser.add_argument("--peer-python", default="/tmp/peers/mg/bin/python")
+    parser.add_argument("--peers-dir", default=os.path.join(ROOT, "..", "shared", "bench"))
+    parser.add_argument("--check", type=int, default=8, help="sources checked cached vs uncached")
+    args = parser.parse_args()
+    peers = os.path.abspath(args.peers_dir)
+    py = sys.executable
+
+    peak = run([args.peer_python, os.path.join(peers, "peak_matmul.py")], "peak_matmul")
+    peak_gflops = peak[0]["gflops"] if peak else None
+    summary = []
+    for name in args.shapes.split(","):
+        shapes = dict(SHAPES[name])
+        ours = dict(shapes, peak_gflops=peak_gflops)
+        figures = {}
+        for r in range(args.rounds):
+            for rec in run(
+                [
+                    args.peer_python,
+                    "-c",
+                    _PEER_WRAPPER,
+                    os.path.join(peers, "peer_modelgarden.py"),
+                    json.dumps(shapes),
+                ],
+                f"{name}/modelgarden/{r}",
+            ):
+                figures.setdefault(("mg", rec["what"]), []).append(rec)
+            for rec in run(
+                [py, os.path.join(HERE, "train_throughput.py"), json.dumps(ours)],
+                f"{name}/ours_train/{r}",
+            ):
+                figures.setdefault(("ours", rec["what"]), []).append(rec)
+            decode_cfg = dict(shapes, check=args.check if r == 0 else 0)
+            for rec in run(
+                [py, os.path.join(HERE, "decode_throughput.py"), json.dumps(decode_cfg)],
+                f"{name}/ours_decode/{r}",
+            ):
+                figures.setdefault(("ours", rec["what"]), []).append(rec)
+
+        def med(who, what, key="tokens_per_s"):
+            return median([rec[key] for rec in figures.get((who, what), []) if key in rec])
+
+        train_ratio = med("ours", "train") / med("mg", "train")
+        decode_ratio = med("ours", "beam4_decode") / med("mg", "beam4_decode")
+        checks = [rec["identical_ids"] for rec in figures.get(("ours", "beam4_cache_check"), [])]
+        summary.append(
+            dict(
+                shapes=name,
+                rounds=args.rounds,
+                ours_train_tokens_per_s=round(med("ours", "train"), 1),
+                mg_train_tokens_per_s=round(med("mg", "train"), 1),
+                train_ratio=round(train_ratio, 3),
+                ours_mfu=round(med("ours", "train", "mfu"), 3),
+                ours_beam4_tokens_per_s=round(med("ours", "beam4_decode"), 1),
+                mg_beam4_tokens_per_s=round(med("mg", "beam4_decode"), 1),
+                beam4_ratio=round(decode_ratio, 3),
+                ours_greedy_tokens_per_s=round(med("ours", "greedy_decode"), 1),
+                cached_equals_uncached=all(checks) if checks else None,
+                ours_train_max_rss_mb=med("ours", "train", "max_rss_mb"),
+                mg_train_max_rss_mb=med("mg", "train", "max_rss_mb"),
+                peak_matmul_gflops=peak_gflops,
+            )
+        )
+    print("=== ratios of medians (ours / Model Garden)")
+    for row in summary:
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
