@@ -99,7 +99,7 @@ def test_missing_corpus_file_and_mismatched_line_counts(tmp_path):
 def test_sigkilled_run_resumes_from_its_last_checkpoint(tmp_path):
     config = _write_config(tmp_path / "tiny.yaml", TINY)
     workdir = tmp_path / "work"
-    command = _train_command(config, workdir, "train.steps=40")
+    command = _train_command(config, workdir, "train.steps=100")
     process = subprocess.Popen(
         command, env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -128,7 +128,7 @@ def test_sigkilled_run_resumes_from_its_last_checkpoint(tmp_path):
     resumed = [line for line in run.stdout.splitlines() if line.startswith("resuming from step")]
     assert resumed, run.stdout[-2000:]
     assert int(resumed[0].split()[3]) >= 6
-    assert "Finished tiny at step 40" in run.stdout
+    assert "Finished tiny at step 100" in run.stdout
 
 
 @pytest.mark.parametrize("name", ["quickstart", "small", "transformer_base", "transformer_big"])

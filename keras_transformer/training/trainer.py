@@ -208,7 +208,16 @@ def train(config):
     dev_pairs = read_pairs(config.data.dev) if config.data.dev else []
     test_pairs = read_pairs(config.data.test) if config.data.test else []
     tokenizer = get_or_train_tokenizer(config.data, pairs, workdir)
-    dataset = make_dataset(pairs, tokenizer, config.data, training=True)
+    # data.tokens_per_batch is per replica; the strategy splits each global batch evenly.
+    replicas = strategy.num_replicas_in_sync
+    dataset = make_dataset(
+        pairs,
+        tokenizer,
+        config.data,
+        training=True,
+        tokens_per_batch=config.data.tokens_per_batch * replicas,
+        batch_multiple=replicas,
+    )
 
     jit_compile = resolve_jit_compile(config.runtime.jit_compile, strategy)
     with strategy.scope():
