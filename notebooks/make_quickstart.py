@@ -20,7 +20,7 @@ library's layers in a Keras model of your own.
 
 Parameters (environment variables, read in the next cell):
 
-- `QUICKSTART_STEPS`: training steps (unset: the config's 900, a few minutes on a 2-core CPU);
+- `QUICKSTART_STEPS`: training steps (unset: the config's 600, about 3 minutes on a 2-core CPU);
 - `QUICKSTART_SET`: extra config overrides separated by `;`, e.g. `data.vocab_size=500`;
 - `QUICKSTART_WORKDIR`: where the run goes (default `workdirs/quickstart_notebook`).
 

@@ -93,7 +93,7 @@ def attention_figure(weights, key_labels, query_labels, title=None, columns=4, c
         query_labels: `queries` strings for the y axis (attending tokens).
         title: figure title.
         columns: heads per row of the grid.
-        cell_inches: size of one heatmap cell.
+        cell_inches: size of one heatmap cell (smaller for long sentences).
 
     Returns:
         A `matplotlib.figure.Figure` with one heatmap per head.
@@ -110,6 +110,8 @@ def attention_figure(weights, key_labels, query_labels, title=None, columns=4, c
         )
     columns = max(1, min(columns, heads))
     rows = math.ceil(heads / columns)
+    # Long sentences get smaller cells: a panel stays within about 10 inches (800 pixels).
+    cell_inches = min(cell_inches, 10.0 / max(keys, queries, 1))
     panel_w = max(2.5, keys * cell_inches + 1.0)
     panel_h = max(2.5, queries * cell_inches + 1.0)
     figure = Figure(figsize=(columns * panel_w, rows * panel_h + (0.5 if title else 0.0)), dpi=80)
