@@ -21,6 +21,7 @@ import io
 import json
 import math
 import os
+import warnings
 
 import keras
 import numpy as np
@@ -69,7 +70,10 @@ def sentence_attention(model, tokenizer, source, data_config, translation=None, 
     source_ids = encode_sources(tokenizer, [source], data_config.max_source_length)  # [1, S]
     pieces = tokenizer.encode(translation)[: data_config.max_target_length - 1]
     target_ids = tf.constant([[tokenizer.bos_id] + pieces], dtype=tf.int32)  # [1, T]
-    scores = model.attention_scores(source_ids, target_ids)
+    with warnings.catch_warnings():
+        # A one-piece translation makes Keras warn about a softmax over one key: expected here.
+        warnings.simplefilter("ignore", UserWarning)
+        scores = model.attention_scores(source_ids, target_ids)
     result = {
         "source": source,
         "translation": translation,
