@@ -83,14 +83,30 @@ class ResumeLogger(keras.callbacks.Callback):
 
 
 class StopAtStep(keras.callbacks.Callback):
-    """Stops `fit` once the optimizer has made `steps` updates (also after a resume)."""
+    """Stops `fit` once the optimizer has made `steps` updates (also after a resume), or once
+    `max_seconds` of wall-clock time have passed since this `fit` began (a time budget)."""
 
-    def __init__(self, steps):
+    def __init__(self, steps, max_seconds=None):
         super().__init__()
         self.steps = int(steps)
+        self.max_seconds = max_seconds
+        self.out_of_time = False
+        self._start = None
+
+    def on_train_begin(self, logs=None):
+        self._start = time.monotonic()
 
     def on_train_batch_end(self, batch, logs=None):
         if optimizer_step(self.model) >= self.steps:
+            self.model.stop_training = True
+        elif self.max_seconds is not None and time.monotonic() - self._start >= self.max_seconds:
+            if not self.out_of_time:
+                print(
+                    f"time budget of {self.max_seconds / 60:g} minutes reached at step "
+                    f"{optimizer_step(self.model)}",
+                    flush=True,
+                )
+            self.out_of_time = True
             self.model.stop_training = True
 
 

@@ -235,6 +235,7 @@ def train(config):
     accumulation = t.gradient_accumulation_steps
     tty = sys.stdout.isatty()
     epochs = math.ceil(t.steps / t.steps_per_epoch)
+    stopper = StopAtStep(t.steps, None if t.max_minutes is None else t.max_minutes * 60)
     callbacks = [
         # double_checkpoint: a kill in the middle of writing the backup leaves the previous one
         # to restore from (the write is not atomic).
@@ -246,7 +247,7 @@ def train(config):
         ),
         ResumeLogger(),
         keras.callbacks.TerminateOnNaN(),
-        StopAtStep(t.steps),
+        stopper,
         StepCheckpoint(paths["checkpoints"], t.checkpoint_every, t.keep_checkpoints, chief),
         TrainingSummaries(
             paths["logs"], t.log_every, chief, total_steps=t.steps, print_lines=chief and not tty
@@ -284,7 +285,7 @@ def train(config):
         shuffle=False,  # make_dataset shuffles
     )
     step = optimizer_step(model)
-    if step < t.steps:
+    if step < t.steps and not stopper.out_of_time:
         raise RuntimeError(f"training stopped at step {step} of {t.steps} (NaN loss?)")
     train_seconds = time.time() - started
     averaged = _maybe_average(model, paths["checkpoints"], config.export.average_checkpoints)
@@ -292,6 +293,7 @@ def train(config):
     result = {
         "name": config.name,
         "step": step,
+        "stopped_by_time_budget": stopper.out_of_time,
         "beam_size": config.decode.beam_size,
         "train_seconds": round(train_seconds, 1),
         "checkpoints": paths["checkpoints"],
