@@ -25,6 +25,8 @@ setup(
         "sacrebleu>=2.4,<3",
         "pyyaml>=6,<7",
         "numpy>=1.26,<3",
+        # Attention heatmaps in TensorBoard.
+        "matplotlib>=3.8",
     ],
     extras_require={
         "test": [
@@ -34,7 +36,6 @@ setup(
             "nbclient>=0.10",
             "nbformat>=5.10",
             "ipykernel>=6",
-            "matplotlib>=3.8",
         ],
     },
     entry_points={"console_scripts": ["keras-transformer=keras_transformer.cli:main"]},

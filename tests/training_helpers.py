@@ -49,8 +49,11 @@ def read_scalars(logdir):
     ):
         for event in tf.compat.v1.train.summary_iterator(path):
             for value in event.summary.value:
-                if value.metadata.plugin_data.plugin_name == "text":
+                plugin = value.metadata.plugin_data.plugin_name
+                if plugin == "text":
                     scalars.setdefault(value.tag, []).append((event.step, None))
+                    continue
+                if plugin != "scalars":  # images, hparams
                     continue
                 number = float(np.asarray(tf.make_ndarray(value.tensor)))
                 scalars.setdefault(value.tag, []).append((event.step, number))

@@ -25,6 +25,7 @@ from keras_transformer.training.distribute import get_strategy, is_chief, resolv
 from keras_transformer.training.losses import MaskedSparseCrossEntropy
 from keras_transformer.training.metrics import MaskedAccuracy, Perplexity, TokenCount
 from keras_transformer.training.schedules import TransformerSchedule
+from keras_transformer.training.visuals import AttentionSummaries, write_hparams
 
 
 def make_optimizer(config, d_model=None):
@@ -252,6 +253,8 @@ def train(config):
             paths["logs"], t.log_every, chief, total_steps=t.steps, print_lines=chief and not tty
         ),
     ]
+    if chief:
+        write_hparams(paths["logs"], config)
     if dev_pairs:
         callbacks.append(
             DevEvaluator(
@@ -266,6 +269,10 @@ def train(config):
                 skip_at_step=t.steps,
                 enabled=chief,
             )
+        )
+        # Heatmaps of the first dev sentence at each evaluation (TensorBoard's Images tab).
+        callbacks.append(
+            AttentionSummaries(dev_pairs[0][0], tokenizer, config.data, paths["logs"], chief)
         )
     model.fit(
         dataset,

@@ -1,0 +1,201 @@
+"""The README: CI markers, the generated config reference, runnable examples, serving formats."""
+
+import json
+import os
+import re
+import shlex
+
+import numpy as np
+import pytest
+
+from keras_transformer.config import config_reference
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(ROOT, "README.md")
+START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
+
+
+def _readme():
+    with open(README, encoding="utf-8") as f:
+        return f.read()
+
+
+def _blocks(text, language):
+    """`[(marker or None, code)]` of the fenced blocks in `language`, with the HTML comment
+    on the line just before the fence, if any."""
+    pattern = re.compile(r"(?:(<!--[^\n]*-->)\n)?```" + language + r"\n(.*?)```", re.S)
+    return [(m.group(1), m.group(2)) for m in pattern.finditer(text)]
+
+
+def test_ci_blocks_follow_their_markers():
+    text = _readme()
+    # .ci/run extracts the block after <!-- ci:test -->; the main job is the first command.
+    blocks = dict(_blocks(text, "bash"))
+    main, test = blocks.get("<!-- ci:main -->"), blocks.get("<!-- ci:test -->")
+    assert main and test
+    assert text.index("<!-- ci:main -->") < text.index("<!-- ci:test -->")
+    assert main.startswith("pip install . && keras-transformer train --config configs/quickstart")
+    assert "keras-transformer translate --model saved_models/quickstart" in main
+    assert test.strip() == 'pip install -e ".[test]" && ruff check . && python -m pytest -q'
+
+
+def test_config_reference_is_in_sync():
+    text = _readme()
+    assert text.count(START) == 1 and text.count(END) == 1
+    expected = f"{START}\n{config_reference().strip()}\n{END}"
+    current = text[text.index(START) : text.index(END) + len(END)]
+    if current != expected and os.environ.get("UPDATE_README"):
+        with open(README, "w", encoding="utf-8") as f:
+            f.write(text.replace(current, expected))
+        current = expected
+    assert current == expected, (
+        "README's configuration reference is stale: "
+        "UPDATE_README=1 python -m pytest tests/test_readme.py"
+    )
+
+
+def test_config_reference_lists_every_key():
+    import dataclasses
+
+    from keras_transformer.config import SECTIONS
+
+    reference = config_reference()
+    for section, cls in SECTIONS.items():
+        assert f"### `{section}`" in reference
+        for field in dataclasses.fields(cls):
+            assert re.search(rf"^\| `{field.name}` \| `.*` \| .+ \|$", reference, re.M), field.name
+
+
+def test_commands_use_real_configs_and_subcommands():
+    from keras_transformer.cli import build_parser
+
+    text = _readme()
+    parser = build_parser()
+    commands = []
+    for _, block in _blocks(text, "bash"):
+        joined = block.replace("\\\n", " ")
+        for line in joined.splitlines():
+            for part in line.split("&&"):
+                part = part.split("|")[-1].strip()
+                if part.startswith("keras-transformer "):
+                    commands.append(part)
+    assert len(commands) >= 10
+    for command in commands:
+        argv = shlex.split(command.split("#")[0])[1:]
+        args = parser.parse_args(argv)  # exits (code 2) on a bad flag
+        if getattr(args, "config", None):
+            assert os.path.isfile(os.path.join(ROOT, args.config)), command
+        for override in getattr(args, "set", []) or []:
+            from keras_transformer.config import apply_overrides, from_dict
+
+            from_dict(apply_overrides({}, [override]))  # a real key with a valid value
+
+
+@pytest.fixture(scope="module")
+def exported_quickstart(tmp_path_factory):
+    """A tiny untrained model exported as saved_models/quickstart/1 in a fresh directory: the
+    formats are under test here, not the translations."""
+    import _inference_fixtures as fx
+
+    from keras_transformer.export import export_saved_model
+    from keras_transformer.models import Transformer
+
+    base = tmp_path_factory.mktemp("readme")
+    model = Transformer(vocab_size=fx.spm_processor().get_piece_size(), **fx.MODEL_KWARGS)
+    with open(fx.spm_model_path(), "rb") as f:
+        spm = f.read()
+    path = export_saved_model(
+        model,
+        spm,
+        dict(beam_size=2, alpha=0.6, max_extra_length=4, batch_size=4),
+        dict(max_source_length=12, max_target_length=12),
+        str(base / "saved_models"),
+        "quickstart",
+    )
+    assert path.endswith(os.path.join("quickstart", "1"))
+    return base, path
+
+
+@pytest.mark.slow
+def test_python_examples_run(exported_quickstart, monkeypatch, capsys):
+    base, _ = exported_quickstart
+    monkeypatch.chdir(base)  # relative paths as in the README: saved_models/quickstart/1
+    blocks = [
+        code
+        for marker, code in _blocks(_readme(), "python")
+        if marker == "<!-- readme-test: run -->"
+    ]
+    assert len(blocks) >= 3
+    for code in blocks:
+        exec(compile(code, "README.md", "exec"), {"__name__": "__readme__"})
+    assert os.path.exists(base / "classifier.keras")
+    assert "(1, 3, 37000)" in capsys.readouterr().out
+
+
+def _signature(path):
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401
+
+    return tf.saved_model.load(path).signatures["serving_default"]
+
+
+def _rest_bodies():
+    """The JSON bodies of the README's curl requests."""
+    bodies = []
+    for _, block in _blocks(_readme(), "bash"):
+        for match in re.finditer(r"-d '(\{.*?\})'", block):
+            bodies.append(json.loads(match.group(1)))
+    return bodies
+
+
+@pytest.mark.slow
+def test_rest_requests_match_the_signature(exported_quickstart):
+    """Answers the README's REST bodies as TF Serving's REST API does, on the real signature."""
+    import tensorflow as tf
+
+    _, path = exported_quickstart
+    serve = _signature(path)
+    _, inputs = serve.structured_input_signature
+    assert list(inputs) == ["text"]
+    assert inputs["text"].dtype == tf.string and inputs["text"].shape.as_list() == [None]
+    outputs = serve.structured_outputs
+    assert set(outputs) == {"translation", "score"}
+    assert outputs["translation"].dtype == tf.string and outputs["score"].dtype == tf.float32
+
+    bodies = _rest_bodies()
+    assert any("instances" in b for b in bodies) and any("inputs" in b for b in bodies)
+    for body in bodies:
+        if "instances" in body:
+            # Row format, one named input: each instance is that input's value for one row.
+            result = serve(text=tf.constant(body["instances"]))
+            rows = [
+                {"translation": t.decode(), "score": float(s)}
+                for t, s in zip(result["translation"].numpy(), result["score"].numpy())
+            ]
+            response = json.loads(json.dumps({"predictions": rows}))
+            assert len(response["predictions"]) == len(body["instances"])
+        else:
+            # Column format: named inputs in, named outputs out.
+            assert set(body["inputs"]) == set(inputs)
+            result = serve(**{k: tf.constant(v) for k, v in body["inputs"].items()})
+            response = {
+                "outputs": {
+                    "translation": [t.decode() for t in result["translation"].numpy()],
+                    "score": result["score"].numpy().tolist(),
+                }
+            }
+            assert len(response["outputs"]["score"]) == len(body["inputs"]["text"])
+        assert all(np.isfinite(s) and s <= 0 for s in result["score"].numpy())
+
+
+@pytest.mark.slow
+def test_grpc_tensor_matches_the_signature(exported_quickstart):
+    """The README's gRPC request tensor: DT_STRING, shape [n], accepted by the signature."""
+    import tensorflow as tf
+
+    _, path = exported_quickstart
+    proto = tf.make_tensor_proto(["the purple sandwich keeps the tiny ship"], dtype=tf.string)
+    assert proto.dtype == tf.string.as_datatype_enum
+    assert [d.size for d in proto.tensor_shape.dim] == [1]
+    result = _signature(path)(text=tf.constant(tf.make_ndarray(proto)))
+    assert result["translation"].shape == (1,) and result["score"].dtype == tf.float32
