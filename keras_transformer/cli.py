@@ -20,11 +20,13 @@ def _quiet_tensorflow():
 
 def _cmd_train(args):
     from keras_transformer.config import load_config
-    from keras_transformer.training.trainer import train
 
+    # The config is checked before TensorFlow is imported: config mistakes fail in a blink.
     config = load_config(args.config, overrides=args.set)
     if args.workdir:
         config.runtime.workdir = args.workdir
+    from keras_transformer.training.trainer import train
+
     train(config)
 
 

@@ -93,6 +93,11 @@ class TrainConfig:
     log_every: int = _field(100, "steps between TensorBoard scalar writes")
     eval_max_sentences: int = _field(500, "dev sentences decoded for BLEU during training")
     num_sample_translations: int = _field(3, "sample translations logged as text")
+    max_minutes: Optional[float] = _field(
+        None,
+        "stop training after this many minutes of this run, then evaluate and export "
+        "(a wall-clock budget); null: train all steps",
+    )
     seed: int = _field(42, "seed of weight initialisation and dropout")
 
 
@@ -291,6 +296,7 @@ def validate(config):
         (t.steps_per_epoch > 0, "train.steps_per_epoch must be positive"),
         (t.checkpoint_every > 0, "train.checkpoint_every must be positive"),
         (t.keep_checkpoints > 0, "train.keep_checkpoints must be positive"),
+        (t.max_minutes is None or t.max_minutes > 0, "train.max_minutes must be positive"),
         (dec.beam_size > 0, "decode.beam_size must be positive"),
         (dec.batch_size > 0, "decode.batch_size must be positive"),
         (

@@ -14,7 +14,7 @@ def _write(path, data):
 
 
 def test_text_spec_reads_aligned_pairs(tmp_path):
-    src = _write(tmp_path / "a.de", "Grüße aus Köln\n  Ein Haus \r\nDrei\n")
+    src = _write(tmp_path / "a.de", "\ufeffGrüße aus Köln\n  Ein Haus \r\nDrei\n")  # BOM, CRLF
     tgt = _write(tmp_path / "a.en", "Greetings from Cologne\nA house\r\nThree\n")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nothing is skipped, so nothing to warn about

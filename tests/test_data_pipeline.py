@@ -12,6 +12,7 @@ from keras_transformer.data import (
     Tokenizer,
     bucket_batch_sizes,
     bucket_boundaries,
+    encode_sources,
     make_dataset,
     read_pairs,
     train_sentencepiece,
@@ -165,3 +166,29 @@ def test_token_budget_override_and_batch_multiple(pairs, tokenizer):
 def test_progress_line(pairs, tokenizer, capsys):
     make_dataset(pairs[:10], tokenizer, _config(), training=False)
     assert "evaluation data: 10 pairs in" in capsys.readouterr().err
+
+
+def test_encode_sources_matches_the_training_convention(pairs, tokenizer):
+    sources = [s for s, _ in pairs[:5]]
+    ids = encode_sources(tokenizer, sources, max_source_length=80).numpy()
+    assert ids.dtype == np.int32
+    for row, text in zip(ids, sources):
+        n = int((row != PAD).sum())
+        assert row[: n - 1].tolist() == tokenizer.encode(text)
+        assert row[n - 1] == EOS and (row[n:] == PAD).all()
+    assert ids.shape[1] == max(len(tokenizer.encode(s)) + 1 for s in sources)
+    short = encode_sources(tokenizer, sources, max_source_length=4, length=6).numpy()
+    assert short.shape == (5, 6)
+    np.testing.assert_array_equal(short[:, 3], EOS)
+    np.testing.assert_array_equal(short[:, 4:], PAD)
+
+
+def test_a_single_bucket_has_a_static_element_spec(pairs, tokenizer):
+    config = _config(max_source_length=48, max_target_length=40, bucket_boundaries=[48])
+    dataset = make_dataset(pairs, tokenizer, config, verbose=False)
+    features, labels = dataset.element_spec
+    assert features["source_ids"].shape.as_list() == [10, 48]  # 512 // 48
+    assert features["target_ids"].shape.as_list() == [10, 40]
+    assert labels.shape.as_list() == [10, 40]
+    features, labels = next(iter(dataset))
+    assert features["source_ids"].shape == (10, 48) and labels.shape == (10, 40)

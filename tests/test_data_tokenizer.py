@@ -160,3 +160,24 @@ def test_survives_clearing_the_eager_kernel_cache(spm_path):
     tf.random.set_seed(5)
     assert tokenizer.tokenize(tf.constant(SAMPLES[:2])).to_list() == expected
     assert next(iter(dataset)).to_list() == expected
+
+
+def test_usable_inside_a_saved_model(spm_path, tmp_path):
+    # Inside a traced function the tokenizer is an op of that graph (the model proto is part of
+    # it), so a SavedModel needs neither our code nor the .model file to tokenize.
+    tokenizer = Tokenizer(spm_path)
+
+    class Module(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+        def round_trip(self, texts):
+            return tokenizer.detokenize(tokenizer.tokenize(texts))
+
+    module = Module()
+    tf.saved_model.save(module, str(tmp_path / "saved"))
+    os.rename(spm_path, spm_path + ".moved")
+    try:
+        loaded = tf.saved_model.load(str(tmp_path / "saved"))
+        texts = loaded.round_trip(tf.constant(SAMPLES[:3] + [""])).numpy()
+    finally:
+        os.rename(spm_path + ".moved", spm_path)
+    assert [t.decode("utf-8") for t in texts] == SAMPLES[:3] + [""]

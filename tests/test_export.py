@@ -263,3 +263,12 @@ def test_translator_accepts_the_data_tokenizer():
     assert _as_strings(with_tokenizer(HOSTILE)["translation"]) == _as_strings(
         translator(HOSTILE)["translation"]
     )
+
+
+def test_translator_survives_eager_cache_clears():
+    import keras
+
+    translator, _ = exported()
+    before = _as_strings(translator(NORMAL)["translation"])
+    keras.utils.set_random_seed(7)  # clears TensorFlow's eager kernel cache
+    assert _as_strings(translator(NORMAL)["translation"]) == before

@@ -8,7 +8,12 @@ Example:
 """
 
 from keras_transformer.data.corpora import DataError, DataWarning, parse_spec, read_pairs
-from keras_transformer.data.pipeline import bucket_batch_sizes, bucket_boundaries, make_dataset
+from keras_transformer.data.pipeline import (
+    bucket_batch_sizes,
+    bucket_boundaries,
+    encode_sources,
+    make_dataset,
+)
 from keras_transformer.data.synthetic import generate as generate_synthetic
 from keras_transformer.data.tokenizer import (
     BOS_ID,
@@ -30,6 +35,7 @@ __all__ = [
     "Tokenizer",
     "bucket_batch_sizes",
     "bucket_boundaries",
+    "encode_sources",
     "generate_synthetic",
     "get_or_train_tokenizer",
     "make_dataset",

@@ -106,6 +106,8 @@ def _read_lines(path):
         raise DataError(f"corpus path is a directory, not a file: {path}")
     with tf.io.gfile.GFile(path, "rb") as f:
         data = f.read()
+    if data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark is not part of the text
+        data = data[3:]
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()

@@ -60,6 +60,34 @@ def bucket_batch_sizes(boundaries, tokens_per_batch, batch_multiple=1):
     return sizes
 
 
+def encode_sources(tokenizer, texts, max_source_length, length=None):
+    """Source strings -> padded ids as the model saw them in training: pieces + [EOS].
+
+    The same convention as `make_dataset` (pieces truncated to `max_source_length - 1`, then
+    EOS, padded with 0), for translating or scoring raw sentences. Works eagerly and in graphs.
+
+    Args:
+        tokenizer: a `Tokenizer`.
+        texts: `tf.string` [N] (or a list of str).
+        max_source_length: longest source in tokens, EOS included.
+        length: pad to this many columns (default: the longest row).
+
+    Returns:
+        int32 tensor [N, length].
+
+    Example:
+    >>> encode_sources(tokenizer, ["ein Haus"], 128)  # [[pieces..., 3]]
+    """
+    import tensorflow as tf
+
+    pieces = tokenizer.tokenize(texts)[:, : max_source_length - 1]
+    eos = tf.fill([pieces.nrows(), 1], tf.constant(EOS_ID, pieces.dtype))
+    ids = tf.concat([pieces, eos], axis=1)
+    if length is None:
+        return ids.to_tensor(default_value=PAD_ID)
+    return ids.to_tensor(default_value=PAD_ID, shape=[None, length])
+
+
 def make_dataset(
     pairs,
     tokenizer,
@@ -178,6 +206,17 @@ def make_dataset(
         reduce_func=batch_bucket,
         window_size_func=lambda bucket: batch_sizes_t[bucket],
     )
+    if training and len(boundaries) == 1:
+        # One bucket: every batch has the same shape, so the element spec can say so too (what
+        # TPUs and other fully static compilers want); several buckets vary by batch.
+        shapes = ([batch_sizes[0], source_lengths[0]], [batch_sizes[0], target_lengths[0]])
+        dataset = dataset.map(
+            lambda source, target_ids, labels: (
+                tf.ensure_shape(source, shapes[0]),
+                tf.ensure_shape(target_ids, shapes[1]),
+                tf.ensure_shape(labels, shapes[1]),
+            )
+        )
     dataset = dataset.map(
         lambda source, target_ids, labels: (
             {"source_ids": source, "target_ids": target_ids},

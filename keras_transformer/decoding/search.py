@@ -220,6 +220,8 @@ def beam_search(
     >>> ids, scores = beam_search(step_fn, bos, cache, beam_size=4, max_length=60, alpha=0.6)
     """
     k = int(beam_size)
+    if k < 1:
+        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
     caps = _output_caps(initial_ids, max_length, max_lengths)  # [batch]
     batch = ops.shape(caps)[0]
     max_penalty = length_penalty(caps, alpha)  # [batch] the largest penalty any output gets
@@ -375,6 +377,8 @@ def translate_ids(
     Example:
     >>> ids, scores = translate_ids(model, source_ids, beam_size=4, alpha=0.6)
     """
+    if int(beam_size) < 1:
+        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
     source_ids = ops.cast(ops.convert_to_tensor(source_ids), "int32")
     s_len = source_ids.shape[1]
     if s_len is None:

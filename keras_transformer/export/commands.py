@@ -4,6 +4,7 @@
 exactly as TF Serving would; `export` rebuilds the model from a training workdir.
 """
 
+import itertools
 import json
 import os
 import re
@@ -78,12 +79,20 @@ def translate_command(args):
     batch_size = _batch_size(args)
     translate = load_serving_function(args.model)
     if args.text:
-        lines = list(args.text)
-    else:
-        lines = [line.rstrip("\r\n") for line in sys.stdin]
-    for translation in translate_lines(translate, lines, batch_size):
-        print(translation, flush=False)
-    sys.stdout.flush()
+        for translation in translate_lines(translate, list(args.text), batch_size):
+            print(translation)
+        return
+    # Streams stdin batch by batch; someone typing at a terminal gets each line back at once.
+    if sys.stdin.isatty():
+        batch_size = 1
+    lines = (line.rstrip("\r\n") for line in sys.stdin)
+    while True:
+        batch = list(itertools.islice(lines, batch_size))
+        if not batch:
+            break
+        for translation in translate_lines(translate, batch, batch_size):
+            print(translation)
+        sys.stdout.flush()
 
 
 # --------------------------------------------------------------------------- evaluate

@@ -94,9 +94,9 @@ class Translator(tf.Module):
         self._model = _Untracked(model)
         # Tracked so that the SavedModel holds them; the graph reads them through the model.
         self.model_variables = list(model.variables)
-        self.tokenizer = tf_text.SentencepieceTokenizer(
-            model=_model_proto(tokenizer), out_type=tf.int32
-        )
+        # The SentencePiece op is created inside the traced graph (see `_tokenizer`), so the
+        # model proto travels as an attribute of that op in the SavedModel.
+        self._spm_proto = _model_proto(tokenizer)
         self.beam_size = int(beam_size)
         self.alpha = float(alpha)
         self.max_extra_length = int(max_extra_length)
@@ -119,17 +119,26 @@ class Translator(tf.Module):
 
     # ------------------------------------------------------------------ graph pieces
 
-    def _source_ids(self, text):
+    def _tokenizer(self):
+        """A tensorflow-text SentencePiece tokenizer built in the graph being traced.
+
+        Its resource belongs to the graph's own kernel. One created eagerly would belong to the
+        eager context and vanish when TensorFlow clears its kernel cache (`tf.random.set_seed`,
+        hence `keras.utils.set_random_seed`, does), breaking the traced function.
+        """
+        return tf_text.SentencepieceTokenizer(model=self._spm_proto, out_type=tf.int32)
+
+    def _source_ids(self, tokenizer, text):
         """tf.string `[n]` -> int32 ragged `[n, (tokens)]`, each ending in EOS."""
         text = tf.strings.unicode_transcode(
             text, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
         )
-        tokens = self.tokenizer.tokenize(text)  # [n, (tokens)]
+        tokens = tokenizer.tokenize(text)  # [n, (tokens)]
         tokens = tokens[:, : self.max_source_length - 1]  # room for EOS
         eos = tf.fill([tokens.nrows(), 1], tf.constant(self.eos_id, tf.int32))
         return tf.concat([tokens, tf.RaggedTensor.from_tensor(eos)], axis=1)
 
-    def _decode_chunk(self, source):
+    def _decode_chunk(self, tokenizer, source):
         """Ragged int32 `[c, (tokens)]` -> (tf.string `[c]`, float32 `[c]`)."""
         source_ids = source.to_tensor(default_value=self.pad_id)  # [c, s_len]
         ids, scores = translate_ids(
@@ -146,11 +155,12 @@ class Translator(tf.Module):
         ids = tf.convert_to_tensor(ids)
         # Outputs hold tokens, EOS, then padding; only the tokens are text.
         keep = tf.logical_and(tf.not_equal(ids, self.pad_id), tf.not_equal(ids, self.eos_id))
-        text = self.tokenizer.detokenize(tf.ragged.boolean_mask(ids, keep))
+        text = tokenizer.detokenize(tf.ragged.boolean_mask(ids, keep))
         return tf.reshape(text, [-1]), tf.reshape(tf.convert_to_tensor(scores), [-1])
 
     def _translate(self, text):
-        source = self._source_ids(text)  # [n, (tokens)]
+        tokenizer = self._tokenizer()
+        source = self._source_ids(tokenizer, text)  # [n, (tokens)]
         n = source.nrows(out_type=tf.int32)
         # Similar lengths together: less padding per chunk.
         order = tf.argsort(source.row_lengths(), stable=True)  # [n]
@@ -160,7 +170,7 @@ class Translator(tf.Module):
 
         def body(i, texts, scores):
             start = i * chunk
-            part_text, part_scores = self._decode_chunk(source[start : start + chunk])
+            part_text, part_scores = self._decode_chunk(tokenizer, source[start : start + chunk])
             return i + 1, texts.write(i, part_text), scores.write(i, part_scores)
 
         texts = tf.TensorArray(tf.string, size=num_chunks, infer_shape=False, element_shape=[None])

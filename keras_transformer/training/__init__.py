@@ -1,17 +1,58 @@
-"""Training: loss, metrics, schedule, callbacks, strategies and `train(config)`."""
+"""Training: loss, metrics, schedule, callbacks, strategies and `train(config)`.
 
+Example:
+>>> from keras_transformer.config import load_config
+>>> from keras_transformer.training import train
+>>> result = train(load_config("configs/quickstart.yaml"))
+"""
+
+from keras_transformer.training.callbacks import (
+    DevEvaluator,
+    ResumeLogger,
+    StepCheckpoint,
+    StopAtStep,
+    TrainingSummaries,
+    evaluate_bleu,
+    list_checkpoints,
+    translate_sentences,
+)
+from keras_transformer.training.distribute import (
+    get_strategy,
+    is_chief,
+    resolve_jit_compile,
+)
 from keras_transformer.training.losses import MaskedSparseCrossEntropy, masked_token_cross_entropy
 from keras_transformer.training.metrics import MaskedAccuracy, Perplexity, TokenCount
 from keras_transformer.training.schedules import TransformerSchedule
-from keras_transformer.training.trainer import compile_model, make_optimizer
+from keras_transformer.training.trainer import (
+    compile_model,
+    make_optimizer,
+    resolve_workdir,
+    train,
+    workdir_paths,
+)
 
 __all__ = [
+    "DevEvaluator",
     "MaskedAccuracy",
     "MaskedSparseCrossEntropy",
     "Perplexity",
+    "ResumeLogger",
+    "StepCheckpoint",
+    "StopAtStep",
     "TokenCount",
+    "TrainingSummaries",
     "TransformerSchedule",
     "compile_model",
+    "evaluate_bleu",
+    "get_strategy",
+    "is_chief",
+    "list_checkpoints",
     "make_optimizer",
     "masked_token_cross_entropy",
+    "resolve_jit_compile",
+    "resolve_workdir",
+    "train",
+    "translate_sentences",
+    "workdir_paths",
 ]

@@ -73,15 +73,40 @@ class StepCheckpoint(keras.callbacks.Callback):
         self._save(optimizer_step(self.model))
 
 
-class StopAtStep(keras.callbacks.Callback):
-    """Stops `fit` once the optimizer has made `steps` updates (also after a resume)."""
+class ResumeLogger(keras.callbacks.Callback):
+    """Says where training starts (placed after `BackupAndRestore`, which restores the state)."""
 
-    def __init__(self, steps):
+    def on_train_begin(self, logs=None):
+        step = optimizer_step(self.model)
+        if step:
+            print(f"resuming from step {step} (restored from the backup)", flush=True)
+
+
+class StopAtStep(keras.callbacks.Callback):
+    """Stops `fit` once the optimizer has made `steps` updates (also after a resume), or once
+    `max_seconds` of wall-clock time have passed since this `fit` began (a time budget)."""
+
+    def __init__(self, steps, max_seconds=None):
         super().__init__()
         self.steps = int(steps)
+        self.max_seconds = max_seconds
+        self.out_of_time = False
+        self._start = None
+
+    def on_train_begin(self, logs=None):
+        self._start = time.monotonic()
 
     def on_train_batch_end(self, batch, logs=None):
         if optimizer_step(self.model) >= self.steps:
+            self.model.stop_training = True
+        elif self.max_seconds is not None and time.monotonic() - self._start >= self.max_seconds:
+            if not self.out_of_time:
+                print(
+                    f"time budget of {self.max_seconds / 60:g} minutes reached at step "
+                    f"{optimizer_step(self.model)}",
+                    flush=True,
+                )
+            self.out_of_time = True
             self.model.stop_training = True
 
 
@@ -97,13 +122,18 @@ class TrainingSummaries(keras.callbacks.Callback):
         logdir: TensorBoard log directory (the run's `WORKDIR/logs`).
         every: optimizer steps between writes.
         enabled: False on the non-chief workers.
+        total_steps: the run's length, shown in the printed lines.
+        print_lines: also print one progress line per write (for logs, where Keras' progress
+            bar is not shown).
     """
 
-    def __init__(self, logdir, every=100, enabled=True):
+    def __init__(self, logdir, every=100, enabled=True, total_steps=None, print_lines=False):
         super().__init__()
         self.logdir = logdir
         self.every = max(1, int(every))
         self.enabled = enabled
+        self.total_steps = total_steps
+        self.print_lines = print_lines
         self._writer = None
         self._last = None  # (time, tokens) at the last write
 
@@ -123,15 +153,26 @@ class TrainingSummaries(keras.callbacks.Callback):
         now, tokens = time.perf_counter(), float(logs.get("tokens", 0.0))
         last_time, last_tokens = self._last or (now, tokens)
         self._last = (now, tokens)
+        learning_rate = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+        speed = None
+        if now > last_time and tokens > last_tokens:
+            speed = (tokens - last_tokens) / (now - last_time)
         with self._get_writer().as_default(step=step):
             for key in ("loss", "accuracy", "perplexity"):
                 if key in logs:
                     tf.summary.scalar(key, float(logs[key]))
-            learning_rate = self.model.optimizer.learning_rate
-            tf.summary.scalar("learning_rate", float(keras.ops.convert_to_numpy(learning_rate)))
-            if now > last_time and tokens > last_tokens:
-                tf.summary.scalar("tokens_per_second", (tokens - last_tokens) / (now - last_time))
+            tf.summary.scalar("learning_rate", learning_rate)
+            if speed is not None:
+                tf.summary.scalar("tokens_per_second", speed)
         self._writer.flush()
+        if self.print_lines:
+            total = f"/{self.total_steps}" if self.total_steps else ""
+            print(
+                f"step {step}{total}: loss {float(logs.get('loss', float('nan'))):.4f}, "
+                f"accuracy {float(logs.get('accuracy', float('nan'))):.4f}, "
+                f"lr {learning_rate:.2e}" + (f", {speed:,.0f} tokens/s" if speed else ""),
+                flush=True,
+            )
 
     def on_train_end(self, logs=None):
         if self._writer is not None:
@@ -172,8 +213,10 @@ def translate_sentences(
     key = (id(model), beam_size, alpha, max_extra_length)
     cache = _cache if _cache is not None else {}
     if key not in cache:
-        cache[key] = tf.function(
-            lambda ids: translate_ids(
+        # translate_ids has no tensor-dependent Python control flow: no AutoGraph needed.
+        @tf.autograph.experimental.do_not_convert
+        def decode_batch(ids):
+            output_ids, _ = translate_ids(
                 model,
                 ids,
                 beam_size=beam_size,
@@ -182,8 +225,10 @@ def translate_sentences(
                 bos_id=tokenizer.bos_id,
                 eos_id=tokenizer.eos_id,
                 max_length=data_config.max_target_length,
-            )[0],
-        )
+            )
+            return output_ids
+
+        cache[key] = tf.function(decode_batch)
     decode = cache[key]
     batch_size = min(batch_size, len(sources))
     ragged = _source_batch(tokenizer, sources, data_config.max_source_length, tokenizer.eos_id)

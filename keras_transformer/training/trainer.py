@@ -13,10 +13,12 @@ from keras_transformer.config import save_config
 from keras_transformer.models import build_transformer
 from keras_transformer.training.callbacks import (
     DevEvaluator,
+    ResumeLogger,
     StepCheckpoint,
     StopAtStep,
     TrainingSummaries,
     evaluate_bleu,
+    list_checkpoints,
     optimizer_step,
 )
 from keras_transformer.training.distribute import get_strategy, is_chief, resolve_jit_compile
@@ -128,6 +130,19 @@ def _export(model, tokenizer, config):
     )
 
 
+def _maybe_average(model, directory, count):
+    """Averages the last `count` checkpoints into `model` (the paper's final models); returns
+    how many were averaged (1: the model is left as trained)."""
+    checkpoints = list_checkpoints(directory)[-count:]
+    if count <= 1 or len(checkpoints) < 2:
+        return 1
+    from keras_transformer.evaluation import average_checkpoints
+
+    average_checkpoints(model, [path for _, path in checkpoints])
+    print(f"averaged the last {len(checkpoints)} checkpoints", flush=True)
+    return len(checkpoints)
+
+
 def _print_summary(result):
     lines = [f"Finished {result['name']} at step {result['step']}."]
     for split in ("dev", "test"):
@@ -192,7 +207,16 @@ def train(config):
     dev_pairs = read_pairs(config.data.dev) if config.data.dev else []
     test_pairs = read_pairs(config.data.test) if config.data.test else []
     tokenizer = get_or_train_tokenizer(config.data, pairs, workdir)
-    dataset = make_dataset(pairs, tokenizer, config.data, training=True)
+    # data.tokens_per_batch is per replica; the strategy splits each global batch evenly.
+    replicas = strategy.num_replicas_in_sync
+    dataset = make_dataset(
+        pairs,
+        tokenizer,
+        config.data,
+        training=True,
+        tokens_per_batch=config.data.tokens_per_batch * replicas,
+        batch_multiple=replicas,
+    )
 
     jit_compile = resolve_jit_compile(config.runtime.jit_compile, strategy)
     with strategy.scope():
@@ -208,15 +232,25 @@ def train(config):
 
     # Keras counts batches; the config counts optimizer updates.
     accumulation = t.gradient_accumulation_steps
+    tty = sys.stdout.isatty()
     epochs = math.ceil(t.steps / t.steps_per_epoch)
+    stopper = StopAtStep(t.steps, None if t.max_minutes is None else t.max_minutes * 60)
     callbacks = [
+        # double_checkpoint: a kill in the middle of writing the backup leaves the previous one
+        # to restore from (the write is not atomic).
         keras.callbacks.BackupAndRestore(
-            paths["backup"], save_freq=t.checkpoint_every * accumulation, delete_checkpoint=False
+            paths["backup"],
+            save_freq=t.checkpoint_every * accumulation,
+            double_checkpoint=True,
+            delete_checkpoint=False,
         ),
+        ResumeLogger(),
         keras.callbacks.TerminateOnNaN(),
-        StopAtStep(t.steps),
+        stopper,
         StepCheckpoint(paths["checkpoints"], t.checkpoint_every, t.keep_checkpoints, chief),
-        TrainingSummaries(paths["logs"], t.log_every, chief),
+        TrainingSummaries(
+            paths["logs"], t.log_every, chief, total_steps=t.steps, print_lines=chief and not tty
+        ),
     ]
     if dev_pairs:
         callbacks.append(
@@ -238,20 +272,25 @@ def train(config):
         epochs=epochs,
         steps_per_epoch=t.steps_per_epoch * accumulation,
         callbacks=callbacks,
-        # A live progress bar in a terminal, one line per epoch in logs.
-        verbose=1 if sys.stdout.isatty() else 2,
+        # A live progress bar in a terminal; in logs, one line per epoch (and TrainingSummaries'
+        # lines every log_every steps).
+        verbose=1 if tty else 2,
+        shuffle=False,  # make_dataset shuffles
     )
     step = optimizer_step(model)
-    if step < t.steps:
+    if step < t.steps and not stopper.out_of_time:
         raise RuntimeError(f"training stopped at step {step} of {t.steps} (NaN loss?)")
     train_seconds = time.time() - started
+    averaged = _maybe_average(model, paths["checkpoints"], config.export.average_checkpoints)
 
     result = {
         "name": config.name,
         "step": step,
+        "stopped_by_time_budget": stopper.out_of_time,
         "beam_size": config.decode.beam_size,
         "train_seconds": round(train_seconds, 1),
         "checkpoints": paths["checkpoints"],
+        "averaged_checkpoints": averaged,
         "logs": paths["logs"],
     }
     decode_kwargs = dict(
