@@ -6,7 +6,9 @@ Usage (from the repository root, PYTHONPATH=$PWD):
 
 Keys (all optional): the shapes of ../shared/bench/README.md (vocab, d, layers, heads, ff, batch,
 src, tgt, steps), `xla` (true | false | "auto": the library's per-device default), `dtype` (a Keras
-dtype policy, default float32), `peak_gflops` (to print MFU).
+dtype policy, default float32), `peak_gflops` (to print MFU). A/B candidates (ab_train.py):
+`metrics` (false: none), `loss` ("dense": Keras's categorical cross-entropy on one-hot targets),
+`optimizer` ("keras": keras.optimizers.Adam instead of the library's FusedAdam).
 
 The model is built and compiled exactly as `keras-transformer train` does (build_transformer,
 training.trainer.compile_model: the library's loss, metrics, Adam and learning-rate schedule).
@@ -73,8 +75,8 @@ def build_and_compile(cfg):
         loss, optimizer = model.loss, model.optimizer
         if cfg.get("loss") == "dense":
             loss = DenseSmoothedLoss()
-        if cfg.get("optimizer") == "fused":
-            optimizer = FusedAdam(
+        if cfg.get("optimizer") == "keras":
+            optimizer = keras.optimizers.Adam(
                 learning_rate=optimizer._learning_rate, beta_1=0.9, beta_2=0.98, epsilon=1e-9
             )
         metrics = None if cfg.get("metrics") is False else model._compile_metrics._user_metrics
@@ -94,26 +96,6 @@ class DenseSmoothedLoss(keras.losses.Loss):
         vocab = y_pred.shape[-1]
         target = keras.ops.one_hot(y_true, vocab) * 0.9 + 0.1 / vocab
         return keras.ops.categorical_crossentropy(target, y_pred, from_logits=True)
-
-
-class FusedAdam(keras.optimizers.Adam):
-    def update_step(self, gradient, variable, learning_rate):
-        m = self._momentums[self._get_variable_index(variable)]
-        v = self._velocities[self._get_variable_index(variable)]
-        dtype = variable.dtype
-        step = tf.cast(self.iterations + 1, dtype)
-        tf.raw_ops.ResourceApplyAdam(
-            var=variable.handle,
-            m=m.value.handle,
-            v=v.value.handle,
-            beta1_power=tf.pow(tf.cast(self.beta_1, dtype), step),
-            beta2_power=tf.pow(tf.cast(self.beta_2, dtype), step),
-            lr=tf.cast(learning_rate, dtype),
-            beta1=tf.cast(self.beta_1, dtype),
-            beta2=tf.cast(self.beta_2, dtype),
-            epsilon=tf.cast(self.epsilon, dtype),
-            grad=tf.cast(gradient, dtype),
-        )
 
 
 class _StepTimer(keras.callbacks.Callback):

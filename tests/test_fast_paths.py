@@ -2,7 +2,8 @@
 
 The fast paths (benchmarks/README.md explains why each is the default): fused query/key/value
 projections, einsum attention logits, per-layer (keys, values) decoding caches written by
-scatter, the fused softmax-cross-entropy loss and the argmax-free accuracy.
+scatter, the fused softmax-cross-entropy loss (gradient formed in the forward pass, per-token
+statistics handed to the metrics), the argmax-free accuracy and the one-kernel Adam update.
 """
 
 import keras
@@ -12,11 +13,19 @@ import tensorflow as tf
 from keras import ops
 
 from keras_transformer.decoding import translate_ids
-from keras_transformer.layers import MultiHeadAttention, scaled_dot_product_attention
+from keras_transformer.layers import (
+    LayerNormalization,
+    MultiHeadAttention,
+    scaled_dot_product_attention,
+)
 from keras_transformer.layers import attention as attention_module
+from keras_transformer.layers import normalization as normalization_module
 from keras_transformer.models import Transformer
-from keras_transformer.training.losses import masked_token_cross_entropy
-from keras_transformer.training.metrics import MaskedAccuracy
+from keras_transformer.training import losses as losses_module
+from keras_transformer.training import metrics as metrics_module
+from keras_transformer.training.losses import MaskedSparseCrossEntropy, masked_token_cross_entropy
+from keras_transformer.training.metrics import MaskedAccuracy, Perplexity
+from keras_transformer.training.optimizers import FusedAdam
 
 ATOL = 1e-5
 
@@ -236,3 +245,175 @@ def test_perplexity_equals_exp_of_mean_nll():
     real = labels != 0
     expected = np.exp((nll * real).sum() / real.sum())
     np.testing.assert_allclose(float(metric.result()), expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("mode", ["eager", "graph", "xla"])
+def test_fused_loss_equals_straightforward_form(monkeypatch, smoothing, mode):
+    """Value and gradient of the fused TF loss equal the keras.ops one-hot form's, eagerly, in a
+    tf.function (the in-place label subtraction) and under XLA (the scatter)."""
+    logits_np = rand((3, 5, 18), 6) * 4  # vocab 18: viewed as [tokens * 9, 2] in place
+    labels = np.random.default_rng(7).integers(0, 18, (3, 5)).astype("int32")
+    labels[1, 3:] = 0
+
+    def value_and_grad(logits):
+        with tf.GradientTape() as tape:
+            tape.watch(logits)
+            value = MaskedSparseCrossEntropy(label_smoothing=smoothing)(labels, logits)
+        return value, tape.gradient(value, logits)
+
+    def run(fused):
+        monkeypatch.setattr(losses_module, "FUSED_LOSS", fused)
+        fn = value_and_grad
+        if mode != "eager":
+            fn = tf.function(value_and_grad, jit_compile=mode == "xla")
+        value, grad = fn(tf.constant(logits_np))
+        return float(value), np.asarray(grad)
+
+    fused_value, fused_grad = run(True)
+    plain_value, plain_grad = run(False)
+    np.testing.assert_allclose(fused_value, plain_value, rtol=1e-6)
+    np.testing.assert_allclose(fused_grad, plain_grad, atol=1e-7)
+
+
+def test_loss_statistics_equal_formula():
+    """The statistics the loss leaves for the metrics: label logit, row maximum, logsumexp."""
+    logits = rand((2, 4, 23), 8) * 5
+    labels = np.random.default_rng(9).integers(1, 23, (2, 4)).astype("int32")
+    loss = MaskedSparseCrossEntropy(label_smoothing=0.1)
+    labels_t, logits_t = tf.constant(labels), tf.constant(logits)
+    loss(labels_t, logits_t)
+    stats = losses_module.token_statistics(labels_t, logits_t)
+    assert stats is not None
+    np.testing.assert_allclose(
+        np.asarray(stats["label_logit"]), np.take_along_axis(logits, labels[..., None], -1)[..., 0]
+    )
+    np.testing.assert_allclose(np.asarray(stats["max_logit"]), logits.max(-1))
+    lse = np.log(np.exp(logits.astype("float64")).sum(-1))
+    np.testing.assert_allclose(np.asarray(stats["logsumexp"]), lse, rtol=1e-6)
+    # Only for exactly those tensors: other logits get None, and the metrics compute their own.
+    assert losses_module.token_statistics(labels_t, tf.constant(logits)) is None
+
+
+def test_metrics_leave_the_logits_to_the_loss():
+    """In a traced step, loss + accuracy + perplexity read the logits only in the loss (so the
+    softmax may take the logits' buffer), and the metric values equal those from the logits."""
+    logits = rand((4, 6, 31), 10) * 3
+    labels = np.random.default_rng(11).integers(0, 31, (4, 6)).astype("int32")
+    loss, accuracy, perplexity = MaskedSparseCrossEntropy(0.1), MaskedAccuracy(), Perplexity()
+
+    @tf.function
+    def step(y_true, y_pred):
+        value = loss(y_true, y_pred)
+        accuracy.update_state(y_true, y_pred)
+        perplexity.update_state(y_true, y_pred)
+        return value
+
+    step(labels, logits)
+    graph = step.get_concrete_function(tf.constant(labels), tf.constant(logits)).graph
+    readers = [op.name for op in graph.inputs[1].consumers()]
+    assert readers and all(name.startswith("masked_sparse_cross_entropy/") for name in readers), (
+        readers
+    )
+    reference_accuracy, reference_perplexity = MaskedAccuracy(), Perplexity()
+    reference_accuracy.update_state(labels, logits)  # no loss ran: computed from the logits
+    reference_perplexity.update_state(labels, logits)
+    np.testing.assert_allclose(float(accuracy.result()), float(reference_accuracy.result()))
+    np.testing.assert_allclose(
+        float(perplexity.result()), float(reference_perplexity.result()), rtol=1e-6
+    )
+
+
+def test_fit_metrics_use_the_loss_statistics(monkeypatch):
+    """model.evaluate with the library's loss and metrics: the metrics take the loss's statistics
+    and report what the logits give."""
+    hits = []
+    original = metrics_module.token_statistics
+
+    def counting(y_true, y_pred):
+        stats = original(y_true, y_pred)
+        hits.append(stats is not None)
+        return stats
+
+    monkeypatch.setattr(metrics_module, "token_statistics", counting)
+    keras.utils.set_random_seed(3)
+    model = tiny_model(dropout=0.0)
+    model.compile(
+        optimizer="sgd",
+        loss=MaskedSparseCrossEntropy(0.1),
+        metrics=[MaskedAccuracy(), Perplexity()],
+        jit_compile=False,
+    )
+    src = np.random.default_rng(0).integers(1, 40, (8, 6)).astype("int32")
+    tgt = np.random.default_rng(1).integers(1, 40, (8, 5)).astype("int32")
+    tgt[:, 4:] = 0
+    inputs = {"source_ids": src, "target_ids": tgt}
+    result = model.evaluate(inputs, tgt, batch_size=8, verbose=0, return_dict=True)
+    assert hits and all(hits)
+    logits = model.predict(inputs, batch_size=8, verbose=0)
+    expected = MaskedAccuracy(), Perplexity()
+    for metric in expected:
+        metric.update_state(tgt, logits)
+    np.testing.assert_allclose(result["accuracy"], float(expected[0].result()), atol=1e-6)
+    np.testing.assert_allclose(result["perplexity"], float(expected[1].result()), rtol=1e-5)
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_fused_adam_equals_keras_adam(jit_compile):
+    """Three steps of the one-kernel Adam equal keras.optimizers.Adam's (paper settings,
+    a learning-rate schedule, global-norm clipping)."""
+    shapes = [(7, 5), (5,), (3, 2, 4)]
+    grads = [[rand(s, 20 + 3 * i + j) for j, s in enumerate(shapes)] for i in range(3)]
+
+    def run(cls):
+        variables = [keras.Variable(rand(s, 40 + j)) for j, s in enumerate(shapes)]
+        schedule = keras.optimizers.schedules.ExponentialDecay(1e-2, 1, 0.5)
+        optimizer = cls(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9, global_clipnorm=2.0)
+        optimizer.build(variables)
+
+        @tf.function(jit_compile=jit_compile)
+        def apply(step_grads):
+            optimizer.apply(step_grads, variables)
+
+        for step_grads in grads:
+            apply([tf.constant(g) for g in step_grads])
+        return [np.asarray(v) for v in variables], optimizer
+
+    fused, fused_optimizer = run(FusedAdam)
+    plain, _ = run(keras.optimizers.Adam)
+    for a, b in zip(fused, plain):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    assert int(fused_optimizer.iterations) == 3
+    restored = keras.optimizers.deserialize(keras.optimizers.serialize(fused_optimizer))
+    assert isinstance(restored, FusedAdam) and restored.beta_2 == 0.98
+
+
+@pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
+def test_layer_norm_equals_keras_layer_norm(monkeypatch, dtype):
+    """Output and gradients (input, gamma, beta) of the hand-written LayerNorm equal Keras's."""
+    x = rand((3, 5, 16), 12) * 3 + 1
+    upstream = rand((3, 5, 16), 13)
+
+    def run(fused):
+        monkeypatch.setattr(normalization_module, "FUSED_LAYER_NORM", fused)
+        layer = LayerNormalization(epsilon=1e-6, dtype=dtype)
+        layer.build(x.shape)
+        layer.gamma.assign(rand((16,), 14) + 1)
+        layer.beta.assign(rand((16,), 15))
+        xt = tf.constant(x)
+        with tf.GradientTape() as tape:
+            tape.watch(xt)
+            out = tf.cast(layer(xt), "float32")
+            total = tf.reduce_sum(out * upstream)
+        grads = tape.gradient(total, [xt, layer.gamma.value, layer.beta.value])
+        return np.asarray(out), [np.asarray(g) for g in grads]
+
+    fused_out, fused_grads = run(True)
+    plain_out, plain_grads = run(False)
+    tol = ATOL if dtype == "float32" else 2e-2
+    np.testing.assert_allclose(fused_out, plain_out, atol=tol)
+    for a, b in zip(fused_grads, plain_grads):
+        np.testing.assert_allclose(a, b, atol=tol * 10, rtol=tol)
+    assert isinstance(
+        keras.layers.deserialize(keras.layers.serialize(LayerNormalization())), LayerNormalization
+    )

@@ -10,8 +10,10 @@ from keras_transformer.layers.embedding import (
 from keras_transformer.layers.encoder import TransformerEncoder, TransformerEncoderBlock
 from keras_transformer.layers.feed_forward import PositionwiseFeedForward
 from keras_transformer.layers.masks import causal_mask, padding_mask
+from keras_transformer.layers.normalization import LayerNormalization
 
 __all__ = [
+    "LayerNormalization",
     "MultiHeadAttention",
     "PositionwiseFeedForward",
     "SinusoidalPositionalEncoding",

@@ -5,6 +5,7 @@ import keras
 from keras_transformer.layers.attention import MultiHeadAttention
 from keras_transformer.layers.feed_forward import PositionwiseFeedForward
 from keras_transformer.layers.masks import key_padding_mask
+from keras_transformer.layers.normalization import LayerNormalization
 
 
 def head_size(d_model, num_heads):
@@ -53,7 +54,7 @@ class _BlockBase(keras.layers.Layer):
         )
 
     def _norm(self, name):
-        return keras.layers.LayerNormalization(
+        return LayerNormalization(
             epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
         )
 
@@ -222,7 +223,7 @@ class _StackBase(keras.layers.Layer):
         # Pre-norm stacks end with a LayerNorm so the output is normalised like the post-norm one.
         self.final_norm = None
         if self.block_kwargs["norm_first"]:
-            self.final_norm = keras.layers.LayerNormalization(
+            self.final_norm = LayerNormalization(
                 epsilon=self.block_kwargs["layer_norm_epsilon"],
                 dtype=self.dtype_policy,
                 name="final_norm",

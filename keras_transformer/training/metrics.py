@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from keras_transformer.training.losses import token_statistics
+
 
 class _MaskedMean(keras.metrics.Metric):
     """Running mean of a per-token value over the non-padding tokens."""
@@ -44,11 +46,16 @@ class MaskedAccuracy(_MaskedMean):
         super().__init__(pad_id=pad_id, name=name, dtype=dtype)
 
     def _values(self, y_true, y_pred):
-        y_true = ops.cast(y_true, "int32")
         # A hit: the label's logit is the largest. Cheaper than ops.argmax, which adds four
         # passes over [batch, length, vocab] for its -0.0 handling (differs only on exact ties).
-        label_logit = ops.take_along_axis(y_pred, ops.expand_dims(y_true, -1), axis=-1)[..., 0]
-        hits = ops.cast(ops.greater_equal(label_logit, ops.max(y_pred, axis=-1)), "float32")
+        statistics = token_statistics(y_true, y_pred)  # computed by the loss, if it ran
+        y_true = ops.cast(y_true, "int32")
+        if statistics is not None:
+            label_logit, max_logit = statistics["label_logit"], statistics["max_logit"]
+        else:
+            label_logit = ops.take_along_axis(y_pred, ops.expand_dims(y_true, -1), axis=-1)
+            label_logit, max_logit = label_logit[..., 0], ops.max(y_pred, axis=-1)
+        hits = ops.cast(ops.greater_equal(label_logit, max_logit), "float32")
         return hits, ops.cast(ops.not_equal(y_true, self.pad_id), "float32")
 
 
@@ -67,10 +74,14 @@ class Perplexity(_MaskedMean):
     def _values(self, y_true, y_pred):
         # -log p(label) = logsumexp - label logit: forward only (a metric has no gradient), so
         # no softmax-cross-entropy backprop buffer of the logits' size is made.
+        statistics = token_statistics(y_true, y_pred)  # computed by the loss, if it ran
         y_true = ops.cast(y_true, "int32")
-        y_pred = ops.cast(y_pred, "float32")
-        label_logit = ops.take_along_axis(y_pred, ops.expand_dims(y_true, -1), axis=-1)[..., 0]
-        nll = ops.logsumexp(y_pred, axis=-1) - label_logit
+        if statistics is not None:
+            nll = statistics["logsumexp"] - statistics["label_logit"]
+        else:
+            y_pred = ops.cast(y_pred, "float32")
+            label_logit = ops.take_along_axis(y_pred, ops.expand_dims(y_true, -1), axis=-1)
+            nll = ops.logsumexp(y_pred, axis=-1) - label_logit[..., 0]
         return nll, ops.cast(ops.not_equal(y_true, self.pad_id), "float32")
 
     def result(self):
