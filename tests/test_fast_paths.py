@@ -417,3 +417,57 @@ def test_layer_norm_equals_keras_layer_norm(monkeypatch, dtype):
     assert isinstance(
         keras.layers.deserialize(keras.layers.serialize(LayerNormalization())), LayerNormalization
     )
+
+
+def _graph_op_types(concrete):
+    graph_def = concrete.graph.as_graph_def()
+    types = {node.op for node in graph_def.node}
+    for function in graph_def.library.function:
+        types |= {node.op for node in function.node_def}
+    return types
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_inplace_cache_writes_equal_scatter_writes(monkeypatch, beam_size):
+    """translate_ids writes its caches in place (InplaceUpdate in the traced loop): the same ids
+    and scores as the copying scatter, also on a second call of the same function (no constant
+    or reused input was overwritten)."""
+    keras.utils.set_random_seed(5)
+    model = tiny_model()
+    src = np.random.default_rng(6).integers(4, 40, (3, 7)).astype("int32")
+    src[1, 5:] = 0
+
+    def decoder():
+        return tf.function(
+            lambda s: translate_ids(model, s, beam_size=beam_size, max_extra_length=6)
+        )
+
+    fast = decoder()
+    first, second = fast(src), fast(src)
+    assert "InplaceUpdate" in _graph_op_types(fast.get_concrete_function(tf.constant(src)))
+    monkeypatch.setattr(attention_module, "INPLACE_CACHE_WRITES", False)
+    plain = decoder()
+    assert "InplaceUpdate" not in _graph_op_types(plain.get_concrete_function(tf.constant(src)))
+    ref_ids, ref_scores = plain(src)
+    for ids, scores in (first, second):
+        np.testing.assert_array_equal(np.asarray(ids), np.asarray(ref_ids))
+        np.testing.assert_allclose(np.asarray(scores), np.asarray(ref_scores), atol=1e-5)
+
+
+def test_decode_step_leaves_the_callers_cache_alone():
+    """Outside translate_ids, decode_step is functional: the cache passed in is unchanged."""
+    keras.utils.set_random_seed(5)
+    model = tiny_model()
+    src = tf.constant(np.random.default_rng(6).integers(4, 40, (2, 5)).astype("int32"))
+
+    @tf.function
+    def step(source_ids):
+        memory, mask = model.encode(source_ids)
+        cache = model.init_cache(memory, 6, stacked=False)
+        before = cache["self_attention"][0][0]
+        _, new_cache = model.decode_step(tf.fill([2, 1], 1), 0, cache, mask)
+        return before, new_cache["self_attention"][0][0]
+
+    before, after = step(src)
+    assert not np.asarray(before).any()  # still zeros
+    assert np.asarray(after)[:, :, 0].any()  # position 0 written in the new cache

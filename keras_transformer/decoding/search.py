@@ -23,6 +23,8 @@ References:
 import keras
 from keras import ops
 
+from keras_transformer.layers.attention import fresh_zeros, inplace_cache_writes
+
 # A finite "minus infinity": sums of a few of these stay finite in float32 (no inf - inf = NaN),
 # and anything below HALF_NEG_INF is treated as impossible.
 NEG_INF = -1.0e9
@@ -407,6 +409,12 @@ def translate_ids(
     if use_cache:
         # Per-layer (keys, values) pairs: the fast cache form (no per-step slicing).
         cache = model.init_cache(encoder_output, buffer, stacked=False)
+        # The search owns these caches, so each step's keys/values are written into them in
+        # place (inplace_cache_writes below): they must start as buffers of their own.
+        cache["self_attention"] = [
+            tuple(fresh_zeros(ops.shape(t), t.dtype) for t in pair)
+            for pair in cache["self_attention"]
+        ]
         cross_attention = keras.tree.map_structure(
             lambda x: expand_to_beams(x, k), cache["cross_attention"]
         )  # per layer ([batch * k, h, s, d], [batch * k, h, s, d])
@@ -429,23 +437,24 @@ def translate_ids(
             logits = ops.take(logits, ops.reshape(index, (1,)), axis=1)[:, 0]
             return to_log_probs(logits), unused
 
-    if k == 1:
-        return greedy_search(
+    with inplace_cache_writes():  # the loop is traced here; only our own caches are written
+        if k == 1:
+            return greedy_search(
+                step_fn,
+                initial_ids,
+                initial_state,
+                buffer,
+                eos_id=eos_id,
+                alpha=alpha,
+                max_lengths=caps,
+            )
+        return beam_search(
             step_fn,
             initial_ids,
             initial_state,
-            buffer,
-            eos_id=eos_id,
+            beam_size=k,
+            max_length=buffer,
             alpha=alpha,
+            eos_id=eos_id,
             max_lengths=caps,
         )
-    return beam_search(
-        step_fn,
-        initial_ids,
-        initial_state,
-        beam_size=k,
-        max_length=buffer,
-        alpha=alpha,
-        eos_id=eos_id,
-        max_lengths=caps,
-    )

@@ -1,9 +1,13 @@
 """Scaled dot-product attention and multi-head attention with a fixed-size key/value cache."""
 
+import contextlib
 import math
+import threading
 
 import keras
 from keras import ops
+
+from keras_transformer.tf_utils import in_xla_context
 
 # Logit given to forbidden keys; the softmax runs in float32, where it is finite.
 _MASKED_LOGIT = -1e9
@@ -63,9 +67,13 @@ def _write_at(cache, update, index):
 
     One new position (the usual decoding step) is scattered in (`CACHE_WRITE`): in a TF graph
     `slice_update` runs as a separately compiled XLA kernel per call and costs several times
-    more (benchmarks/README.md). Longer updates (a prefix) use `slice_update`.
+    more (benchmarks/README.md). Inside `inplace_cache_writes()` (TF graphs outside XLA), it is
+    written into the cache's own buffer instead: a scatter copies the whole cache. Longer updates
+    (a prefix) use `slice_update`.
     """
     update = ops.cast(update, cache.dtype)
+    if update.shape[2] == 1 and _inplace_writes_allowed():
+        return _tf_write_in_place(cache, update, index)
     if update.shape[2] == 1 and CACHE_WRITE == "scatter":
         b, h, d = ops.shape(cache)[0], ops.shape(cache)[1], ops.shape(cache)[3]
         rows = ops.repeat(ops.arange(b, dtype="int32"), h)  # [b * h]
@@ -79,9 +87,66 @@ def _write_at(cache, update, index):
     return ops.slice_update(cache, [0, 0, index, 0], update)
 
 
+_INPLACE = threading.local()
+
+
+@contextlib.contextmanager
+def inplace_cache_writes():
+    """Decoding-cache writes traced inside update the cache's buffer instead of copying it.
+
+    For callers that own their caches, as `decoding.translate_ids` does: the cache passed to
+    `decode_step` is then changed in place, so it must not be read again, and it must be a tensor
+    of its own, never a constant (`fresh_zeros` makes one). TensorFlow graphs only; eagerly,
+    under XLA and on other backends writes are unchanged. At the base shapes the scatter's copy
+    of the cache was 22% of beam-4 decoding time (benchmarks/README.md).
+    """
+    previous = getattr(_INPLACE, "on", False)
+    _INPLACE.on = True
+    try:
+        yield
+    finally:
+        _INPLACE.on = previous
+
+
+def fresh_zeros(shape, dtype):
+    """Zeros in a buffer of their own that graph optimizers never turn into a constant (TF's
+    `Empty` op is marked do-not-optimize); `ops.zeros` on other backends."""
+    if keras.backend.backend() != "tensorflow":
+        return ops.zeros(shape, dtype=dtype)
+    import tensorflow as tf
+
+    shape = tf.stack([tf.cast(s, tf.int32) for s in shape])
+    return tf.raw_ops.Empty(shape=shape, dtype=tf.as_dtype(dtype), init=True)
+
+
+def _inplace_writes_allowed():
+    if not INPLACE_CACHE_WRITES or not getattr(_INPLACE, "on", False):
+        return False
+    if keras.backend.backend() != "tensorflow":
+        return False
+    import tensorflow as tf
+
+    return not tf.executing_eagerly() and not in_xla_context()
+
+
+def _tf_write_in_place(cache, update, index):
+    """`InplaceUpdate` of rows `(b * h + head) * max_len + index` of the cache as `[-1, d]`."""
+    import tensorflow as tf
+
+    shape = tf.shape(cache)
+    b, h, length, d = shape[0], shape[1], shape[2], shape[3]
+    rows = tf.range(b * h) * length + tf.cast(index, tf.int32)
+    out = tf.raw_ops.InplaceUpdate(
+        x=tf.reshape(cache, [-1, d]), i=rows, v=tf.reshape(update, [b * h, d])
+    )
+    return tf.reshape(out, shape)
+
+
 # How one decoding step is written into a (keys, values) cache: "scatter" (default: the fewest
 # bytes moved), "where" (a blend over the cache) or "slice" (slice_update); all give equal caches.
 CACHE_WRITE = "scatter"
+# False: `inplace_cache_writes()` has no effect (the copying writes above; for tests and A/B runs).
+INPLACE_CACHE_WRITES = True
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

@@ -5,6 +5,8 @@ import threading
 import keras
 from keras import ops
 
+from keras_transformer.tf_utils import in_xla_context
+
 
 def masked_token_cross_entropy(labels, logits, label_smoothing=0.0, pad_id=0):
     """Per-token cross-entropy against label-smoothed targets, and the non-padding mask.
@@ -201,7 +203,7 @@ def _subtract_at_labels(values, labels, amount):
 
     tokens = tf.shape(labels)[0]
     vocab = values.shape[-1]
-    if vocab is None or _in_xla_context():
+    if vocab is None or in_xla_context():
         index = tf.stack([tf.range(tokens), labels], axis=1)
         return tf.tensor_scatter_nd_sub(values, index, tf.fill([tokens], amount))
     k = next(k for k in (8, 4, 2, 1) if vocab % k == 0)
@@ -209,13 +211,3 @@ def _subtract_at_labels(values, labels, amount):
     updates = tf.one_hot(labels % k, k, on_value=amount, off_value=0.0, dtype=values.dtype)
     out = tf.raw_ops.InplaceSub(x=tf.reshape(values, [-1, k]), i=rows, v=updates)
     return tf.reshape(out, tf.shape(values))
-
-
-def _in_xla_context():
-    """True while tracing a function XLA will compile (`jit_compile=True`)."""
-    try:
-        from tensorflow.python.framework import ops as tf_ops
-        from tensorflow.python.ops import control_flow_util
-    except ImportError:  # internal modules moved: the scatter is always correct
-        return True
-    return bool(control_flow_util.GraphOrParentsInXlaContext(tf_ops.get_default_graph()))
