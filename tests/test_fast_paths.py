@@ -3,7 +3,8 @@
 The fast paths (benchmarks/README.md explains why each is the default): fused query/key/value
 projections, einsum attention logits, per-layer (keys, values) decoding caches written by
 scatter, the fused softmax-cross-entropy loss (gradient formed in the forward pass, per-token
-statistics handed to the metrics), the argmax-free accuracy and the one-kernel Adam update.
+statistics handed to the metrics), the argmax-free accuracy, the one-kernel Adam update, the
+LayerNorm with a hand-written gradient and the in-place decoding-cache writes of translate_ids.
 """
 
 import keras
