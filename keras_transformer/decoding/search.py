@@ -23,7 +23,7 @@ References:
 import keras
 from keras import ops
 
-from keras_transformer.layers.attention import fresh_zeros, inplace_cache_writes
+from keras_transformer.layers.attention import inplace_cache_writes
 
 # A finite "minus infinity": sums of a few of these stay finite in float32 (no inf - inf = NaN),
 # and anything below HALF_NEG_INF is treated as impossible.
@@ -408,13 +408,9 @@ def translate_ids(
     k = int(beam_size)
     if use_cache:
         # Per-layer (keys, values) pairs: the fast cache form (no per-step slicing).
+        # The search owns these caches (fresh buffers, see init_cache), so each step's
+        # keys/values are written into them in place (inplace_cache_writes below).
         cache = model.init_cache(encoder_output, buffer, stacked=False)
-        # The search owns these caches, so each step's keys/values are written into them in
-        # place (inplace_cache_writes below): they must start as buffers of their own.
-        cache["self_attention"] = [
-            tuple(fresh_zeros(ops.shape(t), t.dtype) for t in pair)
-            for pair in cache["self_attention"]
-        ]
         cross_attention = keras.tree.map_structure(
             lambda x: expand_to_beams(x, k), cache["cross_attention"]
         )  # per layer ([batch * k, h, s, d], [batch * k, h, s, d])

@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_transformer.layers.attention import fresh_zeros
 from keras_transformer.layers.decoder import TransformerDecoder
 from keras_transformer.layers.embedding import SinusoidalPositionalEncoding, TokenEmbedding
 from keras_transformer.layers.encoder import TransformerEncoder, head_size
@@ -247,9 +248,9 @@ class Transformer(keras.Model):
             shape = (batch, layers, 2, self.num_heads, max_length, self.head_dim)
             return {"self_attention": ops.zeros(shape, dtype=dtype), "cross_attention": cross}
         shape = (batch, self.num_heads, max_length, self.head_dim)
-        self_cache = [
-            (ops.zeros(shape, dtype=dtype), ops.zeros(shape, dtype=dtype)) for _ in range(layers)
-        ]
+        # Buffers of their own, never folded into graph constants: `translate_ids` writes them
+        # in place (layers.attention.inplace_cache_writes).
+        self_cache = [(fresh_zeros(shape, dtype), fresh_zeros(shape, dtype)) for _ in range(layers)]
         return {"self_attention": self_cache, "cross_attention": cross}
 
     def decode_step(self, target_ids, cache_index, cache, source_mask):
