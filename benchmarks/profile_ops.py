@@ -1,7 +1,9 @@
-"""Where a training step spends its time: TF profiler op statistics of a few `model.fit` steps.
+"""Where a training step (or a beam-4 decoding call) spends its time: TF profiler op statistics.
 
 Usage: python benchmarks/profile_ops.py '{"xla": false}' [top_n]
-Prints the `top_n` TensorFlow op types by total self time (a development aid, not a benchmark).
+       python benchmarks/profile_ops.py '{"decode": true, ...shapes}' [top_n]
+Prints the `top_n` TensorFlow op types by total self time, per training step or per decoding call
+(a development aid, not a benchmark).
 """
 
 import glob
@@ -22,13 +24,29 @@ from benchmarks.train_throughput import build_and_compile, make_dataset  # noqa:
 def main(argv):
     cfg = parse_shapes(argv)
     top_n = int(argv[2]) if len(argv) > 2 else 30
-    model, _ = build_and_compile(cfg)
-    ds = make_dataset(cfg)
-    model.fit(ds.take(1), verbose=0)
     logdir = tempfile.mkdtemp()
-    tf.profiler.experimental.start(logdir)
-    model.fit(ds.skip(1).take(cfg["steps"]), verbose=0)
-    tf.profiler.experimental.stop()
+    if cfg.get("decode"):
+        from benchmarks.decode_throughput import build_model, sources
+        from keras_transformer.decoding import translate_ids
+
+        model, src = build_model(cfg), sources(cfg)
+
+        @tf.function
+        def fn(s):
+            return translate_ids(model, s, beam_size=4, alpha=0.6, max_length=cfg["tgt"])
+
+        fn(src)[0].numpy()
+        cfg["steps"] = 1
+        tf.profiler.experimental.start(logdir)
+        fn(src)[0].numpy()
+        tf.profiler.experimental.stop()
+    else:
+        model, _ = build_and_compile(cfg)
+        ds = make_dataset(cfg)
+        model.fit(ds.take(1), verbose=0)
+        tf.profiler.experimental.start(logdir)
+        model.fit(ds.skip(1).take(cfg["steps"]), verbose=0)
+        tf.profiler.experimental.stop()
     path = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)[0]
     space = xplane_pb2.XSpace()
     with open(path, "rb") as f:

@@ -472,3 +472,60 @@ def test_decode_step_leaves_the_callers_cache_alone():
     before, after = step(src)
     assert not np.asarray(before).any()  # still zeros
     assert np.asarray(after)[:, :, 0].any()  # position 0 written in the new cache
+
+
+# ----------------------------------------------------------------------- output projection
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_decoding_output_kernel_equals_the_models_projection(tied):
+    """init_cache carries the pre-softmax projection as a [d_model, vocab] matrix; decode_step's
+    logits with it equal the full forward pass (tied embeddings and an untied Dense with bias)."""
+    keras.utils.set_random_seed(7)
+    model = tiny_model(tie_output_projection=tied)
+    src = np.random.default_rng(8).integers(4, 40, (2, 6)).astype("int32")
+    tgt = np.random.default_rng(9).integers(4, 40, (2, 4)).astype("int32")
+    full = np.asarray(model({"source_ids": src, "target_ids": tgt}, training=False))
+    if not tied:
+        model.output_projection.bias.assign(np.linspace(-1, 1, 40).astype("float32"))
+        full = np.asarray(model({"source_ids": src, "target_ids": tgt}, training=False))
+    memory, mask = model.encode(src)
+    cache = model.init_cache(memory, 4, stacked=False)
+    expected = (
+        np.asarray(model.target_embedding.embeddings).T
+        if tied
+        else np.asarray(model.output_projection.kernel)
+    )
+    np.testing.assert_array_equal(np.asarray(cache["output_kernel"]), expected)
+    for t in range(4):
+        logits, cache = model.decode_step(tgt[:, t : t + 1], t, cache, mask)
+        np.testing.assert_allclose(np.asarray(logits)[:, 0], full[:, t], atol=1e-4)
+
+
+def _loop_body_2d_transposes(concrete):
+    """Transposes with a 2-D permutation inside the functions of a traced graph (the while
+    loop's body among them), by function name."""
+    graph_def = concrete.graph.as_graph_def()
+    found = {}
+    for function in graph_def.library.function:
+        nodes = {node.name: node for node in function.node_def}
+        for node in function.node_def:
+            if node.op != "Transpose":
+                continue
+            perm = nodes.get(node.input[1].split(":")[0])
+            if perm is not None and perm.op == "Const":
+                if len(tf.make_ndarray(perm.attr["value"].tensor)) == 2:
+                    found.setdefault(function.signature.name, []).append(node.name)
+    return found
+
+
+def test_translate_loop_does_not_transpose_the_embedding_per_step():
+    """The tied embedding is transposed once per translate_ids call, outside the decoding loop:
+    no 2-D transpose is left in the traced loop body (before, one ran at every step)."""
+    model = tiny_model()
+    src = tf.constant(np.random.default_rng(6).integers(4, 40, (2, 5)).astype("int32"))
+    fn = tf.function(lambda s: translate_ids(model, s, beam_size=2, max_extra_length=3))
+    concrete = fn.get_concrete_function(src)
+    bodies = [f.signature.name for f in concrete.graph.as_graph_def().library.function]
+    assert any("body" in name for name in bodies)
+    assert not {k: v for k, v in _loop_body_2d_transposes(concrete).items() if "body" in k}
