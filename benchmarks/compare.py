@@ -10,6 +10,10 @@ Each round runs, one after the other: the Model Garden peer (training then beam-
 process), our `train_throughput.py`, our `decode_throughput.py`. `peak_matmul.py` runs once at the
 start, for MFU. The peer's peak memory is read from its own process at the moment it prints its
 training figure (so it covers model building and training, as ours does).
+
+Every process inherits this one's environment, so TensorFlow runtime settings apply to both sides
+alike; the summary records `TF_ENABLE_ONEDNN_OPTS` ("tf default" when unset: TensorFlow then
+decides per CPU; see benchmarks/README.md). E.g. `TF_ENABLE_ONEDNN_OPTS=1 benchmarks/compare.sh`.
 """
 
 import argparse
@@ -134,6 +138,7 @@ def main():
                 ours_train_max_rss_mb=med("ours", "train", "max_rss_mb"),
                 mg_train_max_rss_mb=med("mg", "train", "max_rss_mb"),
                 peak_matmul_gflops=peak_gflops,
+                tf_enable_onednn_opts=os.environ.get("TF_ENABLE_ONEDNN_OPTS", "tf default"),
             )
         )
     print("=== ratios of medians (ours / Model Garden)")
