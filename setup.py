@@ -31,6 +31,8 @@ setup(
     extras_require={
         "test": [
             "pytest>=8",
+            # Tests in parallel processes (the README test command runs two).
+            "pytest-xdist>=3.5",
             "jax[cpu]>=0.4.30",
             "ruff>=0.6",
             "nbclient>=0.10",

@@ -36,7 +36,7 @@ def test_ci_blocks_follow_their_markers():
     assert text.index("<!-- ci:main -->") < text.index("<!-- ci:test -->")
     assert main.startswith("pip install . && keras-transformer train --config configs/quickstart")
     assert "keras-transformer translate --model saved_models/quickstart" in main
-    assert test.strip() == 'pip install -e ".[test]" && ruff check . && python -m pytest -q'
+    assert test.strip() == 'pip install -e ".[test]" && ruff check . && python -m pytest -q -n 2'
 
 
 def test_config_reference_is_in_sync():
