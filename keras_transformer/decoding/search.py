@@ -411,20 +411,18 @@ def translate_ids(
         # The search owns these caches (fresh buffers, see init_cache), so each step's
         # keys/values are written into them in place (inplace_cache_writes below).
         cache = model.init_cache(encoder_output, buffer, stacked=False)
-        cross_attention = keras.tree.map_structure(
+        initial_state = cache.pop("self_attention")  # per layer ([batch, h, buffer, d], same)
+        # The rest is fixed during the search: the encoder's keys/values, repeated per beam
+        # (per layer ([batch * k, h, s, d], same)), and the tied embedding transposed once.
+        fixed = dict(cache)
+        fixed["cross_attention"] = keras.tree.map_structure(
             lambda x: expand_to_beams(x, k), cache["cross_attention"]
-        )  # per layer ([batch * k, h, s, d], [batch * k, h, s, d])
-        output_kernel = cache["output_kernel"]  # [d_model, vocab], transposed once
+        )
         memory_mask = expand_to_beams(source_mask, k)  # [batch * k, s_len]
-        initial_state = cache["self_attention"]  # per layer ([batch, h, buffer, d], same)
 
         def step_fn(ids, index, self_attention):
             tokens = ops.take(ids, ops.reshape(index, (1,)), axis=1)  # [rows, 1]
-            cache = {
-                "self_attention": self_attention,
-                "cross_attention": cross_attention,
-                "output_kernel": output_kernel,
-            }
+            cache = {**fixed, "self_attention": self_attention}
             logits, cache = model.decode_step(tokens, index, cache, memory_mask)
             return to_log_probs(logits[:, 0]), cache["self_attention"]
 

@@ -238,44 +238,44 @@ class Transformer(keras.Model):
         computed here once per sentence. With `stacked=False` each entry is instead a list with
         one `(keys, values)` pair of `[batch, heads, length, head_dim]` tensors per layer: the
         same numbers, in the form incremental decoding runs fastest with (no per-step slicing of
-        the stacked tensors; see benchmarks/README.md). `decode_step` takes either form. Both
-        forms also hold `"output_kernel"`, the pre-softmax projection (`output_kernel()`),
+        the stacked tensors; see benchmarks/README.md). `decode_step` takes either form. With tied
+        embeddings both forms also hold `"output_kernel"` (`output_kernel()`): the embedding
         transposed once here rather than at every step.
         """
         batch = ops.shape(encoder_output)[0]
         layers = self.num_decoder_layers or self.num_layers
-        cross = self.decoder.compute_cross_attention_cache(encoder_output, stacked=stacked)
+        cache = {
+            "cross_attention": self.decoder.compute_cross_attention_cache(
+                encoder_output, stacked=stacked
+            )
+        }
         dtype = self.decoder.compute_dtype
         if stacked:
             shape = (batch, layers, 2, self.num_heads, max_length, self.head_dim)
-            return {
-                "self_attention": ops.zeros(shape, dtype=dtype),
-                "cross_attention": cross,
-                "output_kernel": self.output_kernel(),
-            }
-        shape = (batch, self.num_heads, max_length, self.head_dim)
-        # Buffers of their own, never folded into graph constants: `translate_ids` writes them
-        # in place (layers.attention.inplace_cache_writes).
-        self_cache = [(fresh_zeros(shape, dtype), fresh_zeros(shape, dtype)) for _ in range(layers)]
-        return {
-            "self_attention": self_cache,
-            "cross_attention": cross,
-            "output_kernel": self.output_kernel(),
-        }
+            cache["self_attention"] = ops.zeros(shape, dtype=dtype)
+        else:
+            shape = (batch, self.num_heads, max_length, self.head_dim)
+            # Buffers of their own, never folded into graph constants: `translate_ids` writes
+            # them in place (layers.attention.inplace_cache_writes).
+            cache["self_attention"] = [
+                (fresh_zeros(shape, dtype), fresh_zeros(shape, dtype)) for _ in range(layers)
+            ]
+        if self.output_projection is None:
+            cache["output_kernel"] = self.output_kernel()
+        return cache
 
     def output_kernel(self):
-        """The pre-softmax projection as a `[d_model, vocab_size]` matrix in the compute dtype.
+        """The tied pre-softmax projection: the embedding matrix transposed to
+        `[d_model, vocab_size]` in the compute dtype, materialised.
 
-        With tied embeddings this is the transposed embedding matrix, materialised: `decode_step`
-        multiplies by it directly. At decoding's few rows a product with a transposed operand
-        runs about half as fast on CPUs (benchmarks/README.md), so `init_cache` transposes once
-        per decoding call instead of once per step.
+        `decode_step` multiplies by it directly. At decoding's few rows a product with a
+        transposed operand runs about half as fast on CPUs (benchmarks/README.md), so `init_cache`
+        transposes once per decoding call instead of once per step. An untied `output_projection`
+        (a Dense layer) already multiplies by its own `[d_model, vocab_size]` kernel and is called
+        as it is.
         """
-        if self.output_projection is None:
-            embedding = self.target_embedding
-            return ops.transpose(ops.cast(embedding.embeddings, embedding.compute_dtype))
-        dense = self.output_projection
-        return ops.cast(dense.kernel, dense.compute_dtype)
+        embedding = self.target_embedding
+        return ops.transpose(ops.cast(embedding.embeddings, embedding.compute_dtype))
 
     def decode_step(self, target_ids, cache_index, cache, source_mask):
         """Decodes `target_ids` `[batch, n]` placed at positions `cache_index .. cache_index+n-1`.
@@ -298,10 +298,8 @@ class Transformer(keras.Model):
         return logits, {**cache, "self_attention": self_cache}
 
     def _project(self, y, output_kernel=None):
-        if output_kernel is not None:
+        if output_kernel is not None:  # the tied embedding, already transposed
             logits = ops.matmul(y, output_kernel)
-            if self.output_projection is not None and self.output_projection.use_bias:
-                logits = ops.add(logits, ops.cast(self.output_projection.bias, logits.dtype))
         elif self.output_projection is None:
             logits = self.target_embedding(y, reverse=True)
         else:
