@@ -1,4 +1,4 @@
-"""The `keras-transformer` command: thin argument parsing over the library.
+"""The `keras-transformer` command: thin argument parsing over `keras_transformer.commands`.
 
 Subcommands: train, translate, evaluate, export. Exit code 0 on success, 2 with a one-line
 message on bad usage or bad input (no traceback for user errors).
@@ -8,44 +8,13 @@ import argparse
 import os
 import sys
 
-
-class UsageError(Exception):
-    """A user error: printed as one line, exit code 2."""
+from keras_transformer import commands
+from keras_transformer.errors import KerasTransformerError
 
 
 def _quiet_tensorflow():
     # C++ log lines (oneDNN, CUDA probing) are noise for CLI users; errors still show.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-
-def _cmd_train(args):
-    from keras_transformer.config import load_config
-
-    # The config is checked before TensorFlow is imported: config mistakes fail in a blink.
-    config = load_config(args.config, overrides=args.set)
-    if args.workdir:
-        config.runtime.workdir = args.workdir
-    from keras_transformer.training.trainer import train
-
-    train(config)
-
-
-def _cmd_translate(args):
-    from keras_transformer.export.commands import translate_command
-
-    translate_command(args)
-
-
-def _cmd_evaluate(args):
-    from keras_transformer.export.commands import evaluate_command
-
-    evaluate_command(args)
-
-
-def _cmd_export(args):
-    from keras_transformer.export.commands import export_command
-
-    export_command(args)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -71,37 +40,35 @@ def build_parser():
         metavar="KEY=VALUE",
         help="override a config key, e.g. --set train.steps=200 (repeatable)",
     )
-    p.set_defaults(func=_cmd_train)
+    p.set_defaults(func=commands.train_command)
 
     p = sub.add_parser("translate", help="translate TEXT arguments or stdin lines")
     p.add_argument("--model", required=True, help="SavedModel directory (or its parent)")
     p.add_argument("--batch-size", type=int, default=32, help="sentences per call (default 32)")
     p.add_argument("text", nargs="*", help="sentences; stdin lines when none are given")
-    p.set_defaults(func=_cmd_translate)
+    p.set_defaults(func=commands.translate_command)
 
     p = sub.add_parser("evaluate", help="sacreBLEU and chrF of a SavedModel on a test set")
     p.add_argument("--model", required=True, help="SavedModel directory (or its parent)")
     p.add_argument("--source", required=True, help="source sentences, one per line")
     p.add_argument("--reference", required=True, help="reference translations, one per line")
     p.add_argument("--batch-size", type=int, default=32, help="sentences per call (default 32)")
-    p.set_defaults(func=_cmd_evaluate)
+    p.set_defaults(func=commands.evaluate_command)
 
     p = sub.add_parser("export", help="export a SavedModel from a training workdir")
     p.add_argument("--workdir", required=True, help="training workdir")
     p.add_argument("--average", type=int, default=None, help="average the last N checkpoints")
     p.add_argument("--output", help="base directory of the named model (default from config)")
-    p.set_defaults(func=_cmd_export)
+    p.set_defaults(func=commands.export_command)
     return parser
 
 
 def main(argv=None):
-    from keras_transformer.config import ConfigError
-
     args = build_parser().parse_args(argv)
     _quiet_tensorflow()
     try:
         args.func(args)
-    except (UsageError, ConfigError, FileNotFoundError) as e:
+    except (KerasTransformerError, FileNotFoundError) as e:
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"keras-transformer {args.command}: error: {message}", file=sys.stderr)
         return 2
@@ -112,8 +79,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    # Run through the package module so that `python -m keras_transformer.cli` raises and catches
-    # the same UsageError class as the library code that imports it.
-    from keras_transformer.cli import main as _main
-
-    sys.exit(_main())
+    sys.exit(main())

@@ -16,9 +16,7 @@ from typing import Optional, Union
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """A configuration problem, reported to users as one line."""
+from keras_transformer.errors import ConfigError
 
 
 def _field(default, help, **kwargs):

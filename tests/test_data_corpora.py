@@ -4,8 +4,8 @@ import warnings
 
 import pytest
 
-from keras_transformer.config import ConfigError
 from keras_transformer.data import DataError, DataWarning, parse_spec, read_pairs
+from keras_transformer.errors import KerasTransformerError
 
 
 def _write(path, data):
@@ -67,8 +67,8 @@ def test_missing_file_is_a_data_error_naming_it(tmp_path):
         read_pairs(f"text:{src},{missing}", verbose=False)
     with pytest.raises(DataError, match="nowhere.tsv"):
         read_pairs(f"tsv:{tmp_path / 'nowhere.tsv'}", verbose=False)
-    # The CLI turns ConfigError into exit code 2 with one line.
-    assert issubclass(DataError, ConfigError)
+    # The CLI turns every KerasTransformerError into exit code 2 with one line.
+    assert issubclass(DataError, KerasTransformerError)
 
 
 def test_tsv_spec(tmp_path):

@@ -14,7 +14,6 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer.decoding import translate_ids
-from keras_transformer.evaluation import average_checkpoints
 from keras_transformer.export import (
     Translator,
     export_saved_model,
@@ -22,6 +21,7 @@ from keras_transformer.export import (
     resolve_model_dir,
 )
 from keras_transformer.models import Transformer
+from keras_transformer.workdir import average_checkpoints
 
 DECODE = {"beam_size": 3, "alpha": 0.6, "max_extra_length": 8, "batch_size": 4}
 DATA = {"max_source_length": fx.MAX_SOURCE_LENGTH}

@@ -26,16 +26,7 @@ import os
 import sys
 import warnings
 
-from keras_transformer.config import ConfigError
-
-
-class DataError(ConfigError):
-    """A problem with a corpus or vocabulary (missing file, misaligned files, bad spec)."""
-
-
-class DataWarning(UserWarning):
-    """Pairs were skipped while reading a corpus (the message gives the counts)."""
-
+from keras_transformer.errors import DataError, DataWarning
 
 SPEC_KINDS = ("text", "tsv", "tfds", "synthetic")
 

@@ -9,6 +9,7 @@ XLA sees a handful of shapes, one per bucket, and never recompiles after warm-up
 import sys
 
 from keras_transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from keras_transformer.errors import DataError
 
 
 def bucket_boundaries(max_length, min_length=8, growth=1.5, multiple=8):
@@ -132,8 +133,6 @@ def make_dataset(
     import tensorflow as tf
 
     if not pairs:
-        from keras_transformer.data.corpora import DataError
-
         raise DataError("cannot build a dataset from an empty corpus")
     max_source = data_config.max_source_length
     max_target = data_config.max_target_length

@@ -31,6 +31,8 @@ defaults: split=train, size=20000 (train) or 500 (dev, test), seed=1, min_words=
 import hashlib
 import random
 
+from keras_transformer.errors import DataError
+
 # ---------------------------------------------------------------------------------------------
 # Source lexicon (English). Plurals and third-person forms follow the regular spelling rules of
 # `_inflect`, so only words whose forms are regular are listed.
@@ -274,8 +276,6 @@ def generate(split="train", size=None, seed=1, min_words=3, max_words=20):
     >>> generate("dev", size=2, seed=1)[1][0]
     'the purple sandwich keeps the tiny ship without every white picture'
     """
-    from keras_transformer.data.corpora import DataError
-
     if split not in SPLITS:
         raise DataError(f"synthetic: split must be one of {', '.join(SPLITS)}, got {split!r}")
     size = DEFAULT_SIZES[split] if size is None else size
@@ -308,8 +308,6 @@ def generate(split="train", size=None, seed=1, min_words=3, max_words=20):
 
 def generate_from_spec(options_text, spec="synthetic:"):
     """Parses `split=dev,size=100,...` (the part after `synthetic:`) and generates the pairs."""
-    from keras_transformer.data.corpora import DataError
-
     kwargs = {}
     converters = {"split": str, "size": int, "seed": int, "min_words": int, "max_words": int}
     for item in filter(None, (s.strip() for s in options_text.split(","))):

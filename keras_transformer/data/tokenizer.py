@@ -12,10 +12,10 @@ import re
 import sys
 import warnings
 
-from keras_transformer.data.corpora import DataError, DataWarning
+from keras_transformer.errors import DataError, DataWarning
+from keras_transformer.workdir import Workdir
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
-SPM_FILENAME = "spm.model"
 
 _TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)")
 _TOO_LOW = re.compile(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)")
@@ -303,11 +303,9 @@ def get_or_train_tokenizer(data_config, pairs, workdir, verbose=True):
     Returns:
         A `Tokenizer`.
     """
-    import os
-
     import tensorflow as tf
 
-    path = os.path.join(workdir, SPM_FILENAME)
+    path = Workdir(workdir).spm
     if tf.io.gfile.exists(path):
         if verbose:
             print(f"using the SentencePiece vocabulary in {path}", file=sys.stderr, flush=True)

@@ -13,7 +13,6 @@ from keras_transformer.training.callbacks import (
     StopAtStep,
     TrainingSummaries,
     evaluate_bleu,
-    list_checkpoints,
     translate_sentences,
 )
 from keras_transformer.training.distribute import (
@@ -30,8 +29,8 @@ from keras_transformer.training.trainer import (
     make_optimizer,
     resolve_workdir,
     train,
-    workdir_paths,
 )
+from keras_transformer.workdir import list_checkpoints
 
 __all__ = [
     "DevEvaluator",
@@ -56,5 +55,4 @@ __all__ = [
     "resolve_workdir",
     "train",
     "translate_sentences",
-    "workdir_paths",
 ]

@@ -1,8 +1,6 @@
 """Training callbacks: step checkpoints, a step limit, TensorBoard summaries and dev-set BLEU."""
 
-import glob
 import os
-import re
 import time
 
 import keras
@@ -10,23 +8,12 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer.evaluation import score_translations
-
-_CKPT_RE = re.compile(r"ckpt-(\d+)\.weights\.h5$")
+from keras_transformer.workdir import checkpoint_path, list_checkpoints
 
 
 def optimizer_step(model):
     """The number of optimizer updates so far (accumulated batches count once)."""
     return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
-
-
-def list_checkpoints(directory):
-    """`[(step, path), ...]` of the `ckpt-<step>.weights.h5` files in `directory`, oldest first."""
-    found = []
-    for path in glob.glob(os.path.join(directory, "ckpt-*.weights.h5")):
-        match = _CKPT_RE.search(os.path.basename(path))
-        if match:
-            found.append((int(match.group(1)), path))
-    return sorted(found)
 
 
 class StepCheckpoint(keras.callbacks.Callback):
@@ -55,7 +42,7 @@ class StepCheckpoint(keras.callbacks.Callback):
         if not self.enabled or step == self._last_saved or step == 0:
             return
         os.makedirs(self.directory, exist_ok=True)
-        path = os.path.join(self.directory, f"ckpt-{step}.weights.h5")
+        path = checkpoint_path(self.directory, step)
         # Written under a temporary name and renamed: a kill mid-write leaves no broken ckpt.
         tmp = os.path.join(self.directory, f".tmp-ckpt-{step}.weights.h5")
         self.model.save_weights(tmp, overwrite=True)

@@ -5,7 +5,7 @@ import os
 
 import tensorflow as tf
 
-from keras_transformer.config import ConfigError
+from keras_transformer.errors import ConfigError
 
 
 def _tf_config_workers():

@@ -18,7 +18,6 @@ from keras_transformer.training.callbacks import (
     StopAtStep,
     TrainingSummaries,
     evaluate_bleu,
-    list_checkpoints,
     optimizer_step,
 )
 from keras_transformer.training.distribute import get_strategy, is_chief, resolve_jit_compile
@@ -27,6 +26,7 @@ from keras_transformer.training.metrics import MaskedAccuracy, Perplexity, Token
 from keras_transformer.training.optimizers import FusedAdam
 from keras_transformer.training.schedules import TransformerSchedule
 from keras_transformer.training.visuals import AttentionSummaries, write_hparams
+from keras_transformer.workdir import Workdir, list_checkpoints, load_last_checkpoints
 
 
 def make_optimizer(config, d_model=None):
@@ -90,19 +90,7 @@ def compile_model(model, config, jit_compile=False, steps_per_execution=1):
 
 def resolve_workdir(config):
     """`runtime.workdir`, or `workdirs/<config name>` when it is not set."""
-    return config.runtime.workdir or os.path.join("workdirs", config.name)
-
-
-def workdir_paths(workdir):
-    """The workdir layout shared with the exporter (see DESIGN.md)."""
-    return {
-        "config": os.path.join(workdir, "config.yaml"),
-        "spm": os.path.join(workdir, "spm.model"),
-        "checkpoints": os.path.join(workdir, "checkpoints"),
-        "backup": os.path.join(workdir, "backup"),
-        "logs": os.path.join(workdir, "logs"),
-        "result": os.path.join(workdir, "result.json"),
-    }
+    return Workdir.of(config).root
 
 
 def _read_result(path):
@@ -138,14 +126,11 @@ def _export(model, tokenizer, config):
 def _maybe_average(model, directory, count):
     """Averages the last `count` checkpoints into `model` (the paper's final models); returns
     how many were averaged (1: the model is left as trained)."""
-    checkpoints = list_checkpoints(directory)[-count:]
-    if count <= 1 or len(checkpoints) < 2:
+    if count <= 1 or len(list_checkpoints(directory)) < 2:
         return 1
-    from keras_transformer.evaluation import average_checkpoints
-
-    average_checkpoints(model, [path for _, path in checkpoints])
-    print(f"averaged the last {len(checkpoints)} checkpoints", flush=True)
-    return len(checkpoints)
+    steps = load_last_checkpoints(model, directory, count)
+    print(f"averaged the last {len(steps)} checkpoints", flush=True)
+    return len(steps)
 
 
 def _print_summary(result):
@@ -188,10 +173,10 @@ def train(config):
     >>> result["dev"]["bleu"]
     """
     started = time.time()
-    workdir = resolve_workdir(config)
-    paths = workdir_paths(workdir)
+    layout = Workdir.of(config)
+    workdir = layout.root
     t = config.train
-    previous = _read_result(paths["result"])
+    previous = _read_result(layout.result)
     if previous and previous.get("step", 0) >= t.steps:
         print(f"{workdir} already holds a finished run ({previous['step']} steps).", flush=True)
         _print_summary(previous)
@@ -207,7 +192,7 @@ def train(config):
     keras.utils.set_random_seed(t.seed)
     os.makedirs(workdir, exist_ok=True)
     if chief:
-        save_config(config, paths["config"])
+        save_config(config, layout.config)
     pairs = read_pairs(config.data.train)
     dev_pairs = read_pairs(config.data.dev) if config.data.dev else []
     test_pairs = read_pairs(config.data.test) if config.data.test else []
@@ -244,7 +229,7 @@ def train(config):
         # double_checkpoint: a kill in the middle of writing the backup leaves the previous one
         # to restore from (the write is not atomic).
         keras.callbacks.BackupAndRestore(
-            paths["backup"],
+            layout.backup,
             save_freq=t.checkpoint_every * accumulation,
             double_checkpoint=True,
             delete_checkpoint=False,
@@ -252,20 +237,20 @@ def train(config):
         ResumeLogger(),
         keras.callbacks.TerminateOnNaN(),
         stopper,
-        StepCheckpoint(paths["checkpoints"], t.checkpoint_every, t.keep_checkpoints, chief),
+        StepCheckpoint(layout.checkpoints, t.checkpoint_every, t.keep_checkpoints, chief),
         TrainingSummaries(
-            paths["logs"], t.log_every, chief, total_steps=t.steps, print_lines=chief and not tty
+            layout.logs, t.log_every, chief, total_steps=t.steps, print_lines=chief and not tty
         ),
     ]
     if chief:
-        write_hparams(paths["logs"], config)
+        write_hparams(layout.logs, config)
     if dev_pairs:
         callbacks.append(
             DevEvaluator(
                 dev_pairs[: t.eval_max_sentences],
                 tokenizer,
                 config.data,
-                logdir=paths["logs"],
+                logdir=layout.logs,
                 beam_size=1,
                 max_extra_length=config.decode.max_extra_length,
                 batch_size=config.decode.batch_size,
@@ -276,7 +261,7 @@ def train(config):
         )
         # Heatmaps of the first dev sentence at each evaluation (TensorBoard's Images tab).
         callbacks.append(
-            AttentionSummaries(dev_pairs[0][0], tokenizer, config.data, paths["logs"], chief)
+            AttentionSummaries(dev_pairs[0][0], tokenizer, config.data, layout.logs, chief)
         )
     model.fit(
         dataset,
@@ -292,7 +277,7 @@ def train(config):
     if step < t.steps and not stopper.out_of_time:
         raise RuntimeError(f"training stopped at step {step} of {t.steps} (NaN loss?)")
     train_seconds = time.time() - started
-    averaged = _maybe_average(model, paths["checkpoints"], config.export.average_checkpoints)
+    averaged = _maybe_average(model, layout.checkpoints, config.export.average_checkpoints)
 
     result = {
         "name": config.name,
@@ -300,9 +285,9 @@ def train(config):
         "stopped_by_time_budget": stopper.out_of_time,
         "beam_size": config.decode.beam_size,
         "train_seconds": round(train_seconds, 1),
-        "checkpoints": paths["checkpoints"],
+        "checkpoints": layout.checkpoints,
         "averaged_checkpoints": averaged,
-        "logs": paths["logs"],
+        "logs": layout.logs,
     }
     decode_kwargs = dict(
         beam_size=config.decode.beam_size,
@@ -318,14 +303,14 @@ def train(config):
             )
             result[split] = scores
             if chief:
-                with tf.summary.create_file_writer(os.path.join(paths["logs"], split)).as_default(
+                with tf.summary.create_file_writer(os.path.join(layout.logs, split)).as_default(
                     step=step
                 ):
                     tf.summary.scalar(f"final_{split}_bleu", scores["bleu"])
     result["saved_model"] = _export(model, tokenizer, config) if chief else None
     result["total_seconds"] = round(time.time() - started, 1)
     if chief:
-        with open(paths["result"], "w", encoding="utf-8") as f:
+        with open(layout.result, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=2)
     _print_summary(result)
     return result

@@ -1,20 +1,19 @@
-"""The `translate`, `evaluate` and `export` subcommands (argument handling lives in `cli.py`).
+"""What the `keras-transformer` subcommands do (argument parsing lives in `cli.py`).
 
 `translate` and `evaluate` run an exported SavedModel through its `serving_default` signature,
-exactly as TF Serving would; `export` rebuilds the model from a training workdir.
+exactly as TF Serving would; `export` rebuilds the model from a training workdir; `train` runs
+`keras_transformer.training.train`. User errors are raised as `UsageError` (or another
+`keras_transformer.errors.KerasTransformerError`), which `cli.py` prints as one line.
 """
 
 import itertools
 import json
 import os
-import re
 import sys
 import time
 
-from keras_transformer.cli import UsageError
-
-_CHECKPOINT = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
-
+from keras_transformer.errors import UsageError
+from keras_transformer.workdir import Workdir, average_checkpoints
 
 # --------------------------------------------------------------------------- helpers
 
@@ -127,18 +126,6 @@ def evaluate_command(args):
 # --------------------------------------------------------------------------- export
 
 
-def find_checkpoints(checkpoint_dir):
-    """`[(step, path)]` of `ckpt-<step>.weights.h5` files, by step."""
-    if not os.path.isdir(checkpoint_dir):
-        return []
-    found = []
-    for entry in os.listdir(checkpoint_dir):
-        match = _CHECKPOINT.match(entry)
-        if match:
-            found.append((int(match.group(1)), os.path.join(checkpoint_dir, entry)))
-    return sorted(found)
-
-
 def load_workdir_model(workdir, average=None):
     """Rebuilds the model of a training workdir and loads (the average of) its last checkpoints.
 
@@ -147,13 +134,12 @@ def load_workdir_model(workdir, average=None):
     import sentencepiece as spm
 
     from keras_transformer.config import load_config
-    from keras_transformer.evaluation import average_checkpoints
     from keras_transformer.models import build_transformer
 
     if not os.path.isdir(workdir):
         raise UsageError(f"workdir not found: {workdir}")
-    config_path = os.path.join(workdir, "config.yaml")
-    spm_path = os.path.join(workdir, "spm.model")
+    layout = Workdir(workdir)
+    config_path, spm_path = layout.config, layout.spm
     for path, what in ((config_path, "resolved config"), (spm_path, "SentencePiece model")):
         if not os.path.isfile(path):
             raise UsageError(f"{workdir} is not a training workdir: no {what} {path}")
@@ -161,7 +147,7 @@ def load_workdir_model(workdir, average=None):
     average = config.export.average_checkpoints if average is None else average
     if average < 1:
         raise UsageError(f"--average must be a positive integer, got {average}")
-    checkpoints = find_checkpoints(os.path.join(workdir, "checkpoints"))
+    checkpoints = layout.list_checkpoints()
     if not checkpoints:
         raise UsageError(f"no checkpoints (ckpt-<step>.weights.h5) in {workdir}/checkpoints")
     if average > len(checkpoints):
@@ -194,3 +180,19 @@ def export_command(args):
     path = export_saved_model(model, spm_bytes, config.decode, config.data, base_dir, name)
     averaged = f"average of steps {', '.join(map(str, steps))}" if len(steps) > 1 else None
     print(f"exported {averaged or f'step {steps[-1]}'} to {path}")
+
+
+# --------------------------------------------------------------------------- train
+
+
+def train_command(args):
+    """`keras-transformer train --config FILE [--workdir DIR] [--set KEY=VALUE ...]`."""
+    from keras_transformer.config import load_config
+
+    # The config is checked before TensorFlow is imported: config mistakes fail in a blink.
+    config = load_config(args.config, overrides=args.set)
+    if args.workdir:
+        config.runtime.workdir = args.workdir
+    from keras_transformer.training import train
+
+    train(config)

@@ -1,0 +1,153 @@
+"""The training workdir's layout: where every file of a run lives, and its step checkpoints.
+
+One home for the paths that the trainer writes and that `prepare`, `export`, the notebook and
+the tests read back:
+
+```
+WORKDIR/
+  config.yaml          the resolved config
+  spm.model            the shared SentencePiece vocabulary (spm.vocab beside it, for people)
+  checkpoints/         ckpt-<step>.weights.h5: the model's weights every train.checkpoint_every
+  backup/              resume state
+  logs/                TensorBoard
+  result.json          the final summary
+```
+
+This module sits at the bottom of the package (it imports nothing of ours), so the data, training
+and command modules can all use it.
+"""
+
+import dataclasses
+import os
+import re
+
+CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Workdir:
+    """The paths of one training workdir.
+
+    Args:
+        root: the workdir (`runtime.workdir`, default `workdirs/<config name>`).
+
+    Example:
+    >>> Workdir("workdirs/quickstart").spm
+    'workdirs/quickstart/spm.model'
+    """
+
+    root: str
+
+    def __post_init__(self):
+        object.__setattr__(self, "root", os.fspath(self.root))
+
+    @classmethod
+    def of(cls, config):
+        """The workdir of an `ExperimentConfig`: `runtime.workdir` or `workdirs/<name>`."""
+        return cls(config.runtime.workdir or os.path.join("workdirs", config.name))
+
+    def _join(self, *parts):
+        return os.path.join(self.root, *parts)
+
+    @property
+    def config(self):
+        return self._join("config.yaml")
+
+    @property
+    def spm(self):
+        return self._join("spm.model")
+
+    @property
+    def checkpoints(self):
+        return self._join("checkpoints")
+
+    @property
+    def backup(self):
+        return self._join("backup")
+
+    @property
+    def logs(self):
+        return self._join("logs")
+
+    @property
+    def result(self):
+        return self._join("result.json")
+
+    def checkpoint(self, step):
+        """The path of the step checkpoint written at optimizer step `step`."""
+        return checkpoint_path(self.checkpoints, step)
+
+    def list_checkpoints(self):
+        """`[(step, path), ...]` of the step checkpoints, oldest first."""
+        return list_checkpoints(self.checkpoints)
+
+
+def checkpoint_path(directory, step):
+    """`directory/ckpt-<step>.weights.h5`."""
+    return os.path.join(os.fspath(directory), f"ckpt-{int(step)}.weights.h5")
+
+
+def list_checkpoints(directory):
+    """`[(step, path), ...]` of the `ckpt-<step>.weights.h5` files in `directory`, oldest first
+    (an empty list when the directory does not exist)."""
+    directory = os.fspath(directory)
+    if not os.path.isdir(directory):
+        return []
+    found = []
+    for entry in os.listdir(directory):
+        match = CHECKPOINT_PATTERN.match(entry)
+        if match:
+            found.append((int(match.group(1)), os.path.join(directory, entry)))
+    return sorted(found)
+
+
+def average_checkpoints(model, paths):
+    """Sets `model`'s weights to the element-wise mean of the checkpoints at `paths`.
+
+    The paper averages the last 5 (base) or 20 (big) checkpoints, written 10 minutes apart;
+    the mean of nearby points of one run is a smoother, usually slightly better, model.
+
+    Args:
+        model: a built Keras model whose weights match the checkpoints.
+        paths: Keras weight files (`*.weights.h5`), at least one.
+
+    Returns:
+        `model`, holding the averaged weights (non-float weights, if any, from the last file).
+
+    Example:
+    >>> steps_and_paths = Workdir("workdirs/quickstart").list_checkpoints()
+    >>> average_checkpoints(model, [path for _, path in steps_and_paths[-5:]])
+    """
+    import numpy as np
+
+    paths = list(paths)
+    if not paths:
+        raise ValueError("average_checkpoints needs at least one checkpoint path")
+    sums = None
+    for path in paths:
+        model.load_weights(path)
+        values = [np.asarray(w.numpy()) for w in model.weights]
+        if sums is None:
+            sums = [v.astype("float64") if v.dtype.kind == "f" else v for v in values]
+        else:
+            sums = [s + v if v.dtype.kind == "f" else v for s, v in zip(sums, values, strict=True)]
+    for weight, total in zip(model.weights, sums, strict=True):
+        if total.dtype.kind == "f":
+            weight.assign((total / len(paths)).astype(weight.dtype))
+    return model
+
+
+def load_last_checkpoints(model, directory, count):
+    """Loads the last checkpoint of `directory` into `model`, or the average of the last `count`.
+
+    Returns:
+        The steps of the checkpoints used, oldest first (empty when there is none).
+    """
+    chosen = list_checkpoints(directory)[-max(1, int(count)) :]
+    if not chosen:
+        return []
+    if len(chosen) == 1:
+        model.load_weights(chosen[0][1])
+    else:
+        average_checkpoints(model, [path for _, path in chosen])
+    return [step for step, _ in chosen]
