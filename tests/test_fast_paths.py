@@ -13,14 +13,14 @@ import pytest
 import tensorflow as tf
 from keras import ops
 
+from keras_transformer import fast_paths
 from keras_transformer.decoding import translate_ids
 from keras_transformer.layers import (
     LayerNormalization,
     MultiHeadAttention,
     scaled_dot_product_attention,
 )
-from keras_transformer.layers import attention as attention_module
-from keras_transformer.layers import normalization as normalization_module
+from keras_transformer.layers.attention import write_cache
 from keras_transformer.models import Transformer
 from keras_transformer.training import losses as losses_module
 from keras_transformer.training import metrics as metrics_module
@@ -47,13 +47,30 @@ def np_softmax(x):
 
 
 @pytest.fixture
-def unfused(monkeypatch):
-    """Runs the body with the straightforward separate projections."""
+def unfused():
+    """`switch(flag)`: fused query/key/value projections on (True) or off (False) from now on
+    (conftest.py restores the setting after the test)."""
+    everything = fast_paths.enabled_names()
 
     def switch(flag):
-        monkeypatch.setattr(attention_module, "FUSE_PROJECTIONS", flag)
+        others = [name for name in everything if name != "fused_projections"]
+        fast_paths.set_fast_paths(others + ["fused_projections"] if flag else others)
 
     return switch
+
+
+def test_fast_path_setting():
+    """One setting: all, none, or names; unknown names are refused; `fast_paths()` restores."""
+    assert fast_paths.enabled_names() == list(fast_paths.NAMES)  # the default: all
+    with fast_paths.fast_paths("none"):
+        assert not any(fast_paths.enabled(name) for name in fast_paths.NAMES)
+        with fast_paths.fast_paths("fused_loss, fused_adam"):
+            assert fast_paths.enabled_names() == ["fused_loss", "fused_adam"]
+    with fast_paths.without("fused_loss"):
+        assert not fast_paths.enabled("fused_loss") and fast_paths.enabled("fused_adam")
+    assert fast_paths.enabled_names() == list(fast_paths.NAMES)
+    with pytest.raises(ValueError, match="unknown fast path 'fused_los'"):
+        fast_paths.set_fast_paths("fused_los")
 
 
 # ----------------------------------------------------------------------- attention
@@ -118,41 +135,44 @@ def _sparse_loss(y_true, y_pred):
     return ops.sparse_categorical_crossentropy(y_true, y_pred, from_logits=True)
 
 
-def test_key_value_cache_forms_agree(unfused):
+@pytest.mark.parametrize("fused", [True, False])
+def test_key_value_cache_equals_the_projections(unfused, fused):
+    """compute_key_value_cache (fused or not) equals the key and value Dense layers' outputs
+    split into heads."""
+    unfused(fused)
     layer = MultiHeadAttention(num_heads=4, key_dim=8)
     memory = rand((2, 7, 32), 1)
     layer(rand((2, 3, 32)), memory)
-    stacked = np.asarray(layer.compute_key_value_cache(memory))
-    keys, values = layer.compute_key_value_cache(memory, stacked=False)
-    np.testing.assert_allclose(np.asarray(keys), stacked[:, 0], atol=ATOL)
-    np.testing.assert_allclose(np.asarray(values), stacked[:, 1], atol=ATOL)
-    unfused(False)
-    np.testing.assert_allclose(
-        np.asarray(layer.compute_key_value_cache(memory)), stacked, atol=ATOL
-    )
+    keys, values = layer.compute_key_value_cache(memory)
+
+    def heads(x):  # [2, 7, 32] -> [2, 4, 7, 8]
+        return np.asarray(x).reshape(2, 7, 4, 8).transpose(0, 2, 1, 3)
+
+    np.testing.assert_allclose(np.asarray(keys), heads(layer.key_dense(memory)), atol=ATOL)
+    np.testing.assert_allclose(np.asarray(values), heads(layer.value_dense(memory)), atol=ATOL)
 
 
-@pytest.mark.parametrize("mode", ["scatter", "where", "slice"])
-def test_cache_writes_equal_slice_update(monkeypatch, mode):
-    monkeypatch.setattr(attention_module, "CACHE_WRITE", mode)
+@pytest.mark.parametrize("paths", ["all", "none"])
+def test_cache_writes_equal_slice_update(paths):
+    """One decoding step's keys/values land at the index (scatter fast path or slice_update);
+    several positions at once always take slice_update."""
     cache, update = rand((3, 2, 6, 4), 1), rand((3, 2, 1, 4), 2)
-    for index in (0, 4, 5):
-        got = np.asarray(attention_module._write_at(cache, update, index))
+    with fast_paths.fast_paths(paths):
+        for index in (0, 4, 5):
+            got = np.asarray(write_cache(cache, update, index))
+            expected = cache.copy()
+            expected[:, :, index : index + 1] = update
+            np.testing.assert_array_equal(got, expected)
+        prefix = rand((3, 2, 3, 4), 3)
         expected = cache.copy()
-        expected[:, :, index : index + 1] = update
-        np.testing.assert_array_equal(got, expected)
-    prefix = rand((3, 2, 3, 4), 3)  # several positions at once: always slice_update
-    expected = cache.copy()
-    expected[:, :, 2:5] = prefix
-    np.testing.assert_array_equal(
-        np.asarray(attention_module._write_at(cache, prefix, 2)), expected
-    )
+        expected[:, :, 2:5] = prefix
+        np.testing.assert_array_equal(np.asarray(write_cache(cache, prefix, 2)), expected)
 
 
 # ----------------------------------------------------------------------- decoding caches
 
 
-def test_split_cache_decoding_equals_stacked_and_full_pass():
+def test_cached_decoding_equals_full_pass_with_and_without_fast_paths():
     model = tiny_model()
     rng = np.random.default_rng(0)
     src = rng.integers(1, 40, (2, 6)).astype("int32")
@@ -160,21 +180,21 @@ def test_split_cache_decoding_equals_stacked_and_full_pass():
     tgt = rng.integers(1, 40, (2, 5)).astype("int32")
     full = np.asarray(model({"source_ids": src, "target_ids": tgt}, training=False))
     memory, source_mask = model.encode(src)
-    stacked = model.init_cache(memory, max_length=5)
-    split = model.init_cache(memory, max_length=5, stacked=False)
+    fast = model.init_cache(memory, max_length=5)
+    with fast_paths.fast_paths("none"):
+        plain = model.init_cache(memory, max_length=5)
     for t in range(5):
-        a, stacked = model.decode_step(tgt[:, t : t + 1], t, stacked, source_mask)
-        b, split = model.decode_step(tgt[:, t : t + 1], t, split, source_mask)
+        a, fast = model.decode_step(tgt[:, t : t + 1], t, fast, source_mask)
+        with fast_paths.fast_paths("none"):
+            b, plain = model.decode_step(tgt[:, t : t + 1], t, plain, source_mask)
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=ATOL)
-        np.testing.assert_allclose(np.asarray(b)[:, 0], full[:, t], atol=1e-4)
+        np.testing.assert_allclose(np.asarray(a)[:, 0], full[:, t], atol=1e-4)
     # The final caches hold the same numbers.
-    for layer, (keys, values) in enumerate(split["self_attention"]):
-        np.testing.assert_allclose(
-            np.asarray(keys), np.asarray(stacked["self_attention"])[:, layer, 0]
-        )
-        np.testing.assert_allclose(
-            np.asarray(values), np.asarray(stacked["self_attention"])[:, layer, 1]
-        )
+    for (keys, values), (plain_keys, plain_values) in zip(
+        fast["self_attention"], plain["self_attention"]
+    ):
+        np.testing.assert_allclose(np.asarray(keys), np.asarray(plain_keys), atol=ATOL)
+        np.testing.assert_allclose(np.asarray(values), np.asarray(plain_values), atol=ATOL)
 
 
 @pytest.mark.parametrize("beam_size", [1, 4])
@@ -250,7 +270,7 @@ def test_perplexity_equals_exp_of_mean_nll():
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("mode", ["eager", "graph", "xla"])
-def test_fused_loss_equals_straightforward_form(monkeypatch, smoothing, mode):
+def test_fused_loss_equals_straightforward_form(smoothing, mode):
     """Value and gradient of the fused TF loss equal the keras.ops one-hot form's, eagerly, in a
     tf.function (the in-place label subtraction) and under XLA (the scatter)."""
     logits_np = rand((3, 5, 18), 6) * 4  # vocab 18: viewed as [tokens * 9, 2] in place
@@ -264,11 +284,11 @@ def test_fused_loss_equals_straightforward_form(monkeypatch, smoothing, mode):
         return value, tape.gradient(value, logits)
 
     def run(fused):
-        monkeypatch.setattr(losses_module, "FUSED_LOSS", fused)
-        fn = value_and_grad
-        if mode != "eager":
-            fn = tf.function(value_and_grad, jit_compile=mode == "xla")
-        value, grad = fn(tf.constant(logits_np))
+        with fast_paths.fast_paths("all" if fused else "none"):
+            fn = value_and_grad
+            if mode != "eager":
+                fn = tf.function(value_and_grad, jit_compile=mode == "xla")
+            value, grad = fn(tf.constant(logits_np))
         return float(value), np.asarray(grad)
 
     fused_value, fused_grad = run(True)
@@ -390,19 +410,18 @@ def test_fused_adam_equals_keras_adam(jit_compile):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
-def test_layer_norm_equals_keras_layer_norm(monkeypatch, dtype):
+def test_layer_norm_equals_keras_layer_norm(dtype):
     """Output and gradients (input, gamma, beta) of the hand-written LayerNorm equal Keras's."""
     x = rand((3, 5, 16), 12) * 3 + 1
     upstream = rand((3, 5, 16), 13)
 
     def run(fused):
-        monkeypatch.setattr(normalization_module, "FUSED_LAYER_NORM", fused)
         layer = LayerNormalization(epsilon=1e-6, dtype=dtype)
         layer.build(x.shape)
         layer.gamma.assign(rand((16,), 14) + 1)
         layer.beta.assign(rand((16,), 15))
         xt = tf.constant(x)
-        with tf.GradientTape() as tape:
+        with fast_paths.fast_paths("all" if fused else "none"), tf.GradientTape() as tape:
             tape.watch(xt)
             out = tf.cast(layer(xt), "float32")
             total = tf.reduce_sum(out * upstream)
@@ -429,7 +448,7 @@ def _graph_op_types(concrete):
 
 
 @pytest.mark.parametrize("beam_size", [1, 4])
-def test_inplace_cache_writes_equal_scatter_writes(monkeypatch, beam_size):
+def test_inplace_cache_writes_equal_scatter_writes(beam_size):
     """translate_ids writes its caches in place (InplaceUpdate in the traced loop): the same ids
     and scores as the copying scatter, also on a second call of the same function (no constant
     or reused input was overwritten)."""
@@ -446,10 +465,10 @@ def test_inplace_cache_writes_equal_scatter_writes(monkeypatch, beam_size):
     fast = decoder()
     first, second = fast(src), fast(src)
     assert "InplaceUpdate" in _graph_op_types(fast.get_concrete_function(tf.constant(src)))
-    monkeypatch.setattr(attention_module, "INPLACE_CACHE_WRITES", False)
-    plain = decoder()
-    assert "InplaceUpdate" not in _graph_op_types(plain.get_concrete_function(tf.constant(src)))
-    ref_ids, ref_scores = plain(src)
+    with fast_paths.without("inplace_cache_writes"):
+        plain = decoder()
+        assert "InplaceUpdate" not in _graph_op_types(plain.get_concrete_function(tf.constant(src)))
+        ref_ids, ref_scores = plain(src)
     for ids, scores in (first, second):
         np.testing.assert_array_equal(np.asarray(ids), np.asarray(ref_ids))
         np.testing.assert_allclose(np.asarray(scores), np.asarray(ref_scores), atol=1e-5)
@@ -464,7 +483,7 @@ def test_decode_step_leaves_the_callers_cache_alone():
     @tf.function
     def step(source_ids):
         memory, mask = model.encode(source_ids)
-        cache = model.init_cache(memory, 6, stacked=False)
+        cache = model.init_cache(memory, 6)
         before = cache["self_attention"][0][0]
         _, new_cache = model.decode_step(tf.fill([2, 1], 1), 0, cache, mask)
         return before, new_cache["self_attention"][0][0]
@@ -491,7 +510,7 @@ def test_decoding_output_kernel_equals_the_models_projection(tied):
         model.output_projection.bias.assign(np.linspace(-1, 1, 40).astype("float32"))
         full = np.asarray(model({"source_ids": src, "target_ids": tgt}, training=False))
     memory, mask = model.encode(src)
-    cache = model.init_cache(memory, 4, stacked=False)
+    cache = model.init_cache(memory, 4)
     if tied:
         expected = np.asarray(model.target_embedding.embeddings).T
         np.testing.assert_array_equal(np.asarray(cache["output_kernel"]), expected)

@@ -166,7 +166,7 @@ def test_self_attention_cache_equals_full_pass():
     x = rng.normal(size=(2, 5, 8)).astype("float32")
     mha = MultiHeadAttention(num_heads=2, key_dim=4)
     full = np_(mha(x, x, use_causal_mask=True))
-    cache = ops.zeros((2, 2, 2, 7, 4))  # room for 7 positions, 5 used
+    cache = (ops.zeros((2, 2, 7, 4)), ops.zeros((2, 2, 7, 4)))  # room for 7 positions, 5 used
     steps = []
     for t in range(5):
         out, cache = mha(x[:, t : t + 1], x[:, t : t + 1], cache=cache, cache_update_index=t)
@@ -218,7 +218,7 @@ def test_decoder_cache_equals_full_pass():
     mem_mask = np.array([[True] * 4, [True, True, False, False]])
     dec = TransformerDecoder(num_layers=2, num_heads=4, d_ff=32)
     full = np_(dec(y, mem, encoder_padding_mask=mem_mask))
-    cache = ops.zeros((2, 2, 2, 4, 8, 4))
+    cache = [(ops.zeros((2, 4, 8, 4)), ops.zeros((2, 4, 8, 4))) for _ in range(2)]
     cross = dec.compute_cross_attention_cache(mem)
     outs = []
     for t in range(6):

@@ -23,7 +23,7 @@ References:
 import keras
 from keras import ops
 
-from keras_transformer.layers.attention import inplace_cache_writes
+from keras_transformer.fast_paths import inplace_cache_writes
 
 # A finite "minus infinity": sums of a few of these stay finite in float32 (no inf - inf = NaN),
 # and anything below HALF_NEG_INF is treated as impossible.
@@ -407,10 +407,9 @@ def translate_ids(
 
     k = int(beam_size)
     if use_cache:
-        # Per-layer (keys, values) pairs: the fast cache form (no per-step slicing).
         # The search owns these caches (fresh buffers, see init_cache), so each step's
         # keys/values are written into them in place (inplace_cache_writes below).
-        cache = model.init_cache(encoder_output, buffer, stacked=False)
+        cache = model.init_cache(encoder_output, buffer)
         initial_state = cache.pop("self_attention")  # per layer ([batch, h, buffer, d], same)
         # The rest is fixed during the search: the encoder's keys/values, repeated per beam
         # (per layer ([batch * k, h, s, d], same)), and the tied embedding transposed once.

@@ -1,14 +1,13 @@
 """Transformer decoder block and the stack of N blocks, with key/value caches for decoding."""
 
 import keras
-from keras import ops
 
-from keras_transformer.layers.encoder import _BlockBase, _StackBase
+from keras_transformer.layers._blocks import BlockBase, StackBase
 from keras_transformer.layers.masks import key_padding_mask
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class TransformerDecoderBlock(_BlockBase):
+class TransformerDecoderBlock(BlockBase):
     """One decoder layer: causal self-attention, encoder-decoder attention and a feed-forward net.
 
     Each sub-layer has a residual connection and LayerNorm (post-norm as in the paper,
@@ -31,9 +30,10 @@ class TransformerDecoderBlock(_BlockBase):
         encoder_output: `[batch, s_len, d_model]`; None when `cross_attention_cache` is given.
         decoder_padding_mask: boolean `[batch, t_len]`, True at real target tokens.
         encoder_padding_mask: boolean `[batch, s_len]`, True at real source tokens.
-        self_attention_cache: `[batch, 2, heads, max_len, head_dim]` for incremental decoding.
+        self_attention_cache: `(keys, values)`, each `[batch, heads, max_len, head_dim]`, for
+            incremental decoding.
         cache_update_index: int scalar, the position of `inputs` in the cache.
-        cross_attention_cache: `[batch, 2, heads, s_len, head_dim]` from
+        cross_attention_cache: `(keys, values)`, each `[batch, heads, s_len, head_dim]`, from
             `compute_cross_attention_cache`.
         return_attention_scores: also return `{"self_attention": ..., "cross_attention": ...}`.
         training: enables dropout.
@@ -65,10 +65,10 @@ class TransformerDecoderBlock(_BlockBase):
         self._build_feed_forward(input_shape)
         self.built = True
 
-    def compute_cross_attention_cache(self, encoder_output, stacked=True):
-        """Keys/values of the encoder output, `[batch, 2, heads, s_len, head_dim]` (or the pair
-        `(keys, values)` of `[batch, heads, s_len, head_dim]` with `stacked=False`)."""
-        return self.cross_attention.compute_key_value_cache(encoder_output, stacked=stacked)
+    def compute_cross_attention_cache(self, encoder_output):
+        """Keys/values of the encoder output: `(keys, values)`, each
+        `[batch, heads, s_len, head_dim]`."""
+        return self.cross_attention.compute_key_value_cache(encoder_output)
 
     def call(
         self,
@@ -121,14 +121,13 @@ class TransformerDecoderBlock(_BlockBase):
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class TransformerDecoder(_StackBase):
+class TransformerDecoder(StackBase):
     """A stack of `num_layers` `TransformerDecoderBlock`s (the paper's N = 6).
 
-    For incremental decoding the caches of all layers are stacked in one tensor each:
-    self-attention `[batch, num_layers, 2, heads, max_len, head_dim]` and cross-attention
-    `[batch, num_layers, 2, heads, s_len, head_dim]`; or, faster (no slicing at every step), each
-    is a list with one `(keys, values)` pair of `[batch, heads, len, head_dim]` tensors per layer.
-    The updated self-attention cache comes back in the form it was given.
+    For incremental decoding each cache is a list with one `(keys, values)` pair of
+    `[batch, heads, length, head_dim]` tensors per layer (`length` = the longest output for the
+    self-attention cache, the source length for the cross-attention cache); the updated
+    self-attention cache comes back as such a list.
 
     Args:
         num_layers: number of blocks.
@@ -160,14 +159,10 @@ class TransformerDecoder(_StackBase):
     def _build_block(self, block, input_shape):
         block.build(input_shape, self._encoder_output_shape)
 
-    def compute_cross_attention_cache(self, encoder_output, stacked=True):
-        """`[batch, num_layers, 2, heads, s_len, head_dim]`, computed once per source; with
-        `stacked=False` a list with one `(keys, values)` pair per layer (see the class doc)."""
-        caches = [
-            block.compute_cross_attention_cache(encoder_output, stacked=stacked)
-            for block in self.blocks
-        ]
-        return ops.stack(caches, axis=1) if stacked else caches
+    def compute_cross_attention_cache(self, encoder_output):
+        """One `(keys, values)` pair per layer, each `[batch, heads, s_len, head_dim]`, computed
+        once per source sentence."""
+        return [block.compute_cross_attention_cache(encoder_output) for block in self.blocks]
 
     def call(
         self,
@@ -182,34 +177,29 @@ class TransformerDecoder(_StackBase):
         training=None,
     ):
         x, all_scores, new_caches = inputs, [], []
-        for i, block in enumerate(self.blocks):
+        none = [None] * len(self.blocks)
+        self_caches = none if self_attention_cache is None else self_attention_cache
+        cross_caches = none if cross_attention_cache is None else cross_attention_cache
+        for block, self_cache, cross_cache in zip(self.blocks, self_caches, cross_caches):
             out = block(
                 x,
                 encoder_output,
                 decoder_padding_mask=decoder_padding_mask,
                 encoder_padding_mask=encoder_padding_mask,
-                self_attention_cache=_layer_cache(self_attention_cache, i),
+                self_attention_cache=self_cache,
                 cache_update_index=cache_update_index,
-                cross_attention_cache=_layer_cache(cross_attention_cache, i),
+                cross_attention_cache=cross_cache,
                 return_attention_scores=True,
                 training=training,
             )
             x, scores = out[0], out[1]
             all_scores.append(scores)
-            if self_attention_cache is not None:
+            if self_cache is not None:
                 new_caches.append(out[2])
         x = self._finish(x)
         results = [x]
         if return_attention_scores:
             results.append(all_scores)
         if self_attention_cache is not None:
-            split = isinstance(self_attention_cache, (tuple, list))
-            results.append(list(new_caches) if split else ops.stack(new_caches, axis=1))
+            results.append(new_caches)
         return results[0] if len(results) == 1 else tuple(results)
-
-
-def _layer_cache(cache, i):
-    """Layer `i`'s cache: a slice of the stacked tensor, or the i-th `(keys, values)` pair."""
-    if cache is None:
-        return None
-    return cache[i] if isinstance(cache, (tuple, list)) else cache[:, i]

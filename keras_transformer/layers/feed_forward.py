@@ -2,6 +2,8 @@
 
 import keras
 
+from keras_transformer.layers._initializers import clone_initializer
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class PositionwiseFeedForward(keras.layers.Layer):
@@ -37,18 +39,17 @@ class PositionwiseFeedForward(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         self.d_ff = int(d_ff)
-        self.activation = activation
+        self.activation = keras.activations.get(activation)
         self.dropout = float(dropout)
         self.output_dim = output_dim
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.supports_masking = True
 
     def build(self, input_shape):
-        init = keras.initializers.serialize(self.kernel_initializer)
         self.inner = keras.layers.Dense(
             self.d_ff,
             activation=self.activation,
-            kernel_initializer=keras.initializers.get(init),
+            kernel_initializer=clone_initializer(self.kernel_initializer),
             dtype=self.dtype_policy,
             name="inner",
         )
@@ -56,7 +57,7 @@ class PositionwiseFeedForward(keras.layers.Layer):
         self.inner_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
         self.outer = keras.layers.Dense(
             self.output_dim or input_shape[-1],
-            kernel_initializer=keras.initializers.get(init),
+            kernel_initializer=clone_initializer(self.kernel_initializer),
             dtype=self.dtype_policy,
             name="outer",
         )
@@ -74,7 +75,7 @@ class PositionwiseFeedForward(keras.layers.Layer):
         config.update(
             {
                 "d_ff": self.d_ff,
-                "activation": self.activation,
+                "activation": keras.activations.serialize(self.activation),
                 "dropout": self.dropout,
                 "output_dim": self.output_dim,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),

@@ -3,10 +3,11 @@
 import keras
 from keras import ops
 
-from keras_transformer.layers.attention import fresh_zeros
+from keras_transformer.layers._blocks import head_size
+from keras_transformer.layers._fast_paths import fresh_zeros
 from keras_transformer.layers.decoder import TransformerDecoder
 from keras_transformer.layers.embedding import SinusoidalPositionalEncoding, TokenEmbedding
-from keras_transformer.layers.encoder import TransformerEncoder, head_size
+from keras_transformer.layers.encoder import TransformerEncoder
 from keras_transformer.layers.masks import padding_mask
 
 # The paper's sizes (Table 3) plus small ones for tests and CPUs.
@@ -229,37 +230,28 @@ class Transformer(keras.Model):
         x = self.source_dropout(x, training=training)
         return self.encoder(x, padding_mask=source_mask, training=training), source_mask
 
-    def init_cache(self, encoder_output, max_length, stacked=True):
+    def init_cache(self, encoder_output, max_length):
         """The decoding cache for `max_length` target positions.
 
-        Returns a dict with `"self_attention"` zeros
-        `[batch, num_decoder_layers, 2, heads, max_length, head_dim]` and `"cross_attention"`, the
-        encoder output's keys/values `[batch, num_decoder_layers, 2, heads, s_len, head_dim]`,
-        computed here once per sentence. With `stacked=False` each entry is instead a list with
-        one `(keys, values)` pair of `[batch, heads, length, head_dim]` tensors per layer: the
-        same numbers, in the form incremental decoding runs fastest with (no per-step slicing of
-        the stacked tensors; see benchmarks/README.md). `decode_step` takes either form. With tied
-        embeddings both forms also hold `"output_kernel"` (`output_kernel()`): the embedding
-        transposed once here rather than at every step.
+        Returns a dict with `"self_attention"`, one `(keys, values)` pair of zeros
+        `[batch, heads, max_length, head_dim]` per decoder layer, and `"cross_attention"`, one
+        `(keys, values)` pair `[batch, heads, s_len, head_dim]` per layer: the encoder output's
+        keys/values, computed here once per sentence. With tied embeddings it also holds
+        `"output_kernel"` (`output_kernel()`): the embedding transposed once here rather than at
+        every step.
         """
         batch = ops.shape(encoder_output)[0]
         layers = self.num_decoder_layers or self.num_layers
-        cache = {
-            "cross_attention": self.decoder.compute_cross_attention_cache(
-                encoder_output, stacked=stacked
-            )
-        }
+        shape = (batch, self.num_heads, max_length, self.head_dim)
         dtype = self.decoder.compute_dtype
-        if stacked:
-            shape = (batch, layers, 2, self.num_heads, max_length, self.head_dim)
-            cache["self_attention"] = ops.zeros(shape, dtype=dtype)
-        else:
-            shape = (batch, self.num_heads, max_length, self.head_dim)
+        cache = {
+            "cross_attention": self.decoder.compute_cross_attention_cache(encoder_output),
             # Buffers of their own, never folded into graph constants: `translate_ids` writes
-            # them in place (layers.attention.inplace_cache_writes).
-            cache["self_attention"] = [
+            # them in place (keras_transformer.fast_paths.inplace_cache_writes).
+            "self_attention": [
                 (fresh_zeros(shape, dtype), fresh_zeros(shape, dtype)) for _ in range(layers)
-            ]
+            ],
+        }
         if self.output_projection is None:
             cache["output_kernel"] = self.output_kernel()
         return cache

@@ -5,7 +5,7 @@ import threading
 import keras
 from keras import ops
 
-from keras_transformer.tf_utils import in_xla_context
+from keras_transformer.training import _fast_paths
 
 
 def masked_token_cross_entropy(labels, logits, label_smoothing=0.0, pad_id=0):
@@ -33,23 +33,19 @@ def _losses_mask_and_statistics(labels, logits, label_smoothing, pad_id):
     """`(losses, mask, statistics)`; `statistics` is None unless the fused TF path ran."""
     logits = ops.cast(logits, "float32")
     labels = ops.cast(labels, "int32")
-    statistics = None
-    if keras.backend.backend() == "tensorflow" and FUSED_LOSS:
-        losses, statistics = _tf_fused_cross_entropy(labels, logits, float(label_smoothing))
+    fast = _fast_paths.cross_entropy(labels, logits, float(label_smoothing))
+    if fast is not None:
+        losses, statistics = fast
     else:
-        # The straightforward form: the smoothed target distribution, built with one `where`.
+        # The smoothed target distribution, built with one `where`.
         vocab_size = logits.shape[-1] or ops.shape(logits)[-1]
         is_label = ops.equal(ops.expand_dims(labels, -1), ops.arange(vocab_size, dtype="int32"))
         low = label_smoothing / vocab_size
         target = ops.where(is_label, 1.0 - label_smoothing + low, low)
-        losses = ops.categorical_crossentropy(target, logits, from_logits=True)
+        losses, statistics = ops.categorical_crossentropy(target, logits, from_logits=True), None
     mask = ops.cast(ops.not_equal(labels, pad_id), "float32")
     return losses * mask, mask, statistics
 
-
-# The fused TensorFlow loss (below) is the default; False selects the straightforward keras.ops
-# form, which tests/test_fast_paths.py and benchmarks/ab_train.py compare it with.
-FUSED_LOSS = True
 
 # Per-token statistics of the last logits the loss saw, per thread (tf.distribute traces each
 # replica in a thread of its own): the training metrics read them instead of the logits.
@@ -128,86 +124,3 @@ class MaskedSparseCrossEntropy(keras.losses.Loss):
 
     def get_config(self):
         return {"name": self.name, "label_smoothing": self.label_smoothing, "pad_id": self.pad_id}
-
-
-def _tf_fused_cross_entropy(labels, logits, eps):
-    """`logsumexp(z) - (1 - eps) * z[label] - eps * mean(z)` with its gradient formed in one pass.
-
-    The gradient `softmax(z) - target` is formed in the forward pass, so the backward pass is
-    one multiplication, and one array of the logits' size ([tokens, vocab]) can carry the logits,
-    then the softmax, then the gradient: the softmax runs after every read of the logits (their
-    row maximum, mean and label logit), so TensorFlow may hand it the logits' buffer, and the
-    gradient is written into the softmax's. (A `tf.custom_gradient` over the whole loss would
-    keep the logits alive until its outputs exist, i.e. beside the softmax: so the custom
-    gradient covers only the reads, and a zero "anchor" added to the loss carries the gradient.)
-    The log-partition comes from the softmax: its largest value is `exp(0) / sum(exp(z - max z))`,
-    so `logsumexp(z) = max z - log(max softmax(z))`, with no further pass over exponentials.
-
-    Returns:
-        `(losses [batch, length], statistics)`: `statistics` holds `label_logit`, `max_logit`
-        and `logsumexp`, each `[batch, length]`, without gradient (see `token_statistics`).
-
-    tests/test_fast_paths.py checks values, gradient and statistics against the log-softmax
-    formula; benchmarks/README.md has the time and memory measured.
-    """
-    import tensorflow as tf
-
-    vocab_size = logits.shape[-1] or tf.shape(logits)[-1]  # static when known
-    z = tf.reshape(logits, [-1, vocab_size])  # [tokens, vocab]
-    flat_labels = tf.reshape(labels, [-1])
-    backward = {}  # filled below, read when the gradient is taken
-
-    @tf.custom_gradient
-    def read(z):
-        label_logit = tf.gather(z, flat_labels, batch_dims=1)
-        max_logit = tf.reduce_max(z, axis=-1)
-        mean_logit = tf.reduce_mean(z, axis=-1) if eps else tf.zeros_like(max_logit)
-        anchor = tf.zeros_like(max_logit)  # added to the loss: d loss / d anchor = upstream
-
-        def grad(d_anchor, *_):  # the read values enter the loss without gradient
-            return backward["d_logits"] * tf.expand_dims(d_anchor, -1)
-
-        return (anchor, label_logit, max_logit, mean_logit), grad
-
-    anchor, *values = read(z)
-    label_logit, max_logit, mean_logit = [tf.stop_gradient(v) for v in values]
-    with tf.control_dependencies([anchor, label_logit, max_logit, mean_logit]):
-        probs = tf.nn.softmax(tf.stop_gradient(z))  # after every read of z: may reuse its buffer
-    max_prob = tf.reduce_max(probs, axis=-1)
-    logsumexp = max_logit - tf.math.log(max_prob)
-    loss = anchor + logsumexp - (1.0 - eps) * label_logit - eps * mean_logit
-    with tf.control_dependencies([max_prob]):  # the last read of probs before it is overwritten
-        low = eps / tf.cast(tf.shape(z)[-1], tf.float32)
-        d_logits = probs - low if eps else probs
-        backward["d_logits"] = _subtract_at_labels(d_logits, flat_labels, 1.0 - eps)
-    shape = tf.shape(labels)
-    statistics = {
-        "label_logit": tf.reshape(label_logit, shape),
-        "max_logit": tf.reshape(max_logit, shape),
-        "logsumexp": tf.reshape(logsumexp, shape),
-    }
-    return tf.reshape(loss, shape), statistics
-
-
-def _subtract_at_labels(values, labels, amount):
-    """`values[n, labels[n]] -= amount` for every row n of `values` `[tokens, vocab]`.
-
-    TensorFlow's `tensor_scatter_nd_sub` always copies its input (a second array of the logits'
-    size), so outside XLA this is `InplaceSub` on `values` viewed as `[tokens * vocab / k, k]`
-    (k in 8, 4, 2, 1 dividing vocab: int32 row indices suffice up to 2^31 * k elements), which
-    writes into `values`' own buffer. That is safe here because `values` is a fresh tensor with
-    no other reader (the loss orders its reads first). XLA, which has no `InplaceSub` and
-    updates in place by itself, gets the scatter.
-    """
-    import tensorflow as tf
-
-    tokens = tf.shape(labels)[0]
-    vocab = values.shape[-1]
-    if vocab is None or in_xla_context():
-        index = tf.stack([tf.range(tokens), labels], axis=1)
-        return tf.tensor_scatter_nd_sub(values, index, tf.fill([tokens], amount))
-    k = next(k for k in (8, 4, 2, 1) if vocab % k == 0)
-    rows = tf.range(tokens) * (vocab // k) + labels // k
-    updates = tf.one_hot(labels % k, k, on_value=amount, off_value=0.0, dtype=values.dtype)
-    out = tf.raw_ops.InplaceSub(x=tf.reshape(values, [-1, k]), i=rows, v=updates)
-    return tf.reshape(out, tf.shape(values))

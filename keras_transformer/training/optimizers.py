@@ -2,8 +2,7 @@
 
 import keras
 
-# The dtypes TensorFlow's ResourceApplyAdam kernel takes on every device.
-_FUSED_DTYPES = ("float16", "bfloat16", "float32", "float64")
+from keras_transformer.training import _fast_paths
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -18,7 +17,8 @@ class FusedAdam(keras.optimizers.Adam):
     `keras.optimizers.Adam`: `m += (g - m)(1 - beta_1)`, `v += (g^2 - v)(1 - beta_2)`,
     `w -= lr * sqrt(1 - beta_2^t) / (1 - beta_1^t) * m / (sqrt(v) + epsilon)`.
 
-    Other backends, `amsgrad=True` and unusual dtypes use Keras's own update. Clipping, weight
+    The one-kernel update is the `fused_adam` fast path (`keras_transformer.fast_paths`); other
+    backends, `amsgrad=True` and unusual dtypes use Keras's own update. Clipping, weight
     decay, gradient accumulation, EMA and loss scaling are Keras's and work as with `Adam`.
 
     Example:
@@ -30,38 +30,5 @@ class FusedAdam(keras.optimizers.Adam):
     """
 
     def update_step(self, gradient, variable, learning_rate):
-        if (
-            keras.backend.backend() != "tensorflow"
-            or self.amsgrad
-            or keras.backend.standardize_dtype(variable.dtype) not in _FUSED_DTYPES
-        ):
-            return super().update_step(gradient, variable, learning_rate)
-        import tensorflow as tf
-
-        index = self._get_variable_index(variable)
-        m, v = self._momentums[index], self._velocities[index]
-        dtype = variable.dtype
-        if isinstance(gradient, tf.IndexedSlices):  # what Keras's Adam does implicitly
-            gradient = tf.convert_to_tensor(gradient)
-        step = tf.cast(self.iterations + 1, dtype)
-        beta_1 = tf.cast(self.beta_1, dtype)
-        beta_2 = tf.cast(self.beta_2, dtype)
-        tf.raw_ops.ResourceApplyAdam(
-            var=_handle(variable),
-            m=_handle(m),
-            v=_handle(v),
-            beta1_power=tf.pow(beta_1, step),
-            beta2_power=tf.pow(beta_2, step),
-            lr=tf.cast(learning_rate, dtype),
-            beta1=beta_1,
-            beta2=beta_2,
-            epsilon=tf.cast(self.epsilon, dtype),
-            grad=tf.cast(gradient, dtype),
-        )
-
-
-def _handle(variable):
-    """The resource handle of a Keras or TensorFlow variable (per replica under tf.distribute)."""
-    if isinstance(variable, keras.Variable):
-        variable = variable.value
-    return variable.handle
+        if not _fast_paths.apply_adam(self, gradient, variable, learning_rate):
+            super().update_step(gradient, variable, learning_rate)

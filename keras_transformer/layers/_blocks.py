@@ -1,0 +1,181 @@
+"""What the encoder and decoder blocks and stacks share: constructor arguments, sub-layer
+wiring (residual, LayerNorm, feed-forward) and config. Private: the public classes are in
+`encoder.py` and `decoder.py`."""
+
+import keras
+
+from keras_transformer.layers._initializers import clone_initializer
+from keras_transformer.layers.attention import MultiHeadAttention
+from keras_transformer.layers.feed_forward import PositionwiseFeedForward
+from keras_transformer.layers.normalization import LayerNormalization
+
+
+def head_size(d_model, num_heads):
+    """`d_model / num_heads`, with a clear error when it does not divide."""
+    if d_model % num_heads:
+        raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
+    return d_model // num_heads
+
+
+class BlockBase(keras.layers.Layer):
+    """Shared constructor arguments, sub-layer wiring and config of the encoder/decoder blocks."""
+
+    def __init__(
+        self,
+        num_heads,
+        d_ff,
+        dropout=0.1,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        activation="relu",
+        norm_first=False,
+        layer_norm_epsilon=1e-6,
+        kernel_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = int(num_heads)
+        self.d_ff = int(d_ff)
+        self.dropout = float(dropout)
+        self.attention_dropout = float(attention_dropout)
+        self.activation_dropout = float(activation_dropout)
+        self.activation = keras.activations.get(activation)
+        self.norm_first = bool(norm_first)
+        self.layer_norm_epsilon = float(layer_norm_epsilon)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.supports_masking = True
+
+    def _attention(self, d_model, name):
+        return MultiHeadAttention(
+            num_heads=self.num_heads,
+            key_dim=head_size(d_model, self.num_heads),
+            dropout=self.attention_dropout,
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def _norm(self, name):
+        return LayerNormalization(
+            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
+        )
+
+    def _build_feed_forward(self, input_shape):
+        self.feed_forward = PositionwiseFeedForward(
+            self.d_ff,
+            activation=self.activation,
+            dropout=self.activation_dropout,
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            dtype=self.dtype_policy,
+            name="feed_forward",
+        )
+        self.feed_forward.build(input_shape)
+        self.feed_forward_norm = self._norm("feed_forward_norm")
+        self.feed_forward_norm.build(input_shape)
+        self.residual_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+
+    def _residual(self, x, norm, sublayer, training):
+        """Post-norm `LN(x + Dropout(Sublayer(x)))` or pre-norm `x + Dropout(Sublayer(LN(x)))`.
+
+        `sublayer` returns `(output, extras)`; the extras (attention scores, caches) pass through.
+        """
+        if self.norm_first:
+            y, extras = sublayer(norm(x))
+            return x + self.residual_dropout(y, training=training), extras
+        y, extras = sublayer(x)
+        return norm(x + self.residual_dropout(y, training=training)), extras
+
+    def _feed_forward(self, x, training):
+        x, _ = self._residual(
+            x,
+            self.feed_forward_norm,
+            lambda h: (self.feed_forward(h, training=training), None),
+            training,
+        )
+        return x
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "d_ff": self.d_ff,
+                "dropout": self.dropout,
+                "attention_dropout": self.attention_dropout,
+                "activation_dropout": self.activation_dropout,
+                "activation": keras.activations.serialize(self.activation),
+                "norm_first": self.norm_first,
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            }
+        )
+        return config
+
+
+class StackBase(keras.layers.Layer):
+    """Shared constructor arguments and config of the encoder/decoder stacks."""
+
+    block_class = None
+
+    def __init__(
+        self,
+        num_layers,
+        num_heads,
+        d_ff,
+        dropout=0.1,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        activation="relu",
+        norm_first=False,
+        layer_norm_epsilon=1e-6,
+        kernel_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if num_layers <= 0:
+            raise ValueError(f"num_layers must be positive, got {num_layers}")
+        self.num_layers = int(num_layers)
+        self.block_kwargs = dict(
+            num_heads=int(num_heads),
+            d_ff=int(d_ff),
+            dropout=float(dropout),
+            attention_dropout=float(attention_dropout),
+            activation_dropout=float(activation_dropout),
+            activation=keras.activations.serialize(keras.activations.get(activation)),
+            norm_first=bool(norm_first),
+            layer_norm_epsilon=float(layer_norm_epsilon),
+            kernel_initializer=keras.initializers.serialize(
+                keras.initializers.get(kernel_initializer)
+            ),
+        )
+        self.supports_masking = True
+
+    def build(self, input_shape, *args, **kwargs):
+        self.blocks = []
+        for i in range(self.num_layers):
+            block = self.block_class(
+                **self.block_kwargs, dtype=self.dtype_policy, name=f"layer_{i}"
+            )
+            self._build_block(block, input_shape)
+            self.blocks.append(block)
+        # Pre-norm stacks end with a LayerNorm so the output is normalised like the post-norm one.
+        self.final_norm = None
+        if self.block_kwargs["norm_first"]:
+            self.final_norm = LayerNormalization(
+                epsilon=self.block_kwargs["layer_norm_epsilon"],
+                dtype=self.dtype_policy,
+                name="final_norm",
+            )
+            self.final_norm.build(input_shape)
+        self.built = True
+
+    def _build_block(self, block, input_shape):
+        block.build(input_shape)
+
+    def _finish(self, x):
+        return self.final_norm(x) if self.final_norm is not None else x
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"num_layers": self.num_layers, **self.block_kwargs})
+        return config

@@ -1,0 +1,158 @@
+"""Fast paths of the layers: the same numbers as the formulas in `attention.py` and
+`normalization.py`, computed faster (measurements in benchmarks/README.md).
+
+Each function returns None where it does not apply (switched off in `keras_transformer.fast_paths`,
+another backend, XLA, an unusual configuration); the caller then runs the plain formula. The
+TensorFlow-only kernels import TensorFlow lazily, so the layers still import and run without it
+(on the JAX backend). `tests/test_fast_paths.py` checks every path against the plain form.
+"""
+
+import keras
+from keras import ops
+
+from keras_transformer import fast_paths
+from keras_transformer.tf_utils import in_xla_context
+
+# ------------------------------------------------------------------------ attention projections
+
+
+def fused_projection(x, denses, compute_dtype, split_heads):
+    """`x` through the Dense layers `denses` with one (wider) matmul over their concatenated
+    kernels; returns one `split_heads(...)` result per layer, or None where it does not apply.
+
+    The weights stay separate Dense layers, so checkpoints and configs are unchanged. The product
+    is split on its last axis, whose gradient is a cheap concatenation.
+    """
+    if not fast_paths.enabled("fused_projections"):
+        return None
+    units = {d.units for d in denses}
+    biases = {d.use_bias for d in denses}
+    if len(units) != 1 or len(biases) != 1:
+        return None
+    if any(d.lora_enabled or d.quantization_mode for d in denses):
+        return None
+    kernel = ops.concatenate([ops.cast(d.kernel, compute_dtype) for d in denses], axis=-1)
+    y = ops.matmul(x, kernel)  # [batch, len, n * units]
+    if denses[0].use_bias:
+        bias = ops.concatenate([ops.cast(d.bias, compute_dtype) for d in denses], axis=-1)
+        y = ops.add(y, bias)
+    return [split_heads(part) for part in ops.split(y, len(denses), -1)]
+
+
+# ------------------------------------------------------------------------ decoding-cache writes
+
+
+def write_cache(cache, update, index):
+    """`cache` `[b, h, max_len, d]` with one position `update` `[b, h, 1, d]` written at `index`,
+    or None where no fast path applies (longer updates, switched off).
+
+    Inside `fast_paths.inplace_cache_writes()` (TF graphs outside XLA) the row is written into
+    the cache's own buffer; otherwise it is scattered: in a TF graph `slice_update` runs as a
+    separately compiled XLA kernel per call and costs several times more.
+    """
+    if update.shape[2] != 1:
+        return None
+    update = ops.cast(update, cache.dtype)
+    if _inplace_writes_allowed():
+        return _tf_write_in_place(cache, update, index)
+    if not fast_paths.enabled("scatter_cache_writes"):
+        return None
+    b, h, d = ops.shape(cache)[0], ops.shape(cache)[1], ops.shape(cache)[3]
+    rows = ops.repeat(ops.arange(b, dtype="int32"), h)  # [b * h]
+    heads = ops.tile(ops.arange(h, dtype="int32"), [b])  # [b * h]
+    slots = ops.full((b * h,), ops.cast(index, "int32"), dtype="int32")
+    indices = ops.stack([rows, heads, slots], axis=1)  # [b * h, 3]
+    return ops.scatter_update(cache, indices, ops.reshape(update, (b * h, d)))
+
+
+def _inplace_writes_allowed():
+    if not (
+        fast_paths.enabled("inplace_cache_writes") and fast_paths.inside_inplace_cache_writes()
+    ):
+        return False
+    if keras.backend.backend() != "tensorflow":
+        return False
+    import tensorflow as tf
+
+    return not tf.executing_eagerly() and not in_xla_context()
+
+
+def _tf_write_in_place(cache, update, index):
+    """`InplaceUpdate` of rows `(b * h + head) * max_len + index` of the cache as `[-1, d]`."""
+    import tensorflow as tf
+
+    shape = tf.shape(cache)
+    b, h, length, d = shape[0], shape[1], shape[2], shape[3]
+    rows = tf.range(b * h) * length + tf.cast(index, tf.int32)
+    out = tf.raw_ops.InplaceUpdate(
+        x=tf.reshape(cache, [-1, d]), i=rows, v=tf.reshape(update, [b * h, d])
+    )
+    return tf.reshape(out, shape)
+
+
+def fresh_zeros(shape, dtype):
+    """Zeros in a buffer of their own that graph optimizers never turn into a constant (TF's
+    `Empty` op is marked do-not-optimize), so in-place cache writes may change it; `ops.zeros` on
+    other backends."""
+    if keras.backend.backend() != "tensorflow":
+        return ops.zeros(shape, dtype=dtype)
+    import tensorflow as tf
+
+    shape = tf.stack([tf.cast(s, tf.int32) for s in shape])
+    return tf.raw_ops.Empty(shape=shape, dtype=tf.as_dtype(dtype), init=True)
+
+
+# ------------------------------------------------------------------------ layer normalization
+
+
+def layer_norm(layer, inputs):
+    """`layer` (a `LayerNormalization`) applied with a hand-written TensorFlow gradient, or None
+    where it does not apply (other backends, other axes, `rms_scaling`, no center or scale).
+
+    Differentiated automatically, Keras's arithmetic keeps several activation-sized tensors per
+    layer for the backward pass; here only the normalized input and `1 / sqrt(var + epsilon)`
+    are kept, and the backward pass is the closed form
+    `dx = (g - mean(g) - x_hat * mean(g * x_hat)) / sqrt(var + epsilon)` with `g = dy * gamma`.
+    """
+    last_axis = (-1, [-1], len(inputs.shape) - 1, [len(inputs.shape) - 1])
+    if (
+        not fast_paths.enabled("fused_layer_norm")
+        or keras.backend.backend() != "tensorflow"
+        or layer.rms_scaling
+        or not (layer.center and layer.scale)
+        or layer.axis not in last_axis
+    ):
+        return None
+    compute = keras.backend.result_type(inputs.dtype, "float32")
+    outputs = _tf_layer_norm(
+        ops.cast(inputs, compute),
+        ops.cast(layer.gamma, compute),
+        ops.cast(layer.beta, compute),
+        layer.epsilon,
+    )
+    return ops.cast(outputs, layer.compute_dtype)
+
+
+def _tf_layer_norm(x, gamma, beta, epsilon):
+    import tensorflow as tf
+
+    @tf.custom_gradient
+    def layer_norm(x, gamma, beta):
+        mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
+        inv_std = tf.math.rsqrt(variance + epsilon)
+        x_hat = (x - mean) * inv_std
+        outputs = x_hat * gamma + beta
+
+        def grad(d_outputs):
+            batch_axes = list(range(len(x.shape) - 1))
+            d_beta = tf.reduce_sum(d_outputs, axis=batch_axes)
+            d_gamma = tf.reduce_sum(d_outputs * x_hat, axis=batch_axes)
+            g = d_outputs * gamma
+            mean_g = tf.reduce_mean(g, axis=-1, keepdims=True)
+            mean_g_x_hat = tf.reduce_mean(g * x_hat, axis=-1, keepdims=True)
+            d_x = (g - mean_g - x_hat * mean_g_x_hat) * inv_std
+            return d_x, d_gamma, d_beta
+
+        return outputs, grad
+
+    return layer_norm(x, gamma, beta)
