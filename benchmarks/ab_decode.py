@@ -1,9 +1,9 @@
 """In-process A/B comparison of beam-4 decoding variants (a development aid for noisy machines).
 
 Usage: python benchmarks/ab_decode.py '<shapes JSON>' '<JSON list of variants>' [rounds]
-A variant is {"flags": {"module.ATTR": value, ...}, "xla": bool}: the flags are set while the
-variant's decoder is traced. Calls are timed alternately; prints median output tokens/s and the
-ratio to the first variant.
+A variant is {"fast_paths": setting or "without": [names], "xla": bool} (see ab_train.py): the
+fast paths in force while the variant's decoder is traced. Calls are timed alternately; prints
+median output tokens/s and the ratio to the first variant.
 """
 
 import json
@@ -17,15 +17,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import tensorflow as tf  # noqa: E402
 
-from benchmarks.ab_train import set_flags  # noqa: E402
+from benchmarks.ab_train import variant_fast_paths  # noqa: E402
 from benchmarks.common import parse_shapes  # noqa: E402
 from benchmarks.decode_throughput import build_model, sources  # noqa: E402
+from keras_transformer import fast_paths  # noqa: E402
 from keras_transformer.decoding import translate_ids  # noqa: E402
 
 
 def main(argv):
-    import importlib
-
     cfg = parse_shapes(argv[:2])
     variants = json.loads(argv[2])
     rounds = int(argv[3]) if len(argv) > 3 else 4
@@ -33,18 +32,13 @@ def main(argv):
     src = sources(cfg)
     fns = []
     for variant in variants:
-        defaults = {}
-        for dotted in variant.get("flags", {}):
-            module, attr = dotted.rsplit(".", 1)
-            defaults[dotted] = getattr(importlib.import_module(module), attr)
-        set_flags(variant.get("flags", {}))
 
         @tf.function(jit_compile=bool(variant.get("xla", False)))
         def fn(s):
             return translate_ids(model, s, beam_size=4, alpha=0.6, max_length=cfg["tgt"])
 
-        fn(src)[0].numpy()
-        set_flags(defaults)
+        with fast_paths.fast_paths(variant_fast_paths(variant)):
+            fn(src)[0].numpy()  # traced with the variant's fast paths
         fns.append((variant, fn, []))
     for _ in range(rounds):
         for variant, fn, times in fns:

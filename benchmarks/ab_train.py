@@ -1,14 +1,14 @@
 """In-process A/B comparison of training-step variants (a development aid for noisy machines).
 
 Usage: python benchmarks/ab_train.py '<shapes JSON>' '<JSON list of variants>' [rounds]
-A variant is a dict of shape overrides (e.g. {"metrics": false}) plus `flags`: module attributes
-set before the variant's model is traced, e.g.
-{"flags": {"keras_transformer.layers.attention.FUSE_PROJECTIONS": false}}.
+A variant is a dict of shape overrides (e.g. {"metrics": false}) plus the fast paths in force
+while the variant's model is traced (`keras_transformer.fast_paths`): `"fast_paths"` (a setting:
+"all", "none" or a list of names) or `"without"` (names switched off), e.g.
+{"without": ["fused_projections"]}.
 The variants' steps are timed alternately, round after round, so machine load hits them alike;
 prints each variant's median target tokens/s and its ratio to the first.
 """
 
-import importlib
 import json
 import os
 import statistics
@@ -22,12 +22,16 @@ import keras  # noqa: E402
 
 from benchmarks.common import parse_shapes  # noqa: E402
 from benchmarks.train_throughput import build_and_compile, make_dataset  # noqa: E402
+from keras_transformer import fast_paths  # noqa: E402
+
+VARIANT_KEYS = ("fast_paths", "without")
 
 
-def set_flags(flags):
-    for dotted, value in flags.items():
-        module, attr = dotted.rsplit(".", 1)
-        setattr(importlib.import_module(module), attr, value)
+def variant_fast_paths(variant):
+    """The fast-path setting of a variant: its "fast_paths", or all but its "without" names."""
+    if "without" in variant:
+        return [name for name in fast_paths.NAMES if name not in variant["without"]]
+    return variant.get("fast_paths", "all")
 
 
 def main(argv):
@@ -36,17 +40,12 @@ def main(argv):
     rounds = int(argv[3]) if len(argv) > 3 else 3
     runs = []
     for variant in variants:
-        cfg = {**base, **{k: v for k, v in variant.items() if k != "flags"}}
-        defaults = {}
-        for dotted in variant.get("flags", {}):
-            module, attr = dotted.rsplit(".", 1)
-            defaults[dotted] = getattr(importlib.import_module(module), attr)
-        set_flags(variant.get("flags", {}))
-        model, _ = build_and_compile(cfg)
-        iterator = iter(make_dataset(cfg).repeat())
-        model.make_train_function()
-        keras.ops.convert_to_numpy(model.train_function(iterator)["loss"])  # trace + warm up
-        set_flags(defaults)
+        cfg = {**base, **{k: v for k, v in variant.items() if k not in VARIANT_KEYS}}
+        with fast_paths.fast_paths(variant_fast_paths(variant)):
+            model, _ = build_and_compile(cfg)
+            iterator = iter(make_dataset(cfg).repeat())
+            model.make_train_function()
+            keras.ops.convert_to_numpy(model.train_function(iterator)["loss"])  # trace, warm up
         runs.append((variant, cfg, model, iterator, []))
     cpu = {}  # tokens per second of process CPU time: less sensitive to other processes' load
     for round_index in range(rounds + 1):

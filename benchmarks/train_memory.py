@@ -9,13 +9,12 @@ of libraries and whatever glibc keeps of freed memory, so it moves with allocati
 `TF_CPU_ALLOCATOR_USE_BFC=true` TensorFlow's CPU allocator keeps exact statistics: this prints,
 per variant, the bytes in use between steps (weights, optimizer slots) and the peak within a
 steady-state step. Shapes default to base. Variants are those of `ab_train.py` (shape overrides
-such as {"optimizer": "keras"}, and `flags`: module attributes set while the model is traced);
+such as {"optimizer": "keras"}, and the fast paths: `"fast_paths"` or `"without"`);
 each runs in a process of its own, so their peaks do not mix.
 
 Prints one JSON line per variant (what="train_step_memory").
 """
 
-import importlib
 import json
 import os
 import subprocess
@@ -32,12 +31,12 @@ def measure(cfg, variant, steps=3):
     import keras
     import tensorflow as tf
 
+    from benchmarks.ab_train import VARIANT_KEYS, variant_fast_paths
     from benchmarks.train_throughput import build_and_compile, make_dataset
+    from keras_transformer import fast_paths
 
-    for dotted, value in variant.get("flags", {}).items():
-        module, attr = dotted.rsplit(".", 1)
-        setattr(importlib.import_module(module), attr, value)
-    cfg = {**cfg, **{k: v for k, v in variant.items() if k != "flags"}}
+    fast_paths.set_fast_paths(variant_fast_paths(variant))  # a process of its own
+    cfg = {**cfg, **{k: v for k, v in variant.items() if k not in VARIANT_KEYS}}
     model, _ = build_and_compile(cfg)
     iterator = iter(make_dataset(cfg).repeat())
     model.make_train_function()

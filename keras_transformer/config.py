@@ -5,8 +5,10 @@ A config file is YAML with the sections `model`, `data`, `train`, `decode`, `run
 wrong type raise `ConfigError` naming the key.
 
 Example:
->>> config = load_config("configs/quickstart.yaml", overrides=["train.steps=100"])
->>> config.model.d_model
+```python
+config = load_config("configs/quickstart.yaml", overrides=["train.steps=100"])
+config.model.d_model
+```
 """
 
 import dataclasses

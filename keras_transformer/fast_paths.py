@@ -23,9 +23,11 @@ default; `none`; or a comma-separated list of names, e.g. `fused_loss,fused_adam
 function is traced, so set it before building and compiling the model.
 
 Example:
->>> from keras_transformer.fast_paths import fast_paths
->>> with fast_paths("none"):  # the plain formulas everywhere, e.g. to compare
-...     reference = model(inputs)
+```python
+from keras_transformer.fast_paths import fast_paths
+with fast_paths("none"):  # the plain formulas everywhere, e.g. to compare
+    reference = model(inputs)
+```
 """
 
 import contextlib

@@ -115,8 +115,10 @@ def average_checkpoints(model, paths):
         `model`, holding the averaged weights (non-float weights, if any, from the last file).
 
     Example:
-    >>> steps_and_paths = Workdir("workdirs/quickstart").list_checkpoints()
-    >>> average_checkpoints(model, [path for _, path in steps_and_paths[-5:]])
+    ```python
+    steps_and_paths = Workdir("workdirs/quickstart").list_checkpoints()
+    average_checkpoints(model, [path for _, path in steps_and_paths[-5:]])
+    ```
     """
     import numpy as np
 

@@ -1,10 +1,12 @@
 """Data: corpus specs, the synthetic corpus, the SentencePiece vocabulary and the tf.data pipeline.
 
 Example:
->>> from keras_transformer import data
->>> pairs = data.read_pairs("synthetic:split=train,size=2000")
->>> tokenizer = data.get_or_train_tokenizer(config.data, pairs, workdir)
->>> dataset = data.make_dataset(pairs, tokenizer, config.data, training=True)
+```python
+from keras_transformer import data
+pairs = data.read_pairs("synthetic:split=train,size=2000")
+tokenizer = data.get_or_train_tokenizer(config.data, pairs, workdir)
+dataset = data.make_dataset(pairs, tokenizer, config.data, training=True)
+```
 """
 
 from keras_transformer.data.corpora import DataError, DataWarning, parse_spec, read_pairs

@@ -77,7 +77,9 @@ def encode_sources(tokenizer, texts, max_source_length, length=None):
         int32 tensor [N, length].
 
     Example:
-    >>> encode_sources(tokenizer, ["ein Haus"], 128)  # [[pieces..., 3]]
+    ```python
+    encode_sources(tokenizer, ["ein Haus"], 128)  # [[pieces..., 3]]
+    ```
     """
     import tensorflow as tf
 
@@ -126,8 +128,10 @@ def make_dataset(
         (rounded down to `batch_multiple`).
 
     Example:
-    >>> dataset = make_dataset(pairs, tokenizer, config.data)
-    >>> model.fit(dataset, steps_per_epoch=1000)
+    ```python
+    dataset = make_dataset(pairs, tokenizer, config.data)
+    model.fit(dataset, steps_per_epoch=1000)
+    ```
     """
     import numpy as np
     import tensorflow as tf

@@ -88,9 +88,11 @@ def train_sentencepiece(
         DataError: no sentences, or sentencepiece rejects the settings.
 
     Example:
-    >>> path = train_sentencepiece(["ein Haus", "a house"] * 50, "/tmp/spm.model", 30)
-    >>> Tokenizer(path).vocab_size <= 30
-    True
+    ```python
+    path = train_sentencepiece(["ein Haus", "a house"] * 50, "/tmp/spm.model", 30)
+    Tokenizer(path).vocab_size <= 30
+    # -> True
+    ```
     """
     import os
 
@@ -169,9 +171,11 @@ class Tokenizer:
         model_path: where it was read from (None when built from a proto).
 
     Example:
-    >>> tokenizer = Tokenizer("workdir/spm.model")
-    >>> ids = tokenizer.tokenize(tf.constant(["Grüße 😀"]))  # int32 RaggedTensor [1, None]
-    >>> tokenizer.detokenize(ids)  # tf.string [1], the same text back
+    ```python
+    tokenizer = Tokenizer("workdir/spm.model")
+    ids = tokenizer.tokenize(tf.constant(["Grüße 😀"]))  # int32 RaggedTensor [1, None]
+    tokenizer.detokenize(ids)  # tf.string [1], the same text back
+    ```
     """
 
     pad_id, unk_id, bos_id, eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID

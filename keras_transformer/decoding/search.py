@@ -20,6 +20,8 @@ References:
     Wu et al., 2016, "Google's Neural Machine Translation System", section 7 (length penalty).
 """
 
+from typing import Any, NamedTuple
+
 import keras
 from keras import ops
 
@@ -136,7 +138,9 @@ def greedy_search(
         float32 `[batch]` scores `sum(log p) / length_penalty(length, alpha)`.
 
     Example:
-    >>> ids, scores = greedy_search(step_fn, ops.full((batch,), 2), cache, max_length=60)
+    ```python
+    ids, scores = greedy_search(step_fn, ops.full((batch,), 2), cache, max_length=60)
+    ```
     """
     caps = _output_caps(initial_ids, max_length, max_lengths)  # [batch]
     batch_shape = ops.shape(caps)
@@ -173,6 +177,126 @@ def greedy_search(
 
 
 # --------------------------------------------------------------------------- beam search
+
+
+class BeamState(NamedTuple):
+    """The loop state of `beam_search` (`k` beams; `L = max_length + 1` columns, BOS first).
+
+    Alive and finished hypotheses are kept apart, each sorted from the best down, so column 0
+    is the best alive hypothesis and column `k - 1` the worst finished one.
+    """
+
+    index: Any  # [] int32: tokens generated so far (the column of the last one)
+    alive_seqs: Any  # [batch, k, L] int32
+    alive_log_probs: Any  # [batch, k] float32, NEG_INF for empty slots
+    finished_seqs: Any  # [batch, k, L] int32
+    finished_scores: Any  # [batch, k] float32: log p / length_penalty, NEG_INF when empty
+    finished_flags: Any  # [batch, k] bool: the slot holds a finished hypothesis
+    cache: Any  # the step function's state, leading dimension batch * k
+
+
+def _initial_beam_state(initial_ids, initial_state, k, max_length, batch):
+    alive_seqs = _initial_sequences(initial_ids, (batch, k), max_length)  # [batch, k, L]
+    # All beams start identical; only the first is live, so the first step does not pick k
+    # copies of the same continuation.
+    first_beam = ops.equal(ops.arange(k, dtype="int32"), 0)  # [k]
+    alive_log_probs = ops.where(
+        first_beam, ops.zeros((batch, k), "float32"), ops.full((batch, k), NEG_INF, "float32")
+    )  # [batch, k]
+    return BeamState(
+        index=ops.convert_to_tensor(0, dtype="int32"),
+        alive_seqs=alive_seqs,
+        alive_log_probs=alive_log_probs,
+        finished_seqs=ops.zeros_like(alive_seqs),
+        finished_scores=ops.full((batch, k), NEG_INF, "float32"),
+        finished_flags=ops.zeros((batch, k), "bool"),
+        cache=keras.tree.map_structure(lambda x: expand_to_beams(x, k), initial_state),
+    )
+
+
+def _beam_search_continues(state, max_length, max_penalty):
+    """False once no input can improve: `beam_size` hypotheses finished and the best alive
+    one, even at the largest length penalty, scores below the worst of them; or the buffer is
+    full."""
+    best_alive = state.alive_log_probs[:, 0] / max_penalty  # [batch]
+    worst_finished = ops.where(state.finished_flags[:, -1], state.finished_scores[:, -1], NEG_INF)
+    no_alive = ops.less_equal(state.alive_log_probs[:, 0], HALF_NEG_INF)  # [batch]
+    done = ops.logical_or(no_alive, ops.greater_equal(worst_finished, best_alive))
+    return ops.logical_and(ops.less(state.index, max_length), ops.logical_not(ops.all(done)))
+
+
+def _top_candidates(state, log_probs, k):
+    """The best `2k` one-token extensions of the alive beams.
+
+    Returns `(log_probs [batch, 2k], source beams [batch, 2k], tokens [batch, 2k],
+    sequences [batch, 2k, L])`.
+    """
+    vocab = ops.shape(log_probs)[-1]
+    candidates = ops.expand_dims(state.alive_log_probs, 2) + log_probs  # [batch, k, vocab]
+    candidates = ops.reshape(candidates, (-1, k * vocab))  # [batch, k * vocab]
+    top_log_probs, top_indices = ops.top_k(candidates, 2 * k)  # [batch, 2k]
+    top_beams = ops.cast(top_indices // vocab, "int32")  # [batch, 2k]
+    top_tokens = ops.cast(top_indices % vocab, "int32")  # [batch, 2k]
+    top_seqs = gather_beams(state.alive_seqs, top_beams)  # [batch, 2k, L]
+    top_seqs = _write_column(top_seqs, state.index + 1, top_tokens)
+    return top_log_probs, top_beams, top_tokens, top_seqs
+
+
+def _merge_finished(state, top_log_probs, top_seqs, ends, k, alpha):
+    """The best `k` of the old finished hypotheses and the candidates that end now.
+
+    As in fairseq, an EOS candidate counts only if it ranks among the top k (the 2k only keep
+    the alive beams full), so beam size 1 is exactly greedy search.
+    """
+    possible = ops.greater(top_log_probs, HALF_NEG_INF)  # [batch, 2k]
+    in_top_k = ops.less(ops.arange(2 * k, dtype="int32"), k)  # [2k]
+    new_flags = ops.logical_and(ops.logical_and(ends, possible), in_top_k)  # [batch, 2k]
+    new_scores = top_log_probs / length_penalty(state.index + 1, alpha)
+    new_scores = ops.where(new_flags, new_scores, NEG_INF)  # [batch, 2k]
+    all_scores = ops.concatenate([state.finished_scores, new_scores], axis=1)  # [batch, 3k]
+    all_flags = ops.concatenate([state.finished_flags, new_flags], axis=1)  # [batch, 3k]
+    all_seqs = ops.concatenate([state.finished_seqs, top_seqs], axis=1)  # [batch, 3k, L]
+    finished_scores, keep = ops.top_k(all_scores, k)  # [batch, k]
+    finished_flags = ops.take_along_axis(all_flags, keep, axis=1)  # [batch, k]
+    return gather_beams(all_seqs, keep), finished_scores, finished_flags
+
+
+def _beam_search_step(state, step_fn, k, caps, alpha, eos_id):
+    """One token more for every alive beam; the next `BeamState`."""
+    log_probs, cache = step_fn(flatten_beams(state.alive_seqs), state.index, state.cache)
+    log_probs = unflatten_beams(ops.cast(log_probs, "float32"), k)  # [batch, k, vocab]
+    must_end = ops.reshape(ops.greater_equal(state.index + 1, caps), (-1, 1, 1))
+    log_probs = _force_eos(log_probs, must_end, eos_id)
+    top_log_probs, top_beams, top_tokens, top_seqs = _top_candidates(state, log_probs, k)
+    ends = ops.equal(top_tokens, eos_id)  # [batch, 2k]
+
+    # Alive: the best k candidates that did not end; their caches follow them.
+    alive_log_probs, alive_indices = ops.top_k(ops.where(ends, NEG_INF, top_log_probs), k)
+    origin = ops.take_along_axis(top_beams, alive_indices, axis=1)  # [batch, k] source beam
+    finished = _merge_finished(state, top_log_probs, top_seqs, ends, k, alpha)
+    return BeamState(
+        state.index + 1,
+        gather_beams(top_seqs, alive_indices),  # [batch, k, L]
+        alive_log_probs,
+        *finished,
+        keras.tree.map_structure(lambda x: gather_flat_beams(x, origin, k), cache),
+    )
+
+
+def _best_hypotheses(state, alpha, return_all):
+    """`(ids, scores)` of the finished hypotheses, without the BOS column."""
+    # With EOS forced at every limit an input always has finished hypotheses; fall back to the
+    # alive ones anyway so the result never holds an empty slot.
+    any_finished = state.finished_flags[:, 0]  # [batch]
+    alive_scores = state.alive_log_probs / length_penalty(ops.maximum(state.index, 1), alpha)
+    sequences = ops.where(
+        ops.reshape(any_finished, (-1, 1, 1)), state.finished_seqs, state.alive_seqs
+    )
+    scores = ops.where(ops.expand_dims(any_finished, 1), state.finished_scores, alive_scores)
+    sequences = sequences[:, :, 1:]  # [batch, k, max_len]
+    if return_all:
+        return sequences, scores
+    return sequences[:, 0], scores[:, 0]
 
 
 def beam_search(
@@ -219,7 +343,9 @@ def beam_search(
         the best score down.
 
     Example:
-    >>> ids, scores = beam_search(step_fn, bos, cache, beam_size=4, max_length=60, alpha=0.6)
+    ```python
+    ids, scores = beam_search(step_fn, bos, cache, beam_size=4, max_length=60, alpha=0.6)
+    ```
     """
     k = int(beam_size)
     if k < 1:
@@ -227,102 +353,14 @@ def beam_search(
     caps = _output_caps(initial_ids, max_length, max_lengths)  # [batch]
     batch = ops.shape(caps)[0]
     max_penalty = length_penalty(caps, alpha)  # [batch] the largest penalty any output gets
-
-    alive_seqs = _initial_sequences(initial_ids, (batch, k), max_length)  # [batch, k, max_len+1]
-    # All beams start identical; only the first is live, so the first step does not pick k
-    # copies of the same continuation.
-    first_beam = ops.equal(ops.arange(k, dtype="int32"), 0)  # [k]
-    alive_log_probs = ops.where(
-        first_beam, ops.zeros((batch, k), "float32"), ops.full((batch, k), NEG_INF, "float32")
-    )  # [batch, k]
-    finished_seqs = ops.zeros_like(alive_seqs)  # [batch, k, max_len + 1]
-    finished_scores = ops.full((batch, k), NEG_INF, "float32")  # [batch, k]
-    finished_flags = ops.zeros((batch, k), "bool")  # [batch, k]
-    state = keras.tree.map_structure(lambda x: expand_to_beams(x, k), initial_state)
-
-    def cond(index, alive_seqs, alive_log_probs, finished_seqs, finished_scores, finished_flags, _):
-        # Beams are kept sorted, so column 0 is the best alive and column -1 the worst finished.
-        best_alive = alive_log_probs[:, 0] / max_penalty  # [batch]
-        worst_finished = ops.where(finished_flags[:, -1], finished_scores[:, -1], NEG_INF)
-        no_alive = ops.less_equal(alive_log_probs[:, 0], HALF_NEG_INF)  # [batch]
-        done = ops.logical_or(no_alive, ops.greater_equal(worst_finished, best_alive))
-        return ops.logical_and(ops.less(index, max_length), ops.logical_not(ops.all(done)))
-
-    def body(
-        index, alive_seqs, alive_log_probs, finished_seqs, finished_scores, finished_flags, state
-    ):
-        log_probs, state = step_fn(flatten_beams(alive_seqs), index, state)  # [batch * k, vocab]
-        log_probs = unflatten_beams(ops.cast(log_probs, "float32"), k)  # [batch, k, vocab]
-        vocab = ops.shape(log_probs)[-1]
-        length = index + 1  # tokens in each candidate, EOS included
-        must_end = ops.reshape(ops.greater_equal(length, caps), (-1, 1, 1))  # [batch, 1, 1]
-        log_probs = _force_eos(log_probs, must_end, eos_id)
-
-        # Top 2k continuations of all alive beams.
-        candidates = ops.expand_dims(alive_log_probs, 2) + log_probs  # [batch, k, vocab]
-        candidates = ops.reshape(candidates, (-1, k * vocab))  # [batch, k * vocab]
-        top_log_probs, top_indices = ops.top_k(candidates, 2 * k)  # [batch, 2k]
-        top_beams = ops.cast(top_indices // vocab, "int32")  # [batch, 2k] source beam
-        top_tokens = ops.cast(top_indices % vocab, "int32")  # [batch, 2k]
-        top_seqs = gather_beams(alive_seqs, top_beams)  # [batch, 2k, max_len + 1]
-        top_seqs = _write_column(top_seqs, length, top_tokens)
-        ends = ops.equal(top_tokens, eos_id)  # [batch, 2k]
-        possible = ops.greater(top_log_probs, HALF_NEG_INF)  # [batch, 2k]
-
-        # Alive: the best k candidates that did not end.
-        alive_candidates = ops.where(ends, NEG_INF, top_log_probs)  # [batch, 2k]
-        alive_log_probs, alive_indices = ops.top_k(alive_candidates, k)  # [batch, k]
-        alive_seqs = gather_beams(top_seqs, alive_indices)  # [batch, k, max_len + 1]
-        origin = ops.take_along_axis(top_beams, alive_indices, axis=1)  # [batch, k]
-        state = keras.tree.map_structure(lambda x: gather_flat_beams(x, origin, k), state)
-
-        # Finished: the best k of the old finished and the candidates that ended now. As in
-        # fairseq, an EOS candidate counts only if it ranks among the top k (the 2k only keep
-        # the alive beams full), so beam size 1 is exactly greedy search.
-        in_top_k = ops.less(ops.arange(2 * k, dtype="int32"), k)  # [2k]
-        new_flags = ops.logical_and(ops.logical_and(ends, possible), in_top_k)  # [batch, 2k]
-        new_scores = top_log_probs / ops.expand_dims(length_penalty(length, alpha), 0)
-        new_scores = ops.where(new_flags, new_scores, NEG_INF)  # [batch, 2k]
-        all_scores = ops.concatenate([finished_scores, new_scores], axis=1)  # [batch, 3k]
-        all_flags = ops.concatenate([finished_flags, new_flags], axis=1)  # [batch, 3k]
-        all_seqs = ops.concatenate([finished_seqs, top_seqs], axis=1)  # [batch, 3k, len]
-        finished_scores, keep = ops.top_k(all_scores, k)  # [batch, k]
-        finished_flags = ops.take_along_axis(all_flags, keep, axis=1)  # [batch, k]
-        finished_seqs = gather_beams(all_seqs, keep)  # [batch, k, max_len + 1]
-        return (
-            length,
-            alive_seqs,
-            alive_log_probs,
-            finished_seqs,
-            finished_scores,
-            finished_flags,
-            state,
-        )
-
-    index = ops.convert_to_tensor(0, dtype="int32")
-    loop_vars = (
-        index,
-        alive_seqs,
-        alive_log_probs,
-        finished_seqs,
-        finished_scores,
-        finished_flags,
-        state,
+    state = _initial_beam_state(initial_ids, initial_state, k, max_length, batch)
+    # One loop variable, the named state (a 1-tuple: ops.while_loop unpacks tuples).
+    (state,) = ops.while_loop(
+        lambda state: _beam_search_continues(state, max_length, max_penalty),
+        lambda state: (_beam_search_step(state, step_fn, k, caps, alpha, eos_id),),
+        (state,),
     )
-    (index, alive_seqs, alive_log_probs, finished_seqs, finished_scores, finished_flags, _) = (
-        ops.while_loop(cond, body, loop_vars)
-    )
-
-    # With EOS forced at every limit an input always has finished hypotheses; fall back to the
-    # alive ones anyway so the result never holds an empty slot.
-    any_finished = finished_flags[:, 0]  # [batch]
-    alive_scores = alive_log_probs / length_penalty(ops.maximum(index, 1), alpha)
-    sequences = ops.where(ops.reshape(any_finished, (-1, 1, 1)), finished_seqs, alive_seqs)
-    scores = ops.where(ops.expand_dims(any_finished, 1), finished_scores, alive_scores)
-    sequences = sequences[:, :, 1:]  # drop the start token: [batch, k, max_len]
-    if return_all:
-        return sequences, scores
-    return sequences[:, 0], scores[:, 0]
+    return _best_hypotheses(state, alpha, return_all)
 
 
 # --------------------------------------------------------------------------- the model
@@ -377,82 +415,91 @@ def translate_ids(
         normalised log-probabilities.
 
     Example:
-    >>> ids, scores = translate_ids(model, source_ids, beam_size=4, alpha=0.6)
+    ```python
+    ids, scores = translate_ids(model, source_ids, beam_size=4, alpha=0.6)
+    ```
     """
     if int(beam_size) < 1:
         raise ValueError(f"beam_size must be at least 1, got {beam_size}")
+    k = int(beam_size)
     source_ids = ops.cast(ops.convert_to_tensor(source_ids), "int32")
-    s_len = source_ids.shape[1]
-    if s_len is None:
-        s_len = ops.shape(source_ids)[1]
-    buffer = s_len + max_extra_length  # [] static when the source length is
-    if max_length is not None:
-        buffer = (
-            min(buffer, int(max_length))
-            if isinstance(buffer, int)
-            else ops.minimum(buffer, int(max_length))
-        )
-    buffer = _static_or_tensor(buffer)
-
+    buffer = _output_buffer_length(source_ids, max_extra_length, max_length)
     encoder_output, source_mask = model.encode(source_ids, training=False)
-    source_lengths = ops.sum(ops.cast(source_mask, "int32"), axis=1)  # [batch]
-    caps = source_lengths + max_extra_length  # [batch]
-    batch = ops.shape(source_ids)[0]
-    initial_ids = ops.full((batch,), bos_id, dtype="int32")  # [batch]
+    caps = ops.sum(ops.cast(source_mask, "int32"), axis=1) + max_extra_length  # [batch]
+    initial_ids = ops.full(ops.shape(source_ids)[:1], bos_id, dtype="int32")  # [batch]
     banned = _banned_tokens_mask(model.vocab_size, (pad_id, bos_id))  # [vocab]
 
     def to_log_probs(logits):  # [rows, vocab] -> [rows, vocab]
         log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
         return ops.where(banned, NEG_INF, log_probs)
 
-    k = int(beam_size)
     if use_cache:
-        # The search owns these caches (fresh buffers, see init_cache), so each step's
-        # keys/values are written into them in place (inplace_cache_writes below).
-        cache = model.init_cache(encoder_output, buffer)
-        initial_state = cache.pop("self_attention")  # per layer ([batch, h, buffer, d], same)
-        # The rest is fixed during the search: the encoder's keys/values, repeated per beam
-        # (per layer ([batch * k, h, s, d], same)), and the tied embedding transposed once.
-        fixed = dict(cache)
-        fixed["cross_attention"] = keras.tree.map_structure(
-            lambda x: expand_to_beams(x, k), cache["cross_attention"]
-        )
-        memory_mask = expand_to_beams(source_mask, k)  # [batch * k, s_len]
-
-        def step_fn(ids, index, self_attention):
-            tokens = ops.take(ids, ops.reshape(index, (1,)), axis=1)  # [rows, 1]
-            cache = {**fixed, "self_attention": self_attention}
-            logits, cache = model.decode_step(tokens, index, cache, memory_mask)
-            return to_log_probs(logits[:, 0]), cache["self_attention"]
-
+        step_fn, initial_state = _cached_step(model, encoder_output, source_mask, buffer, k)
     else:
-        repeated_source = expand_to_beams(source_ids, k)  # [batch * k, s_len]
-        initial_state = ops.zeros((batch,), dtype="int32")  # unused
+        step_fn, initial_state = _uncached_step(model, source_ids, k)
 
-        def step_fn(ids, index, unused):
-            inputs = {"source_ids": repeated_source, "target_ids": ids[:, :-1]}
-            logits = model(inputs, training=False)  # [rows, buffer, vocab]
-            logits = ops.take(logits, ops.reshape(index, (1,)), axis=1)[:, 0]
-            return to_log_probs(logits), unused
+    def log_probs_fn(ids, index, state):  # the search's step function: [rows, vocab] log p
+        logits, state = step_fn(ids, index, state)
+        return to_log_probs(logits), state
 
     with inplace_cache_writes():  # the loop is traced here; only our own caches are written
         if k == 1:
             return greedy_search(
-                step_fn,
-                initial_ids,
-                initial_state,
-                buffer,
-                eos_id=eos_id,
-                alpha=alpha,
-                max_lengths=caps,
+                log_probs_fn, initial_ids, initial_state, buffer, eos_id, alpha, max_lengths=caps
             )
         return beam_search(
-            step_fn,
-            initial_ids,
-            initial_state,
-            beam_size=k,
-            max_length=buffer,
-            alpha=alpha,
-            eos_id=eos_id,
-            max_lengths=caps,
+            log_probs_fn, initial_ids, initial_state, k, buffer, alpha, eos_id, max_lengths=caps
         )
+
+
+def _output_buffer_length(source_ids, max_extra_length, max_length):
+    """Generated tokens at most: source length + `max_extra_length`, capped by `max_length`
+    (a Python int when the source length is static, else an int32 scalar)."""
+    s_len = source_ids.shape[1]
+    if s_len is None:
+        s_len = ops.shape(source_ids)[1]
+    buffer = s_len + max_extra_length
+    if max_length is not None:
+        if isinstance(buffer, int):
+            buffer = min(buffer, int(max_length))
+        else:
+            buffer = ops.minimum(buffer, int(max_length))
+    return _static_or_tensor(buffer)
+
+
+def _cached_step(model, encoder_output, source_mask, buffer, k):
+    """`(step_fn, initial_state)` decoding one token per step with the key/value caches.
+
+    The state is the per-layer self-attention cache; the rest is fixed during the search: the
+    encoder's keys/values (computed once, repeated per beam) and the tied embedding transposed
+    once. The search owns these caches (fresh buffers, see `init_cache`), so each step's
+    keys/values may be written into them in place (`inplace_cache_writes`).
+    """
+    cache = model.init_cache(encoder_output, buffer)
+    initial_state = cache.pop("self_attention")  # per layer ([batch, h, buffer, d], same)
+    fixed = dict(cache)
+    fixed["cross_attention"] = keras.tree.map_structure(
+        lambda x: expand_to_beams(x, k), cache["cross_attention"]
+    )  # per layer ([batch * k, h, s_len, d], same)
+    memory_mask = expand_to_beams(source_mask, k)  # [batch * k, s_len]
+
+    def step_fn(ids, index, self_attention):
+        tokens = ops.take(ids, ops.reshape(index, (1,)), axis=1)  # [rows, 1]
+        cache = {**fixed, "self_attention": self_attention}
+        logits, cache = model.decode_step(tokens, index, cache, memory_mask)
+        return logits[:, 0], cache["self_attention"]  # [rows, vocab]
+
+    return step_fn, initial_state
+
+
+def _uncached_step(model, source_ids, k):
+    """`(step_fn, initial_state)` re-running the whole model on the prefix at every step (slow;
+    the reference the cached decoding is tested against)."""
+    repeated_source = expand_to_beams(source_ids, k)  # [batch * k, s_len]
+
+    def step_fn(ids, index, unused):
+        inputs = {"source_ids": repeated_source, "target_ids": ids[:, :-1]}
+        logits = model(inputs, training=False)  # [rows, buffer, vocab]
+        return ops.take(logits, ops.reshape(index, (1,)), axis=1)[:, 0], unused
+
+    return step_fn, ops.zeros(ops.shape(source_ids)[:1], dtype="int32")

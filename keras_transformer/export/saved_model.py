@@ -70,8 +70,10 @@ def export_saved_model(
         The path of the new version directory, e.g. `saved_models/quickstart/3`.
 
     Example:
-    >>> path = export_saved_model(model, tokenizer, config.decode, config.data, "saved_models",
-    ...                           "quickstart")
+    ```python
+    path = export_saved_model(model, tokenizer, config.decode, config.data, "saved_models",
+                              "quickstart")
+    ```
     """
     if not name or os.sep in str(name) or str(name) in (".", ".."):
         raise ValueError(f"invalid model name {name!r}")

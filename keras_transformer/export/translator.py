@@ -63,9 +63,11 @@ class Translator(tf.Module):
         length-normalised log-probability of the translation.
 
     Example:
-    >>> translator = Translator(model, tokenizer, beam_size=4, alpha=0.6)
-    >>> translator(tf.constant(["Guten Morgen."]))["translation"]
-    >>> tf.saved_model.save(translator, path, signatures={"serving_default": translator.serve})
+    ```python
+    translator = Translator(model, tokenizer, beam_size=4, alpha=0.6)
+    translator(tf.constant(["Guten Morgen."]))["translation"]
+    tf.saved_model.save(translator, path, signatures={"serving_default": translator.serve})
+    ```
     """
 
     def __init__(

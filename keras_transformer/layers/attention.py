@@ -27,9 +27,12 @@ def scaled_dot_product_attention(query, key, value, mask=None, dropout_fn=None):
         `(output, attention_weights)` with shapes `[..., q_len, d_v]` and `[..., q_len, k_len]`.
 
     Example:
+    >>> import numpy as np
     >>> q = k = np.eye(2, dtype="float32")
     >>> v = np.array([[2.0, 3.0], [4.0, 5.0]], "float32")
-    >>> out, w = scaled_dot_product_attention(q, k, v)  # w ~ [[.67, .33], [.33, .67]]
+    >>> out, w = scaled_dot_product_attention(q, k, v)
+    >>> np.round(np.asarray(w), 2).tolist()
+    [[0.67, 0.33], [0.33, 0.67]]
 
     References:
         Vaswani et al., 2017, "Attention Is All You Need", section 3.2.1.
@@ -103,9 +106,10 @@ class MultiHeadAttention(keras.layers.Layer):
         `output`, then `attention_scores` if requested, then the cache if one was given.
 
     Example:
+    >>> import numpy as np
     >>> mha = MultiHeadAttention(num_heads=8, key_dim=64)
     >>> x = np.zeros((2, 10, 512), "float32")
-    >>> mha(x, x, use_causal_mask=True).shape
+    >>> tuple(mha(x, x, use_causal_mask=True).shape)
     (2, 10, 512)
 
     References:

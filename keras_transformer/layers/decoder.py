@@ -43,8 +43,14 @@ class TransformerDecoderBlock(BlockBase):
         self-attention cache if one was given.
 
     Example:
+    >>> import numpy as np
     >>> block = TransformerDecoderBlock(num_heads=8, d_ff=2048)
+    >>> target_x = np.zeros((2, 7, 512), "float32")  # embedded target
+    >>> memory = np.zeros((2, 9, 512), "float32")  # encoder output
+    >>> source_ids = np.ones((2, 9), "int32")
     >>> y = block(target_x, encoder_output=memory, encoder_padding_mask=source_ids != 0)
+    >>> tuple(y.shape)
+    (2, 7, 512)
 
     References:
         Vaswani et al., 2017, "Attention Is All You Need", section 3.1.
@@ -143,8 +149,13 @@ class TransformerDecoder(StackBase):
         training: enables dropout.
 
     Example:
-    >>> decoder = TransformerDecoder(num_layers=6, num_heads=8, d_ff=2048)
+    >>> import numpy as np
+    >>> decoder = TransformerDecoder(num_layers=2, num_heads=8, d_ff=2048)
+    >>> embedded_target = np.zeros((2, 7, 512), "float32")
+    >>> memory, source_ids = np.zeros((2, 9, 512), "float32"), np.ones((2, 9), "int32")
     >>> y = decoder(embedded_target, memory, encoder_padding_mask=source_ids != 0)
+    >>> tuple(y.shape)
+    (2, 7, 512)
 
     References:
         Vaswani et al., 2017, "Attention Is All You Need", section 3.1.

@@ -29,9 +29,12 @@ class TokenEmbedding(keras.layers.Layer):
             embedding matrix.
 
     Example:
+    >>> import numpy as np
     >>> emb = TokenEmbedding(vocab_size=8000, d_model=512)
-    >>> x = emb(ids)                  # [batch, len, 512]
-    >>> logits = emb(x, reverse=True)  # [batch, len, 8000]
+    >>> ids = np.array([[5, 9, 3, 0]])
+    >>> x = emb(ids)
+    >>> tuple(x.shape), tuple(emb(x, reverse=True).shape)
+    ((1, 4, 512), (1, 4, 8000))
 
     References:
         Vaswani et al., 2017, "Attention Is All You Need", section 3.4;
@@ -124,7 +127,10 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
         `inputs + PE[start_index : start_index + length]`, same shape and dtype as `inputs`.
 
     Example:
-    >>> x = SinusoidalPositionalEncoding()(TokenEmbedding(8000, 512)(ids))
+    >>> import numpy as np
+    >>> pe = SinusoidalPositionalEncoding()(np.zeros((1, 3, 4), "float32"))  # positions 0, 1, 2
+    >>> np.round(np.asarray(pe)[0, 1], 3).tolist()  # sin(1), cos(1), sin(1/100), cos(1/100)
+    [0.841, 0.54, 0.01, 1.0]
 
     References:
         Vaswani et al., 2017, "Attention Is All You Need", section 3.5.

@@ -33,8 +33,11 @@ class TransformerEncoderBlock(BlockBase):
         training: enables dropout.
 
     Example:
+    >>> import numpy as np
     >>> block = TransformerEncoderBlock(num_heads=8, d_ff=2048)
-    >>> y = block(x, padding_mask=ids != 0)
+    >>> x, ids = np.zeros((2, 9, 512), "float32"), np.array([[5] * 9, [5] * 6 + [0] * 3])
+    >>> tuple(block(x, padding_mask=ids != 0).shape)
+    (2, 9, 512)
 
     References:
         Vaswani et al., 2017, "Attention Is All You Need", section 3.1.
@@ -86,8 +89,12 @@ class TransformerEncoder(StackBase):
         training: enables dropout.
 
     Example:
-    >>> encoder = TransformerEncoder(num_layers=6, num_heads=8, d_ff=2048)
+    >>> import numpy as np
+    >>> encoder = TransformerEncoder(num_layers=2, num_heads=8, d_ff=2048)
+    >>> embedded_source, source_ids = np.zeros((2, 9, 512), "float32"), np.ones((2, 9), "int32")
     >>> memory = encoder(embedded_source, padding_mask=source_ids != 0)
+    >>> tuple(memory.shape)
+    (2, 9, 512)
 
     References:
         Vaswani et al., 2017, "Attention Is All You Need", section 3.1.

@@ -21,8 +21,10 @@ class PositionwiseFeedForward(keras.layers.Layer):
         training: enables dropout.
 
     Example:
+    >>> import numpy as np
     >>> ffn = PositionwiseFeedForward(d_ff=2048)
-    >>> y = ffn(x)  # x: [batch, len, 512] -> y: [batch, len, 512]
+    >>> tuple(ffn(np.zeros((2, 10, 512), "float32")).shape)
+    (2, 10, 512)
 
     References:
         Vaswani et al., 2017, "Attention Is All You Need", section 3.3.

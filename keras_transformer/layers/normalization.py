@@ -22,8 +22,11 @@ class LayerNormalization(keras.layers.LayerNormalization):
         inputs: any tensor; normalized over `axis`.
 
     Example:
+    >>> import numpy as np
     >>> norm = LayerNormalization(epsilon=1e-6)
-    >>> y = norm(x)  # x: [batch, len, 512] -> y: [batch, len, 512]
+    >>> y = np.asarray(norm(np.arange(8, dtype="float32").reshape(2, 4)))
+    >>> np.round(y.mean(-1), 4).tolist(), np.round(y.std(-1), 3).tolist()
+    ([0.0, 0.0], [1.0, 1.0])
 
     References:
         Ba, Kiros & Hinton, 2016, "Layer Normalization".

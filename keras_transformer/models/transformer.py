@@ -54,8 +54,10 @@ class Transformer(keras.Model):
         Logits `[batch, t_len, vocab_size]` (float32).
 
     Example:
-    >>> model = Transformer.from_preset("transformer_base", vocab_size=37000)
-    >>> logits = model({"source_ids": src, "target_ids": tgt_in})
+    ```python
+    model = Transformer.from_preset("transformer_base", vocab_size=37000)
+    logits = model({"source_ids": src, "target_ids": tgt_in})
+    ```
 
     References:
         Vaswani et al., 2017, "Attention Is All You Need".

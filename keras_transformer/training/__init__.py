@@ -1,9 +1,11 @@
 """Training: loss, metrics, schedule, callbacks, strategies and `train(config)`.
 
 Example:
->>> from keras_transformer.config import load_config
->>> from keras_transformer.training import train
->>> result = train(load_config("configs/quickstart.yaml"))
+```python
+from keras_transformer.config import load_config
+from keras_transformer.training import train
+result = train(load_config("configs/quickstart.yaml"))
+```
 """
 
 from keras_transformer.training.callbacks import (

@@ -87,7 +87,9 @@ class MaskedSparseCrossEntropy(keras.losses.Loss):
         A float32 scalar.
 
     Example:
-    >>> model.compile(optimizer="adam", loss=MaskedSparseCrossEntropy(label_smoothing=0.1))
+    ```python
+    model.compile(optimizer="adam", loss=MaskedSparseCrossEntropy(label_smoothing=0.1))
+    ```
 
     References:
         Vaswani et al., 2017, section 5.4; Szegedy et al., 2016, "Rethinking the Inception

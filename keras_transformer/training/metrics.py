@@ -39,7 +39,9 @@ class MaskedAccuracy(_MaskedMean):
         name: metric name (default "accuracy").
 
     Example:
-    >>> model.compile(..., metrics=[MaskedAccuracy()])
+    ```python
+    model.compile(..., metrics=[MaskedAccuracy()])
+    ```
     """
 
     def __init__(self, pad_id=0, name="accuracy", dtype="float32"):

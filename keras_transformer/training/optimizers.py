@@ -22,7 +22,9 @@ class FusedAdam(keras.optimizers.Adam):
     decay, gradient accumulation, EMA and loss scaling are Keras's and work as with `Adam`.
 
     Example:
-    >>> optimizer = FusedAdam(TransformerSchedule(512), beta_1=0.9, beta_2=0.98, epsilon=1e-9)
+    ```python
+    optimizer = FusedAdam(TransformerSchedule(512), beta_1=0.9, beta_2=0.98, epsilon=1e-9)
+    ```
 
     References:
         Kingma & Ba, 2015, "Adam: A Method for Stochastic Optimization";

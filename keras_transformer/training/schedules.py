@@ -25,8 +25,10 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
         The float32 learning rate.
 
     Example:
-    >>> schedule = TransformerSchedule(d_model=512, warmup_steps=4000)
-    >>> optimizer = keras.optimizers.Adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9)
+    ```python
+    schedule = TransformerSchedule(d_model=512, warmup_steps=4000)
+    optimizer = keras.optimizers.Adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9)
+    ```
 
     References:
         Vaswani et al., 2017, equation (3).

@@ -73,10 +73,12 @@ def compile_model(model, config, jit_compile=False, steps_per_execution=1):
         The model.
 
     Example:
-    >>> with strategy.scope():
-    ...     model = build_transformer(config.model, tokenizer.vocab_size)
-    ...     compile_model(model, config)
-    >>> model.fit(make_dataset(pairs, tokenizer, config.data), steps_per_epoch=100, epochs=3)
+    ```python
+    with strategy.scope():
+        model = build_transformer(config.model, tokenizer.vocab_size)
+        compile_model(model, config)
+    model.fit(make_dataset(pairs, tokenizer, config.data), steps_per_epoch=100, epochs=3)
+    ```
     """
     model.compile(
         optimizer=make_optimizer(config, getattr(model, "d_model", None)),
@@ -168,9 +170,11 @@ def train(config):
         The result dict written to `result.json`.
 
     Example:
-    >>> from keras_transformer.config import load_config
-    >>> result = train(load_config("configs/quickstart.yaml"))
-    >>> result["dev"]["bleu"]
+    ```python
+    from keras_transformer.config import load_config
+    result = train(load_config("configs/quickstart.yaml"))
+    result["dev"]["bleu"]
+    ```
     """
     started = time.time()
     layout = Workdir.of(config)

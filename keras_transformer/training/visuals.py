@@ -9,11 +9,13 @@
 - `flatten_config` / `write_hparams`: the resolved config in TensorBoard's HParams dashboard.
 
 Example:
->>> attention = sentence_attention(model, tokenizer, "the dog sees a cat", config.data)
->>> figure = attention_figure(
-...     attention["decoder_cross_attention"][-1], attention["source_pieces"],
-...     attention["target_pieces"], title="cross-attention, last layer")
->>> open("cross_attention.png", "wb").write(figure_to_png(figure))
+```python
+attention = sentence_attention(model, tokenizer, "the dog sees a cat", config.data)
+figure = attention_figure(
+    attention["decoder_cross_attention"][-1], attention["source_pieces"],
+    attention["target_pieces"], title="cross-attention, last layer")
+open("cross_attention.png", "wb").write(figure_to_png(figure))
+```
 """
 
 import dataclasses
@@ -195,8 +197,10 @@ class AttentionSummaries(keras.callbacks.Callback):
         enabled: False on the non-chief workers of a multi-worker run.
 
     Example:
-    >>> model.fit(dataset, callbacks=[AttentionSummaries(dev_pairs[0][0], tokenizer, config.data,
-    ...                                                  "workdir/logs")])
+    ```python
+    model.fit(dataset, callbacks=[AttentionSummaries(dev_pairs[0][0], tokenizer, config.data,
+                                                     "workdir/logs")])
+    ```
     """
 
     def __init__(self, source, tokenizer, data_config, logdir, enabled=True):
