@@ -61,20 +61,24 @@ def bucket_batch_sizes(boundaries, tokens_per_batch, batch_multiple=1):
     return sizes
 
 
-def encode_sources(tokenizer, texts, max_source_length, length=None):
-    """Source strings -> padded ids as the model saw them in training: pieces + [EOS].
+def encode_sources(tokenizer, texts, max_source_length, length=None, ragged=False, eos_id=EOS_ID):
+    """Source strings -> ids as the model saw them in training: pieces + [EOS].
 
-    The same convention as `make_dataset` (pieces truncated to `max_source_length - 1`, then
-    EOS, padded with 0), for translating or scoring raw sentences. Works eagerly and in graphs.
+    The one home of that convention (pieces truncated to `max_source_length - 1`, then EOS,
+    padded with 0), shared by `make_dataset`'s sources, decoding during training and the
+    exported `Translator`. Works eagerly and in graphs.
 
     Args:
-        tokenizer: a `Tokenizer`.
+        tokenizer: a `Tokenizer`, or any object whose `tokenize(texts)` returns int ragged
+            pieces `[N, None]` (such as tensorflow-text's `SentencepieceTokenizer`).
         texts: `tf.string` [N] (or a list of str).
         max_source_length: longest source in tokens, EOS included.
         length: pad to this many columns (default: the longest row).
+        ragged: return the ragged ids `[N, None]` instead of a padded tensor.
+        eos_id: the end-of-sequence id.
 
     Returns:
-        int32 tensor [N, length].
+        int32 tensor [N, length] (or a ragged one with `ragged=True`).
 
     Example:
     ```python
@@ -84,8 +88,10 @@ def encode_sources(tokenizer, texts, max_source_length, length=None):
     import tensorflow as tf
 
     pieces = tokenizer.tokenize(texts)[:, : max_source_length - 1]
-    eos = tf.fill([pieces.nrows(), 1], tf.constant(EOS_ID, pieces.dtype))
-    ids = tf.concat([pieces, eos], axis=1)
+    eos = tf.fill([pieces.nrows(), 1], tf.constant(eos_id, pieces.dtype))
+    ids = tf.concat([pieces, tf.RaggedTensor.from_tensor(eos)], axis=1)
+    if ragged:
+        return ids
     if length is None:
         return ids.to_tensor(default_value=PAD_ID)
     return ids.to_tensor(default_value=PAD_ID, shape=[None, length])

@@ -9,6 +9,7 @@ import keras
 import tensorflow as tf
 import tensorflow_text as tf_text
 
+from keras_transformer.data.pipeline import encode_sources
 from keras_transformer.decoding.search import translate_ids
 
 
@@ -135,10 +136,9 @@ class Translator(tf.Module):
         text = tf.strings.unicode_transcode(
             text, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
         )
-        tokens = tokenizer.tokenize(text)  # [n, (tokens)]
-        tokens = tokens[:, : self.max_source_length - 1]  # room for EOS
-        eos = tf.fill([tokens.nrows(), 1], tf.constant(self.eos_id, tf.int32))
-        return tf.concat([tokens, tf.RaggedTensor.from_tensor(eos)], axis=1)
+        return encode_sources(
+            tokenizer, text, self.max_source_length, ragged=True, eos_id=self.eos_id
+        )
 
     def _decode_chunk(self, tokenizer, source):
         """Ragged int32 `[c, (tokens)]` -> (tf.string `[c]`, float32 `[c]`)."""

@@ -7,6 +7,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_transformer.data.pipeline import encode_sources
 from keras_transformer.evaluation import score_translations
 from keras_transformer.workdir import checkpoint_path, list_checkpoints
 
@@ -166,14 +167,6 @@ class TrainingSummaries(keras.callbacks.Callback):
             self._writer.flush()
 
 
-def _source_batch(tokenizer, sources, max_source_length, eos_id):
-    """Tokenized sources + EOS, truncated like training data, as a ragged tensor."""
-    ragged = tokenizer.tokenize(tf.constant(sources, dtype=tf.string))
-    ragged = ragged[:, : max_source_length - 1]
-    eos = tf.fill([ragged.nrows(), 1], tf.constant(eos_id, ragged.dtype))
-    return tf.concat([ragged, tf.RaggedTensor.from_tensor(eos)], axis=1)
-
-
 def translate_sentences(
     model,
     tokenizer,
@@ -218,7 +211,9 @@ def translate_sentences(
         cache[key] = tf.function(decode_batch)
     decode = cache[key]
     batch_size = min(batch_size, len(sources))
-    ragged = _source_batch(tokenizer, sources, data_config.max_source_length, tokenizer.eos_id)
+    ragged = encode_sources(
+        tokenizer, tf.constant(sources, dtype=tf.string), data_config.max_source_length, ragged=True
+    )
     lengths = ragged.row_lengths().numpy()
     # One padded length for the whole set (a multiple of 8) and full batches: static shapes, so
     # the decoder is traced once. Sorting by length lets short batches stop early.

@@ -1,0 +1,183 @@
+"""The package's shape, checked from its source: imports flow one way (no circles), the layer
+and loss modules hold no switches, and functions stay short enough to read.
+
+Layering, bottom to top: errors, config, workdir, fast paths; layers, data; models, decoding;
+export, evaluation; training; commands; cli. A module may import from its own level or below.
+"""
+
+import ast
+import os
+import pathlib
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "keras_transformer"
+
+LEVELS = {
+    "keras_transformer": 0,
+    "keras_transformer.errors": 0,
+    "keras_transformer.config": 0,
+    "keras_transformer.workdir": 0,
+    "keras_transformer.fast_paths": 0,
+    "keras_transformer.tf_utils": 0,
+    "keras_transformer.layers": 1,
+    "keras_transformer.data": 1,
+    "keras_transformer.models": 2,
+    "keras_transformer.decoding": 2,
+    "keras_transformer.export": 3,
+    "keras_transformer.evaluation": 3,
+    "keras_transformer.training": 4,
+    "keras_transformer.commands": 5,
+    "keras_transformer.cli": 6,
+}
+
+
+def _modules():
+    """`{dotted name: path}` of every module of the package."""
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+def _imports(path, name, modules):
+    """The package modules `path` imports anywhere (module level or inside functions)."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    targets = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            candidates = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+                base = f"{base}.{node.module}" if node.module else base
+            candidates = [f"{base}.{alias.name}" for alias in node.names] + [base]
+        else:
+            continue
+        for candidate in candidates:
+            # `from keras_transformer.layers import attention` names a module; `... import X`
+            # names something inside one: take the longest module prefix.
+            while candidate and candidate not in modules:
+                candidate = candidate.rpartition(".")[0]
+            if candidate and candidate != name:
+                targets.add(candidate)
+    return targets
+
+
+def _graph():
+    modules = _modules()
+    return {name: _imports(path, name, modules) for name, path in modules.items()}
+
+
+def _level(name):
+    while name not in LEVELS:
+        name = name.rpartition(".")[0]
+    return LEVELS[name]
+
+
+def test_no_import_circles():
+    graph = _graph()
+    # A package's __init__ re-exports its submodules: that edge is the package, not a circle.
+    edges = {
+        name: {t for t in targets if not t.startswith(name + ".")}
+        for name, targets in graph.items()
+    }
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for target in sorted(edges[node]):
+            if state.get(target) == "open":
+                cycle = stack[stack.index(target) :] + [target]
+                pytest.fail("import circle: " + " -> ".join(cycle))
+            if target not in state:
+                visit(target)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node)
+
+
+def test_imports_flow_one_way():
+    upward = [
+        f"{name} (level {_level(name)}) imports {target} (level {_level(target)})"
+        for name, targets in _graph().items()
+        for target in targets
+        if _level(target) > _level(name)
+    ]
+    assert not upward, "\n".join(upward)
+
+
+def _module_level_switches(path):
+    """Module-level names bound to booleans, `threading.local()` objects or rebound by
+    `global` statements: mutable switches."""
+    tree = ast.parse(path.read_text())
+    found = []
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            value = node.value
+            is_bool = isinstance(value, ast.Constant) and isinstance(value.value, bool)
+            is_local = (
+                isinstance(value, ast.Call)
+                and isinstance(value.func, ast.Attribute)
+                and value.func.attr == "local"
+            )
+            if is_bool or is_local:
+                found += [ast.unparse(target) for target in node.targets]
+    found += [
+        f"global {', '.join(node.names)}" for node in ast.walk(tree) if isinstance(node, ast.Global)
+    ]
+    return found
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted((PACKAGE / "layers").glob("*.py")) + [PACKAGE / "training" / "losses.py"],
+    ids=lambda p: str(p.relative_to(PACKAGE)),
+)
+def test_no_module_level_switches(path):
+    assert not _module_level_switches(path)
+
+
+def _function_lengths(path):
+    """`[(lines, name)]` of every function in `path`, docstrings not counted."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines = node.end_lineno - node.lineno + 1
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                if isinstance(first.value.value, str):
+                    lines -= first.end_lineno - first.lineno + 1
+            yield lines, f"{path.relative_to(PACKAGE)}:{node.name}"
+
+
+@pytest.mark.parametrize("package, limit", [("layers", 50), ("decoding", 80)])
+def test_functions_are_short(package, limit):
+    lengths = [
+        item for path in (PACKAGE / package).glob("*.py") for item in _function_lengths(path)
+    ]
+    too_long = [f"{name}: {lines} lines" for lines, name in lengths if lines >= limit]
+    assert lengths and not too_long, too_long
+
+
+def test_the_checks_see_what_they_look_for(tmp_path):
+    """The checks above find what they are meant to find (so passing means something)."""
+    switch = tmp_path / "switchy.py"
+    switch.write_text(
+        "import threading\nFUSE = True\n_STATE = threading.local()\n"
+        "def f():\n    global FUSE\n    FUSE = False\n"
+    )
+    assert _module_level_switches(switch) == ["FUSE", "_STATE", "global FUSE"]
+    assert os.path.basename(str(PACKAGE)) == "keras_transformer"
+    graph = _graph()
+    assert "keras_transformer.errors" in graph["keras_transformer.cli"]
+    assert "keras_transformer.commands" in graph["keras_transformer.cli"]
+    # Function-level imports count: commands imports the models inside a function.
+    assert "keras_transformer.models" in graph["keras_transformer.commands"]
