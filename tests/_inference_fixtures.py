@@ -1,7 +1,7 @@
-"""Shared, memoised fixtures of the inference tests: a tiny SentencePiece model and a tiny
-Transformer trained on a toy copy task (a few hundred steps, a few seconds on a CPU).
-
-They are built once per test process (`functools.lru_cache`) and shared by test modules.
+"""Recipes behind conftest.py's shared fixtures (`toy_spm_path`, `copy_model`,
+`exported_copy_model`): a tiny SentencePiece model and a tiny Transformer trained on a toy copy
+task (a few hundred steps, a few seconds on a CPU); plus the numpy references the inference
+tests compare with (`encode_sources`, `decode_outputs`). Tests use the fixtures.
 """
 
 import atexit
@@ -81,6 +81,10 @@ def decode_outputs(ids):
 
 
 MODEL_KWARGS = dict(num_layers=1, d_model=32, num_heads=2, d_ff=64, dropout=0.0)
+
+# The decoding settings of the exported copy model (conftest.py's `exported_copy_model`).
+EXPORT_DECODE = {"beam_size": 3, "alpha": 0.6, "max_extra_length": 8, "batch_size": 4}
+EXPORT_DATA = {"max_source_length": MAX_SOURCE_LENGTH}
 
 
 @functools.lru_cache(maxsize=None)

@@ -18,3 +18,55 @@ def _seed_policy_and_fast_paths():
     yield
     keras.config.set_dtype_policy(policy)
     fast_paths.set_fast_paths(enabled)
+
+
+# ------------------------------------------------------------------ shared trained-model fixtures
+# Built once per test process (session scope) and shared by the modules that need them; the
+# recipes are in _inference_fixtures.py.
+
+
+@pytest.fixture(scope="session")
+def toy_spm_path():
+    """A SentencePiece model (pad 0, unk 1, bos 2, eos 3) of the toy copy-task vocabulary."""
+    import _inference_fixtures as fx
+
+    return fx.spm_model_path()
+
+
+@pytest.fixture(scope="session")
+def toy_spm_bytes(toy_spm_path):
+    with open(toy_spm_path, "rb") as f:
+        return f.read()
+
+
+@pytest.fixture(scope="session")
+def copy_model():
+    """A tiny Transformer trained with `model.fit` to copy its input (a few seconds)."""
+    import _inference_fixtures as fx
+
+    return fx.trained_model()
+
+
+@pytest.fixture(scope="session")
+def exported_copy_model(copy_model, toy_spm_bytes, tmp_path_factory):
+    """`(translator, path of version 1)`: `copy_model` as a `Translator` and exported as the
+    SavedModel `saved_models/toy/1` (decoding settings `fx.EXPORT_DECODE`, `fx.EXPORT_DATA`)."""
+    import _inference_fixtures as fx
+
+    from keras_transformer.export import Translator, export_saved_model
+
+    base = str(tmp_path_factory.mktemp("exported") / "saved_models")
+    path = export_saved_model(
+        copy_model, toy_spm_bytes, fx.EXPORT_DECODE, fx.EXPORT_DATA, base, "toy"
+    )
+    decode, data = fx.EXPORT_DECODE, fx.EXPORT_DATA
+    translator = Translator(
+        copy_model,
+        toy_spm_bytes,
+        beam_size=decode["beam_size"],
+        alpha=decode["alpha"],
+        max_extra_length=decode["max_extra_length"],
+        max_source_length=data["max_source_length"],
+        batch_size=decode["batch_size"],
+    )
+    return translator, path

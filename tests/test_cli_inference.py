@@ -10,7 +10,6 @@ import sys
 import _inference_fixtures as fx
 import numpy as np
 import pytest
-from test_export import exported
 
 from keras_transformer import cli
 from keras_transformer.config import from_dict, save_config
@@ -27,8 +26,8 @@ def run_cli(capsys, *argv):
 
 
 @pytest.fixture(scope="module")
-def model_base_dir():
-    _, path = exported()
+def model_base_dir(exported_copy_model):
+    _, path = exported_copy_model
     return os.path.dirname(path)  # the model base path: the highest version is picked
 
 
@@ -38,10 +37,10 @@ def test_translate_arguments(capsys, model_base_dir):
     assert out.splitlines() == SENTENCES  # the copy model copies
 
 
-def test_translate_stdin_in_batches(capsys, monkeypatch, model_base_dir):
+def test_translate_stdin_in_batches(capsys, monkeypatch, exported_copy_model):
     lines = SENTENCES * 3 + ["", "\xff weird"]
     monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join(lines) + "\n"))
-    _, version = exported()
+    _, version = exported_copy_model
     code, out, err = run_cli(capsys, "translate", "--model", version, "--batch-size", "5")
     assert code == 0, err
     outputs = out.split("\n")[:-1]
@@ -72,7 +71,7 @@ def test_evaluate_prints_one_json_object(capsys, tmp_path, model_base_dir):
     assert result["sentences"] == len(SENTENCES) and result["sentences_per_second"] > 0
 
 
-def _write_workdir(tmp_path, steps=(100, 200, 300)):
+def _write_workdir(tmp_path, copy_model, toy_spm_path, steps=(100, 200, 300)):
     """A training workdir as the trainer leaves it: config.yaml, spm.model, checkpoints."""
     workdir = tmp_path / "workdir"
     os.makedirs(workdir / "checkpoints")
@@ -86,8 +85,8 @@ def _write_workdir(tmp_path, steps=(100, 200, 300)):
         }
     )
     save_config(config, str(workdir / "config.yaml"))
-    shutil.copy(fx.spm_model_path(), workdir / "spm.model")
-    model = fx.trained_model()
+    shutil.copy(toy_spm_path, workdir / "spm.model")
+    model = copy_model
     original = [w.numpy() for w in model.weights]
     rng = np.random.default_rng(0)
     for step in steps:
@@ -100,8 +99,8 @@ def _write_workdir(tmp_path, steps=(100, 200, 300)):
     return workdir
 
 
-def test_export_from_workdir(capsys, tmp_path):
-    workdir = _write_workdir(tmp_path)
+def test_export_from_workdir(capsys, tmp_path, copy_model, toy_spm_path):
+    workdir = _write_workdir(tmp_path, copy_model, toy_spm_path)
     code, out, err = run_cli(capsys, "export", "--workdir", str(workdir), "--average", "2")
     assert code == 0, err
     model_dir = tmp_path / "saved_models" / "toy"
@@ -162,8 +161,8 @@ def test_evaluate_misaligned_files_exit_2(capsys, tmp_path, model_base_dir):
     assert code == 2 and "align" in err
 
 
-def test_export_errors_exit_2(capsys, tmp_path):
-    workdir = _write_workdir(tmp_path, steps=(100,))
+def test_export_errors_exit_2(capsys, tmp_path, copy_model, toy_spm_path):
+    workdir = _write_workdir(tmp_path, copy_model, toy_spm_path, steps=(100,))
     code, _, err = run_cli(capsys, "export", "--workdir", str(workdir), "--average", "3")
     assert code == 2 and "cannot average 3" in err
     code, _, err = run_cli(capsys, "export", "--workdir", str(workdir), "--average", "0")

@@ -273,8 +273,8 @@ def test_beam_search_compiles_with_xla():
 
 
 @pytest.fixture(scope="module")
-def model():
-    return fx.trained_model()
+def model(copy_model):
+    return copy_model
 
 
 @pytest.fixture(scope="module")

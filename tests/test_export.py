@@ -1,6 +1,5 @@
 """The string-to-string Translator and its SavedModel in TF Serving's layout."""
 
-import functools
 import json
 import os
 import re
@@ -23,8 +22,7 @@ from keras_transformer.export import (
 from keras_transformer.models import Transformer
 from keras_transformer.workdir import average_checkpoints
 
-DECODE = {"beam_size": 3, "alpha": 0.6, "max_extra_length": 8, "batch_size": 4}
-DATA = {"max_source_length": fx.MAX_SOURCE_LENGTH}
+DECODE, DATA = fx.EXPORT_DECODE, fx.EXPORT_DATA
 
 NORMAL = ["red apple cat", "dog dog fish bird", "blue", "plum pear white black green"]
 HOSTILE = [
@@ -37,38 +35,15 @@ HOSTILE = [
 ]
 
 
-def spm_bytes():
-    with open(fx.spm_model_path(), "rb") as f:
-        return f.read()
-
-
-@functools.lru_cache(maxsize=None)
-def exported():
-    """(translator, path of version 1) of the trained tiny model."""
-    model = fx.trained_model()
-    base = os.path.join(fx.work_dir(), "saved_models")
-    path = export_saved_model(model, spm_bytes(), DECODE, DATA, base, "toy")
-    translator = Translator(
-        model,
-        spm_bytes(),
-        beam_size=DECODE["beam_size"],
-        alpha=DECODE["alpha"],
-        max_extra_length=DECODE["max_extra_length"],
-        max_source_length=DATA["max_source_length"],
-        batch_size=DECODE["batch_size"],
-    )
-    return translator, path
-
-
 def _as_strings(values):
     return [v.decode("utf-8") for v in np.asarray(values)]
 
 
-def test_translator_matches_python_reference():
-    translator, _ = exported()
+def test_translator_matches_python_reference(exported_copy_model, copy_model):
+    translator, _ = exported_copy_model
     out = translator(NORMAL)
     ids, scores = translate_ids(
-        fx.trained_model(),
+        copy_model,
         fx.encode_sources(NORMAL),
         beam_size=DECODE["beam_size"],
         alpha=DECODE["alpha"],
@@ -78,8 +53,8 @@ def test_translator_matches_python_reference():
     np.testing.assert_allclose(out["score"], scores, rtol=1e-4, atol=1e-5)
 
 
-def test_translator_answers_every_input():
-    translator, _ = exported()
+def test_translator_answers_every_input(exported_copy_model):
+    translator, _ = exported_copy_model
     out = translator(HOSTILE)
     assert out["translation"].shape == (len(HOSTILE),) and out["score"].shape == (len(HOSTILE),)
     assert out["translation"].dtype == tf.string and out["score"].dtype == tf.float32
@@ -91,8 +66,8 @@ def test_translator_answers_every_input():
     assert empty["translation"].shape == (0,) and empty["score"].shape == (0,)
 
 
-def test_long_inputs_are_truncated_to_the_max_source_length():
-    translator, _ = exported()
+def test_long_inputs_are_truncated_to_the_max_source_length(exported_copy_model):
+    translator, _ = exported_copy_model
     sp = fx.spm_processor()
     long_text = " ".join(["red green blue"] * 400)
     kept = sp.decode(sp.encode(long_text)[: fx.MAX_SOURCE_LENGTH - 1])
@@ -140,8 +115,10 @@ print(json.dumps({
 """
 
 
-def test_saved_model_runs_in_a_fresh_process_with_only_tf_and_tf_text():
-    translator, path = exported()
+def test_saved_model_runs_in_a_fresh_process_with_only_tf_and_tf_text(
+    exported_copy_model, tmp_path
+):
+    translator, path = exported_copy_model
     raw = [t if isinstance(t, bytes) else t.encode("utf-8") for t in HOSTILE]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("PYTHONPATH", None)  # our package must not be needed (the script blocks it too)
@@ -150,7 +127,7 @@ def test_saved_model_runs_in_a_fresh_process_with_only_tf_and_tf_text():
         capture_output=True,
         text=True,
         env=env,
-        cwd=fx.work_dir(),
+        cwd=str(tmp_path),
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -164,8 +141,8 @@ def test_saved_model_runs_in_a_fresh_process_with_only_tf_and_tf_text():
     assert result["translation"][-len(NORMAL) :] == NORMAL
 
 
-def test_saved_model_cli_shows_the_serving_signature():
-    _, path = exported()
+def test_saved_model_cli_shows_the_serving_signature(exported_copy_model):
+    _, path = exported_copy_model
     cli = shutil.which("saved_model_cli") or os.path.join(
         os.path.dirname(sys.executable), "saved_model_cli"
     )
@@ -199,11 +176,11 @@ def _untrained_model():
     return Transformer(vocab_size=fx.spm_processor().get_piece_size(), **fx.MODEL_KWARGS)
 
 
-def test_exports_take_the_next_version_and_never_overwrite(tmp_path):
+def test_exports_take_the_next_version_and_never_overwrite(tmp_path, toy_spm_bytes):
     model = _untrained_model()
     os.makedirs(tmp_path / "m" / "not-a-version")
-    first = export_saved_model(model, spm_bytes(), DECODE, DATA, str(tmp_path), "m")
-    second = export_saved_model(model, spm_bytes(), DECODE, DATA, str(tmp_path), "m")
+    first = export_saved_model(model, toy_spm_bytes, DECODE, DATA, str(tmp_path), "m")
+    second = export_saved_model(model, toy_spm_bytes, DECODE, DATA, str(tmp_path), "m")
     assert first == str(tmp_path / "m" / "1") and second == str(tmp_path / "m" / "2")
     assert list_versions(str(tmp_path / "m")) == [1, 2]
     assert sorted(os.listdir(tmp_path / "m")) == ["1", "2", "not-a-version"]  # no temp dirs
@@ -214,9 +191,9 @@ def test_exports_take_the_next_version_and_never_overwrite(tmp_path):
     assert metadata["beam_size"] == DECODE["beam_size"] and metadata["alpha"] == DECODE["alpha"]
 
 
-def test_a_failed_export_leaves_nothing(tmp_path, monkeypatch):
+def test_a_failed_export_leaves_nothing(tmp_path, monkeypatch, toy_spm_bytes):
     model = _untrained_model()
-    export_saved_model(model, spm_bytes(), DECODE, DATA, str(tmp_path), "m")
+    export_saved_model(model, toy_spm_bytes, DECODE, DATA, str(tmp_path), "m")
 
     def broken_save(obj, export_dir, signatures=None, **kwargs):
         with open(os.path.join(export_dir, "saved_model.pb"), "wb") as f:
@@ -225,10 +202,10 @@ def test_a_failed_export_leaves_nothing(tmp_path, monkeypatch):
 
     monkeypatch.setattr(tf.saved_model, "save", broken_save)
     with pytest.raises(OSError, match="disk full"):
-        export_saved_model(model, spm_bytes(), DECODE, DATA, str(tmp_path), "m")
+        export_saved_model(model, toy_spm_bytes, DECODE, DATA, str(tmp_path), "m")
     assert os.listdir(tmp_path / "m") == ["1"]
     with pytest.raises(OSError):
-        export_saved_model(model, spm_bytes(), DECODE, DATA, str(tmp_path), "fresh")
+        export_saved_model(model, toy_spm_bytes, DECODE, DATA, str(tmp_path), "fresh")
     assert sorted(os.listdir(tmp_path)) == ["m"]
 
 
@@ -255,13 +232,13 @@ def test_average_checkpoints_is_the_mean_of_the_weights(tmp_path):
         average_checkpoints(model, [])
 
 
-def test_translator_accepts_the_data_tokenizer():
+def test_translator_accepts_the_data_tokenizer(exported_copy_model, copy_model, toy_spm_path):
     from keras_transformer.data import Tokenizer
 
-    translator, _ = exported()
+    translator, _ = exported_copy_model
     with_tokenizer = Translator(
-        fx.trained_model(),
-        Tokenizer(fx.spm_model_path()),
+        copy_model,
+        Tokenizer(toy_spm_path),
         beam_size=DECODE["beam_size"],
         alpha=DECODE["alpha"],
         max_extra_length=DECODE["max_extra_length"],
@@ -273,10 +250,10 @@ def test_translator_accepts_the_data_tokenizer():
     )
 
 
-def test_translator_survives_eager_cache_clears():
+def test_translator_survives_eager_cache_clears(exported_copy_model):
     import keras
 
-    translator, _ = exported()
+    translator, _ = exported_copy_model
     before = _as_strings(translator(NORMAL)["translation"])
     keras.utils.set_random_seed(7)  # clears TensorFlow's eager kernel cache
     assert _as_strings(translator(NORMAL)["translation"]) == before

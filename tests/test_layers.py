@@ -10,8 +10,10 @@ import keras
 import numpy as np
 import pytest
 from keras import ops
+from layer_harness import run_layer_test  # noqa: E402
 
 from keras_transformer.layers import (
+    LayerNormalization,
     MultiHeadAttention,
     PositionwiseFeedForward,
     SinusoidalPositionalEncoding,
@@ -252,52 +254,81 @@ def test_decoder_block_returns_scores():
 # ---------------------------------------------------------------- config round trips, dtypes
 
 
-LAYER_CASES = [
-    (lambda: MultiHeadAttention(num_heads=2, key_dim=4, dropout=0.1), (2, 3, 8)),
-    (lambda: PositionwiseFeedForward(d_ff=16, activation="relu"), (2, 3, 8)),
-    (lambda: SinusoidalPositionalEncoding(), (2, 3, 8)),
-    (lambda: TransformerEncoderBlock(num_heads=2, d_ff=16, norm_first=True), (2, 3, 8)),
-    (lambda: TransformerDecoderBlock(num_heads=2, d_ff=16, dropout=0.2), (2, 3, 8)),
-    (lambda: TransformerEncoder(num_layers=2, num_heads=2, d_ff=16), (2, 3, 8)),
-    (lambda: TransformerDecoder(num_layers=2, num_heads=2, d_ff=16), (2, 3, 8)),
-]
+X = np.random.default_rng(13).normal(size=(2, 3, 8)).astype("float32")
+IDS = np.array([[3, 7, 1, 0], [5, 2, 0, 0]], "int32")
+
+# (layer factory, input, output shape, trainable weights, input dtype)
+LAYER_CASES = {
+    "MultiHeadAttention": (
+        lambda: MultiHeadAttention(num_heads=2, key_dim=4, dropout=0.1),
+        X,
+        (2, 3, 8),
+        8,  # query, key, value, output: kernel and bias each
+        "float32",
+    ),
+    "PositionwiseFeedForward": (
+        lambda: PositionwiseFeedForward(d_ff=16, activation="relu"),
+        X,
+        (2, 3, 8),
+        4,
+        "float32",
+    ),
+    "SinusoidalPositionalEncoding": (
+        lambda: SinusoidalPositionalEncoding(),
+        X,
+        (2, 3, 8),
+        0,
+        "float32",
+    ),
+    "TokenEmbedding": (lambda: TokenEmbedding(20, 8, mask_zero=True), IDS, (2, 4, 8), 1, "int32"),
+    "LayerNormalization": (lambda: LayerNormalization(epsilon=1e-6), X, (2, 3, 8), 2, "float32"),
+    "TransformerEncoderBlock": (
+        lambda: TransformerEncoderBlock(num_heads=2, d_ff=16, norm_first=True),
+        X,
+        (2, 3, 8),
+        8 + 4 + 4,  # attention, feed-forward, two LayerNorms
+        "float32",
+    ),
+    "TransformerDecoderBlock": (
+        lambda: TransformerDecoderBlock(num_heads=2, d_ff=16, dropout=0.2),
+        X,
+        (2, 3, 8),
+        2 * 8 + 4 + 6,  # two attentions, feed-forward, three LayerNorms
+        "float32",
+    ),
+    "TransformerEncoder": (
+        lambda: TransformerEncoder(num_layers=2, num_heads=2, d_ff=16),
+        X,
+        (2, 3, 8),
+        2 * 16,
+        "float32",
+    ),
+    "TransformerDecoder": (
+        lambda: TransformerDecoder(num_layers=2, num_heads=2, d_ff=16, norm_first=True),
+        X,
+        (2, 3, 8),
+        2 * 26 + 2,  # and the pre-norm stack's final LayerNorm
+        "float32",
+    ),
+}
 
 
-@pytest.mark.parametrize("make, shape", LAYER_CASES)
-def test_config_round_trip_same_outputs(make, shape):
-    x = np.random.default_rng(13).normal(size=shape).astype("float32")
-    layer = make()
-    y = np_(layer(x))
-    clone = layer.__class__.from_config(layer.get_config())
-    assert clone.get_config() == layer.get_config()
-    clone(x)
-    clone.set_weights(layer.get_weights())
-    np.testing.assert_allclose(np_(clone(x)), y, atol=1e-6)
-    # Also through Keras' generic serialization (registered names).
-    restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer))
-    assert type(restored) is type(layer)
+@pytest.mark.parametrize("name", sorted(LAYER_CASES))
+def test_layer_by_the_book(name, tmp_path):
+    make, data, shape, weights, dtype = LAYER_CASES[name]
+    run_layer_test(make, data, shape, weights, tmp_path, input_dtype=dtype)
 
 
-def test_token_embedding_config_round_trip():
-    emb = TokenEmbedding(vocab_size=20, d_model=8, mask_zero=True)
-    clone = TokenEmbedding.from_config(emb.get_config())
-    assert clone.get_config() == emb.get_config()
+def test_every_public_layer_is_covered():
+    import keras_transformer.layers as layers
 
-
-@pytest.mark.parametrize("make, shape", LAYER_CASES)
-def test_symbolic_call(make, shape):
-    inputs = keras.Input(shape=shape[1:])
-    outputs = make()(inputs)
-    assert tuple(outputs.shape[1:]) == shape[1:]
-
-
-@pytest.mark.parametrize("make, shape", LAYER_CASES)
-def test_mixed_precision_policy(make, shape):
-    keras.config.set_dtype_policy("mixed_bfloat16")
-    layer = make()
-    y = layer(np.ones(shape, "float32"))
-    assert keras.backend.standardize_dtype(y.dtype) == "bfloat16"
-    assert all(keras.backend.standardize_dtype(w.dtype) == "float32" for w in layer.weights)
+    public = {
+        name
+        for name in layers.__all__
+        if isinstance(getattr(layers, name), type)
+        and issubclass(getattr(layers, name), keras.layers.Layer)
+    }
+    assert public == set(LAYER_CASES)
 
 
 def test_bad_arguments_fail_clearly():

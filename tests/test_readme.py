@@ -92,7 +92,7 @@ def test_commands_use_real_configs_and_subcommands():
 
 
 @pytest.fixture(scope="module")
-def exported_quickstart(tmp_path_factory):
+def exported_quickstart(tmp_path_factory, toy_spm_bytes):
     """A tiny untrained model exported as saved_models/quickstart/1 in a fresh directory: the
     formats are under test here, not the translations."""
     import _inference_fixtures as fx
@@ -102,11 +102,9 @@ def exported_quickstart(tmp_path_factory):
 
     base = tmp_path_factory.mktemp("readme")
     model = Transformer(vocab_size=fx.spm_processor().get_piece_size(), **fx.MODEL_KWARGS)
-    with open(fx.spm_model_path(), "rb") as f:
-        spm = f.read()
     path = export_saved_model(
         model,
-        spm,
+        toy_spm_bytes,
         dict(beam_size=2, alpha=0.6, max_extra_length=4, batch_size=4),
         dict(max_source_length=12, max_target_length=12),
         str(base / "saved_models"),
