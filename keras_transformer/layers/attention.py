@@ -31,7 +31,7 @@ def scaled_dot_product_attention(query, key, value, mask=None, dropout_fn=None):
     >>> q = k = np.eye(2, dtype="float32")
     >>> v = np.array([[2.0, 3.0], [4.0, 5.0]], "float32")
     >>> out, w = scaled_dot_product_attention(q, k, v)
-    >>> np.round(np.asarray(w), 2).tolist()
+    >>> np.asarray(w, "float64").round(2).tolist()
     [[0.67, 0.33], [0.33, 0.67]]
 
     References:

@@ -129,7 +129,7 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
     Example:
     >>> import numpy as np
     >>> pe = SinusoidalPositionalEncoding()(np.zeros((1, 3, 4), "float32"))  # positions 0, 1, 2
-    >>> np.round(np.asarray(pe)[0, 1], 3).tolist()  # sin(1), cos(1), sin(1/100), cos(1/100)
+    >>> np.asarray(pe, "float64")[0, 1].round(3).tolist()  # sin(1), cos(1), sin(1/100), cos(1/100)
     [0.841, 0.54, 0.01, 1.0]
 
     References:

@@ -24,7 +24,7 @@ class LayerNormalization(keras.layers.LayerNormalization):
     Example:
     >>> import numpy as np
     >>> norm = LayerNormalization(epsilon=1e-6)
-    >>> y = np.asarray(norm(np.arange(8, dtype="float32").reshape(2, 4)))
+    >>> y = np.asarray(norm(np.arange(8, dtype="float32").reshape(2, 4)), "float64")
     >>> np.round(y.mean(-1), 4).tolist(), np.round(y.std(-1), 3).tolist()
     ([0.0, 0.0], [1.0, 1.0])
 
