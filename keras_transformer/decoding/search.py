@@ -225,7 +225,7 @@ def _beam_search_continues(state, max_length, max_penalty):
     return ops.logical_and(ops.less(state.index, max_length), ops.logical_not(ops.all(done)))
 
 
-def _top_candidates(state, log_probs, k):
+def _top_candidates(state, log_probs, k, length):
     """The best `2k` one-token extensions of the alive beams.
 
     Returns `(log_probs [batch, 2k], source beams [batch, 2k], tokens [batch, 2k],
@@ -238,11 +238,11 @@ def _top_candidates(state, log_probs, k):
     top_beams = ops.cast(top_indices // vocab, "int32")  # [batch, 2k]
     top_tokens = ops.cast(top_indices % vocab, "int32")  # [batch, 2k]
     top_seqs = gather_beams(state.alive_seqs, top_beams)  # [batch, 2k, L]
-    top_seqs = _write_column(top_seqs, state.index + 1, top_tokens)
+    top_seqs = _write_column(top_seqs, length, top_tokens)
     return top_log_probs, top_beams, top_tokens, top_seqs
 
 
-def _merge_finished(state, top_log_probs, top_seqs, ends, k, alpha):
+def _merge_finished(state, top_log_probs, top_seqs, ends, k, alpha, length):
     """The best `k` of the old finished hypotheses and the candidates that end now.
 
     As in fairseq, an EOS candidate counts only if it ranks among the top k (the 2k only keep
@@ -251,7 +251,7 @@ def _merge_finished(state, top_log_probs, top_seqs, ends, k, alpha):
     possible = ops.greater(top_log_probs, HALF_NEG_INF)  # [batch, 2k]
     in_top_k = ops.less(ops.arange(2 * k, dtype="int32"), k)  # [2k]
     new_flags = ops.logical_and(ops.logical_and(ends, possible), in_top_k)  # [batch, 2k]
-    new_scores = top_log_probs / length_penalty(state.index + 1, alpha)
+    new_scores = top_log_probs / length_penalty(length, alpha)
     new_scores = ops.where(new_flags, new_scores, NEG_INF)  # [batch, 2k]
     all_scores = ops.concatenate([state.finished_scores, new_scores], axis=1)  # [batch, 3k]
     all_flags = ops.concatenate([state.finished_flags, new_flags], axis=1)  # [batch, 3k]
@@ -265,17 +265,18 @@ def _beam_search_step(state, step_fn, k, caps, alpha, eos_id):
     """One token more for every alive beam; the next `BeamState`."""
     log_probs, cache = step_fn(flatten_beams(state.alive_seqs), state.index, state.cache)
     log_probs = unflatten_beams(ops.cast(log_probs, "float32"), k)  # [batch, k, vocab]
-    must_end = ops.reshape(ops.greater_equal(state.index + 1, caps), (-1, 1, 1))
+    length = state.index + 1  # tokens in each candidate, EOS included
+    must_end = ops.reshape(ops.greater_equal(length, caps), (-1, 1, 1))
     log_probs = _force_eos(log_probs, must_end, eos_id)
-    top_log_probs, top_beams, top_tokens, top_seqs = _top_candidates(state, log_probs, k)
+    top_log_probs, top_beams, top_tokens, top_seqs = _top_candidates(state, log_probs, k, length)
     ends = ops.equal(top_tokens, eos_id)  # [batch, 2k]
 
     # Alive: the best k candidates that did not end; their caches follow them.
     alive_log_probs, alive_indices = ops.top_k(ops.where(ends, NEG_INF, top_log_probs), k)
     origin = ops.take_along_axis(top_beams, alive_indices, axis=1)  # [batch, k] source beam
-    finished = _merge_finished(state, top_log_probs, top_seqs, ends, k, alpha)
+    finished = _merge_finished(state, top_log_probs, top_seqs, ends, k, alpha, length)
     return BeamState(
-        state.index + 1,
+        length,
         gather_beams(top_seqs, alive_indices),  # [batch, k, L]
         alive_log_probs,
         *finished,

@@ -23,7 +23,7 @@ def fused_projection(x, denses, compute_dtype, split_heads):
     The weights stay separate Dense layers, so checkpoints and configs are unchanged. The product
     is split on its last axis, whose gradient is a cheap concatenation.
     """
-    if not fast_paths.enabled("fused_projections"):
+    if len(denses) < 2 or not fast_paths.enabled("fused_projections"):
         return None
     units = {d.units for d in denses}
     biases = {d.use_bias for d in denses}
