@@ -120,3 +120,21 @@ def test_translate_prints_only_translations(model_base_dir):
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines() == ["blue", "red apple cat"]
     assert done.stderr == ""
+
+
+def test_export_decoding_settings_resolve_and_validate():
+    from keras_transformer.config import export_decoding, from_dict
+    from keras_transformer.errors import ConfigError
+
+    config = from_dict({"decode": {"beam_size": 5, "alpha": 0.8}, "export": {"n_best": 2}})
+    assert export_decoding(config) == {
+        "beam_size": 5, "alpha": 0.8, "n_best": 2, "max_extra_length": 50, "batch_size": 32,
+    }  # fmt: skip
+    assert export_decoding(config, beam_size=1, n_best=1)["beam_size"] == 1  # the command's
+    with pytest.raises(ConfigError, match="export.n_best"):
+        export_decoding(config, beam_size=1)  # the config's n_best 2 > beam 1
+    assert export_decoding(from_dict({"export": {"beam_size": 3}}))["n_best"] == 3
+    with pytest.raises(ConfigError, match="export.n_best"):
+        from_dict({"decode": {"beam_size": 2}, "export": {"n_best": 3}})
+    with pytest.raises(ConfigError, match="export.max_extra_length"):
+        from_dict({"export": {"max_extra_length": -1}})
