@@ -29,6 +29,8 @@ setup(
         "matplotlib>=3.8",
     ],
     extras_require={
+        # `keras-transformer export --format ctranslate2` (imported only by that command).
+        "ctranslate2": ["ctranslate2>=4.5,<5"],
         "test": [
             "pytest>=8",
             # Tests in parallel processes (the README test command runs two).
@@ -38,6 +40,8 @@ setup(
             "nbclient>=0.10",
             "nbformat>=5.10",
             "ipykernel>=6",
+            # The CTranslate2 conversion tests run in CI too.
+            "ctranslate2>=4.5,<5",
         ],
     },
     entry_points={"console_scripts": ["keras-transformer=keras_transformer.cli:main"]},

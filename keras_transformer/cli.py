@@ -1,20 +1,27 @@
 """The `keras-transformer` command: thin argument parsing over `keras_transformer.commands`.
 
-Subcommands: train, translate, evaluate, export. Exit code 0 on success, 2 with a one-line
-message on bad usage or bad input (no traceback for user errors).
+Subcommands: train, translate, evaluate, score, export. Exit code 0 on success, 2 with a one-line
+message on bad usage or bad input (no traceback for user errors). TensorFlow's start-up log is
+kept off the terminal unless `--verbose` is given or `TF_CPP_MIN_LOG_LEVEL` is set
+(`commands.import_tensorflow`).
 """
 
 import argparse
-import os
 import sys
 
 from keras_transformer import commands
 from keras_transformer.errors import KerasTransformerError
 
-
-def _quiet_tensorflow():
-    # C++ log lines (oneDNN, CUDA probing) are noise for CLI users; errors still show.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+QUANTIZATIONS = (
+    "int8",
+    "int8_float32",
+    "int8_float16",
+    "int8_bfloat16",
+    "int16",
+    "float16",
+    "bfloat16",
+    "float32",
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -28,9 +35,16 @@ def build_parser():
         prog="keras-transformer",
         description='Train, export and run the Transformer of "Attention Is All You Need".',
     )
+    # Every subcommand takes --verbose.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--verbose", action="store_true", help="show TensorFlow's start-up and device logs"
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    p = sub.add_parser("train", help="train, evaluate on the dev set and export a SavedModel")
+    p = sub.add_parser(
+        "train", parents=[common], help="train, evaluate on the dev set and export a SavedModel"
+    )
     p.add_argument("--config", required=True, help="YAML config file (see configs/)")
     p.add_argument("--workdir", help="output directory (default: workdirs/<config name>)")
     p.add_argument(
@@ -42,30 +56,73 @@ def build_parser():
     )
     p.set_defaults(func=commands.train_command)
 
-    p = sub.add_parser("translate", help="translate TEXT arguments or stdin lines")
+    p = sub.add_parser(
+        "translate", parents=[common], help="translate TEXT arguments or stdin lines"
+    )
     p.add_argument("--model", required=True, help="SavedModel directory (or its parent)")
     p.add_argument("--batch-size", type=int, default=32, help="sentences per call (default 32)")
+    p.add_argument(
+        "--n-best",
+        type=int,
+        default=None,
+        metavar="K",
+        help="K lines 'SCORE<TAB>TRANSLATION' per input, best first (translate_nbest signature; "
+        "K at most the exported n-best)",
+    )
     p.add_argument("text", nargs="*", help="sentences; stdin lines when none are given")
     p.set_defaults(func=commands.translate_command)
 
-    p = sub.add_parser("evaluate", help="sacreBLEU and chrF of a SavedModel on a test set")
+    p = sub.add_parser(
+        "evaluate", parents=[common], help="sacreBLEU and chrF of a SavedModel on a test set"
+    )
     p.add_argument("--model", required=True, help="SavedModel directory (or its parent)")
     p.add_argument("--source", required=True, help="source sentences, one per line")
     p.add_argument("--reference", required=True, help="reference translations, one per line")
     p.add_argument("--batch-size", type=int, default=32, help="sentences per call (default 32)")
     p.set_defaults(func=commands.evaluate_command)
 
-    p = sub.add_parser("export", help="export a SavedModel from a training workdir")
+    p = sub.add_parser(
+        "score", parents=[common], help="log-probability of each target given its source"
+    )
+    p.add_argument("--model", required=True, help="SavedModel directory (or its parent)")
+    p.add_argument("--source", required=True, help="source sentences, one per line")
+    p.add_argument("--target", required=True, help="target sentences to score, one per line")
+    p.add_argument("--batch-size", type=int, default=32, help="sentences per call (default 32)")
+    p.set_defaults(func=commands.score_command)
+
+    p = sub.add_parser(
+        "export", parents=[common], help="export a SavedModel from a training workdir"
+    )
     p.add_argument("--workdir", required=True, help="training workdir")
     p.add_argument("--average", type=int, default=None, help="average the last N checkpoints")
-    p.add_argument("--output", help="base directory of the named model (default from config)")
+    p.add_argument(
+        "--output",
+        help="base directory of the named model (default from config); with --format "
+        "ctranslate2, the CTranslate2 model directory (default BASE_DIR/NAME-ctranslate2)",
+    )
+    p.add_argument("--beam-size", type=int, help="beam size fixed in the SavedModel")
+    p.add_argument("--alpha", type=float, help="length-penalty exponent fixed in the SavedModel")
+    p.add_argument(
+        "--n-best", type=int, help="hypotheses per input of translate_nbest (<= beam size)"
+    )
+    p.add_argument("--max-extra-length", type=int, help="outputs stop at source length + this")
+    p.add_argument(
+        "--format",
+        choices=("saved_model", "ctranslate2"),
+        default="saved_model",
+        help="saved_model (TF Serving, default) or ctranslate2 (needs the ctranslate2 extra)",
+    )
+    p.add_argument(
+        "--quantization",
+        choices=QUANTIZATIONS,
+        help="CTranslate2 weight type (default: float32 as trained)",
+    )
     p.set_defaults(func=commands.export_command)
     return parser
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    _quiet_tensorflow()
     try:
         args.func(args)
     except (KerasTransformerError, FileNotFoundError) as e:

@@ -1,7 +1,8 @@
 """What the `keras-transformer` subcommands do (argument parsing lives in `cli.py`).
 
-`translate` and `evaluate` run an exported SavedModel through its `serving_default` signature,
-exactly as TF Serving would; `export` rebuilds the model from a training workdir; `train` runs
+`translate`, `evaluate` and `score` run an exported SavedModel through its signatures
+(`serving_default`, `translate_nbest`, `score`), exactly as TF Serving would; `export` rebuilds
+the model from a training workdir (SavedModel or CTranslate2); `train` runs
 `keras_transformer.training.train`. User errors are raised as `UsageError` (or another
 `keras_transformer.errors.KerasTransformerError`), which `cli.py` prints as one line.
 """
@@ -10,6 +11,7 @@ import itertools
 import json
 import os
 import sys
+import tempfile
 import time
 
 from keras_transformer.errors import UsageError
@@ -18,9 +20,60 @@ from keras_transformer.workdir import Workdir, average_checkpoints
 # --------------------------------------------------------------------------- helpers
 
 
-def load_serving_function(model_path):
-    """The `serving_default` function of the SavedModel at `model_path` (a version directory or
-    the model's base directory, where the highest version is taken)."""
+def import_tensorflow(verbose=False):
+    """Imports TensorFlow (and tensorflow-text) without its C++ start-up log, unless asked.
+
+    TensorFlow's native libraries log to file descriptor 2 while they load and probe devices:
+    oneDNN notices, "Could not find cuda drivers" and, on machines without a GPU, an alarming
+    `E0000 ... failed call to cuInit` line. Some of them come from absl before its logging is
+    initialised and ignore `TF_CPP_MIN_LOG_LEVEL`, so the only way to keep them off the user's
+    terminal is to point descriptor 2 elsewhere while TensorFlow loads and finds its devices.
+    Nothing is hidden when `verbose` is set or the user chose their own `TF_CPP_MIN_LOG_LEVEL`;
+    if the import itself fails, what was logged is written out after all.
+
+    Args:
+        verbose: keep TensorFlow's logs (`--verbose`).
+
+    Returns:
+        The `tensorflow` module.
+    """
+    if verbose or "TF_CPP_MIN_LOG_LEVEL" in os.environ or "tensorflow" in sys.modules:
+        import tensorflow as tf
+
+        return tf
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"  # and later C++ messages below ERROR
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            import tensorflow as tf
+            import tensorflow_text  # noqa: F401  (loads its kernels: more start-up lines)
+
+            tf.config.list_logical_devices()  # device probing (the cuInit line) happens here
+        except BaseException:
+            os.dup2(saved, 2)
+            log.seek(0)
+            sys.stderr.write(log.read().decode("utf-8", errors="replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+    return tf
+
+
+def load_signatures(model_path, required=(None,)):
+    """The loaded SavedModel at `model_path` (a version directory or the model's base directory,
+    where the highest version is taken) and its signatures.
+
+    Args:
+        model_path: the directory.
+        required: signature keys that must exist (None: `serving_default`).
+
+    Returns:
+        `(loaded, path, {key: concrete function})`; keep `loaded` alive while the functions are
+        used.
+    """
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (registers the SentencePiece ops the graph uses)
 
@@ -32,9 +85,24 @@ def load_serving_function(model_path):
     except Exception as e:  # a broken or foreign directory: a user error, not a traceback
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UsageError(f"cannot load the SavedModel in {path}: {first}") from None
-    signature = loaded.signatures.get(SIGNATURE_KEY)
-    if signature is None:
-        raise UsageError(f"{path} has no '{SIGNATURE_KEY}' signature")
+    for key in required:
+        key = key or SIGNATURE_KEY
+        if loaded.signatures.get(key) is None:
+            hint = " (exported before this version of keras-transformer? export it again)"
+            raise UsageError(
+                f"{path} has no '{key}' signature" + (hint if key != SIGNATURE_KEY else "")
+            )
+    return loaded, path, dict(loaded.signatures)
+
+
+def load_serving_function(model_path):
+    """The `serving_default` function of the SavedModel at `model_path` (a version directory or
+    the model's base directory, where the highest version is taken): `texts -> (translations,
+    scores)`."""
+    import tensorflow as tf
+
+    loaded, _, signatures = load_signatures(model_path)
+    signature = signatures["serving_default"]
 
     def translate(texts):
         outputs = signature(text=tf.constant(texts, dtype=tf.string))
@@ -42,6 +110,32 @@ def load_serving_function(model_path):
         return translations, outputs["score"].numpy().tolist()
 
     # Keep the loaded object alive as long as the function is used.
+    translate.loaded = loaded
+    return translate
+
+
+def load_nbest_function(model_path, n_best):
+    """`texts -> [[(score, translation), ...] per text]` through the `translate_nbest`
+    signature: the first `n_best` hypotheses (at most the number exported)."""
+    import tensorflow as tf
+
+    loaded, path, signatures = load_signatures(model_path, required=("translate_nbest",))
+    signature = signatures["translate_nbest"]
+    exported = signature.structured_outputs["translations"].shape[-1]
+    if n_best > exported:
+        raise UsageError(
+            f"--n-best {n_best}: {path} was exported with {exported} hypotheses per input "
+            "(export it again with --n-best, at most its --beam-size)"
+        )
+
+    def translate(texts):
+        outputs = signature(text=tf.constant(texts, dtype=tf.string))
+        rows = zip(outputs["scores"].numpy().tolist(), outputs["translations"].numpy().tolist())
+        return [
+            [(s, t.decode("utf-8", errors="replace")) for s, t in zip(scores, texts)][:n_best]
+            for scores, texts in rows
+        ]
+
     translate.loaded = loaded
     return translate
 
@@ -60,6 +154,14 @@ def translate_lines(translate, lines, batch_size):
         yield from translations
 
 
+def _nbest_lines(translate_nbest, lines, batch_size):
+    """`SCORE<TAB>TRANSLATION` lines, n-best per input, inputs in order."""
+    for start in range(0, len(lines), batch_size):
+        for hypotheses in translate_nbest(lines[start : start + batch_size]):
+            for score, text in hypotheses:
+                yield f"{score:.6f}\t{text}"
+
+
 def _read_lines(path, what):
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{what} file not found: {path}")
@@ -74,12 +176,27 @@ def _read_lines(path, what):
 
 
 def translate_command(args):
-    """`keras-transformer translate --model DIR [TEXT ...]`: one translation per line."""
+    """`keras-transformer translate --model DIR [--n-best K] [TEXT ...]`: one translation per
+    line; with `--n-best K`, K lines `SCORE<TAB>TRANSLATION` per input, best first."""
     batch_size = _batch_size(args)
-    translate = load_serving_function(args.model)
+    n_best = getattr(args, "n_best", None)
+    if n_best is not None and n_best < 1:
+        raise UsageError(f"--n-best must be a positive integer, got {n_best}")
+    import_tensorflow(getattr(args, "verbose", False))
+    if n_best is None:
+        translate = load_serving_function(args.model)
+
+        def output_lines(lines, size):
+            return translate_lines(translate, lines, size)
+    else:
+        translate = load_nbest_function(args.model, n_best)
+
+        def output_lines(lines, size):
+            return _nbest_lines(translate, lines, size)
+
     if args.text:
-        for translation in translate_lines(translate, list(args.text), batch_size):
-            print(translation)
+        for line in output_lines(list(args.text), batch_size):
+            print(line)
         return
     # Streams stdin batch by batch; someone typing at a terminal gets each line back at once.
     if sys.stdin.isatty():
@@ -89,8 +206,8 @@ def translate_command(args):
         batch = list(itertools.islice(lines, batch_size))
         if not batch:
             break
-        for translation in translate_lines(translate, batch, batch_size):
-            print(translation)
+        for line in output_lines(batch, batch_size):
+            print(line)
         sys.stdout.flush()
 
 
@@ -111,6 +228,7 @@ def evaluate_command(args):
         )
     if not sources:
         raise UsageError(f"{args.source} is empty: nothing to evaluate")
+    import_tensorflow(getattr(args, "verbose", False))
     translate = load_serving_function(args.model)
     translate(sources[:1])  # the first call traces and loads kernels; keep it out of the timing
     start = time.perf_counter()
@@ -121,6 +239,34 @@ def evaluate_command(args):
     result["seconds"] = round(seconds, 3)
     result["model"] = args.model
     print(json.dumps(result))
+
+
+# --------------------------------------------------------------------------- score
+
+
+def score_command(args):
+    """`keras-transformer score --model DIR --source F --target F`: one log-probability per line
+    (the target's tokens and EOS under the model, through the `score` signature)."""
+    batch_size = _batch_size(args)
+    sources = _read_lines(args.source, "source")
+    targets = _read_lines(args.target, "target")
+    if len(sources) != len(targets):
+        raise UsageError(
+            f"{args.source} has {len(sources)} lines but {args.target} has "
+            f"{len(targets)}: they must align"
+        )
+    tf = import_tensorflow(getattr(args, "verbose", False))
+    loaded, _, signatures = load_signatures(args.model, required=("score",))
+    score = signatures["score"]
+    for start in range(0, len(sources), batch_size):
+        outputs = score(
+            source=tf.constant(sources[start : start + batch_size], dtype=tf.string),
+            target=tf.constant(targets[start : start + batch_size], dtype=tf.string),
+        )
+        for value in outputs["log_probability"].numpy().tolist():
+            print(f"{value:.6f}")
+    sys.stdout.flush()
+    del loaded
 
 
 # --------------------------------------------------------------------------- export
@@ -170,15 +316,55 @@ def load_workdir_model(workdir, average=None):
     return config, model, spm_bytes, [step for step, _ in chosen]
 
 
+def _export_settings(config, args):
+    from keras_transformer.config import export_decoding
+    from keras_transformer.errors import ConfigError
+
+    try:
+        return export_decoding(
+            config,
+            beam_size=getattr(args, "beam_size", None),
+            alpha=getattr(args, "alpha", None),
+            n_best=getattr(args, "n_best", None),
+            max_extra_length=getattr(args, "max_extra_length", None),
+        )
+    except ConfigError as e:  # name the flag the user typed
+        message = str(e)
+        for key in ("beam_size", "n_best", "max_extra_length"):
+            message = message.replace(f"export.{key}", "--" + key.replace("_", "-"))
+        raise UsageError(message) from None
+
+
 def export_command(args):
-    """`keras-transformer export --workdir DIR [--average N] [--output DIR]`."""
+    """`keras-transformer export --workdir DIR [--average N] [--output DIR] [--beam-size K]
+    [--alpha A] [--n-best N] [--max-extra-length L] [--format saved_model|ctranslate2]
+    [--quantization TYPE]`."""
+    export_format = getattr(args, "format", None) or "saved_model"
+    quantization = getattr(args, "quantization", None)
+    if export_format == "ctranslate2":
+        from keras_transformer.export.ct2 import require_ctranslate2
+
+        require_ctranslate2()  # before the slow part: say how to install it
+    elif quantization is not None:
+        raise UsageError("--quantization applies to --format ctranslate2 only")
+    import_tensorflow(getattr(args, "verbose", False))
+    config, model, spm_bytes, steps = load_workdir_model(args.workdir, args.average)
+    name = config.export.name or config.name
+    averaged = f"average of steps {', '.join(map(str, steps))}" if len(steps) > 1 else None
+    if export_format == "ctranslate2":
+        from keras_transformer.export.ct2 import export_ctranslate2
+
+        output = args.output or os.path.join(config.export.base_dir, f"{name}-ctranslate2")
+        path = export_ctranslate2(
+            model, spm_bytes, output, quantization=quantization, data_config=config.data
+        )
+        print(f"converted {averaged or f'step {steps[-1]}'} to CTranslate2 in {path}")
+        return
     from keras_transformer.export.saved_model import export_saved_model
 
-    config, model, spm_bytes, steps = load_workdir_model(args.workdir, args.average)
+    settings = _export_settings(config, args)
     base_dir = args.output or config.export.base_dir
-    name = config.export.name or config.name
-    path = export_saved_model(model, spm_bytes, config.decode, config.data, base_dir, name)
-    averaged = f"average of steps {', '.join(map(str, steps))}" if len(steps) > 1 else None
+    path = export_saved_model(model, spm_bytes, settings, config.data, base_dir, name)
     print(f"exported {averaged or f'step {steps[-1]}'} to {path}")
 
 
@@ -193,6 +379,7 @@ def train_command(args):
     config = load_config(args.config, overrides=args.set)
     if args.workdir:
         config.runtime.workdir = args.workdir
+    import_tensorflow(getattr(args, "verbose", False))
     from keras_transformer.training import train
 
     train(config)

@@ -133,6 +133,17 @@ class ExportConfig:
     )
     base_dir: str = _field("saved_models", "directory holding the named models")
     average_checkpoints: int = _field(1, "average the last N checkpoints before exporting")
+    beam_size: Optional[int] = _field(
+        None, "beam size fixed in the SavedModel; null: decode.beam_size"
+    )
+    alpha: Optional[float] = _field(None, "length-penalty exponent; null: decode.alpha")
+    n_best: Optional[int] = _field(
+        None,
+        "hypotheses per input of the translate_nbest signature (<= beam size); null: the beam size",
+    )
+    max_extra_length: Optional[int] = _field(
+        None, "outputs stop at source length + this; null: decode.max_extra_length"
+    )
 
 
 @dataclasses.dataclass
@@ -317,7 +328,61 @@ def validate(config):
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+    export_decoding(config)  # the export's decoding settings must be possible too
     return config
+
+
+def export_decoding(config, **overrides):
+    """The decoding settings fixed into an exported SavedModel.
+
+    Each of `beam_size`, `alpha`, `n_best` and `max_extra_length` comes from, in order: a
+    non-None keyword argument (e.g. `keras-transformer export --beam-size`), the `export:`
+    section, the `decode:` section (`n_best`: the beam size). `batch_size` is `decode.batch_size`.
+
+    Args:
+        config: an `ExperimentConfig`.
+        **overrides: `beam_size`, `alpha`, `n_best`, `max_extra_length` (None = not given).
+
+    Returns:
+        A dict with `beam_size`, `alpha`, `n_best`, `max_extra_length` and `batch_size`.
+
+    Raises:
+        ConfigError: a value is impossible (named as its `export.` key).
+
+    Example:
+    >>> export_decoding(from_dict({"decode": {"beam_size": 5}}), n_best=2)["n_best"]
+    2
+    """
+    unknown = set(overrides) - {"beam_size", "alpha", "n_best", "max_extra_length"}
+    if unknown:
+        raise TypeError(f"export_decoding() got unknown settings {sorted(unknown)}")
+
+    def pick(key, fallback):
+        value = overrides.get(key)
+        if value is None:
+            value = getattr(config.export, key)
+        return fallback if value is None else value
+
+    beam_size = int(pick("beam_size", config.decode.beam_size))
+    settings = {
+        "beam_size": beam_size,
+        "alpha": float(pick("alpha", config.decode.alpha)),
+        "n_best": int(pick("n_best", beam_size)),
+        "max_extra_length": int(pick("max_extra_length", config.decode.max_extra_length)),
+        "batch_size": config.decode.batch_size,
+    }
+    if settings["beam_size"] < 1:
+        raise ConfigError(f"export.beam_size must be positive, got {settings['beam_size']}")
+    if not 1 <= settings["n_best"] <= beam_size:
+        raise ConfigError(
+            f"export.n_best must be between 1 and the beam size ({beam_size}), "
+            f"got {settings['n_best']}"
+        )
+    if settings["max_extra_length"] < 0:
+        raise ConfigError(
+            f"export.max_extra_length must be 0 or more, got {settings['max_extra_length']}"
+        )
+    return settings
 
 
 def config_reference():

@@ -146,13 +146,23 @@ def _rest_bodies():
     return bodies
 
 
+def _as_json(values):
+    values = values.numpy()
+    if values.dtype == object:
+        return np.vectorize(lambda b: b.decode("utf-8"), otypes=[object])(values).tolist()
+    return values.tolist()
+
+
 @pytest.mark.slow
 def test_rest_requests_match_the_signature(exported_quickstart):
-    """Answers the README's REST bodies as TF Serving's REST API does, on the real signature."""
+    """Answers the README's REST bodies as TF Serving's REST API does, on the real signatures
+    (`signature_name`, default `serving_default`)."""
     import tensorflow as tf
+    import tensorflow_text  # noqa: F401
 
     _, path = exported_quickstart
-    serve = _signature(path)
+    signatures = tf.saved_model.load(path).signatures
+    serve = signatures["serving_default"]
     _, inputs = serve.structured_input_signature
     assert list(inputs) == ["text"]
     assert inputs["text"].dtype == tf.string and inputs["text"].shape.as_list() == [None]
@@ -162,28 +172,29 @@ def test_rest_requests_match_the_signature(exported_quickstart):
 
     bodies = _rest_bodies()
     assert any("instances" in b for b in bodies) and any("inputs" in b for b in bodies)
+    named = {b.get("signature_name", "serving_default") for b in bodies}
+    assert named == {"serving_default", "translate_nbest", "score"}
     for body in bodies:
+        signature = signatures[body.get("signature_name", "serving_default")]
+        _, inputs = signature.structured_input_signature
         if "instances" in body:
             # Row format, one named input: each instance is that input's value for one row.
-            result = serve(text=tf.constant(body["instances"]))
-            rows = [
-                {"translation": t.decode(), "score": float(s)}
-                for t, s in zip(result["translation"].numpy(), result["score"].numpy())
-            ]
+            result = signature(text=tf.constant(body["instances"]))
+            rows = [dict(zip(result, values)) for values in zip(*map(_as_json, result.values()))]
             response = json.loads(json.dumps({"predictions": rows}))
             assert len(response["predictions"]) == len(body["instances"])
         else:
             # Column format: named inputs in, named outputs out.
             assert set(body["inputs"]) == set(inputs)
-            result = serve(**{k: tf.constant(v) for k, v in body["inputs"].items()})
-            response = {
-                "outputs": {
-                    "translation": [t.decode() for t in result["translation"].numpy()],
-                    "score": result["score"].numpy().tolist(),
-                }
-            }
-            assert len(response["outputs"]["score"]) == len(body["inputs"]["text"])
-        assert all(np.isfinite(s) and s <= 0 for s in result["score"].numpy())
+            result = signature(**{k: tf.constant(v) for k, v in body["inputs"].items()})
+            response = json.loads(
+                json.dumps({"outputs": {k: _as_json(v) for k, v in result.items()}})
+            )
+            assert set(response["outputs"]) == set(signature.structured_outputs)
+            rows = len(next(iter(body["inputs"].values())))
+            assert all(len(v) == rows for v in response["outputs"].values())
+        scores = result.get("score", result.get("scores", result.get("log_probability")))
+        assert np.all(np.isfinite(scores)) and np.all(np.asarray(scores) <= 0)
 
 
 @pytest.mark.slow

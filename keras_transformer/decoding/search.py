@@ -391,6 +391,7 @@ def translate_ids(
     max_length=None,
     use_cache=True,
     pad_id=0,
+    return_all=False,
 ):
     """Translates padded source ids with a `Transformer` (beam search, or greedy for beam 1).
 
@@ -409,11 +410,13 @@ def translate_ids(
         max_length: optional cap on the output length (e.g. the model's maximum target length).
         use_cache: False re-runs the full decoder on the whole prefix at every step (slow; a
             reference for tests).
+        return_all: return every beam's finished hypothesis (n-best), best first.
 
     Returns:
         `(output_ids, scores)`: int32 `[batch, T]` without BOS, EOS included and 0-padded after
         it (`T = min(s_len + max_extra_length, max_length)`), and float32 `[batch]` length-
-        normalised log-probabilities.
+        normalised log-probabilities; with `return_all`, `[batch, beam_size, T]` and
+        `[batch, beam_size]` (greedy search's one hypothesis as a beam of one).
 
     Example:
     ```python
@@ -445,11 +448,22 @@ def translate_ids(
 
     with inplace_cache_writes():  # the loop is traced here; only our own caches are written
         if k == 1:
-            return greedy_search(
+            ids, scores = greedy_search(
                 log_probs_fn, initial_ids, initial_state, buffer, eos_id, alpha, max_lengths=caps
             )
+            if return_all:  # a beam of one: [batch, 1, T], [batch, 1]
+                return ops.expand_dims(ids, 1), ops.expand_dims(scores, 1)
+            return ids, scores
         return beam_search(
-            log_probs_fn, initial_ids, initial_state, k, buffer, alpha, eos_id, max_lengths=caps
+            log_probs_fn,
+            initial_ids,
+            initial_state,
+            k,
+            buffer,
+            alpha,
+            eos_id,
+            max_lengths=caps,
+            return_all=return_all,
         )
 
 

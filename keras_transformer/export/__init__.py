@@ -1,5 +1,7 @@
-"""Export: the string-to-string `Translator` and SavedModels in TF Serving's layout."""
+"""Export: the string-to-string `Translator`, SavedModels in TF Serving's layout, and the
+conversion to CTranslate2 (`export_ctranslate2`, needs the optional `ctranslate2` package)."""
 
+from keras_transformer.export.ct2 import export_ctranslate2
 from keras_transformer.export.saved_model import (
     export_saved_model,
     list_versions,
@@ -7,4 +9,10 @@ from keras_transformer.export.saved_model import (
 )
 from keras_transformer.export.translator import Translator
 
-__all__ = ["Translator", "export_saved_model", "list_versions", "resolve_model_dir"]
+__all__ = [
+    "Translator",
+    "export_ctranslate2",
+    "export_saved_model",
+    "list_versions",
+    "resolve_model_dir",
+]

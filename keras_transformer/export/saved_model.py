@@ -52,6 +52,11 @@ def export_saved_model(
 ):
     """Exports `Translator(model, tokenizer)` as the next version of `base_dir/name`.
 
+    The SavedModel has three signatures (see `Translator`): `serving_default` (text ->
+    translation, score), `translate_nbest` (text -> translations, scores `[batch, n_best]`) and
+    `score` (source, target -> log_probability, length). `assets.extra/keras_transformer.json`
+    records them and the decoding settings used.
+
     The SavedModel is written to a hidden temporary directory next to the versions and renamed
     into place, so TF Serving (which polls the base path) never sees a half-written version and
     an existing version is never overwritten. If anything fails, nothing is left behind.
@@ -59,8 +64,9 @@ def export_saved_model(
     Args:
         model: a `Transformer` (TensorFlow backend).
         tokenizer: `keras_transformer.data.Tokenizer` (or SentencePiece model bytes).
-        decode_config: `DecodeConfig` (or dict): `beam_size`, `alpha`, `max_extra_length`,
-            `batch_size`, fixed into the graph.
+        decode_config: `DecodeConfig` (or dict, e.g. `config.export_decoding(config)`):
+            `beam_size`, `alpha`, `max_extra_length`, `batch_size` and `n_best` (hypotheses of
+            the `translate_nbest` signature; default the beam size), fixed into the graph.
         data_config: `DataConfig` (or dict): `max_source_length` (inputs are truncated to it)
             and `max_target_length` (the longest output, EOS included).
         base_dir: directory holding the named models.
@@ -90,6 +96,7 @@ def export_saved_model(
         bos_id=getattr(tokenizer, "bos_id", 2),
         eos_id=getattr(tokenizer, "eos_id", 3),
         pad_id=getattr(tokenizer, "pad_id", 0),
+        n_best=_field(decode_config, "n_best", None),
     )
     model_dir = os.path.join(base_dir, str(name))
     created_model_dir = not os.path.isdir(model_dir)
@@ -98,7 +105,7 @@ def export_saved_model(
     # TF Serving's sight (only integer names are versions).
     tmp_dir = tempfile.mkdtemp(prefix=".export-", dir=model_dir)
     try:
-        tf.saved_model.save(translator, tmp_dir, signatures={SIGNATURE_KEY: translator.serve})
+        tf.saved_model.save(translator, tmp_dir, signatures=translator.signatures)
         _write_metadata(tmp_dir, translator, name)
         version_dir = _rename_to_next_version(tmp_dir, model_dir)
     except BaseException:
@@ -113,14 +120,34 @@ def _write_metadata(export_dir, translator, name):
     # assets.extra/ travels with the SavedModel and is ignored by the loaders.
     extra = os.path.join(export_dir, "assets.extra")
     os.makedirs(extra, exist_ok=True)
+    k = translator.n_best
     metadata = {
         "name": str(name),
         "signature": SIGNATURE_KEY,
         "inputs": {"text": "string [batch]"},
         "outputs": {"translation": "string [batch]", "score": "float32 [batch]"},
+        "signatures": {
+            SIGNATURE_KEY: {
+                "inputs": {"text": "string [batch]"},
+                "outputs": {"translation": "string [batch]", "score": "float32 [batch]"},
+            },
+            "translate_nbest": {
+                "inputs": {"text": "string [batch]"},
+                "outputs": {
+                    "translations": f"string [batch, {k}]",
+                    "scores": f"float32 [batch, {k}]",
+                },
+            },
+            "score": {
+                "inputs": {"source": "string [batch]", "target": "string [batch]"},
+                "outputs": {"log_probability": "float32 [batch]", "length": "int32 [batch]"},
+            },
+        },
         "beam_size": translator.beam_size,
         "alpha": translator.alpha,
+        "n_best": k,
         "max_extra_length": translator.max_extra_length,
+        "batch_size": translator.batch_size,
         "max_source_length": translator.max_source_length,
         "max_length": translator.max_length,
         "vocab_size": translator.model.vocab_size,

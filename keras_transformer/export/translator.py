@@ -56,6 +56,9 @@ class Translator(tf.Module):
         max_length: optional cap on the output length.
         bos_id, eos_id, pad_id: special token ids (SentencePiece trained with them).
 
+        n_best: hypotheses returned per input by `translate_nbest` (1 to `beam_size`; default
+            `beam_size`).
+
     Call arguments:
         text: tf.string `[batch]`.
 
@@ -63,11 +66,18 @@ class Translator(tf.Module):
         `{"translation": tf.string [batch], "score": tf.float32 [batch]}`; the score is the
         length-normalised log-probability of the translation.
 
+    Two more tf.functions become the SavedModel's other signatures (`signatures` lists all):
+    - `translate_nbest(text)`: `{"translations": tf.string [batch, n_best], "scores": tf.float32
+      [batch, n_best]}`, best first; the first column equals `serve`'s answer.
+    - `score(source, target)`: `{"log_probability": tf.float32 [batch], "length": tf.int32
+      [batch]}`: the target's log-probability under the model (tokens and EOS, one forced-
+      decoding pass) and its token count; sizes that differ raise `InvalidArgumentError`.
+
     Example:
     ```python
     translator = Translator(model, tokenizer, beam_size=4, alpha=0.6)
     translator(tf.constant(["Guten Morgen."]))["translation"]
-    tf.saved_model.save(translator, path, signatures={"serving_default": translator.serve})
+    tf.saved_model.save(translator, path, signatures=translator.signatures)
     ```
     """
 
@@ -84,6 +94,7 @@ class Translator(tf.Module):
         bos_id=2,
         eos_id=3,
         pad_id=0,
+        n_best=None,
         name=None,
     ):
         super().__init__(name=name)
@@ -107,11 +118,40 @@ class Translator(tf.Module):
         self.batch_size = max(1, int(batch_size))
         self.max_length = None if max_length is None else int(max_length)
         self.bos_id, self.eos_id, self.pad_id = int(bos_id), int(eos_id), int(pad_id)
-        self.serve = tf.function(
-            self._translate,
-            input_signature=[tf.TensorSpec([None], tf.string, name="text")],
+        self.n_best = self.beam_size if n_best is None else int(n_best)
+        if not 1 <= self.n_best <= self.beam_size:
+            raise ValueError(
+                f"n_best must be between 1 and the beam size ({self.beam_size}), got {n_best}"
+            )
+        text_spec = tf.TensorSpec([None], tf.string, name="text")
+        self.serve = tf.function(self._translate, input_signature=[text_spec], autograph=False)
+        self.translate_nbest = tf.function(
+            self._translate_nbest, input_signature=[text_spec], autograph=False
+        )
+        self.score = tf.function(
+            self._score,
+            input_signature=[
+                tf.TensorSpec([None], tf.string, name="source"),
+                tf.TensorSpec([None], tf.string, name="target"),
+            ],
             autograph=False,
         )
+
+    @property
+    def signatures(self):
+        """`{signature key: tf.function}` of every signature, for `tf.saved_model.save`."""
+        return {
+            "serving_default": self.serve,
+            "translate_nbest": self.translate_nbest,
+            "score": self.score,
+        }
+
+    @property
+    def max_target_length(self):
+        """The longest target (EOS included) that `score` reads: the longest output the model
+        can produce."""
+        longest_output = self.max_source_length + self.max_extra_length
+        return longest_output if self.max_length is None else min(self.max_length, longest_output)
 
     @property
     def model(self):
@@ -140,8 +180,9 @@ class Translator(tf.Module):
             tokenizer, text, self.max_source_length, ragged=True, eos_id=self.eos_id
         )
 
-    def _decode_chunk(self, tokenizer, source):
-        """Ragged int32 `[c, (tokens)]` -> (tf.string `[c]`, float32 `[c]`)."""
+    def _decode_chunk(self, tokenizer, source, n_best=None):
+        """Ragged int32 `[c, (tokens)]` -> (tf.string `[c]`, float32 `[c]`) of the best
+        hypotheses, or `[c, n_best]` of the `n_best` best."""
         source_ids = source.to_tensor(default_value=self.pad_id)  # [c, s_len]
         ids, scores = translate_ids(
             self.model,
@@ -153,40 +194,129 @@ class Translator(tf.Module):
             eos_id=self.eos_id,
             max_length=self.max_length,
             pad_id=self.pad_id,
+            return_all=n_best is not None,
         )
-        ids = tf.convert_to_tensor(ids)
+        ids = tf.convert_to_tensor(ids)  # [c, T] or [c, beam, T]
+        scores = tf.convert_to_tensor(scores)  # [c] or [c, beam]
+        if n_best is not None:
+            ids = tf.reshape(ids[:, :n_best], [-1, tf.shape(ids)[-1]])  # [c * n_best, T]
+            scores = scores[:, :n_best]  # [c, n_best]
         # Outputs hold tokens, EOS, then padding; only the tokens are text.
         keep = tf.logical_and(tf.not_equal(ids, self.pad_id), tf.not_equal(ids, self.eos_id))
         text = tokenizer.detokenize(tf.ragged.boolean_mask(ids, keep))
-        return tf.reshape(text, [-1]), tf.reshape(tf.convert_to_tensor(scores), [-1])
+        if n_best is None:
+            return tf.reshape(text, [-1]), tf.reshape(scores, [-1])
+        return tf.reshape(text, [-1, n_best]), tf.reshape(scores, [-1, n_best])
+
+    def _in_chunks(self, run_chunk, inputs, lengths, shapes):
+        """Runs `run_chunk` on `batch_size` rows of `inputs` at a time, similar lengths together.
+
+        Args:
+            run_chunk: `(*chunk_inputs) -> tuple of tensors`, each with the chunk's rows first.
+            inputs: tuple of (ragged) tensors with `n` rows.
+            lengths: int `[n]`, the sort key (less padding per chunk).
+            shapes: `((dtype, row_shape), ...)` of `run_chunk`'s outputs (`row_shape` without
+                the leading row dimension).
+
+        Returns:
+            The outputs for all `n` rows, in the original order.
+        """
+        n = tf.shape(lengths, out_type=tf.int32)[0]
+        order = tf.argsort(lengths, stable=True)  # [n]
+        inputs = tuple(tf.gather(x, order) for x in inputs)
+        chunk = self.batch_size
+        num_chunks = (n + chunk - 1) // chunk
+
+        def body(i, arrays):
+            start = i * chunk
+            outputs = run_chunk(*(x[start : start + chunk] for x in inputs))
+            return i + 1, tuple(a.write(i, out) for a, out in zip(arrays, outputs))
+
+        arrays = tuple(
+            tf.TensorArray(dtype, size=num_chunks, infer_shape=False, element_shape=[None, *row])
+            for dtype, row in shapes
+        )
+        _, arrays = tf.while_loop(lambda i, _: i < num_chunks, body, (tf.constant(0), arrays))
+        inverse = tf.math.invert_permutation(order)
+        results = []
+        for array, (dtype, row) in zip(arrays, shapes):
+            # An empty request has no chunk; concat() of an empty TensorArray needs a known shape.
+            values = tf.cond(n > 0, array.concat, lambda: tf.zeros([0, *row], dtype))
+            results.append(tf.ensure_shape(tf.gather(values, inverse), [None, *row]))
+        return results
 
     def _translate(self, text):
         tokenizer = self._tokenizer()
         source = self._source_ids(tokenizer, text)  # [n, (tokens)]
-        n = source.nrows(out_type=tf.int32)
-        # Similar lengths together: less padding per chunk.
-        order = tf.argsort(source.row_lengths(), stable=True)  # [n]
-        source = tf.gather(source, order)
-        chunk = self.batch_size
-        num_chunks = (n + chunk - 1) // chunk
-
-        def body(i, texts, scores):
-            start = i * chunk
-            part_text, part_scores = self._decode_chunk(tokenizer, source[start : start + chunk])
-            return i + 1, texts.write(i, part_text), scores.write(i, part_scores)
-
-        texts = tf.TensorArray(tf.string, size=num_chunks, infer_shape=False, element_shape=[None])
-        scores = tf.TensorArray(
-            tf.float32, size=num_chunks, infer_shape=False, element_shape=[None]
+        translations, scores = self._in_chunks(
+            lambda part: self._decode_chunk(tokenizer, part),
+            (source,),
+            source.row_lengths(),
+            ((tf.string, []), (tf.float32, [])),
         )
-        _, texts, scores = tf.while_loop(
-            lambda i, *_: i < num_chunks, body, (tf.constant(0), texts, scores)
+        return {"translation": translations, "score": scores}
+
+    def _translate_nbest(self, text):
+        tokenizer = self._tokenizer()
+        source = self._source_ids(tokenizer, text)  # [n, (tokens)]
+        k = self.n_best
+        translations, scores = self._in_chunks(
+            lambda part: self._decode_chunk(tokenizer, part, n_best=k),
+            (source,),
+            source.row_lengths(),
+            ((tf.string, [k]), (tf.float32, [k])),
         )
-        # An empty request has no chunk; concat() of an empty TensorArray needs a known shape.
-        texts = tf.cond(n > 0, lambda: texts.concat(), lambda: tf.zeros([0], tf.string))
-        scores = tf.cond(n > 0, lambda: scores.concat(), lambda: tf.zeros([0], tf.float32))
-        inverse = tf.math.invert_permutation(order)
-        return {
-            "translation": tf.ensure_shape(tf.gather(texts, inverse), [None]),
-            "score": tf.ensure_shape(tf.gather(scores, inverse), [None]),
-        }
+        return {"translations": translations, "scores": scores}
+
+    # ------------------------------------------------------------------ scoring
+
+    def _target_ids(self, tokenizer, text):
+        """tf.string `[n]` -> (decoder inputs BOS + pieces, labels pieces + EOS), int32 ragged
+        `[n, (tokens)]`: the training layout, pieces truncated to `max_target_length - 1`."""
+        text = tf.strings.unicode_transcode(
+            text, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
+        )
+        pieces = tokenizer.tokenize(text)[:, : self.max_target_length - 1]
+        column = tf.ones([pieces.nrows(), 1], tf.int32)
+        bos = tf.RaggedTensor.from_tensor(column * self.bos_id)
+        eos = tf.RaggedTensor.from_tensor(column * self.eos_id)
+        return tf.concat([bos, pieces], axis=1), tf.concat([pieces, eos], axis=1)
+
+    def _score_chunk(self, source, decoder_input, labels):
+        """Ragged chunks -> (float32 `[c]` summed label log-probabilities, int32 `[c]` lengths)."""
+        logits = self.model(
+            {
+                "source_ids": source.to_tensor(default_value=self.pad_id),
+                "target_ids": decoder_input.to_tensor(default_value=self.pad_id),
+            },
+            training=False,
+        )  # [c, t_len, vocab]
+        log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1)
+        label_ids = labels.to_tensor(default_value=self.pad_id)  # [c, t_len]
+        picked = tf.gather(log_probs, label_ids, axis=2, batch_dims=2)  # [c, t_len]
+        # Ragged -> dense padded with pad_id; the row lengths say which positions are real.
+        lengths = tf.cast(labels.row_lengths(), tf.int32)  # [c]
+        real = tf.sequence_mask(lengths, tf.shape(label_ids)[1], dtype=tf.float32)
+        return tf.reduce_sum(picked * real, axis=1), lengths
+
+    def _score(self, source, target):
+        # A request with unequal sizes is the caller's error: TF Serving answers it with an
+        # INVALID_ARGUMENT status naming both sizes, and keeps serving.
+        num_sources, num_targets = tf.size(source), tf.size(target)
+        sizes_match = tf.debugging.Assert(
+            tf.equal(num_sources, num_targets),
+            ["score: source has", num_sources, "strings but target has", num_targets,
+             "strings; they must be the same"],
+        )  # fmt: skip
+        with tf.control_dependencies([sizes_match]):
+            source = tf.identity(source)
+        tokenizer = self._tokenizer()
+        source_ids = self._source_ids(tokenizer, source)  # [n, (tokens)]
+        decoder_input, labels = self._target_ids(tokenizer, target)  # [n, (tokens)] each
+        log_probability, length = self._in_chunks(
+            self._score_chunk,
+            (source_ids, decoder_input, labels),
+            source_ids.row_lengths() + decoder_input.row_lengths(),
+            ((tf.float32, []), (tf.int32, [])),
+        )
+        return {"log_probability": log_probability, "length": length}

@@ -115,10 +115,12 @@ def _export(model, tokenizer, config):
     except ImportError:
         print("SavedModel export skipped: keras_transformer.export is not available", flush=True)
         return None
+    from keras_transformer.config import export_decoding
+
     return export_saved_model(
         model,
         tokenizer,
-        config.decode,
+        export_decoding(config),
         config.data,
         config.export.base_dir,
         config.export.name or config.name,

@@ -1,0 +1,224 @@
+"""Beam-4 decoding tokens/s: our SavedModel, CTranslate2 and TF Model Garden, in one run.
+
+Usage (from the repository root, PYTHONPATH=$PWD):
+    python benchmarks/serve_compare.py                       # small and base shapes
+    python benchmarks/serve_compare.py --shapes small --runs 3 --no-peer
+
+For each shape (../shared/bench/README.md: small, base) one model with random weights is
+1. exported as our SavedModel and run through its `serving_default` signature, strings in and
+   out, as TF Serving runs it (tokenization, beam search and detokenization in the graph);
+2. converted with `keras_transformer.export.ct2.export_ctranslate2` and run by CTranslate2 with
+   `compute_type` float32 and int8 (weights quantized when loading), 2 intra-op threads;
+3. and TF Model Garden's `Seq2SeqTransformer` of the same shapes runs its own beam search
+   (`/tmp/peers/mg/bin/python ../shared/bench/peer_modelgarden.py`, one training step first).
+
+Same inputs for ours and CTranslate2: the first 32 of `batch` random sources of `src` tokens
+(a word-level SentencePiece vocabulary `t4 .. t{vocab-1}`, so one word is one token), beam 4,
+length penalty 0.6. Output lengths are pinned to `tgt` tokens: the EOS embedding row is zero, so
+EOS never wins on random weights and our search runs to its length limit (`tgt` tokens, then the
+forced EOS: one more decoder step than CTranslate2's `min_decoding_length =
+max_decoding_length = tgt`); the script checks every output has `tgt` tokens. Output tokens/s =
+32 * tgt * runs / seconds after one warm-up call, the best of `--rounds` rounds in which ours and
+CTranslate2 take turns (the machine is shared: turns spread the other jobs' load evenly, and
+the best round is the least disturbed). Prints one JSON line per figure, then one with the
+ratios to CTranslate2 float32 and to Model Garden; the machine's load (`os.getloadavg`) is in
+every line.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import numpy as np  # noqa: E402
+
+from benchmarks.common import BASE, SMALL, emit  # noqa: E402
+
+SHAPES = {"small": SMALL, "base": BASE}
+PEER_PYTHON = "/tmp/peers/mg/bin/python"
+PEER_SCRIPT = os.path.join(ROOT, "..", "shared", "bench", "peer_modelgarden.py")
+SENTENCES = 32
+
+
+def word_vocabulary(vocab):
+    """A SentencePiece model proto whose pieces are `<pad> <unk> <s> </s> t4 ... t{vocab-1}`,
+    one word each (model type WORD)."""
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    proto = pb.ModelProto()
+    piece = pb.ModelProto.SentencePiece
+    for text, kind in (
+        ("<pad>", piece.CONTROL),
+        ("<unk>", piece.UNKNOWN),
+        ("<s>", piece.CONTROL),
+        ("</s>", piece.CONTROL),
+    ):
+        proto.pieces.add(piece=text, type=kind, score=0.0)
+    for i in range(4, vocab):
+        proto.pieces.add(piece=f"\u2581t{i}", type=piece.NORMAL, score=-1.0)
+    proto.trainer_spec.model_type = pb.TrainerSpec.WORD
+    proto.trainer_spec.vocab_size = vocab
+    proto.trainer_spec.pad_id, proto.trainer_spec.unk_id = 0, 1
+    proto.trainer_spec.bos_id, proto.trainer_spec.eos_id = 2, 3
+    proto.normalizer_spec.name = "identity"
+    proto.normalizer_spec.add_dummy_prefix = True
+    proto.normalizer_spec.escape_whitespaces = True
+    return proto.SerializeToString()
+
+
+def build_model(cfg):
+    """Random weights; EOS can never be the best next token (its embedding row is zero)."""
+    import keras
+
+    from keras_transformer.models import Transformer
+
+    keras.utils.set_random_seed(0)
+    model = Transformer(
+        vocab_size=cfg["vocab"], num_layers=cfg["layers"], d_model=cfg["d"],
+        num_heads=cfg["heads"], d_ff=cfg["ff"], dropout=0.0,
+    )  # fmt: skip
+    model({"source_ids": np.ones((1, 2), "int32"), "target_ids": np.ones((1, 2), "int32")})
+    embeddings = model.target_embedding.embeddings
+    value = np.asarray(embeddings.numpy())
+    value[3] = 0.0
+    embeddings.assign(value)
+    return model
+
+
+def sources(cfg):
+    rng = np.random.default_rng(1)
+    ids = rng.integers(4, cfg["vocab"], (SENTENCES, cfg["src"]))
+    return [" ".join(f"t{i}" for i in row) for row in ids]
+
+
+def time_calls(fn, runs):
+    start = time.perf_counter()
+    for _ in range(runs):
+        result = fn()
+    return time.perf_counter() - start, result
+
+
+def saved_model_decoder(model, spm_bytes, cfg, work):
+    """Our SavedModel's `serving_default`, loaded as TF Serving loads it: `() -> lengths`."""
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401
+
+    from keras_transformer.export import export_saved_model
+
+    decode = {"beam_size": 4, "alpha": 0.6, "batch_size": SENTENCES, "n_best": 1,
+              "max_extra_length": cfg["tgt"] - cfg["src"]}  # fmt: skip
+    data = {"max_source_length": cfg["src"] + 1, "max_target_length": cfg["tgt"] + 1}
+    path = export_saved_model(model, spm_bytes, decode, data, work, "bench")
+    serve = tf.saved_model.load(path).signatures["serving_default"]
+    text = tf.constant(sources(cfg))
+
+    def decode_batch():
+        return [len(t.split()) for t in serve(text=text)["translation"].numpy()]
+
+    return decode_batch
+
+
+def ctranslate2_decoders(model, spm_bytes, cfg, work, compute_types):
+    """`{compute type: () -> lengths}` on the converted model, 2 intra-op threads."""
+    import ctranslate2
+
+    from keras_transformer.export.ct2 import export_ctranslate2
+
+    data = {"max_source_length": cfg["src"] + 1, "max_target_length": cfg["tgt"] + 1}
+    model_dir = export_ctranslate2(model, spm_bytes, os.path.join(work, "ct2"), None, data)
+    batch = [s.split() for s in sources(cfg)]
+    options = dict(beam_size=4, length_penalty=0.6, max_decoding_length=cfg["tgt"],
+                   min_decoding_length=cfg["tgt"], max_batch_size=0)  # fmt: skip
+    decoders = {}
+    for compute_type in compute_types:
+        translator = ctranslate2.Translator(
+            model_dir, device="cpu", compute_type=compute_type, intra_threads=2, inter_threads=1
+        )
+
+        def decode_batch(t=translator):
+            return [len(r.hypotheses[0]) for r in t.translate_batch(batch, **options)]
+
+        decoders[f"ctranslate2_{compute_type}"] = decode_batch
+    return decoders
+
+
+def measure(decoders, cfg, runs, rounds):
+    """Best tokens/s of each decoder over `rounds` rounds, the decoders taking turns in each
+    round (so a burst of load from the machine's other jobs hits them alike)."""
+    best = {}
+    for fn in decoders.values():
+        assert sorted(set(fn())) == [cfg["tgt"]]  # warm-up; every output has tgt tokens
+    for _ in range(rounds):
+        for name, fn in decoders.items():
+            seconds, _ = time_calls(fn, runs)
+            tokens_per_s = SENTENCES * cfg["tgt"] * runs / seconds
+            if tokens_per_s > best.get(name, (0.0, 0.0))[0]:
+                best[name] = (tokens_per_s, seconds)
+    return best
+
+
+def bench_model_garden(cfg):
+    if not (os.path.exists(PEER_PYTHON) and os.path.exists(PEER_SCRIPT)):
+        return None
+    shapes = {k: cfg[k] for k in ("vocab", "d", "layers", "heads", "ff", "batch", "src", "tgt")}
+    shapes["steps"] = 1  # the peer trains first; only its decoding is compared here
+    done = subprocess.run(
+        [PEER_PYTHON, PEER_SCRIPT, json.dumps(shapes)], capture_output=True, text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), timeout=1800,
+    )  # fmt: skip
+    for line in done.stdout.splitlines():
+        if line.startswith("{") and '"beam4_decode"' in line:
+            return json.loads(line)["tokens_per_s"]
+    print(done.stderr[-2000:], file=sys.stderr)
+    return None
+
+
+def run_shape(name, cfg, runs, rounds, peer):
+    load = os.getloadavg()[0]
+    model = build_model(cfg)
+    spm_bytes = word_vocabulary(cfg["vocab"])
+    common = dict(shapes=name, beam=4, sentences=SENTENCES, src=cfg["src"], tgt=cfg["tgt"],
+                  runs=runs, rounds=rounds)  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="kt-serve-compare-") as work:
+        decoders = {"ours_saved_model_signature": saved_model_decoder(model, spm_bytes, cfg, work)}
+        decoders.update(ctranslate2_decoders(model, spm_bytes, cfg, work, ("float32", "int8")))
+        figures = measure(decoders, cfg, runs, rounds)
+    for system, (tokens_per_s, seconds) in figures.items():
+        emit(what="beam4_decode", system=system, tokens_per_s=round(tokens_per_s, 1),
+             seconds=round(seconds, 3), load1=load, **common)  # fmt: skip
+    mg = bench_model_garden(cfg) if peer else None
+    if mg is not None:
+        emit(what="beam4_decode", system="model_garden", tokens_per_s=round(mg, 1),
+             load1=os.getloadavg()[0], **common)  # fmt: skip
+    ours = figures["ours_saved_model_signature"][0]
+    ct2_float32 = figures["ctranslate2_float32"][0]
+    ratios = {
+        "ours_over_ct2_float32": round(ours / ct2_float32, 3),
+        "ct2_int8_over_ct2_float32": round(figures["ctranslate2_int8"][0] / ct2_float32, 3),
+    }
+    if mg is not None:
+        ratios["ours_over_model_garden"] = round(ours / mg, 3)
+        ratios["ct2_float32_over_model_garden"] = round(ct2_float32 / mg, 3)
+    emit(what="beam4_decode_ratios", load1_end=os.getloadavg()[0], **ratios, **common)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="small,base", help="comma-separated: small, base")
+    parser.add_argument("--runs", type=int, default=2, help="timed calls per round")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds; the best one counts")
+    parser.add_argument("--no-peer", action="store_true", help="skip TF Model Garden")
+    args = parser.parse_args()
+    for name in args.shapes.split(","):
+        run_shape(name, SHAPES[name], args.runs, args.rounds, not args.no_peer)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+"""Conversion to CTranslate2 (OpenNMT's C++ inference engine): a model directory for
+`ctranslate2.Translator`, with the SentencePiece model beside it.
+
+The weights are mapped onto CTranslate2's public model specification
+(`ctranslate2.specs.TransformerSpec`), which describes the same architecture: post-norm or pre-norm
+blocks, ReLU feed-forward networks, embeddings scaled by sqrt(d_model), one embedding matrix for
+the source, the target and the pre-softmax projection. Two details are ours and made explicit:
+
+- Positions: our encoding interleaves sines and cosines (`PE(pos, 2i) = sin`, `PE(pos, 2i+1) =
+  cos`, as in the paper); CTranslate2's built-in table puts all sines first. The spec therefore
+  carries our table (`position_encodings.encodings`).
+- Banned tokens: our search never generates padding or BOS. CTranslate2 has no such rule, so the
+  converted projection gets a bias that is 0 except a large negative value at those two ids.
+
+The module is named `ct2` so that it never shadows the `ctranslate2` package, which is an
+optional extra (`pip install "keras-transformer[ctranslate2]"`) imported only inside the
+functions below.
+"""
+
+import json
+import os
+import shutil
+import tempfile
+
+import numpy as np
+
+from keras_transformer.errors import UsageError
+from keras_transformer.layers.embedding import positional_encoding
+
+INSTALL_HINT = 'pip install "keras-transformer[ctranslate2]" (or pip install "ctranslate2>=4.5,<5")'
+METADATA_FILE = "keras_transformer.json"
+SPM_FILE = "spm.model"
+# Large enough to never win a softmax, small enough for float16 logits (max 65504).
+BANNED_LOGIT_BIAS = -1.0e4
+
+
+def require_ctranslate2():
+    """The `ctranslate2` module; raises `UsageError` with the install command without it."""
+    try:
+        import ctranslate2
+    except ImportError:
+        raise UsageError(
+            f"--format ctranslate2 needs the optional ctranslate2 package: {INSTALL_HINT}"
+        ) from None
+    return ctranslate2
+
+
+def _vocabulary(spm_bytes):
+    import sentencepiece as spm
+
+    processor = spm.SentencePieceProcessor(model_proto=spm_bytes)
+    return [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+
+
+def _array(variable):
+    return np.asarray(variable.numpy() if hasattr(variable, "numpy") else variable, np.float32)
+
+
+def _linear(spec, kernels, biases):
+    """Keras Dense kernels `[in, out]` (several: fused along `out`) -> CTranslate2 `[out, in]`."""
+    spec.weight = np.ascontiguousarray(np.concatenate([_array(k) for k in kernels], axis=1).T)
+    spec.bias = np.concatenate([_array(b) for b in biases])
+
+
+def _norm(spec, layer):
+    spec.gamma = _array(layer.gamma)
+    spec.beta = _array(layer.beta)
+
+
+def _attention(spec, layer, norm, fused_query):
+    """Our `MultiHeadAttention` (query/key/value/attention_output Dense layers) -> CTranslate2's
+    fused projections: `[Q; K; V]` for self-attention, `Q` and `[K; V]` for cross-attention."""
+    q, k, v = layer.query_dense, layer.key_dense, layer.value_dense
+    if fused_query:
+        _linear(spec.linear[0], [q.kernel, k.kernel, v.kernel], [q.bias, k.bias, v.bias])
+    else:
+        _linear(spec.linear[0], [q.kernel], [q.bias])
+        _linear(spec.linear[1], [k.kernel, v.kernel], [k.bias, v.bias])
+    out = layer.output_dense
+    _linear(spec.linear[-1], [out.kernel], [out.bias])
+    _norm(spec.layer_norm, norm)
+
+
+def _feed_forward(spec, block):
+    ffn = block.feed_forward
+    _linear(spec.linear_0, [ffn.inner.kernel], [ffn.inner.bias])
+    _linear(spec.linear_1, [ffn.outer.kernel], [ffn.outer.bias])
+    _norm(spec.layer_norm, block.feed_forward_norm)
+
+
+def _check_supported(model):
+    unsupported = []
+    if not model.share_embeddings or not model.tie_output_projection:
+        unsupported.append("untied embeddings")
+    if str(model.activation).lower() != "relu":
+        unsupported.append(f"activation {model.activation!r}")
+    if unsupported:
+        raise UsageError("cannot convert to CTranslate2: " + ", ".join(unsupported))
+
+
+def transformer_spec(model, spm_bytes, num_positions=1024, bos_id=2, pad_id=0):
+    """A `ctranslate2.specs.TransformerSpec` holding `model`'s weights and vocabulary.
+
+    Args:
+        model: a trained `keras_transformer.models.Transformer` (shared, tied embeddings, ReLU).
+        spm_bytes: the SentencePiece model (its pieces, in id order, are the vocabulary).
+        num_positions: rows of the position table (the longest source or output it serves).
+        bos_id, pad_id: ids that must never be generated (as in our search).
+
+    Returns:
+        The spec, validated, not yet optimized (quantized) or saved.
+
+    Example:
+    ```python
+    spec = transformer_spec(model, spm_bytes)
+    spec.optimize(quantization="int8")
+    spec.save("ct2_model")
+    ```
+    """
+    require_ctranslate2()
+    from ctranslate2.specs import common_spec
+    from ctranslate2.specs import transformer_spec as ct2_transformer
+
+    _check_supported(model)
+    encoder_blocks, decoder_blocks = model.encoder.blocks, model.decoder.blocks
+    spec = ct2_transformer.TransformerSpec.from_config(
+        (len(encoder_blocks), len(decoder_blocks)),
+        model.num_heads,
+        pre_norm=model.norm_first,
+        activation=common_spec.Activation.RELU,
+    )
+    # One array for the three uses: CTranslate2 then stores it once.
+    embeddings = _array(model.target_embedding.embeddings)
+    spec.encoder.embeddings[0].weight = embeddings
+    spec.decoder.embeddings.weight = embeddings
+    spec.decoder.projection.weight = embeddings
+    bias = np.zeros(embeddings.shape[0], np.float32)
+    bias[[pad_id, bos_id]] = BANNED_LOGIT_BIAS
+    spec.decoder.projection.bias = bias
+    spec.encoder.scale_embeddings = True
+    spec.decoder.scale_embeddings = True
+    table = np.asarray(positional_encoding(np.arange(num_positions), model.d_model), np.float32)
+    spec.encoder.position_encodings.encodings = table
+    spec.decoder.position_encodings.encodings = table
+    for block, layer in zip(encoder_blocks, spec.encoder.layer):
+        _attention(layer.self_attention, block.self_attention, block.self_attention_norm, True)
+        _feed_forward(layer.ffn, block)
+    for block, layer in zip(decoder_blocks, spec.decoder.layer):
+        _attention(layer.self_attention, block.self_attention, block.self_attention_norm, True)
+        _attention(layer.attention, block.cross_attention, block.cross_attention_norm, False)
+        _feed_forward(layer.ffn, block)
+    if model.norm_first:  # pre-norm stacks end with a LayerNorm
+        _norm(spec.encoder.layer_norm, model.encoder.final_norm)
+        _norm(spec.decoder.layer_norm, model.decoder.final_norm)
+    vocabulary = _vocabulary(spm_bytes)
+    if len(vocabulary) != embeddings.shape[0]:
+        raise UsageError(
+            f"the SentencePiece model has {len(vocabulary)} pieces but the model's vocabulary "
+            f"is {embeddings.shape[0]}"
+        )
+    spec.register_source_vocabulary(vocabulary)
+    spec.register_target_vocabulary(vocabulary)
+    spec.config.layer_norm_epsilon = float(model.layer_norm_epsilon)
+    spec.config.add_source_eos = True  # as in training: source = pieces + EOS
+    spec.validate()
+    return spec
+
+
+def export_ctranslate2(model, tokenizer, output_dir, quantization=None, data_config=None):
+    """Converts `model` into a CTranslate2 model directory with its SentencePiece model.
+
+    The directory holds CTranslate2's `model.bin`, `config.json` and vocabularies, plus
+    `spm.model` (to tokenize) and `keras_transformer.json` (the source length the model was
+    trained with, the quantization). It is written elsewhere and renamed into place; an existing
+    non-empty `output_dir` is never overwritten.
+
+    Args:
+        model: a trained `Transformer` (TensorFlow or JAX backend).
+        tokenizer: SentencePiece model bytes, or an object with `.model_proto` / `.model_path`.
+        output_dir: the directory to create.
+        quantization: CTranslate2 weight type (`int8`, `int8_float32`, `float16`, ...); None
+            keeps float32 (CTranslate2 can still quantize when loading, `compute_type=`).
+        data_config: `DataConfig` (or dict) for `max_source_length` / `max_target_length`.
+
+    Returns:
+        `output_dir`.
+
+    Example:
+    ```python
+    export_ctranslate2(model, spm_bytes, "saved_models/quickstart-ctranslate2", "int8")
+    translator = ctranslate2.Translator("saved_models/quickstart-ctranslate2")
+    ```
+    """
+    from keras_transformer.export.translator import _model_proto
+
+    spm_bytes = _model_proto(tokenizer)
+    if os.path.isdir(output_dir) and os.listdir(output_dir):
+        raise UsageError(f"{output_dir} already exists and is not empty: choose another --output")
+    max_source = int(_get(data_config, "max_source_length", 128))
+    max_target = int(_get(data_config, "max_target_length", 128))
+    # Room for any source and any output CTranslate2 is asked for by default (256 tokens).
+    spec = transformer_spec(model, spm_bytes, num_positions=max(1024, max_source, max_target))
+    spec.optimize(quantization=quantization)
+    parent = os.path.dirname(os.path.abspath(output_dir))
+    os.makedirs(parent, exist_ok=True)
+    tmp_dir = tempfile.mkdtemp(prefix=".ct2-", dir=parent)
+    try:
+        spec.save(tmp_dir)
+        with open(os.path.join(tmp_dir, SPM_FILE), "wb") as f:
+            f.write(spm_bytes)
+        metadata = {
+            "format": "ctranslate2",
+            "quantization": quantization or "float32",
+            "max_source_length": max_source,
+            "max_target_length": max_target,
+            "norm_first": model.norm_first,
+            "source": "pieces of spm.model truncated to max_source_length - 1; EOS is added",
+        }
+        with open(os.path.join(tmp_dir, METADATA_FILE), "w", encoding="utf-8") as f:
+            json.dump(metadata, f, indent=2)
+        if os.path.isdir(output_dir):
+            os.rmdir(output_dir)  # empty: checked above
+        os.rename(tmp_dir, output_dir)
+    except BaseException:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        raise
+    return output_dir
+
+
+def _get(config, key, default):
+    if config is None:
+        return default
+    if isinstance(config, dict):
+        return config.get(key, default)
+    return getattr(config, key, default)

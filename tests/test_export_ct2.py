@@ -1,0 +1,129 @@
+"""Conversion to CTranslate2: its greedy and beam-4 outputs equal our search's on the trained copy
+model, int8 stays within 1 BLEU of float32, and `keras-transformer export --format ctranslate2`
+writes a directory CTranslate2 loads. Skipped only when the `ctranslate2` extra is missing."""
+
+import json
+import os
+
+import _inference_fixtures as fx
+import numpy as np
+import pytest
+import sacrebleu
+from test_cli_inference import _write_workdir
+
+from keras_transformer import cli
+from keras_transformer.decoding import translate_ids
+from keras_transformer.export.ct2 import export_ctranslate2
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+
+MAX_EXTRA = 8
+ALPHA = 0.6
+
+
+@pytest.fixture(scope="module")
+def sentences():
+    # Longer than the copy model's training sentences (1-5 words) now and then, so the search
+    # has real choices to make.
+    return fx.toy_sentences(100, seed=11)
+
+
+@pytest.fixture(scope="module")
+def ct2_dirs(copy_model, toy_spm_bytes, tmp_path_factory):
+    base = tmp_path_factory.mktemp("ct2")
+    data = {"max_source_length": fx.MAX_SOURCE_LENGTH, "max_target_length": 64}
+    return {
+        quantization: export_ctranslate2(
+            copy_model, toy_spm_bytes, str(base / quantization), quantization, data
+        )
+        for quantization in ("float32", "int8")
+    }
+
+
+def _ours(model, sentences, beam_size):
+    ids, _ = translate_ids(
+        model, fx.encode_sources(sentences), beam_size=beam_size, alpha=ALPHA,
+        max_extra_length=MAX_EXTRA,
+    )  # fmt: skip
+    return fx.decode_outputs(ids)
+
+
+def _ctranslate2(model_dir, sentences, beam_size):
+    sp = fx.spm_processor()
+    translator = ctranslate2.Translator(model_dir, device="cpu", intra_threads=1)
+    outputs = []
+    for text in sentences:
+        pieces = sp.encode(text, out_type=str)[: fx.MAX_SOURCE_LENGTH - 1]
+        # Our limit counts EOS (source tokens incl. EOS + MAX_EXTRA); CTranslate2's does not.
+        limit = len(pieces) + 1 + MAX_EXTRA - 1
+        (result,) = translator.translate_batch(
+            [pieces], beam_size=beam_size, length_penalty=ALPHA, max_decoding_length=limit
+        )
+        outputs.append(sp.decode(result.hypotheses[0]))
+    return outputs
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_ctranslate2_decodes_as_we_do(copy_model, ct2_dirs, sentences, beam_size):
+    ours = _ours(copy_model, sentences, beam_size)
+    theirs = _ctranslate2(ct2_dirs["float32"], sentences, beam_size)
+    same = sum(a == b for a, b in zip(ours, theirs))
+    assert same >= 98, [(a, b) for a, b in zip(ours, theirs) if a != b]
+
+
+def test_int8_stays_within_one_bleu_of_float32(ct2_dirs, sentences):
+    # The copy task: the references are the sources.
+    bleu = {
+        q: sacrebleu.corpus_bleu(_ctranslate2(path, sentences, 4), [sentences]).score
+        for q, path in ct2_dirs.items()
+    }
+    assert bleu["float32"] > 50  # the conversion works at all
+    assert abs(bleu["int8"] - bleu["float32"]) <= 1.0, bleu
+
+
+def test_scores_are_the_models_log_probabilities(copy_model, ct2_dirs):
+    """CTranslate2's forced decoding equals our forward pass (padding and BOS excluded from the
+    softmax, as our search excludes them)."""
+    sp = fx.spm_processor()
+    translator = ctranslate2.Translator(ct2_dirs["float32"], device="cpu", intra_threads=1)
+    sources, targets = ["red apple cat", "blue dog"], ["red apple cat", "dog blue blue"]
+    results = translator.score_batch(
+        [sp.encode(s, out_type=str) for s in sources], [sp.encode(t, out_type=str) for t in targets]
+    )
+    for i, target in enumerate(targets):
+        pieces = sp.encode(target)
+        logits = copy_model(
+            {
+                "source_ids": fx.encode_sources(sources[i : i + 1]),
+                "target_ids": np.array([[fx.BOS] + pieces], "int32"),
+            }
+        )
+        logits = np.asarray(logits, "float64")[0]
+        logits[:, [fx.PAD, fx.BOS]] = -np.inf
+        log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1))[
+            :, None
+        ] - logits.max(-1, keepdims=True)  # fmt: skip
+        expected = [log_probs[j, t] for j, t in enumerate(pieces + [fx.EOS])]
+        np.testing.assert_allclose(results[i].log_probs, expected, atol=1e-4)
+
+
+def test_export_command_writes_a_ctranslate2_model(capsys, tmp_path, copy_model, toy_spm_path):
+    workdir = _write_workdir(tmp_path, copy_model, toy_spm_path, steps=(100,))
+    output = tmp_path / "ct2-int8"
+    code = cli.main(
+        ["export", "--workdir", str(workdir), "--format", "ctranslate2", "--quantization", "int8",
+         "--output", str(output)]
+    )  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert str(output) in out
+    assert {"model.bin", "config.json", "spm.model", "keras_transformer.json"} <= set(
+        os.listdir(output)
+    )
+    with open(output / "keras_transformer.json") as f:
+        assert json.load(f)["quantization"] == "int8"
+    assert _ctranslate2(str(output), ["red apple cat"], 4) == ["red apple cat"]
+    code = cli.main(["export", "--workdir", str(workdir), "--format", "ctranslate2",
+                     "--output", str(output)])  # fmt: skip
+    _, err = capsys.readouterr()
+    assert code == 2 and "already exists" in err
