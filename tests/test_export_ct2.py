@@ -127,3 +127,49 @@ def test_export_command_writes_a_ctranslate2_model(capsys, tmp_path, copy_model,
                      "--output", str(output)])  # fmt: skip
     _, err = capsys.readouterr()
     assert code == 2 and "already exists" in err
+
+
+@pytest.mark.parametrize(
+    "layers, norm_first", [((2, 3), False), ((3, 2), True)], ids=["post-norm", "pre-norm"]
+)
+def test_deeper_random_models_convert_exactly(toy_spm_bytes, tmp_path, layers, norm_first):
+    """Several layers per stack, unequal depths, post- and pre-norm, random weights (any misplaced
+    array changes the numbers): CTranslate2's forced-decoding log-probabilities equal our forward
+    pass, and its greedy outputs equal ours."""
+    from keras_transformer.models import Transformer
+
+    keras = pytest.importorskip("keras")
+    keras.utils.set_random_seed(3)
+    sp = fx.spm_processor()
+    vocab = sp.get_piece_size()
+    model = Transformer(
+        vocab_size=vocab, num_encoder_layers=layers[0], num_decoder_layers=layers[1],
+        num_layers=max(layers), d_model=32, num_heads=4, d_ff=48, dropout=0.0,
+        norm_first=norm_first,
+    )  # fmt: skip
+    data = {"max_source_length": fx.MAX_SOURCE_LENGTH, "max_target_length": 64}
+    path = export_ctranslate2(model, toy_spm_bytes, str(tmp_path / "ct2"), "float32", data)
+    translator = ctranslate2.Translator(path, device="cpu", intra_threads=1)
+    rng = np.random.default_rng(5)
+    rows = [[int(i) for i in rng.integers(4, vocab, n)] for n in rng.integers(2, 9, 12)]
+    for row in rows:
+        source = np.array([row + [fx.EOS]], "int32")
+        target = [int(i) for i in rng.integers(4, vocab, 5)]
+        logits = model({"source_ids": source, "target_ids": np.array([[fx.BOS] + target])})
+        logits = np.asarray(logits, "float64")[0]
+        logits[:, [fx.PAD, fx.BOS]] = -np.inf  # never generated (the converted model's bias)
+        log_z = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1))
+        log_probs = logits - logits.max(-1, keepdims=True) - log_z[:, None]
+        expected = [log_probs[j, t] for j, t in enumerate(target + [fx.EOS])]
+        (scored,) = translator.score_batch(
+            [[sp.id_to_piece(i) for i in row]], [[sp.id_to_piece(i) for i in target]]
+        )
+        np.testing.assert_allclose(scored.log_probs, expected, atol=1e-4)
+
+        ids, _ = translate_ids(model, source, beam_size=1, max_extra_length=MAX_EXTRA)
+        ours = [int(t) for t in np.asarray(ids)[0] if t not in (fx.PAD, fx.EOS)]
+        (result,) = translator.translate_batch(
+            [[sp.id_to_piece(i) for i in row]], beam_size=1,
+            max_decoding_length=len(row) + MAX_EXTRA,
+        )  # fmt: skip
+        assert [sp.piece_to_id(p) for p in result.hypotheses[0]] == ours
