@@ -8,7 +8,7 @@ Example:
 
 from keras_transformer.training.callbacks import (
     DevEvaluator,
-    ResumeLogger,
+    ResumeState,
     StepCheckpoint,
     StopAtStep,
     TrainingSummaries,
@@ -38,7 +38,7 @@ __all__ = [
     "MaskedAccuracy",
     "MaskedSparseCrossEntropy",
     "Perplexity",
-    "ResumeLogger",
+    "ResumeState",
     "StepCheckpoint",
     "StopAtStep",
     "TokenCount",

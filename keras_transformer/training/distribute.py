@@ -2,10 +2,14 @@
 
 import json
 import os
+import shutil
+import tempfile
+import time
 
 import tensorflow as tf
 
-from keras_transformer.errors import ConfigError
+from keras_transformer.errors import ConfigError, WorkerError
+from keras_transformer.models._train_step import _is_multi_worker
 
 
 def _tf_config_workers():
@@ -44,7 +48,13 @@ def get_strategy(runtime_config):
     if name == "mirrored":
         return tf.distribute.MirroredStrategy()
     if name == "multi_worker":
-        return tf.distribute.MultiWorkerMirroredStrategy()
+        timeout = getattr(runtime_config, "collective_timeout_seconds", None)
+        # A bounded collective: when a peer dies, the others fail within `timeout` seconds
+        # instead of waiting in the all-reduce forever.
+        options = tf.distribute.experimental.CommunicationOptions(
+            timeout_seconds=float(timeout) if timeout else None
+        )
+        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     if name == "tpu":
         try:
             resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=runtime_config.tpu)
@@ -96,3 +106,103 @@ def is_chief(strategy=None):
     if "chief" in cluster:
         return task.get("type") == "chief"
     return task.get("type") == "worker" and int(task.get("index", 0)) == 0
+
+
+def task_index():
+    """This worker's index among the workers of `TF_CONFIG` (0 without a cluster)."""
+    try:
+        config = json.loads(os.environ.get("TF_CONFIG", "{}"))
+    except ValueError:
+        return 0
+    return int((config.get("task") or {}).get("index", 0))
+
+
+def is_multi_worker(strategy):
+    """True for a `MultiWorkerMirroredStrategy` spanning several workers (processes)."""
+    return _is_multi_worker(strategy)
+
+
+def wait_for_path(path, seconds, what="file", poll=0.5):
+    """Waits until `path` exists (the chief writes it atomically); bounded.
+
+    Non-chief workers read what the chief makes (the vocabulary, a prepared dataset's manifest)
+    instead of making it themselves.
+
+    Args:
+        path: the file or directory to wait for.
+        seconds: give up after this long.
+        what: what the path is, for the error message.
+        poll: seconds between looks.
+
+    Returns:
+        `path`.
+
+    Raises:
+        WorkerError: `path` did not appear within `seconds` (one line, naming it).
+
+    Example:
+    >>> wait_for_path(Workdir(root).spm, config.runtime.wait_seconds, "vocabulary")
+    """
+    deadline = time.monotonic() + float(seconds)
+    while not tf.io.gfile.exists(path):
+        if time.monotonic() >= deadline:
+            raise WorkerError(
+                f"waited {float(seconds):g} s for the chief's {what} {path}, which never came "
+                "(is the chief running? runtime.wait_seconds sets the wait)"
+            )
+        time.sleep(poll)
+    return path
+
+
+def make_agreement(strategy):
+    """A function `flag -> bool` that every worker calls at the same point and that returns the
+    same answer everywhere: True when any worker passed True (a sum all-reduce of 0/1 flags).
+
+    Under one process (default, mirrored, TPU) it returns the flag itself at no cost. The
+    trainer uses it for the time budget: only the chief's clock counts (the others pass False),
+    so every worker stops after the same step instead of at its own moment, which would leave
+    the others waiting in the next all-reduce.
+    """
+    if not is_multi_worker(strategy):
+        return bool
+
+    @tf.function
+    def any_worker(flag):
+        def replica_fn(value):
+            context = tf.distribute.get_replica_context()
+            return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
+
+        return strategy.run(replica_fn, args=(flag,))
+
+    def agree(flag):
+        total = any_worker(tf.constant(1.0 if flag else 0.0))
+        return float(strategy.experimental_local_results(total)[0]) > 0
+
+    return agree
+
+
+class WorkerTempDir:
+    """A directory of this worker's own for files that TensorFlow's multi-worker guide has
+    every worker write (checkpoints), which only the chief keeps: non-chief workers write into a
+    temporary directory and delete it when done.
+
+    Example:
+    >>> with WorkerTempDir(chief=False) as directory:
+    ...     manager = tf.train.CheckpointManager(checkpoint, directory, max_to_keep=1)
+    """
+
+    def __init__(self, chief, directory=None):
+        self.chief = chief
+        self.directory = directory
+        self._temp = None
+
+    def __enter__(self):
+        if not self.chief:
+            self._temp = tempfile.mkdtemp(prefix=f"keras-transformer-worker{task_index()}-")
+            self.directory = self._temp
+        return self.directory
+
+    def __exit__(self, *exc):
+        if self._temp:
+            shutil.rmtree(self._temp, ignore_errors=True)
+        return False
