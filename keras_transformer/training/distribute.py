@@ -24,7 +24,8 @@ def get_strategy(runtime_config):
     """Returns the `tf.distribute.Strategy` named by `runtime.strategy`.
 
     - `default`: the no-op default strategy (one device).
-    - `mirrored`: `MirroredStrategy` over all local GPUs (or the CPU when there are none).
+    - `mirrored`: `MirroredStrategy` over all local GPUs (or the logical CPUs when there are
+      none).
     - `multi_worker`: `MultiWorkerMirroredStrategy`; the cluster comes from `TF_CONFIG`.
     - `tpu`: `TPUStrategy` on `runtime.tpu` ('' = the local TPU / the one the environment names).
     - `auto`: multi_worker when `TF_CONFIG` lists several workers, else tpu when a TPU is found,
@@ -46,7 +47,10 @@ def get_strategy(runtime_config):
     if name == "default":
         return tf.distribute.get_strategy()
     if name == "mirrored":
-        return tf.distribute.MirroredStrategy()
+        # All local GPUs; without GPUs, every logical CPU device (one unless the process split
+        # its CPU into several with tf.config.set_logical_device_configuration, as tests do).
+        devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
+        return tf.distribute.MirroredStrategy([device.name for device in devices])
     if name == "multi_worker":
         timeout = getattr(runtime_config, "collective_timeout_seconds", None)
         # A bounded collective: when a peer dies, the others fail within `timeout` seconds
