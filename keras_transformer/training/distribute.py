@@ -172,11 +172,13 @@ def make_agreement(strategy):
 
     @tf.function
     def any_worker(flag):
-        def replica_fn(value):
+        def replica_fn():
+            # A copy on this replica's device (the collective needs one to reduce onto).
+            value = tf.identity(flag)
             context = tf.distribute.get_replica_context()
             return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
 
-        return strategy.run(replica_fn, args=(flag,))
+        return strategy.run(replica_fn)
 
     def agree(flag):
         total = any_worker(tf.constant(1.0 if flag else 0.0))
