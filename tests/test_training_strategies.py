@@ -58,8 +58,10 @@ def test_train_under_mirrored_strategy_with_accumulation_and_bfloat16(tmp_path):
 
 def paper_configs_two_steps():
     """Run by `train_runner.py --logical-cpus 2`: each paper config builds, compiles and makes
-    two optimizer steps under MirroredStrategy with its own gradient accumulation, its model
-    shapes kept (a 64-piece vocabulary and 8-token sentences, for the CPU)."""
+    two optimizer steps under MirroredStrategy with its own gradient accumulation and mixed
+    precision, its layers' shapes kept (d_model, heads, d_ff, dropout); a 64-piece vocabulary,
+    8-token sentences and 2 blocks per stack instead of 6, for a 2-core CPU (tracing the six-block
+    stacks for two replicas took minutes there)."""
     import keras
     import tensorflow as tf
 
@@ -72,7 +74,12 @@ def paper_configs_two_steps():
     for name, accumulation in (("transformer_base", 4), ("transformer_big", 6)):
         config = load_config(
             os.path.join(os.path.dirname(root), "configs", f"{name}.yaml"),
-            overrides=["runtime.strategy=mirrored", "runtime.jit_compile=false", "train.steps=2"],
+            overrides=[
+                "runtime.strategy=mirrored",
+                "runtime.jit_compile=false",
+                "train.steps=2",
+                "model.num_layers=2",
+            ],
         )
         assert config.train.gradient_accumulation_steps == accumulation
         strategy = strategy or get_strategy(config.runtime)
