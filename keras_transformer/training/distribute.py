@@ -1,5 +1,6 @@
 """Distribution strategies chosen by name, XLA and mixed-precision settings of `runtime`."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -189,24 +190,34 @@ def make_agreement(strategy):
 
 class WorkerTempDir:
     """A directory of this worker's own for files that TensorFlow's multi-worker guide has
-    every worker write (checkpoints), which only the chief keeps: non-chief workers write into a
-    temporary directory and delete it when done.
+    every worker write (checkpoints), which only the chief keeps: a non-chief worker writes into
+    a temporary directory and deletes it when done. Its name is fixed per workdir and worker
+    index, so a worker restarted after being killed (which could not clean up) reclaims it.
+
+    Args:
+        chief: True in the chief, which writes to `directory` itself.
+        directory: the chief's directory (e.g. `WORKDIR/backup`).
 
     Example:
-    >>> with WorkerTempDir(chief=False) as directory:
+    >>> with WorkerTempDir(chief=False, directory=Workdir(root).backup) as directory:
     ...     manager = tf.train.CheckpointManager(checkpoint, directory, max_to_keep=1)
     """
 
-    def __init__(self, chief, directory=None):
+    def __init__(self, chief, directory):
         self.chief = chief
         self.directory = directory
         self._temp = None
 
     def __enter__(self):
-        if not self.chief:
-            self._temp = tempfile.mkdtemp(prefix=f"keras-transformer-worker{task_index()}-")
-            self.directory = self._temp
-        return self.directory
+        if self.chief:
+            return self.directory
+        key = hashlib.sha1(os.path.abspath(self.directory).encode("utf-8")).hexdigest()[:12]
+        self._temp = os.path.join(
+            tempfile.gettempdir(), f"keras-transformer-{key}-worker{task_index()}"
+        )
+        shutil.rmtree(self._temp, ignore_errors=True)  # a killed predecessor's
+        os.makedirs(self._temp)
+        return self._temp
 
     def __exit__(self, *exc):
         if self._temp:
