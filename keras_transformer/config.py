@@ -83,7 +83,9 @@ class TrainConfig:
     adam_beta_1: float = _field(0.9, "Adam beta_1")
     adam_beta_2: float = _field(0.98, "Adam beta_2")
     adam_epsilon: float = _field(1e-9, "Adam epsilon")
-    gradient_accumulation_steps: int = _field(1, "batches whose gradients make one step")
+    gradient_accumulation_steps: int = _field(
+        1, "micro-batches per optimizer step (summed in the train step; see the README)"
+    )
     clip_norm: Optional[float] = _field(None, "clip gradients to this global norm; None: off")
     steps_per_epoch: int = _field(1000, "steps between evaluations / Keras epochs")
     checkpoint_every: int = _field(1000, "steps between checkpoints")
