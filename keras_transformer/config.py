@@ -85,11 +85,14 @@ class TrainConfig:
     adam_beta_1: float = _field(0.9, "Adam beta_1")
     adam_beta_2: float = _field(0.98, "Adam beta_2")
     adam_epsilon: float = _field(1e-9, "Adam epsilon")
-    gradient_accumulation_steps: int = _field(1, "batches whose gradients make one step")
+    gradient_accumulation_steps: int = _field(
+        1, "micro-batches per optimizer step (summed in the train step; see the README)"
+    )
     clip_norm: Optional[float] = _field(None, "clip gradients to this global norm; None: off")
     steps_per_epoch: int = _field(1000, "steps between evaluations / Keras epochs")
     checkpoint_every: int = _field(1000, "steps between checkpoints")
     keep_checkpoints: int = _field(5, "checkpoints kept (the last K)")
+    keep_backups: int = _field(2, "resume states kept in WORKDIR/backup (the last K)")
     log_every: int = _field(100, "steps between TensorBoard scalar writes")
     eval_max_sentences: int = _field(500, "dev sentences decoded for BLEU during training")
     num_sample_translations: int = _field(3, "sample translations logged as text")
@@ -122,6 +125,15 @@ class RuntimeConfig:
         None, "None | mixed_bfloat16 | mixed_float16 (with loss scaling)"
     )
     workdir: Optional[str] = _field(None, "output directory; default workdirs/<config name>")
+    wait_seconds: float = _field(
+        600.0, "multi-worker: how long other workers wait for the chief's vocabulary / data"
+    )
+    collective_timeout_seconds: Optional[float] = _field(
+        600.0,
+        "multi-worker: a collective (gradient all-reduce) waiting longer than this fails, so a "
+        "worker whose peer died exits instead of hanging; must exceed the chief's dev "
+        "evaluation time; null: wait forever",
+    )
 
 
 @dataclasses.dataclass
@@ -307,6 +319,12 @@ def validate(config):
         (t.steps_per_epoch > 0, "train.steps_per_epoch must be positive"),
         (t.checkpoint_every > 0, "train.checkpoint_every must be positive"),
         (t.keep_checkpoints > 0, "train.keep_checkpoints must be positive"),
+        (t.keep_backups > 0, "train.keep_backups must be positive"),
+        (r.wait_seconds >= 0, "runtime.wait_seconds must not be negative"),
+        (
+            r.collective_timeout_seconds is None or r.collective_timeout_seconds > 0,
+            "runtime.collective_timeout_seconds must be positive (or null)",
+        ),
         (t.max_minutes is None or t.max_minutes > 0, "train.max_minutes must be positive"),
         (dec.beam_size > 0, "decode.beam_size must be positive"),
         (dec.batch_size > 0, "decode.batch_size must be positive"),

@@ -25,3 +25,9 @@ class UsageError(KerasTransformerError):
 
 class DataWarning(UserWarning):
     """Pairs were skipped while reading a corpus (the message gives the counts)."""
+
+
+class WorkerError(KerasTransformerError):
+    """A multi-worker run cannot go on: a peer stopped answering, or the chief's files (the
+    vocabulary, a prepared dataset) never appeared. Restarting every worker with the same command
+    resumes from the last backup."""

@@ -7,8 +7,10 @@ the tests read back:
 WORKDIR/
   config.yaml          the resolved config
   spm.model            the shared SentencePiece vocabulary (spm.vocab beside it, for people)
-  checkpoints/         ckpt-<step>.weights.h5: the model's weights every train.checkpoint_every
-  backup/              resume state
+  checkpoints/         ckpt-<step>.weights.h5: the model's weights (only) every
+                       train.checkpoint_every steps, the last train.keep_checkpoints kept
+  backup/              resume state (tf.train.Checkpoint: weights, optimizer, step, dropout RNG,
+                       data position), the last train.keep_backups kept
   logs/                TensorBoard
   result.json          the final summary
 ```
@@ -20,6 +22,7 @@ and command modules can all use it.
 import dataclasses
 import os
 import re
+import warnings
 
 CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
 
@@ -101,6 +104,39 @@ def list_checkpoints(directory):
     return sorted(found)
 
 
+def save_model_weights(model, path):
+    """Writes `model`'s own weights (no optimizer state) to the `.weights.h5` file `path`.
+
+    Keras's `save_weights` on a compiled model also writes the optimizer's variables (Adam's two
+    moments: about 3x the weights); step checkpoints are for averaging and export, which need
+    the weights only. The file appears atomically (written beside, then renamed), so a kill
+    mid-write never leaves a broken checkpoint. `model.load_weights` reads it back.
+
+    Example:
+    >>> save_model_weights(model, Workdir("workdirs/quickstart").checkpoint(1000))
+    """
+    from keras.src.saving import saving_lib  # save_weights_only is not exported by Keras
+
+    path = os.fspath(path)
+    directory, name = os.path.split(path)
+    tmp = os.path.join(directory, f".tmp-{name}")
+    optimizer = getattr(model, "optimizer", None)
+    saving_lib.save_weights_only(
+        model, tmp, objects_to_skip=[optimizer] if optimizer is not None else None
+    )
+    os.replace(tmp, path)
+    return path
+
+
+def load_model_weights(model, path):
+    """Loads a weights file into `model`, leaving a compiled model's optimizer as it is (step
+    checkpoints hold no optimizer state; Keras would warn that it has none)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Skipping variable loading for optimizer")
+        model.load_weights(os.fspath(path))
+    return model
+
+
 def average_checkpoints(model, paths):
     """Sets `model`'s weights to the element-wise mean of the checkpoints at `paths`.
 
@@ -127,7 +163,7 @@ def average_checkpoints(model, paths):
         raise ValueError("average_checkpoints needs at least one checkpoint path")
     sums = None
     for path in paths:
-        model.load_weights(path)
+        load_model_weights(model, path)
         values = [np.asarray(w.numpy()) for w in model.weights]
         if sums is None:
             sums = [v.astype("float64") if v.dtype.kind == "f" else v for v in values]
@@ -149,7 +185,7 @@ def load_last_checkpoints(model, directory, count):
     if not chosen:
         return []
     if len(chosen) == 1:
-        model.load_weights(chosen[0][1])
+        load_model_weights(model, chosen[0][1])
     else:
         average_checkpoints(model, [path for _, path in chosen])
     return [step for step, _ in chosen]

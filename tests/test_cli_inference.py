@@ -15,6 +15,7 @@ from keras_transformer import cli
 from keras_transformer.config import from_dict, save_config
 from keras_transformer.evaluation import score_translations
 from keras_transformer.export import list_versions
+from keras_transformer.workdir import save_model_weights
 
 SENTENCES = ["red apple cat", "dog dog fish bird", "blue", "plum pear white black green"]
 
@@ -93,7 +94,7 @@ def _write_workdir(tmp_path, copy_model, toy_spm_path, steps=(100, 200, 300)):
         # Slightly perturbed copies of the trained weights (the mean is still a good model).
         for w, value in zip(model.weights, original):
             w.assign(value + rng.normal(scale=1e-3, size=value.shape).astype(value.dtype))
-        model.save_weights(str(workdir / "checkpoints" / f"ckpt-{step}.weights.h5"))
+        save_model_weights(model, workdir / "checkpoints" / f"ckpt-{step}.weights.h5")
     for w, value in zip(model.weights, original):
         w.assign(value)
     return workdir

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import yaml
 
@@ -95,26 +96,72 @@ def test_missing_corpus_file_and_mismatched_line_counts(tmp_path):
     _assert_one_line_error(run, "3", "2")
 
 
+def _h5_arrays(path):
+    """`{dataset path: array}` of a Keras weights file."""
+    import h5py
+
+    arrays = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(
+            lambda name, item: (
+                arrays.__setitem__(name, item[()]) if isinstance(item, h5py.Dataset) else None
+            )
+        )
+    return arrays
+
+
+def _losses_by_step(logdir, pid=None):
+    """`{step: loss}` from the TensorBoard files of `logdir/train` (of process `pid` only)."""
+    from training_helpers import read_scalars
+
+    directory = os.path.join(logdir, "train")
+    if pid is not None:  # event file names carry the writing process's id
+        keep = [name for name in os.listdir(directory) if f".{pid}." in name]
+        assert keep, os.listdir(directory)
+        scratch = os.path.join(logdir, f"only-{pid}")
+        os.makedirs(scratch)
+        for name in keep:
+            os.link(os.path.join(directory, name), os.path.join(scratch, name))
+        directory = scratch
+    return dict(read_scalars(directory)["loss"])
+
+
 @pytest.mark.slow
-def test_sigkilled_run_resumes_from_its_last_checkpoint(tmp_path):
-    config = _write_config(tmp_path / "tiny.yaml", TINY)
+def test_sigkilled_run_resumes_exactly(tmp_path):
+    """Killed (SIGKILL) after a backup and started again with the same command, the run sees
+    the data, learning rate, optimizer state and dropout randomness of the uninterrupted run:
+    the same loss at every later step and the same final weights."""
+    from keras_transformer.config import load_config
+    from keras_transformer.training import train
+
+    values = {
+        **TINY,
+        "model": {**TINY["model"], "dropout": 0.1},
+        "train": dict(
+            TINY["train"],
+            steps=24,
+            steps_per_epoch=10,  # the resume lands inside an epoch
+            checkpoint_every=4,
+            gradient_accumulation_steps=2,
+        ),
+    }
+    config = _write_config(tmp_path / "tiny.yaml", values)
+    reference_dir = tmp_path / "reference"
+    reference = load_config(str(config))
+    reference.runtime.workdir = str(reference_dir)
+    assert train(reference)["step"] == 24
+
     workdir = tmp_path / "work"
-    command = _train_command(config, workdir, "train.steps=100")
+    command = _train_command(config, workdir)
     process = subprocess.Popen(
         command, env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    metadata = workdir / "backup" / "training_metadata.json"
     deadline = time.time() + 240
     try:
-        # Killed once the backup has been written at least twice (step 6 or later).
-        while time.time() < deadline and process.poll() is None:
-            checkpoints = (
-                os.listdir(workdir / "checkpoints") if (workdir / "checkpoints").exists() else []
-            )
-            if metadata.exists() and any(name.startswith("ckpt-6") for name in checkpoints):
-                break
-            time.sleep(0.2)
-        assert process.poll() is None, "the run ended before it could be killed"
+        # Killed as soon as the first backup (step 4) is there.
+        while not (workdir / "backup" / "checkpoint").exists():
+            assert time.time() < deadline and process.poll() is None, "no backup was written"
+            time.sleep(0.05)
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=30)
     finally:
@@ -123,12 +170,33 @@ def test_sigkilled_run_resumes_from_its_last_checkpoint(tmp_path):
     assert process.returncode == -signal.SIGKILL
     assert not (workdir / "result.json").exists()
 
-    run = _run(command, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    resumed = [line for line in run.stdout.splitlines() if line.startswith("resuming from step")]
-    assert resumed, run.stdout[-2000:]
-    assert int(resumed[0].split()[3]) >= 6
-    assert "Finished tiny at step 100" in run.stdout
+    resumed = subprocess.Popen(
+        command, env=_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        out, err = resumed.communicate(timeout=300)
+    finally:
+        if resumed.poll() is None:
+            resumed.kill()
+    assert resumed.returncode == 0, err[-3000:]
+    lines = [line for line in out.splitlines() if line.startswith("resuming from step")]
+    assert lines, out[-2000:]
+    start = int(lines[0].split()[3])
+    assert start >= 4 and start % 4 == 0
+    assert "Finished tiny at step 24" in out
+
+    expected = _losses_by_step(reference_dir / "logs")
+    got = _losses_by_step(workdir / "logs", pid=resumed.pid)
+    assert sorted(got) == list(range(start + 1, 25)), sorted(got)
+    for step in got:
+        np.testing.assert_allclose(got[step], expected[step], atol=1e-4, err_msg=f"step {step}")
+    final, final_reference = (
+        _h5_arrays(directory / "checkpoints" / "ckpt-24.weights.h5")
+        for directory in (workdir, reference_dir)
+    )
+    assert final.keys() == final_reference.keys() and final
+    for name, value in final.items():
+        np.testing.assert_allclose(value, final_reference[name], atol=1e-4, err_msg=name)
 
 
 @pytest.mark.parametrize("name", ["quickstart", "small", "transformer_base", "transformer_big"])

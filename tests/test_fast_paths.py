@@ -298,13 +298,12 @@ def test_fused_loss_equals_straightforward_form(smoothing, mode):
 
 
 def test_loss_statistics_equal_formula():
-    """The statistics the loss leaves for the metrics: label logit, row maximum, logsumexp."""
+    """The statistics the loss hands to the metrics: label logit, row maximum, logsumexp."""
     logits = rand((2, 4, 23), 8) * 5
     labels = np.random.default_rng(9).integers(1, 23, (2, 4)).astype("int32")
     loss = MaskedSparseCrossEntropy(label_smoothing=0.1)
     labels_t, logits_t = tf.constant(labels), tf.constant(logits)
-    loss(labels_t, logits_t)
-    stats = losses_module.token_statistics(labels_t, logits_t)
+    losses, weights, stats = loss.call_with_statistics(labels_t, logits_t)
     assert stats is not None
     np.testing.assert_allclose(
         np.asarray(stats["label_logit"]), np.take_along_axis(logits, labels[..., None], -1)[..., 0]
@@ -312,8 +311,12 @@ def test_loss_statistics_equal_formula():
     np.testing.assert_allclose(np.asarray(stats["max_logit"]), logits.max(-1))
     lse = np.log(np.exp(logits.astype("float64")).sum(-1))
     np.testing.assert_allclose(np.asarray(stats["logsumexp"]), lse, rtol=1e-6)
-    # Only for exactly those tensors: other logits get None, and the metrics compute their own.
-    assert losses_module.token_statistics(labels_t, tf.constant(logits)) is None
+    # The per-token losses and weights give what calling the loss gives.
+    mean = float(np.sum(np.asarray(losses) * np.asarray(weights)) / np.sum(np.asarray(weights)))
+    np.testing.assert_allclose(mean, float(loss(labels_t, logits_t)), rtol=1e-6)
+    # Handed over explicitly: the module keeps no state between a loss call and the metrics.
+    assert not hasattr(losses_module, "token_statistics")
+    assert not hasattr(losses_module, "_LAST")
 
 
 def test_metrics_leave_the_logits_to_the_loss():
@@ -325,10 +328,10 @@ def test_metrics_leave_the_logits_to_the_loss():
 
     @tf.function
     def step(y_true, y_pred):
-        value = loss(y_true, y_pred)
-        accuracy.update_state(y_true, y_pred)
-        perplexity.update_state(y_true, y_pred)
-        return value
+        losses, weights, statistics = loss.call_with_statistics(y_true, y_pred)
+        accuracy.update_state_from_statistics(statistics, weights)
+        perplexity.update_state_from_statistics(statistics, weights)
+        return ops.sum(losses * weights) / ops.sum(weights)
 
     step(labels, logits)
     graph = step.get_concrete_function(tf.constant(labels), tf.constant(logits)).graph
@@ -349,14 +352,13 @@ def test_fit_metrics_use_the_loss_statistics(monkeypatch):
     """model.evaluate with the library's loss and metrics: the metrics take the loss's statistics
     and report what the logits give."""
     hits = []
-    original = metrics_module.token_statistics
+    original = metrics_module._MaskedMean.update_state_from_statistics
 
-    def counting(y_true, y_pred):
-        stats = original(y_true, y_pred)
-        hits.append(stats is not None)
-        return stats
+    def counting(self, statistics, weights):
+        hits.append(statistics is not None)
+        return original(self, statistics, weights)
 
-    monkeypatch.setattr(metrics_module, "token_statistics", counting)
+    monkeypatch.setattr(metrics_module._MaskedMean, "update_state_from_statistics", counting)
     keras.utils.set_random_seed(3)
     model = tiny_model(dropout=0.0)
     model.compile(

@@ -118,5 +118,6 @@ def test_gradient_accumulation_counts_optimizer_updates():
     model = build_transformer(config.model, vocab_size=50)
     compile_model(model, config)
     x, y = _batches(batch=8)
-    model.fit(x, y, batch_size=2, epochs=1, verbose=0)  # 4 batches
+    # Each batch of 4 rows holds the 2 micro-batches of one update.
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0)
     assert int(model.optimizer.iterations) == 2

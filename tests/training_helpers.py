@@ -60,3 +60,78 @@ def read_scalars(logdir):
     for series in scalars.values():
         series.sort(key=lambda item: item[0])
     return scalars
+
+
+# ------------------------------------------------------------------ subprocess runs of the CLI
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+RUNNER = os.path.join(HERE, "train_runner.py")
+
+
+def tiny_yaml(workdir, **sections):
+    """`tiny_config`'s values as a dict for a YAML file (for `keras-transformer train`)."""
+    config = tiny_config(workdir, **sections)
+    return config.to_dict()
+
+
+def write_yaml(path, values):
+    import yaml
+
+    with open(path, "w") as f:
+        yaml.safe_dump(values, f)
+    return str(path)
+
+
+def subprocess_env(**extra):
+    """The environment of a test subprocess: this checkout first, quiet TensorFlow, no GPU."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    env.update(extra)
+    return env
+
+
+def free_ports(n):
+    import socket
+
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def files_under(root):
+    """Every file under `root`, as sorted paths relative to it."""
+    found = []
+    for directory, _, names in os.walk(root):
+        for name in names:
+            found.append(os.path.relpath(os.path.join(directory, name), root))
+    return sorted(found)
+
+
+def load_npz_weights(path):
+    data = np.load(path)
+    count = sum(key.startswith("w") for key in data.files)
+    return [data[f"w{i}"] for i in range(count)], data
+
+
+def assert_one_run_in_workdir(workdir, name="tiny"):
+    """Exactly one vocabulary, one set of step checkpoints, one resume directory and one export
+    (version 1); returns the file list."""
+    files = files_under(workdir)
+    assert [f for f in files if f.endswith("spm.model")] == ["spm.model"], files
+    assert [f for f in files if f.endswith("config.yaml")] == ["config.yaml"], files
+    checkpoint_dirs = {os.path.dirname(f) for f in files if ".weights.h5" in f}
+    assert checkpoint_dirs == {"checkpoints"}, files
+    assert not [f for f in files if os.path.basename(f).startswith(".tmp")], files
+    backups = {os.path.dirname(f) for f in files if os.path.basename(f) == "checkpoint"}
+    assert backups == {"backup"}, files
+    model_dir = os.path.join("saved_models", name)
+    exports = {f.split(os.sep)[2] for f in files if f.startswith(model_dir)}
+    assert exports == {"1"}, files
+    return files

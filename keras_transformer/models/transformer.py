@@ -9,6 +9,7 @@ from keras_transformer.layers.decoder import TransformerDecoder
 from keras_transformer.layers.embedding import SinusoidalPositionalEncoding, TokenEmbedding
 from keras_transformer.layers.encoder import TransformerEncoder
 from keras_transformer.layers.masks import padding_mask
+from keras_transformer.models._train_step import TrainStep
 
 # The paper's sizes (Table 3) plus small ones for tests and CPUs.
 PRESETS = {
@@ -21,7 +22,7 @@ PRESETS = {
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class Transformer(keras.Model):
+class Transformer(TrainStep, keras.Model):
     """The Transformer of "Attention Is All You Need" as a functional Keras model.
 
     The graph is built in `__init__` from the library's layers: a token embedding shared by the
@@ -52,6 +53,9 @@ class Transformer(keras.Model):
 
     Returns:
         Logits `[batch, t_len, vocab_size]` (float32).
+
+    Training steps (gradient accumulation, the loss's statistics for the metrics, a
+    multi-worker workaround) come from `keras_transformer.models._train_step.TrainStep`.
 
     Example:
     ```python
@@ -180,45 +184,6 @@ class Transformer(keras.Model):
         if preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
         return cls(vocab_size=vocab_size, **{**PRESETS[preset], **kwargs})
-
-    # ------------------------------------------------------------------ multi-worker training
-    #
-    # Keras 3's TensorFlow trainer fails under MultiWorkerMirroredStrategy (keras-team/keras#20585):
-    # (1) `_maybe_symbolic_build` averages the first distributed batch across replicas with
-    # `strategy.reduce`, which the collective strategy cannot do for a per-replica batch
-    # ("Attempt to convert a value (PerReplica...)"); (2) the step's scalar logs are reduced with
-    # `strategy.reduce("MEAN", v, axis=0)`, which fails on rank-0 tensors ("Invalid reduction
-    # dimension 0"). Both are sidestepped here, and only in multi-worker mode: the model is built
-    # from one local replica's batch (only shapes and dtypes matter), and step logs get a leading
-    # axis of 1, so the axis-0 mean over replicas gives back the scalar.
-
-    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        strategy = getattr(self, "_distribute_strategy", None)
-        if iterator is not None and _is_multi_worker(strategy):
-            import tensorflow as tf  # only the TensorFlow trainer calls this method
-
-            for _, _, batches in iterator:
-                first = next(batches)
-                data_batch = tf.nest.map_structure(
-                    lambda v: strategy.experimental_local_results(v)[0], first
-                )
-                break
-            iterator = None
-        return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
-
-    # `*args`: the JAX trainer's steps take `(state, data)`; they are passed through untouched.
-    def train_step(self, *args, **kwargs):
-        return self._multi_worker_logs(super().train_step(*args, **kwargs))
-
-    def test_step(self, *args, **kwargs):
-        return self._multi_worker_logs(super().test_step(*args, **kwargs))
-
-    def _multi_worker_logs(self, logs):
-        if keras.backend.backend() != "tensorflow" or not _is_multi_worker(
-            self.distribute_strategy
-        ):
-            return logs
-        return {k: ops.reshape(v, (1,)) if len(ops.shape(v)) == 0 else v for k, v in logs.items()}
 
     # ------------------------------------------------------------------ inference
 
@@ -353,17 +318,6 @@ class Transformer(keras.Model):
         if isinstance(config.get("dtype"), dict):
             config["dtype"] = keras.dtype_policies.deserialize(config["dtype"])
         return cls(**config)
-
-
-def _is_multi_worker(strategy):
-    """True for a `tf.distribute.MultiWorkerMirroredStrategy` spanning several workers."""
-    if strategy is None or keras.backend.backend() != "tensorflow":
-        return False
-    import tensorflow as tf
-
-    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and bool(
-        strategy.extended._in_multi_worker_mode()
-    )
 
 
 def build_transformer(model_config, vocab_size, dtype=None):

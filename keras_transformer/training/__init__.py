@@ -10,7 +10,7 @@ result = train(load_config("configs/quickstart.yaml"))
 
 from keras_transformer.training.callbacks import (
     DevEvaluator,
-    ResumeLogger,
+    ResumeState,
     StepCheckpoint,
     StopAtStep,
     TrainingSummaries,
@@ -40,7 +40,7 @@ __all__ = [
     "MaskedAccuracy",
     "MaskedSparseCrossEntropy",
     "Perplexity",
-    "ResumeLogger",
+    "ResumeState",
     "StepCheckpoint",
     "StopAtStep",
     "TokenCount",

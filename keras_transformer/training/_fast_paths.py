@@ -37,7 +37,8 @@ def _tf_fused_cross_entropy(labels, logits, eps):
 
     Returns:
         `(losses [batch, length], statistics)`: `statistics` holds `label_logit`, `max_logit`
-        and `logsumexp`, each `[batch, length]`, without gradient (see `token_statistics`).
+        and `logsumexp`, each `[batch, length]`, without gradient (see
+        `MaskedSparseCrossEntropy.call_with_statistics`).
 
     tests/test_fast_paths.py checks values, gradient and statistics against the log-softmax
     formula; benchmarks/README.md has the time and memory measured.

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from keras_transformer.data.pipeline import encode_sources
 from keras_transformer.evaluation import score_translations
-from keras_transformer.workdir import checkpoint_path, list_checkpoints
+from keras_transformer.workdir import checkpoint_path, list_checkpoints, save_model_weights
 
 
 def optimizer_step(model):
@@ -21,8 +21,9 @@ class StepCheckpoint(keras.callbacks.Callback):
     """Saves `directory/ckpt-<step>.weights.h5` every `every` optimizer steps, keeping the last
     `keep`; also at the end of training.
 
-    The files hold the model's weights only (what export and checkpoint averaging need); the
-    optimizer state for resuming lives in `BackupAndRestore`'s backup.
+    The files hold the model's weights only (what export and checkpoint averaging need: about a
+    third of what Keras's `save_weights` writes for a compiled model, which adds Adam's two
+    moments); the state for resuming lives in `ResumeState`'s backup.
 
     Args:
         directory: where the checkpoints go.
@@ -43,11 +44,8 @@ class StepCheckpoint(keras.callbacks.Callback):
         if not self.enabled or step == self._last_saved or step == 0:
             return
         os.makedirs(self.directory, exist_ok=True)
-        path = checkpoint_path(self.directory, step)
-        # Written under a temporary name and renamed: a kill mid-write leaves no broken ckpt.
-        tmp = os.path.join(self.directory, f".tmp-ckpt-{step}.weights.h5")
-        self.model.save_weights(tmp, overwrite=True)
-        os.replace(tmp, path)
+        # Atomic (written beside, then renamed): a kill mid-write leaves no broken ckpt.
+        save_model_weights(self.model, checkpoint_path(self.directory, step))
         self._last_saved = step
         for _, old in list_checkpoints(self.directory)[: -self.keep]:
             os.remove(old)
@@ -61,23 +59,112 @@ class StepCheckpoint(keras.callbacks.Callback):
         self._save(optimizer_step(self.model))
 
 
-class ResumeLogger(keras.callbacks.Callback):
-    """Says where training starts (placed after `BackupAndRestore`, which restores the state)."""
+class ResumeState(keras.callbacks.Callback):
+    """The state a killed run resumes from: one `tf.train.Checkpoint` of the model's variables
+    (weights and the dropout layers' RNG states), the optimizer's variables (moments, step, loss
+    scale) and the data position (batches consumed), every `every` optimizer steps and at the
+    end of training; the last `keep` are kept.
 
-    def on_train_begin(self, logs=None):
+    `tf.train.CheckpointManager` writes each state's files first and then, atomically, the index
+    naming the latest: a kill mid-write leaves the previous state to restore. `restore()` (called
+    by the trainer before `fit`) loads the latest state and returns the data position, so the
+    training data can continue where the killed run was (see `train()`).
+
+    Args:
+        model: the compiled model, its optimizer built (`optimizer.build(trainable_variables)`).
+        directory: where states are read from (`WORKDIR/backup`).
+        every: optimizer steps between states.
+        keep: states kept.
+        write_directory: where states are written, when not `directory` (a non-chief worker's
+            temporary directory: TensorFlow's multi-worker guide has every worker save).
+
+    Example:
+    >>> state = ResumeState(model, Workdir(root).backup, every=1000, keep=2)
+    >>> position = state.restore()
+    >>> model.fit(dataset.skip(position), callbacks=[state, ...])
+    """
+
+    def __init__(self, model, directory, every, keep, write_directory=None):
+        super().__init__()
+        import tensorflow as tf
+
+        self.directory = directory
+        self.every = int(every)
+        self.batches = 0
+        # The data position: batches consumed (optimizer steps, unless a float16 loss scale
+        # skipped non-finite updates, which still consumed their batch).
+        self._position = tf.Variable(0, dtype=tf.int64, trainable=False, name="data_position")
+        self._checkpoint = tf.train.Checkpoint(
+            model=[_tf_variable(v) for v in model.variables],
+            optimizer=[_tf_variable(v) for v in model.optimizer.variables],
+            data_position=self._position,
+        )
+        self._manager = tf.train.CheckpointManager(
+            self._checkpoint, write_directory or directory, max_to_keep=int(keep)
+        )
+        self.set_model(model)
+
+    def restore(self):
+        """Loads the latest state of `directory` if there is one; returns the data position."""
+        import tensorflow as tf
+
+        latest = tf.train.latest_checkpoint(self.directory)
+        if latest is None:
+            return 0
+        self._checkpoint.restore(latest).assert_existing_objects_matched()
+        self.batches = int(self._position.numpy())
+        self._last_saved = optimizer_step(self.model)
+        print(f"resuming from step {self._last_saved} (restored from {latest})", flush=True)
+        return self.batches
+
+    def set_model(self, model):
+        super().set_model(model)
+        self._last_saved = optimizer_step(model)
+
+    def save(self):
         step = optimizer_step(self.model)
-        if step:
-            print(f"resuming from step {step} (restored from the backup)", flush=True)
+        if step == self._last_saved or step == 0:
+            return
+        self._position.assign(self.batches)
+        self._manager.save(checkpoint_number=step)
+        self._last_saved = step
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches += 1
+        if optimizer_step(self.model) % self.every == 0:
+            self.save()
+
+    def on_train_end(self, logs=None):
+        self.save()
+
+
+def _tf_variable(variable):
+    """The TensorFlow variable behind a Keras variable (a distributed one under a strategy)."""
+    value = getattr(variable, "_value", None)
+    return value if value is not None else variable
 
 
 class StopAtStep(keras.callbacks.Callback):
     """Stops `fit` once the optimizer has made `steps` updates (also after a resume), or once
-    `max_seconds` of wall-clock time have passed since this `fit` began (a time budget)."""
+    `max_seconds` of wall-clock time have passed since this `fit` began (a time budget).
 
-    def __init__(self, steps, max_seconds=None):
+    Under several workers the time budget is one decision: only the clock of the worker with
+    `keeps_time=True` (the chief) counts, and `agree` (`distribute.make_agreement`) hands its
+    verdict to every worker after each step, so all stop after the same step.
+
+    Args:
+        steps: the run's optimizer steps.
+        max_seconds: the time budget; None: no budget.
+        agree: `flag -> bool`, the same answer on every worker; None: the flag itself.
+        keeps_time: False on the workers whose clock does not count.
+    """
+
+    def __init__(self, steps, max_seconds=None, agree=None, keeps_time=True):
         super().__init__()
         self.steps = int(steps)
         self.max_seconds = max_seconds
+        self.agree = agree
+        self.keeps_time = keeps_time
         self.out_of_time = False
         self._start = None
 
@@ -85,13 +172,19 @@ class StopAtStep(keras.callbacks.Callback):
         self._start = time.monotonic()
 
     def on_train_batch_end(self, batch, logs=None):
-        if optimizer_step(self.model) >= self.steps:
+        step = optimizer_step(self.model)
+        if step >= self.steps:
             self.model.stop_training = True
-        elif self.max_seconds is not None and time.monotonic() - self._start >= self.max_seconds:
+            return
+        if self.max_seconds is None:
+            return
+        out_of_time = self.keeps_time and time.monotonic() - self._start >= self.max_seconds
+        if self.agree is not None:
+            out_of_time = self.agree(out_of_time)
+        if out_of_time:
             if not self.out_of_time:
                 print(
-                    f"time budget of {self.max_seconds / 60:g} minutes reached at step "
-                    f"{optimizer_step(self.model)}",
+                    f"time budget of {self.max_seconds / 60:g} minutes reached at step {step}",
                     flush=True,
                 )
             self.out_of_time = True
@@ -101,10 +194,14 @@ class StopAtStep(keras.callbacks.Callback):
 class TrainingSummaries(keras.callbacks.Callback):
     """Writes training scalars to TensorBoard every `every` optimizer steps.
 
-    Tags (under `logdir/train`): `loss`, `accuracy`, `perplexity` (running means over the
-    current epoch, as in the progress bar), `learning_rate` and `tokens_per_second` (non-padding
-    target tokens per second since the last write). The x axis is the optimizer step, so resumed
-    runs continue their curves.
+    Tags (under `logdir/train`): `loss`, `accuracy`, `perplexity` (means over the steps since
+    the last write, from the metrics' running sums: with `every=1`, each step's own values, so
+    a resumed run's curve continues exactly), `learning_rate` and `tokens_per_second`
+    (non-padding target tokens per second since the last write). The x axis is the optimizer
+    step, so resumed runs continue their curves.
+
+    Every worker reads the metrics (under several workers, a read sums the workers' shares: a
+    collective all of them must join); only the one with `enabled=True` writes.
 
     Args:
         logdir: TensorBoard log directory (the run's `WORKDIR/logs`).
@@ -123,7 +220,8 @@ class TrainingSummaries(keras.callbacks.Callback):
         self.total_steps = total_steps
         self.print_lines = print_lines
         self._writer = None
-        self._last = None  # (time, tokens) at the last write
+        self._last_time = None
+        self._last_sums = {}  # metric name -> (total, count) at the last write
 
     def _get_writer(self):
         if self._writer is None:
@@ -131,24 +229,49 @@ class TrainingSummaries(keras.callbacks.Callback):
         return self._writer
 
     def on_epoch_begin(self, epoch, logs=None):
-        # The token counter (a metric) restarts at each epoch.
-        self._last = (time.perf_counter(), 0.0)
+        # Keras resets the metrics at each epoch: the sums restart from zero.
+        self._last_time = time.perf_counter()
+        self._last_sums = {}
+
+    def _window_means(self):
+        """`{name: mean since the last write}` and the tokens counted since then."""
+        from keras_transformer.training.metrics import Perplexity, TokenCount
+
+        means, tokens = {}, None
+        for metric in _flat_metrics(self.model):
+            if isinstance(metric, TokenCount):
+                count = float(keras.ops.convert_to_numpy(metric.count))
+                tokens = count - self._last_sums.get(metric.name, (0.0, 0.0))[1]
+                self._last_sums[metric.name] = (0.0, count)
+                continue
+            if not (hasattr(metric, "total") and hasattr(metric, "count")):
+                continue
+            total = float(keras.ops.convert_to_numpy(metric.total))
+            count = float(keras.ops.convert_to_numpy(metric.count))
+            last_total, last_count = self._last_sums.get(metric.name, (0.0, 0.0))
+            self._last_sums[metric.name] = (total, count)
+            if count > last_count:
+                mean = (total - last_total) / (count - last_count)
+                means[metric.name] = (
+                    float(np.exp(min(mean, 50.0))) if isinstance(metric, Perplexity) else mean
+                )
+        return means, tokens
 
     def on_train_batch_end(self, batch, logs=None):
         step = optimizer_step(self.model)
-        if not self.enabled or step % self.every or not logs:
+        if step % self.every:
             return
-        now, tokens = time.perf_counter(), float(logs.get("tokens", 0.0))
-        last_time, last_tokens = self._last or (now, tokens)
-        self._last = (now, tokens)
+        means, tokens = self._window_means()  # on every worker (see the class docstring)
+        now = time.perf_counter()
+        last_time, self._last_time = self._last_time or now, now
+        if not self.enabled:
+            return
         learning_rate = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
-        speed = None
-        if now > last_time and tokens > last_tokens:
-            speed = (tokens - last_tokens) / (now - last_time)
+        speed = tokens / (now - last_time) if tokens and now > last_time else None
         with self._get_writer().as_default(step=step):
             for key in ("loss", "accuracy", "perplexity"):
-                if key in logs:
-                    tf.summary.scalar(key, float(logs[key]))
+                if key in means:
+                    tf.summary.scalar(key, means[key])
             tf.summary.scalar("learning_rate", learning_rate)
             if speed is not None:
                 tf.summary.scalar("tokens_per_second", speed)
@@ -156,8 +279,8 @@ class TrainingSummaries(keras.callbacks.Callback):
         if self.print_lines:
             total = f"/{self.total_steps}" if self.total_steps else ""
             print(
-                f"step {step}{total}: loss {float(logs.get('loss', float('nan'))):.4f}, "
-                f"accuracy {float(logs.get('accuracy', float('nan'))):.4f}, "
+                f"step {step}{total}: loss {means.get('loss', float('nan')):.4f}, "
+                f"accuracy {means.get('accuracy', float('nan')):.4f}, "
                 f"lr {learning_rate:.2e}" + (f", {speed:,.0f} tokens/s" if speed else ""),
                 flush=True,
             )
@@ -165,6 +288,18 @@ class TrainingSummaries(keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         if self._writer is not None:
             self._writer.flush()
+
+
+def _flat_metrics(model):
+    """The model's metric objects, the compiled ones taken out of Keras's container."""
+    flat = []
+    for metric in model.metrics:
+        inner = getattr(metric, "metrics", None)
+        if isinstance(inner, list):
+            flat.extend(inner)
+        else:
+            flat.append(metric)
+    return flat
 
 
 def translate_sentences(

@@ -1,11 +1,16 @@
 """Distribution strategies chosen by name, XLA and mixed-precision settings of `runtime`."""
 
+import hashlib
 import json
 import os
+import shutil
+import tempfile
+import time
 
 import tensorflow as tf
 
-from keras_transformer.errors import ConfigError
+from keras_transformer.errors import ConfigError, WorkerError
+from keras_transformer.models._train_step import _is_multi_worker
 
 
 def _tf_config_workers():
@@ -20,7 +25,8 @@ def get_strategy(runtime_config):
     """Returns the `tf.distribute.Strategy` named by `runtime.strategy`.
 
     - `default`: the no-op default strategy (one device).
-    - `mirrored`: `MirroredStrategy` over all local GPUs (or the CPU when there are none).
+    - `mirrored`: `MirroredStrategy` over all local GPUs (or the logical CPUs when there are
+      none).
     - `multi_worker`: `MultiWorkerMirroredStrategy`; the cluster comes from `TF_CONFIG`.
     - `tpu`: `TPUStrategy` on `runtime.tpu` ('' = the local TPU / the one the environment names).
     - `auto`: multi_worker when `TF_CONFIG` lists several workers, else tpu when a TPU is found,
@@ -42,9 +48,18 @@ def get_strategy(runtime_config):
     if name == "default":
         return tf.distribute.get_strategy()
     if name == "mirrored":
-        return tf.distribute.MirroredStrategy()
+        # All local GPUs; without GPUs, every logical CPU device (one unless the process split
+        # its CPU into several with tf.config.set_logical_device_configuration, as tests do).
+        devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
+        return tf.distribute.MirroredStrategy([device.name for device in devices])
     if name == "multi_worker":
-        return tf.distribute.MultiWorkerMirroredStrategy()
+        timeout = getattr(runtime_config, "collective_timeout_seconds", None)
+        # A bounded collective: when a peer dies, the others fail within `timeout` seconds
+        # instead of waiting in the all-reduce forever.
+        options = tf.distribute.experimental.CommunicationOptions(
+            timeout_seconds=float(timeout) if timeout else None
+        )
+        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     if name == "tpu":
         try:
             resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=runtime_config.tpu)
@@ -96,3 +111,115 @@ def is_chief(strategy=None):
     if "chief" in cluster:
         return task.get("type") == "chief"
     return task.get("type") == "worker" and int(task.get("index", 0)) == 0
+
+
+def task_index():
+    """This worker's index among the workers of `TF_CONFIG` (0 without a cluster)."""
+    try:
+        config = json.loads(os.environ.get("TF_CONFIG", "{}"))
+    except ValueError:
+        return 0
+    return int((config.get("task") or {}).get("index", 0))
+
+
+def is_multi_worker(strategy):
+    """True for a `MultiWorkerMirroredStrategy` spanning several workers (processes)."""
+    return _is_multi_worker(strategy)
+
+
+def wait_for_path(path, seconds, what="file", poll=0.5):
+    """Waits until `path` exists (the chief writes it atomically); bounded.
+
+    Non-chief workers read what the chief makes (the vocabulary, a prepared dataset's manifest)
+    instead of making it themselves.
+
+    Args:
+        path: the file or directory to wait for.
+        seconds: give up after this long.
+        what: what the path is, for the error message.
+        poll: seconds between looks.
+
+    Returns:
+        `path`.
+
+    Raises:
+        WorkerError: `path` did not appear within `seconds` (one line, naming it).
+
+    Example:
+    >>> wait_for_path(Workdir(root).spm, config.runtime.wait_seconds, "vocabulary")
+    """
+    deadline = time.monotonic() + float(seconds)
+    while not tf.io.gfile.exists(path):
+        if time.monotonic() >= deadline:
+            raise WorkerError(
+                f"waited {float(seconds):g} s for the chief's {what} {path}, which never came "
+                "(is the chief running? runtime.wait_seconds sets the wait)"
+            )
+        time.sleep(poll)
+    return path
+
+
+def make_agreement(strategy):
+    """A function `flag -> bool` that every worker calls at the same point and that returns the
+    same answer everywhere: True when any worker passed True (a sum all-reduce of 0/1 flags).
+
+    Under one process (default, mirrored, TPU) it returns the flag itself at no cost. The
+    trainer uses it for the time budget: only the chief's clock counts (the others pass False),
+    so every worker stops after the same step instead of at its own moment, which would leave
+    the others waiting in the next all-reduce.
+    """
+    if not is_multi_worker(strategy):
+        return bool
+
+    @tf.function
+    def any_worker(flag):
+        def replica_fn():
+            # A copy on this replica's device (the collective needs one to reduce onto).
+            value = tf.identity(flag)
+            context = tf.distribute.get_replica_context()
+            return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
+
+        return strategy.run(replica_fn)
+
+    def agree(flag):
+        total = any_worker(tf.constant(1.0 if flag else 0.0))
+        return float(strategy.experimental_local_results(total)[0]) > 0
+
+    return agree
+
+
+class WorkerTempDir:
+    """A directory of this worker's own for files that TensorFlow's multi-worker guide has
+    every worker write (checkpoints), which only the chief keeps: a non-chief worker writes into
+    a temporary directory and deletes it when done. Its name is fixed per workdir and worker
+    index, so a worker restarted after being killed (which could not clean up) reclaims it.
+
+    Args:
+        chief: True in the chief, which writes to `directory` itself.
+        directory: the chief's directory (e.g. `WORKDIR/backup`).
+
+    Example:
+    >>> with WorkerTempDir(chief=False, directory=Workdir(root).backup) as directory:
+    ...     manager = tf.train.CheckpointManager(checkpoint, directory, max_to_keep=1)
+    """
+
+    def __init__(self, chief, directory):
+        self.chief = chief
+        self.directory = directory
+        self._temp = None
+
+    def __enter__(self):
+        if self.chief:
+            return self.directory
+        key = hashlib.sha1(os.path.abspath(self.directory).encode("utf-8")).hexdigest()[:12]
+        self._temp = os.path.join(
+            tempfile.gettempdir(), f"keras-transformer-{key}-worker{task_index()}"
+        )
+        shutil.rmtree(self._temp, ignore_errors=True)  # a killed predecessor's
+        os.makedirs(self._temp)
+        return self._temp
+
+    def __exit__(self, *exc):
+        if self._temp:
+            shutil.rmtree(self._temp, ignore_errors=True)
+        return False

@@ -1,7 +1,5 @@
 """The paper's training loss: label-smoothed cross-entropy over the non-padding target tokens."""
 
-import threading
-
 import keras
 from keras import ops
 
@@ -47,26 +45,6 @@ def _losses_mask_and_statistics(labels, logits, label_smoothing, pad_id):
     return losses * mask, mask, statistics
 
 
-# Per-token statistics of the last logits the loss saw, per thread (tf.distribute traces each
-# replica in a thread of its own): the training metrics read them instead of the logits.
-_LAST = threading.local()
-
-
-def token_statistics(y_true, y_pred):
-    """The per-token statistics `MaskedSparseCrossEntropy` computed for exactly these tensors.
-
-    Keras computes a step's loss and then its metrics from the same `y_true` and `y_pred`
-    objects; the loss leaves `{"label_logit", "max_logit", "logsumexp"}` (float32,
-    `[batch, length]`, no gradient) behind for them, so the metrics need not read the logits
-    again and the logits' buffer can be freed (or overwritten by the softmax) before the
-    backward pass. Returns None for any other tensors (then the metrics compute from the logits).
-    """
-    entry = getattr(_LAST, "entry", None)
-    if entry is not None and entry[0] is y_true and entry[1] is y_pred:
-        return entry[2]
-    return None
-
-
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class MaskedSparseCrossEntropy(keras.losses.Loss):
     """Label-smoothed sparse cross-entropy averaged over the non-padding tokens of a batch.
@@ -104,25 +82,59 @@ class MaskedSparseCrossEntropy(keras.losses.Loss):
         self.label_smoothing = float(label_smoothing)
         self.pad_id = int(pad_id)
 
-    def __call__(self, y_true, y_pred, sample_weight=None):
+    def token_weights(self, y_true, sample_weight=None):
+        """The weight of each target token in the mean: 1 for real tokens, 0 for padding
+        (times `sample_weight` when given); float32 `[batch, length]`."""
         mask = ops.cast(ops.not_equal(ops.cast(y_true, "int32"), self.pad_id), "float32")
         if sample_weight is not None:
             mask = mask * ops.cast(sample_weight, "float32")
-        # Keras converts both before `call`; the statistics are left under the tensors the
-        # metrics will be given, i.e. these.
-        _LAST.inputs = (y_true, y_pred)
-        try:
-            return super().__call__(y_true, y_pred, sample_weight=mask)
-        finally:
-            _LAST.inputs = None
+        return mask
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        # "mean_with_sample_weight" over the token weights: the mean over real tokens.
+        return super().__call__(
+            y_true, y_pred, sample_weight=self.token_weights(y_true, sample_weight)
+        )
 
     def call(self, y_true, y_pred):
-        losses, _, statistics = _losses_mask_and_statistics(
+        losses, _, _ = _losses_mask_and_statistics(
             y_true, y_pred, self.label_smoothing, self.pad_id
         )
-        inputs = getattr(_LAST, "inputs", None)
-        _LAST.entry = None if statistics is None or inputs is None else (*inputs, statistics)
         return losses
+
+    def call_with_statistics(self, y_true, y_pred, sample_weight=None):
+        """Per-token losses, their weights and the statistics of the logits, for a train step.
+
+        The loss of the batch is `sum(losses * weights) / sum(weights)` (what calling the loss
+        returns, before tf.distribute's scaling). The statistics let the metrics
+        (`MaskedAccuracy`, `Perplexity`, `update_state_from_statistics`) skip reading the
+        logits again, so the logits' buffer can be freed (or overwritten by the softmax) before
+        the backward pass.
+
+        Args:
+            y_true: int `[batch, length]` labels.
+            y_pred: float `[batch, length, vocab_size]` logits.
+            sample_weight: optional `[batch, length]` or `[batch, 1]` weights.
+
+        Returns:
+            `(losses, weights, statistics)`: float32 `[batch, length]` per-token losses (0 at
+            padding), the float32 `[batch, length]` token weights, and a dict of float32
+            `[batch, length]` tensors without gradient (`label_logit`, `max_logit`,
+            `logsumexp`), or None when the fused TensorFlow path did not run (then metrics
+            compute from the logits).
+
+        Example:
+        ```python
+        losses, weights, stats = loss.call_with_statistics(labels, logits)
+        accuracy.update_state_from_statistics(stats, weights)
+        ```
+        """
+        with keras.name_scope(self.name):
+            weights = self.token_weights(y_true, sample_weight)
+            losses, _, statistics = _losses_mask_and_statistics(
+                y_true, y_pred, self.label_smoothing, self.pad_id
+            )
+        return losses, weights, statistics
 
     def get_config(self):
         return {"name": self.name, "label_smoothing": self.label_smoothing, "pad_id": self.pad_id}

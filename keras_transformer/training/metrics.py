@@ -3,8 +3,6 @@
 import keras
 from keras import ops
 
-from keras_transformer.training.losses import token_statistics
-
 
 class _MaskedMean(keras.metrics.Metric):
     """Running mean of a per-token value over the non-padding tokens."""
@@ -18,10 +16,22 @@ class _MaskedMean(keras.metrics.Metric):
     def _values(self, y_true, y_pred):
         raise NotImplementedError
 
+    def _values_from_statistics(self, statistics):
+        raise NotImplementedError
+
     def update_state(self, y_true, y_pred, sample_weight=None):
         values, mask = self._values(y_true, y_pred)
-        self.total.assign_add(ops.sum(values * mask))
-        self.count.assign_add(ops.sum(mask))
+        self._add(values, mask)
+
+    def update_state_from_statistics(self, statistics, weights):
+        """Updates from the per-token statistics of the logits that
+        `MaskedSparseCrossEntropy.call_with_statistics` returns (no second read of the logits);
+        `weights` float32 `[batch, length]` (0 at padding)."""
+        self._add(self._values_from_statistics(statistics), weights)
+
+    def _add(self, values, weights):
+        self.total.assign_add(ops.sum(values * weights))
+        self.count.assign_add(ops.sum(weights))
 
     def result(self):
         return self.total / ops.maximum(self.count, 1.0)
@@ -50,15 +60,18 @@ class MaskedAccuracy(_MaskedMean):
     def _values(self, y_true, y_pred):
         # A hit: the label's logit is the largest. Cheaper than ops.argmax, which adds four
         # passes over [batch, length, vocab] for its -0.0 handling (differs only on exact ties).
-        statistics = token_statistics(y_true, y_pred)  # computed by the loss, if it ran
         y_true = ops.cast(y_true, "int32")
-        if statistics is not None:
-            label_logit, max_logit = statistics["label_logit"], statistics["max_logit"]
-        else:
-            label_logit = ops.take_along_axis(y_pred, ops.expand_dims(y_true, -1), axis=-1)
-            label_logit, max_logit = label_logit[..., 0], ops.max(y_pred, axis=-1)
-        hits = ops.cast(ops.greater_equal(label_logit, max_logit), "float32")
-        return hits, ops.cast(ops.not_equal(y_true, self.pad_id), "float32")
+        label_logit = ops.take_along_axis(y_pred, ops.expand_dims(y_true, -1), axis=-1)
+        statistics = {"label_logit": label_logit[..., 0], "max_logit": ops.max(y_pred, axis=-1)}
+        return (
+            self._values_from_statistics(statistics),
+            ops.cast(ops.not_equal(y_true, self.pad_id), "float32"),
+        )
+
+    def _values_from_statistics(self, statistics):
+        return ops.cast(
+            ops.greater_equal(statistics["label_logit"], statistics["max_logit"]), "float32"
+        )
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -76,15 +89,17 @@ class Perplexity(_MaskedMean):
     def _values(self, y_true, y_pred):
         # -log p(label) = logsumexp - label logit: forward only (a metric has no gradient), so
         # no softmax-cross-entropy backprop buffer of the logits' size is made.
-        statistics = token_statistics(y_true, y_pred)  # computed by the loss, if it ran
         y_true = ops.cast(y_true, "int32")
-        if statistics is not None:
-            nll = statistics["logsumexp"] - statistics["label_logit"]
-        else:
-            y_pred = ops.cast(y_pred, "float32")
-            label_logit = ops.take_along_axis(y_pred, ops.expand_dims(y_true, -1), axis=-1)
-            nll = ops.logsumexp(y_pred, axis=-1) - label_logit[..., 0]
-        return nll, ops.cast(ops.not_equal(y_true, self.pad_id), "float32")
+        y_pred = ops.cast(y_pred, "float32")
+        label_logit = ops.take_along_axis(y_pred, ops.expand_dims(y_true, -1), axis=-1)
+        statistics = {"label_logit": label_logit[..., 0], "logsumexp": ops.logsumexp(y_pred, -1)}
+        return (
+            self._values_from_statistics(statistics),
+            ops.cast(ops.not_equal(y_true, self.pad_id), "float32"),
+        )
+
+    def _values_from_statistics(self, statistics):
+        return statistics["logsumexp"] - statistics["label_logit"]
 
     def result(self):
         # Clipped so that an untrained model's first batches do not print inf.
@@ -107,6 +122,10 @@ class TokenCount(keras.metrics.Metric):
 
     def update_state(self, y_true, y_pred, sample_weight=None):
         self.count.assign_add(ops.sum(ops.cast(ops.not_equal(y_true, self.pad_id), "float32")))
+
+    def update_state_from_statistics(self, statistics, weights):
+        """Counts the tokens of nonzero weight (`weights` as the loss returns them)."""
+        self.count.assign_add(ops.sum(ops.cast(ops.not_equal(weights, 0.0), "float32")))
 
     def result(self):
         return ops.convert_to_tensor(self.count)

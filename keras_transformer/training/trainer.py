@@ -1,5 +1,11 @@
-"""`train(config)`: from a corpus spec to a trained, evaluated and exported Transformer."""
+"""`train(config)`: from a corpus spec to a trained, evaluated and exported Transformer.
 
+`train()` is an outline of named steps, each a small function below: read the training data,
+build the model, fit (resuming exactly where a killed run stopped), average checkpoints, score
+and export. Under several workers only the chief writes anything shared (see `_Run`).
+"""
+
+import dataclasses
 import json
 import math
 import os
@@ -10,17 +16,26 @@ import keras
 import tensorflow as tf
 
 from keras_transformer.config import save_config
+from keras_transformer.errors import WorkerError
 from keras_transformer.models import build_transformer
 from keras_transformer.training.callbacks import (
     DevEvaluator,
-    ResumeLogger,
+    ResumeState,
     StepCheckpoint,
     StopAtStep,
     TrainingSummaries,
     evaluate_bleu,
     optimizer_step,
 )
-from keras_transformer.training.distribute import get_strategy, is_chief, resolve_jit_compile
+from keras_transformer.training.distribute import (
+    WorkerTempDir,
+    get_strategy,
+    is_chief,
+    is_multi_worker,
+    make_agreement,
+    resolve_jit_compile,
+    wait_for_path,
+)
 from keras_transformer.training.losses import MaskedSparseCrossEntropy
 from keras_transformer.training.metrics import MaskedAccuracy, Perplexity, TokenCount
 from keras_transformer.training.optimizers import FusedAdam
@@ -30,8 +45,9 @@ from keras_transformer.workdir import Workdir, list_checkpoints, load_last_check
 
 
 def make_optimizer(config, d_model=None):
-    """Adam(beta_1, beta_2, epsilon) on the paper's schedule, with the config's gradient
-    accumulation and global-norm clipping; wrapped in a `LossScaleOptimizer` for mixed_float16.
+    """Adam(beta_1, beta_2, epsilon) on the paper's schedule, with the config's global-norm
+    clipping; wrapped in a `LossScaleOptimizer` for mixed_float16. (Gradient accumulation is
+    the model's train step's, see `compile_model`.)
 
     The Adam is `FusedAdam`: Keras's Adam with TensorFlow's one-kernel update (same formula,
     variables and checkpoints; faster, see benchmarks/README.md).
@@ -46,10 +62,6 @@ def make_optimizer(config, d_model=None):
         beta_2=t.adam_beta_2,
         epsilon=t.adam_epsilon,
         global_clipnorm=t.clip_norm,
-        # Keras wants None (not 1) for "no accumulation".
-        gradient_accumulation_steps=(
-            t.gradient_accumulation_steps if t.gradient_accumulation_steps > 1 else None
-        ),
     )
     if config.runtime.mixed_precision == "mixed_float16":
         # float16 gradients underflow without loss scaling.
@@ -62,6 +74,12 @@ def compile_model(model, config, jit_compile=False, steps_per_execution=1):
 
     Call it inside `strategy.scope()` when training distributed. Afterwards `model.fit` on
     `keras_transformer.data.make_dataset(...)` trains with the same recipe as `train(config)`.
+
+    `train.gradient_accumulation_steps` (k) goes to the model's train step
+    (`model.gradient_accumulation_steps`): each batch fed to `fit` holds k micro-batches (build
+    the dataset with k times the tokens per batch and `batch_multiple` a multiple of k times the
+    replicas), one optimizer update per batch. Keras's own accumulation option is not used: it
+    applies the update inside a `cond`, which fails under tf.distribute strategies.
 
     Args:
         model: a `keras_transformer.models.Transformer`.
@@ -80,6 +98,7 @@ def compile_model(model, config, jit_compile=False, steps_per_execution=1):
     model.fit(make_dataset(pairs, tokenizer, config.data), steps_per_epoch=100, epochs=3)
     ```
     """
+    model.gradient_accumulation_steps = int(config.train.gradient_accumulation_steps)
     model.compile(
         optimizer=make_optimizer(config, getattr(model, "d_model", None)),
         loss=MaskedSparseCrossEntropy(label_smoothing=config.train.label_smoothing),
@@ -155,21 +174,51 @@ def _print_summary(result):
     print("\n".join(lines), flush=True)
 
 
+@dataclasses.dataclass
+class _Run:
+    """What the steps of one `train()` call share.
+
+    Under several workers (`multi_worker`) the chief (worker 0) is the only one that writes
+    anything shared: config, vocabulary, checkpoints, backups, TensorBoard, result, export.
+    The others read what it makes, keep their resume states in a temporary directory of their
+    own (deleted at the end) and skip evaluation, scoring and export.
+    """
+
+    config: object
+    layout: Workdir
+    strategy: object
+    chief: bool
+    started: float
+
+
+@dataclasses.dataclass
+class _TrainingData:
+    """The tokenizer and the (deterministic, endless) training dataset of global batches."""
+
+    tokenizer: object
+    dataset: object
+    num_pairs: int
+
+
 def train(config):
     """Trains, evaluates and exports the model described by `config` (an `ExperimentConfig`).
 
     Writes the workdir (`runtime.workdir`, default `workdirs/<name>`): `config.yaml` (the
-    resolved config), `spm.model`, `checkpoints/ckpt-<step>.weights.h5` (last
-    `train.keep_checkpoints`), `backup/` (resume state), `logs/` (TensorBoard) and `result.json`.
-    Training runs `train.steps` optimizer steps as Keras epochs of `train.steps_per_epoch` steps,
-    with dev BLEU (greedy) after each epoch; the final model is scored on the dev (and test) set
-    with the `decode` settings and exported to `export.base_dir/<name>/<version>`.
+    resolved config), `spm.model`, `checkpoints/ckpt-<step>.weights.h5` (the model's weights,
+    last `train.keep_checkpoints`), `backup/` (the resume state, last `train.keep_backups`),
+    `logs/` (TensorBoard) and `result.json`. Training runs `train.steps` optimizer steps as Keras
+    epochs of `train.steps_per_epoch` steps, with dev BLEU (greedy) after each epoch; the final
+    model is scored on the dev (and test) set with the `decode` settings and exported to
+    `export.base_dir/<name>/<version>`.
 
-    Running it again on the same workdir resumes from the last backup; a finished run is not
-    retrained (its result is printed and returned).
+    Running it again on the same workdir resumes exactly: same weights, optimizer state,
+    learning rate, dropout randomness and position in the training data as the uninterrupted
+    run at the last backup. A finished run is not retrained (its result is printed and
+    returned). Under `runtime.strategy: multi_worker` every worker runs the same command (with
+    its `TF_CONFIG`); the chief writes, the others train and exit.
 
     Returns:
-        The result dict written to `result.json`.
+        The result dict written to `result.json` (a non-chief worker returns a short one).
 
     Example:
     ```python
@@ -180,81 +229,185 @@ def train(config):
     """
     started = time.time()
     layout = Workdir.of(config)
-    workdir = layout.root
-    t = config.train
-    previous = _read_result(layout.result)
-    if previous and previous.get("step", 0) >= t.steps:
-        print(f"{workdir} already holds a finished run ({previous['step']} steps).", flush=True)
-        _print_summary(previous)
+    previous = _finished_result(layout, config)
+    if previous:
         return previous
-
     # The strategy first: multi-worker and TPU setups must precede any device use.
     strategy = get_strategy(config.runtime)
-    chief = is_chief(strategy)
-    from keras_transformer.data import get_or_train_tokenizer, make_dataset, read_pairs
-
+    run = _Run(config, layout, strategy, is_chief(strategy), started)
     # Seeding clears TensorFlow's kernel caches, which would drop the SentencePiece op's resource
     # (the tokenizer must be created after it).
-    keras.utils.set_random_seed(t.seed)
-    os.makedirs(workdir, exist_ok=True)
-    if chief:
+    keras.utils.set_random_seed(config.train.seed)
+    data = _prepare_data(run)
+    model = _build_model(run, data.tokenizer.vocab_size, data.num_pairs)
+    stopper = _fit(run, model, data)
+    if not run.chief:
+        return _worker_done(run, model)
+    step = optimizer_step(model)
+    final_model, averaged = _average(run, model, data.tokenizer.vocab_size)
+    result = _score(run, final_model, data.tokenizer, step, stopper, averaged)
+    result["saved_model"] = _export(final_model, data.tokenizer, config)
+    return _finish(run, result)
+
+
+def _finished_result(layout, config):
+    """The result of a finished run in this workdir (printed), or None."""
+    previous = _read_result(layout.result)
+    if previous and previous.get("step", 0) >= config.train.steps:
+        print(f"{layout.root} already holds a finished run ({previous['step']} steps).", flush=True)
+        _print_summary(previous)
+        return previous
+    return None
+
+
+def _prepare_data(run):
+    """The vocabulary and the training dataset: one place that reads the training data.
+
+    The chief writes `config.yaml` and trains the vocabulary (`spm.model`, written atomically);
+    the other workers wait for it (`runtime.wait_seconds`) and read it. The dataset yields
+    global batches of `data.tokens_per_batch` x replicas x `train.gradient_accumulation_steps`
+    tokens (batch sizes a multiple of replicas x accumulation: each replica's share splits into
+    the micro-batches), in the same order on every run with the same seed, so `_fit` can
+    resume by skipping the batches already consumed.
+    """
+    from keras_transformer.data import Tokenizer, get_or_train_tokenizer, make_dataset, read_pairs
+
+    config, layout = run.config, run.layout
+    if run.chief:
+        os.makedirs(layout.root, exist_ok=True)
         save_config(config, layout.config)
     pairs = read_pairs(config.data.train)
-    dev_pairs = read_pairs(config.data.dev) if config.data.dev else []
-    test_pairs = read_pairs(config.data.test) if config.data.test else []
-    tokenizer = get_or_train_tokenizer(config.data, pairs, workdir)
-    # data.tokens_per_batch is per replica; the strategy splits each global batch evenly.
-    replicas = strategy.num_replicas_in_sync
+    if run.chief:
+        tokenizer = get_or_train_tokenizer(config.data, pairs, layout.root)
+    else:
+        wait_for_path(layout.spm, config.runtime.wait_seconds, "vocabulary")
+        tokenizer = Tokenizer(layout.spm)
+    # data.tokens_per_batch is per replica and micro-batch.
+    share = run.strategy.num_replicas_in_sync * config.train.gradient_accumulation_steps
     dataset = make_dataset(
         pairs,
         tokenizer,
         config.data,
         training=True,
-        tokens_per_batch=config.data.tokens_per_batch * replicas,
-        batch_multiple=replicas,
+        tokens_per_batch=config.data.tokens_per_batch * share,
+        batch_multiple=share,
     )
+    return _TrainingData(tokenizer, dataset, len(pairs))
 
+
+def _build_model(run, vocab_size, num_pairs):
+    """The compiled model (in the strategy's scope), its optimizer's variables created so the
+    resume state can be restored into them."""
+    config, strategy = run.config, run.strategy
     jit_compile = resolve_jit_compile(config.runtime.jit_compile, strategy)
     with strategy.scope():
-        model = build_transformer(config.model, tokenizer.vocab_size, dtype=_model_dtype(config))
+        model = build_transformer(config.model, vocab_size, dtype=_model_dtype(config))
         compile_model(model, config, jit_compile=jit_compile)
+        model.optimizer.build(model.trainable_variables)
+    t = config.train
     print(
         f"Training {config.name}: {model.count_params():,} parameters, vocabulary "
-        f"{tokenizer.vocab_size}, {len(pairs):,} training pairs, {t.steps} steps, "
+        f"{vocab_size}, {num_pairs:,} training pairs, {t.steps} steps, "
         f"strategy {type(strategy).__name__} ({strategy.num_replicas_in_sync} replicas), "
-        f"jit_compile={jit_compile}, precision {config.runtime.mixed_precision or 'float32'}",
+        f"gradient accumulation {t.gradient_accumulation_steps}, jit_compile={jit_compile}, "
+        f"precision {config.runtime.mixed_precision or 'float32'}",
         flush=True,
     )
+    return model
 
-    # Keras counts batches; the config counts optimizer updates.
-    accumulation = t.gradient_accumulation_steps
-    tty = sys.stdout.isatty()
-    epochs = math.ceil(t.steps / t.steps_per_epoch)
-    stopper = StopAtStep(t.steps, None if t.max_minutes is None else t.max_minutes * 60)
-    callbacks = [
-        # double_checkpoint: a kill in the middle of writing the backup leaves the previous one
-        # to restore from (the write is not atomic).
-        keras.callbacks.BackupAndRestore(
-            layout.backup,
-            save_freq=t.checkpoint_every * accumulation,
-            double_checkpoint=True,
-            delete_checkpoint=False,
+
+def _fit(run, model, data):
+    """Restores the last resume state, then fits from there until `train.steps` (or the time
+    budget); returns the `StopAtStep` callback (which knows why training stopped).
+
+    Exact resume: the dataset is deterministic, so skipping the batches the killed run consumed
+    gives the batches the uninterrupted run would have seen next (Keras's `fit` draws all
+    epochs from one iterator when `steps_per_epoch` is set). Skipping reads through those
+    batches once (seconds per thousand steps on CPUs), far cheaper than checkpointing the
+    pipeline's shuffle buffer and cache.
+    """
+    config, layout, chief = run.config, run.layout, run.chief
+    t = config.train
+    multi_worker = is_multi_worker(run.strategy)
+    with WorkerTempDir(chief, layout.backup) as backup_dir:
+        resume = ResumeState(
+            model, layout.backup, t.checkpoint_every, t.keep_backups, write_directory=backup_dir
+        )
+        position = resume.restore()
+        step = optimizer_step(model)
+        stopper = StopAtStep(
+            t.steps,
+            None if t.max_minutes is None else t.max_minutes * 60,
+            agree=make_agreement(run.strategy),
+            keeps_time=chief,
+        )
+        callbacks = [resume, keras.callbacks.TerminateOnNaN(), stopper]
+        callbacks += _chief_callbacks(run, model, data) if chief else []
+        # TrainingSummaries reads the metrics on every worker (a collective under several).
+        tty = sys.stdout.isatty()
+        callbacks.append(
+            TrainingSummaries(
+                layout.logs, t.log_every, chief, total_steps=t.steps, print_lines=chief and not tty
+            )
+        )
+        # Epochs count from the restored step: evaluations stay at multiples of
+        # steps_per_epoch after a resume at an epoch boundary.
+        initial_epoch = step // t.steps_per_epoch
+        epochs = initial_epoch + math.ceil(max(0, t.steps - step) / t.steps_per_epoch)
+        try:
+            model.fit(
+                data.dataset.skip(position),
+                initial_epoch=initial_epoch,
+                epochs=epochs,
+                steps_per_epoch=t.steps_per_epoch,
+                callbacks=callbacks,
+                # A live progress bar in a terminal; in logs, one line per epoch (and
+                # TrainingSummaries' lines every log_every steps).
+                verbose=1 if tty else 2,
+                shuffle=False,  # make_dataset shuffles
+            )
+        except tf.errors.OpError as e:
+            if multi_worker and _is_peer_failure(e):
+                raise WorkerError(
+                    f"worker {'0 (chief)' if chief else 'task'} lost its peers during training "
+                    f"({type(e).__name__}); restart every worker with the same command to "
+                    "resume from the last backup"
+                ) from None
+            raise
+    step = optimizer_step(model)
+    if step < t.steps and not stopper.out_of_time:
+        raise RuntimeError(f"training stopped at step {step} of {t.steps} (NaN loss?)")
+    return stopper
+
+
+def _is_peer_failure(error):
+    """A collective that timed out or was aborted because a worker disappeared."""
+    if isinstance(
+        error,
+        (
+            tf.errors.DeadlineExceededError,
+            tf.errors.UnavailableError,
+            tf.errors.CancelledError,
+            tf.errors.AbortedError,
         ),
-        ResumeLogger(),
-        keras.callbacks.TerminateOnNaN(),
-        stopper,
-        StepCheckpoint(layout.checkpoints, t.checkpoint_every, t.keep_checkpoints, chief),
-        TrainingSummaries(
-            layout.logs, t.log_every, chief, total_steps=t.steps, print_lines=chief and not tty
-        ),
-    ]
-    if chief:
-        write_hparams(layout.logs, config)
+    ):
+        return True
+    message = str(error).lower()
+    return "collective" in message or "peer" in message or "heartbeat" in message
+
+
+def _chief_callbacks(run, model, data):
+    """Step checkpoints, hyperparameters and dev-set evaluation: the chief's alone."""
+    config, layout = run.config, run.layout
+    t = config.train
+    callbacks = [StepCheckpoint(layout.checkpoints, t.checkpoint_every, t.keep_checkpoints)]
+    write_hparams(layout.logs, config)
+    dev_pairs = _read_split(config.data.dev)
     if dev_pairs:
         callbacks.append(
             DevEvaluator(
                 dev_pairs[: t.eval_max_sentences],
-                tokenizer,
+                data.tokenizer,
                 config.data,
                 logdir=layout.logs,
                 beam_size=1,
@@ -262,35 +415,47 @@ def train(config):
                 batch_size=config.decode.batch_size,
                 num_samples=t.num_sample_translations,
                 skip_at_step=t.steps,
-                enabled=chief,
             )
         )
         # Heatmaps of the first dev sentence at each evaluation (TensorBoard's Images tab).
         callbacks.append(
-            AttentionSummaries(dev_pairs[0][0], tokenizer, config.data, layout.logs, chief)
+            AttentionSummaries(dev_pairs[0][0], data.tokenizer, config.data, layout.logs)
         )
-    model.fit(
-        dataset,
-        epochs=epochs,
-        steps_per_epoch=t.steps_per_epoch * accumulation,
-        callbacks=callbacks,
-        # A live progress bar in a terminal; in logs, one line per epoch (and TrainingSummaries'
-        # lines every log_every steps).
-        verbose=1 if tty else 2,
-        shuffle=False,  # make_dataset shuffles
-    )
-    step = optimizer_step(model)
-    if step < t.steps and not stopper.out_of_time:
-        raise RuntimeError(f"training stopped at step {step} of {t.steps} (NaN loss?)")
-    train_seconds = time.time() - started
-    averaged = _maybe_average(model, layout.checkpoints, config.export.average_checkpoints)
+    return callbacks
 
+
+def _read_split(spec):
+    from keras_transformer.data import read_pairs
+
+    return read_pairs(spec) if spec else []
+
+
+def _worker_done(run, model):
+    """A non-chief worker's end: the chief averages, scores and exports."""
+    step = optimizer_step(model)
+    print(f"Worker finished training at step {step}; the chief evaluates and exports.", flush=True)
+    return {"name": run.config.name, "step": step, "chief": False}
+
+
+def _average(run, model, vocab_size):
+    """The final model: a copy outside the strategy (decoding and export need no replicas) with
+    the average of the last `export.average_checkpoints` checkpoints (the paper's final models),
+    or the trained weights. Returns `(model, number of checkpoints averaged)`."""
+    config = run.config
+    final = build_transformer(config.model, vocab_size, dtype=_model_dtype(config))
+    final.set_weights(model.get_weights())
+    return final, _maybe_average(final, run.layout.checkpoints, config.export.average_checkpoints)
+
+
+def _score(run, model, tokenizer, step, stopper, averaged):
+    """sacreBLEU / chrF of the final model on the dev and test sets (the `decode` settings)."""
+    config, layout = run.config, run.layout
     result = {
         "name": config.name,
         "step": step,
         "stopped_by_time_budget": stopper.out_of_time,
         "beam_size": config.decode.beam_size,
-        "train_seconds": round(train_seconds, 1),
+        "train_seconds": round(time.time() - run.started, 1),
         "checkpoints": layout.checkpoints,
         "averaged_checkpoints": averaged,
         "logs": layout.logs,
@@ -302,21 +467,24 @@ def train(config):
         batch_size=config.decode.batch_size,
     )
     cache = {}
-    for split, split_pairs in (("dev", dev_pairs), ("test", test_pairs)):
-        if split_pairs:
-            scores, _ = evaluate_bleu(
-                model, tokenizer, split_pairs, config.data, _cache=cache, **decode_kwargs
-            )
-            result[split] = scores
-            if chief:
-                with tf.summary.create_file_writer(os.path.join(layout.logs, split)).as_default(
-                    step=step
-                ):
-                    tf.summary.scalar(f"final_{split}_bleu", scores["bleu"])
-    result["saved_model"] = _export(model, tokenizer, config) if chief else None
-    result["total_seconds"] = round(time.time() - started, 1)
-    if chief:
-        with open(layout.result, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=2)
+    for split, spec in (("dev", config.data.dev), ("test", config.data.test)):
+        pairs = _read_split(spec)
+        if not pairs:
+            continue
+        scores, _ = evaluate_bleu(
+            model, tokenizer, pairs, config.data, _cache=cache, **decode_kwargs
+        )
+        result[split] = scores
+        writer = tf.summary.create_file_writer(os.path.join(layout.logs, split))
+        with writer.as_default(step=step):
+            tf.summary.scalar(f"final_{split}_bleu", scores["bleu"])
+        writer.flush()
+    return result
+
+
+def _finish(run, result):
+    result["total_seconds"] = round(time.time() - run.started, 1)
+    with open(run.layout.result, "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=2)
     _print_summary(result)
     return result

@@ -1,0 +1,97 @@
+"""Step checkpoints hold the model's weights only (no optimizer variables) and are read by
+averaging and export as before; the resume state restores weights, optimizer, dropout RNG and
+the data position."""
+
+import os
+import warnings
+
+import h5py
+import keras
+import numpy as np
+
+from keras_transformer.config import from_dict
+from keras_transformer.models import build_transformer
+from keras_transformer.training import ResumeState, StepCheckpoint, compile_model
+from keras_transformer.workdir import average_checkpoints, list_checkpoints, load_last_checkpoints
+
+
+def _compiled_model():
+    config = from_dict(
+        {
+            "model": dict(num_layers=1, d_model=16, num_heads=2, d_ff=32, dropout=0.1),
+            "train": dict(warmup_steps=2),
+        }
+    )
+    model = build_transformer(config.model, vocab_size=40)
+    compile_model(model, config)
+    return model
+
+
+def _fit(model, steps, callbacks=()):
+    rng = np.random.default_rng(0)
+    source = rng.integers(4, 40, size=(4 * steps, 7)).astype("int32")
+    target = rng.integers(4, 40, size=(4 * steps, 6)).astype("int32")
+    inputs = {"source_ids": source, "target_ids": target}
+    model.fit(inputs, target, batch_size=4, epochs=1, verbose=0, callbacks=list(callbacks))
+
+
+def _h5_names(path):
+    names = []
+    with h5py.File(path, "r") as f:
+        f.visit(names.append)
+    return names
+
+
+def test_step_checkpoints_hold_weights_only_and_average(tmp_path):
+    model = _compiled_model()
+    _fit(model, 4, [StepCheckpoint(tmp_path, every=2, keep=5)])
+    checkpoints = list_checkpoints(tmp_path)
+    assert [step for step, _ in checkpoints] == [2, 4]
+    for _, path in checkpoints:
+        names = _h5_names(path)
+        assert not [n for n in names if "optimizer" in n], names
+        assert [n for n in names if n.startswith("layers")], names
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp")]
+    # About a third of Keras's save_weights of the compiled model (Adam's two moments dropped).
+    full = tmp_path / "full.weights.h5"
+    model.save_weights(str(full))
+    assert os.path.getsize(checkpoints[-1][1]) < 0.7 * os.path.getsize(full)
+
+    # Averaging and loading read them into an uncompiled model and a compiled one (no warning).
+    fresh = build_transformer(
+        dict(num_layers=1, d_model=16, num_heads=2, d_ff=32, dropout=0.1), vocab_size=40
+    )
+    average_checkpoints(fresh, [path for _, path in checkpoints])
+    last = build_transformer(
+        dict(num_layers=1, d_model=16, num_heads=2, d_ff=32, dropout=0.1), vocab_size=40
+    )
+    last.load_weights(checkpoints[-1][1])
+    for a, b in zip(last.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load_last_checkpoints(model, tmp_path, 2) == [2, 4]
+    for a, b in zip(model.get_weights(), fresh.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_resume_state_restores_optimizer_dropout_rng_and_data_position(tmp_path):
+    model = _compiled_model()
+    model.optimizer.build(model.trainable_variables)
+    state = ResumeState(model, str(tmp_path), every=3, keep=2)
+    _fit(model, 3, [state])
+    assert state.batches == 3
+    saved = [np.asarray(v) for v in model.variables]
+    saved_optimizer = [np.asarray(v) for v in model.optimizer.variables]
+    seeds = [v for v in model.variables if "seed_generator" in v.path]
+    assert seeds  # the dropout layers' RNG states are among the model's variables
+
+    keras.utils.set_random_seed(99)
+    other = _compiled_model()
+    other.optimizer.build(other.trainable_variables)
+    assert ResumeState(other, str(tmp_path), every=3, keep=2).restore() == 3
+    for a, b in zip(other.variables, saved):
+        np.testing.assert_array_equal(np.asarray(a), b)
+    for a, b in zip(other.optimizer.variables, saved_optimizer):
+        np.testing.assert_array_equal(np.asarray(a), b)
+    assert int(keras.ops.convert_to_numpy(other.optimizer.iterations)) == 3

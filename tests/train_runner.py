@@ -1,0 +1,81 @@
+"""Runs a `keras-transformer` command, or a test function, after test-only setup (a subprocess).
+
+Usage:
+    python train_runner.py [--logical-cpus N] [--dump-weights PATH] -- train --config ...
+    python train_runner.py [--logical-cpus N] --call MODULE:FUNCTION [ARG ...]
+
+`--logical-cpus N` splits the CPU into N logical devices before TensorFlow starts, so that
+`runtime.strategy: mirrored` has N replicas. `--dump-weights PATH` writes, after the command,
+the trained model's weights and whether every local replica holds the same copy (npz), so that
+tests can compare workers; it is the harness's file, not one the product writes. `--call`
+imports MODULE from this directory and calls FUNCTION(*ARGS); its exit code is 0 on return.
+"""
+
+import argparse
+import importlib
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _split_cpu(count):
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * count
+    )
+
+
+def _dump(model, strategy, path):
+    import numpy as np
+
+    arrays = {f"w{i}": np.asarray(w) for i, w in enumerate(model.get_weights())}
+    copies = [
+        [np.asarray(c) for c in strategy.experimental_local_results(v.value)]
+        for v in model.trainable_variables
+    ]
+    arrays["local_copies"] = np.asarray(len(copies[0]))
+    arrays["local_copies_equal"] = np.asarray(
+        all(np.array_equal(c[0], other) for c in copies for other in c[1:])
+    )
+    arrays["iterations"] = np.asarray(int(model.optimizer.iterations.numpy()))
+    np.savez(path, **arrays)
+
+
+def main(argv):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--logical-cpus", type=int, default=0)
+    parser.add_argument("--dump-weights")
+    parser.add_argument("--call")
+    parser.add_argument("rest", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
+    if args.logical_cpus:
+        _split_cpu(args.logical_cpus)
+    if args.call:
+        sys.path.insert(0, HERE)
+        module, function = args.call.split(":")
+        getattr(importlib.import_module(module), function)(*rest)
+        return 0
+
+    from keras_transformer import cli
+    from keras_transformer.training import trainer
+
+    captured = {}
+    original_fit = trainer._fit
+
+    def fit(run, model, data):
+        captured.update(model=model, strategy=run.strategy)
+        return original_fit(run, model, data)
+
+    trainer._fit = fit
+    code = cli.main(rest)
+    if args.dump_weights and "model" in captured and code == 0:
+        _dump(captured["model"], captured["strategy"], args.dump_weights)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
