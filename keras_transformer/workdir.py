@@ -113,7 +113,9 @@ def save_model_weights(model, path):
     mid-write never leaves a broken checkpoint. `model.load_weights` reads it back.
 
     Example:
-    >>> save_model_weights(model, Workdir("workdirs/quickstart").checkpoint(1000))
+    ```python
+    save_model_weights(model, Workdir("workdirs/quickstart").checkpoint(1000))
+    ```
     """
     from keras.src.saving import saving_lib  # save_weights_only is not exported by Keras
 

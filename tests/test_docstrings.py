@@ -7,6 +7,7 @@ import importlib
 import pytest
 
 MODULES = [
+    "keras_transformer.config",
     "keras_transformer.layers.attention",
     "keras_transformer.layers.embedding",
     "keras_transformer.layers.encoder",

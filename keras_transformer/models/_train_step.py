@@ -65,9 +65,11 @@ class TrainStep:
             Every batch's size must be a multiple of k (times the replicas under tf.distribute).
 
     Example:
-    >>> model = Transformer.from_preset("transformer_tiny", vocab_size=100)
-    >>> compile_model(model, config)  # config.train.gradient_accumulation_steps = 2
-    >>> model.fit(make_dataset(pairs, tokenizer, config.data, batch_multiple=2), ...)
+    ```python
+    model = Transformer.from_preset("transformer_tiny", vocab_size=100)
+    compile_model(model, config)  # config.train.gradient_accumulation_steps = 2
+    model.fit(make_dataset(pairs, tokenizer, config.data, batch_multiple=2), ...)
+    ```
     """
 
     gradient_accumulation_steps = 1

@@ -79,9 +79,11 @@ class ResumeState(keras.callbacks.Callback):
             temporary directory: TensorFlow's multi-worker guide has every worker save).
 
     Example:
-    >>> state = ResumeState(model, Workdir(root).backup, every=1000, keep=2)
-    >>> position = state.restore()
-    >>> model.fit(dataset.skip(position), callbacks=[state, ...])
+    ```python
+    state = ResumeState(model, Workdir(root).backup, every=1000, keep=2)
+    position = state.restore()
+    model.fit(dataset.skip(position), callbacks=[state, ...])
+    ```
     """
 
     def __init__(self, model, directory, every, keep, write_directory=None):

@@ -146,7 +146,9 @@ def wait_for_path(path, seconds, what="file", poll=0.5):
         WorkerError: `path` did not appear within `seconds` (one line, naming it).
 
     Example:
-    >>> wait_for_path(Workdir(root).spm, config.runtime.wait_seconds, "vocabulary")
+    ```python
+    wait_for_path(Workdir(root).spm, config.runtime.wait_seconds, "vocabulary")
+    ```
     """
     deadline = time.monotonic() + float(seconds)
     while not tf.io.gfile.exists(path):
@@ -199,8 +201,10 @@ class WorkerTempDir:
         directory: the chief's directory (e.g. `WORKDIR/backup`).
 
     Example:
-    >>> with WorkerTempDir(chief=False, directory=Workdir(root).backup) as directory:
-    ...     manager = tf.train.CheckpointManager(checkpoint, directory, max_to_keep=1)
+    ```python
+    with WorkerTempDir(chief=False, directory=Workdir(root).backup) as directory:
+        manager = tf.train.CheckpointManager(checkpoint, directory, max_to_keep=1)
+    ```
     """
 
     def __init__(self, chief, directory):
