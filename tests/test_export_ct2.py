@@ -151,25 +151,27 @@ def test_deeper_random_models_convert_exactly(toy_spm_bytes, tmp_path, layers, n
     path = export_ctranslate2(model, toy_spm_bytes, str(tmp_path / "ct2"), "float32", data)
     translator = ctranslate2.Translator(path, device="cpu", intra_threads=1)
     rng = np.random.default_rng(5)
-    rows = [[int(i) for i in rng.integers(4, vocab, n)] for n in rng.integers(2, 9, 12)]
-    for row in rows:
-        source = np.array([row + [fx.EOS]], "int32")
-        target = [int(i) for i in rng.integers(4, vocab, 5)]
-        logits = model({"source_ids": source, "target_ids": np.array([[fx.BOS] + target])})
-        logits = np.asarray(logits, "float64")[0]
-        logits[:, [fx.PAD, fx.BOS]] = -np.inf  # never generated (the converted model's bias)
-        log_z = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1))
-        log_probs = logits - logits.max(-1, keepdims=True) - log_z[:, None]
-        expected = [log_probs[j, t] for j, t in enumerate(target + [fx.EOS])]
-        (scored,) = translator.score_batch(
-            [[sp.id_to_piece(i) for i in row]], [[sp.id_to_piece(i) for i in target]]
-        )
-        np.testing.assert_allclose(scored.log_probs, expected, atol=1e-4)
+    rows = [[int(i) for i in rng.integers(4, vocab, n)] for n in rng.integers(2, 9, 8)]
+    width = max(len(row) for row in rows) + 1
+    sources = np.array([row + [fx.EOS] + [fx.PAD] * (width - len(row) - 1) for row in rows])
+    targets = rng.integers(4, vocab, (len(rows), 5)).astype("int32")
+    inputs = np.concatenate([np.full((len(rows), 1), fx.BOS), targets], axis=1)
+    logits = np.asarray(model({"source_ids": sources, "target_ids": inputs}), "float64")
+    logits[..., [fx.PAD, fx.BOS]] = -np.inf  # never generated (the converted model's bias)
+    shifted = logits - logits.max(-1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    labels = np.concatenate([targets, np.full((len(rows), 1), fx.EOS)], axis=1)
+    expected = np.take_along_axis(log_probs, labels[..., None], -1)[..., 0]
+    pieces = [[sp.id_to_piece(i) for i in row] for row in rows]
+    scored = translator.score_batch(pieces, [[sp.id_to_piece(int(i)) for i in t] for t in targets])
+    np.testing.assert_allclose([r.log_probs for r in scored], expected, atol=1e-4)
 
-        ids, _ = translate_ids(model, source, beam_size=1, max_extra_length=MAX_EXTRA)
-        ours = [int(t) for t in np.asarray(ids)[0] if t not in (fx.PAD, fx.EOS)]
-        (result,) = translator.translate_batch(
-            [[sp.id_to_piece(i) for i in row]], beam_size=1,
-            max_decoding_length=len(row) + MAX_EXTRA,
-        )  # fmt: skip
-        assert [sp.piece_to_id(p) for p in result.hypotheses[0]] == ours
+    ids, _ = translate_ids(model, sources, beam_size=1, max_extra_length=MAX_EXTRA)
+    ours = [[int(t) for t in row if t not in (fx.PAD, fx.EOS)] for row in np.asarray(ids)]
+    theirs = [
+        translator.translate_batch([row], beam_size=1, max_decoding_length=len(row) + MAX_EXTRA)[
+            0
+        ].hypotheses[0]
+        for row in pieces
+    ]
+    assert [[sp.piece_to_id(p) for p in hyp] for hyp in theirs] == ours
