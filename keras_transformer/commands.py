@@ -182,6 +182,27 @@ def export_command(args):
     print(f"exported {averaged or f'step {steps[-1]}'} to {path}")
 
 
+# --------------------------------------------------------------------------- prepare
+
+
+def prepare_command(args):
+    """`keras-transformer prepare --config FILE [--workdir DIR] [--set KEY=VALUE ...]`."""
+    from keras_transformer.config import load_config
+
+    config = load_config(args.config, overrides=args.set)
+    if args.workdir:
+        config.runtime.workdir = args.workdir
+    from keras_transformer.data.prepare import prepare
+
+    manifest = prepare(config)
+    layout = Workdir.of(config)
+    counts = manifest["counts"]
+    print(
+        f"{layout.prepared}: {counts['written']} pairs in {len(manifest['shards'])} shards; "
+        f"vocabulary {layout.spm}"
+    )
+
+
 # --------------------------------------------------------------------------- train
 
 

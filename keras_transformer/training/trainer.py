@@ -151,11 +151,43 @@ def _print_summary(result):
     print("\n".join(lines), flush=True)
 
 
+def _training_data(config, layout, strategy):
+    """The vocabulary and the training batches, streamed from the workdir's prepared shards.
+
+    The chief runs `prepare` (which streams the corpus into `WORKDIR/prepared` when it is not
+    there, and otherwise checks that it matches the config: a `DataError` names any difference);
+    other workers of a multi-worker job wait for its manifest. Each worker then reads its own
+    shards (the dataset's auto-shard policy is FILE).
+
+    Returns:
+        `(tokenizer, dataset, num_pairs)`: the `Tokenizer`, the repeated training dataset of
+        `prepared_dataset` (global batches of `data.tokens_per_batch` x replicas tokens) and the
+        number of prepared training pairs.
+    """
+    from keras_transformer.data import Tokenizer, prepare, prepared_dataset, wait_for_prepared
+    from keras_transformer.data.prepare import VOCABULARY
+
+    manifest = prepare(config) if is_chief(strategy) else wait_for_prepared(config)
+    tokenizer = Tokenizer(os.path.join(layout.prepared, VOCABULARY))
+    # data.tokens_per_batch is per replica; the strategy splits each global batch evenly.
+    replicas = strategy.num_replicas_in_sync
+    dataset = prepared_dataset(
+        layout.prepared,
+        config.data,
+        training=True,
+        tokens_per_batch=config.data.tokens_per_batch * replicas,
+        batch_multiple=replicas,
+    )
+    return tokenizer, dataset, manifest["counts"]["written"]
+
+
 def train(config):
     """Trains, evaluates and exports the model described by `config` (an `ExperimentConfig`).
 
     Writes the workdir (`runtime.workdir`, default `workdirs/<name>`): `config.yaml` (the
-    resolved config), `spm.model`, `checkpoints/ckpt-<step>.weights.h5` (last
+    resolved config), `spm.model` and `prepared/` (the training corpus as tokenized shards, made
+    by `keras_transformer.data.prepare` unless already there and matching the config),
+    `checkpoints/ckpt-<step>.weights.h5` (last
     `train.keep_checkpoints`), `backup/` (resume state), `logs/` (TensorBoard) and `result.json`.
     Training runs `train.steps` optimizer steps as Keras epochs of `train.steps_per_epoch` steps,
     with dev BLEU (greedy) after each epoch; the final model is scored on the dev (and test) set
@@ -185,7 +217,7 @@ def train(config):
     # The strategy first: multi-worker and TPU setups must precede any device use.
     strategy = get_strategy(config.runtime)
     chief = is_chief(strategy)
-    from keras_transformer.data import get_or_train_tokenizer, make_dataset, read_pairs
+    from keras_transformer.data import read_pairs
 
     # Seeding clears TensorFlow's kernel caches, which would drop the SentencePiece op's resource
     # (the tokenizer must be created after it).
@@ -193,20 +225,9 @@ def train(config):
     os.makedirs(workdir, exist_ok=True)
     if chief:
         save_config(config, layout.config)
-    pairs = read_pairs(config.data.train)
+    tokenizer, dataset, num_pairs = _training_data(config, layout, strategy)
     dev_pairs = read_pairs(config.data.dev) if config.data.dev else []
     test_pairs = read_pairs(config.data.test) if config.data.test else []
-    tokenizer = get_or_train_tokenizer(config.data, pairs, workdir)
-    # data.tokens_per_batch is per replica; the strategy splits each global batch evenly.
-    replicas = strategy.num_replicas_in_sync
-    dataset = make_dataset(
-        pairs,
-        tokenizer,
-        config.data,
-        training=True,
-        tokens_per_batch=config.data.tokens_per_batch * replicas,
-        batch_multiple=replicas,
-    )
 
     jit_compile = resolve_jit_compile(config.runtime.jit_compile, strategy)
     with strategy.scope():
@@ -214,7 +235,7 @@ def train(config):
         compile_model(model, config, jit_compile=jit_compile)
     print(
         f"Training {config.name}: {model.count_params():,} parameters, vocabulary "
-        f"{tokenizer.vocab_size}, {len(pairs):,} training pairs, {t.steps} steps, "
+        f"{tokenizer.vocab_size}, {num_pairs:,} training pairs, {t.steps} steps, "
         f"strategy {type(strategy).__name__} ({strategy.num_replicas_in_sync} replicas), "
         f"jit_compile={jit_compile}, precision {config.runtime.mixed_precision or 'float32'}",
         flush=True,
@@ -271,7 +292,7 @@ def train(config):
         # A live progress bar in a terminal; in logs, one line per epoch (and TrainingSummaries'
         # lines every log_every steps).
         verbose=1 if tty else 2,
-        shuffle=False,  # make_dataset shuffles
+        shuffle=False,  # the dataset shuffles
     )
     step = optimizer_step(model)
     if step < t.steps and not stopper.out_of_time:
