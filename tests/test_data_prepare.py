@@ -109,6 +109,28 @@ def test_prepare_text_counts_skips_by_reason_and_reads_back_the_same_ids(tmp_pat
     assert prepare(config, verbose=False) == manifest
 
 
+def test_word_cached_encoding_equals_whole_sentence_encoding(tmp_path):
+    import sentencepiece as spm
+
+    from keras_transformer.data.prepare import _WordCachedEncoder
+
+    pairs = read_pairs("synthetic:split=train,size=300", verbose=False)
+    path = str(tmp_path / "spm.model")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DataWarning)
+        tokenizer_module.train_sentencepiece(
+            [side for pair in pairs for side in pair] + ["Ａｂｃ ﬁ é"], path, 150, verbose=False
+        )
+    processor = spm.SentencePieceProcessor(model_file=path)
+    # Normalization that changes or adds spaces, runs of spaces, unknown characters.
+    tricky = ["a\u3000b  c", " x\u00a0y ", "Ａｂｃ ｄ", "e\u0301 \u0301a", "tab\there", "ﬁ ﬂ 😀"]
+    sentences = [s for pair in pairs[:50] for s in pair] + tricky
+    encoder = _WordCachedEncoder(processor, threads=1)
+    assert encoder.encode(sentences) == processor.encode(sentences)
+    assert encoder.enabled and encoder.cache
+    assert encoder.encode(sentences[::-1]) == processor.encode(sentences[::-1])  # from the cache
+
+
 def test_prepare_tsv_counts_malformed_lines(tmp_path):
     lines = [f"a small cat {i}\tdie kleine katze {i}\tattribution" for i in range(40)]
     lines += ["no tab here", "", "\tonly target"]

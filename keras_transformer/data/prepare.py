@@ -59,6 +59,10 @@ MAX_SHARDS = 1024
 PAIRS_PER_SHARD = 100_000
 # Pairs tokenized per sentencepiece call (its C++ threads split each call).
 _CHUNK = 4096
+# Words whose pieces are remembered (about 200 bytes each): bounded, whatever the corpus size.
+_WORD_CACHE_SIZE = 500_000
+# Pairs of the first chunks also encoded whole, to check that words encode independently.
+_CHECKED_PAIRS = 2 * _CHUNK
 # Seconds between progress lines.
 _PROGRESS_SECONDS = 10.0
 # A stored side is cut at this many pieces (the uint16 length header; far beyond any max length).
@@ -274,6 +278,54 @@ def _length_stats(histogram):
     return stats
 
 
+class _WordCachedEncoder:
+    """SentencePiece encoding with a cache of the pieces of each space-separated word.
+
+    SentencePiece pieces never span a space (`split_by_whitespace`, the default, with which
+    `train_sentencepiece` trains): a sentence's ids are the concatenation of its words' ids, so
+    each distinct word is encoded once instead of at every occurrence: several times faster on
+    natural text, whose words follow Zipf's law. The first pairs are also encoded whole and
+    compared; any difference (a vocabulary trained otherwise) turns the cache off.
+    """
+
+    def __init__(self, processor, threads):
+        self.processor, self.threads = processor, threads
+        self.cache, self.enabled, self.checked = {}, True, 0
+
+    def _encode_words(self, sentences):
+        cache = self.cache
+        missing = {w for sentence in sentences for w in sentence.split(" ") if w not in cache}
+        missing.discard("")
+        if missing:
+            words = list(missing)
+            ids = self.processor.encode(words, num_threads=self.threads)
+            found = dict(zip(words, ids))
+            for word in words[: max(0, _WORD_CACHE_SIZE - len(cache))]:
+                cache[word] = found[word]
+        else:
+            found = {}
+        encoded = []
+        for sentence in sentences:
+            pieces = []
+            for word in sentence.split(" "):
+                if word:
+                    ids = cache.get(word)
+                    pieces.extend(found[word] if ids is None else ids)
+            encoded.append(pieces)
+        return encoded
+
+    def encode(self, sentences):
+        if not self.enabled:
+            return self.processor.encode(sentences, num_threads=self.threads)
+        encoded = self._encode_words(sentences)
+        if self.checked < 2 * _CHECKED_PAIRS:
+            self.checked += len(sentences)
+            if encoded != self.processor.encode(sentences, num_threads=self.threads):
+                self.enabled = False
+                return self.processor.encode(sentences, num_threads=self.threads)
+        return encoded
+
+
 def _write_shards(config, vocabulary_path, directory, total, verbose):
     """Pass 2: tokenize the stream and write the shards; returns the manifest's counts part."""
     import sentencepiece as spm
@@ -283,7 +335,7 @@ def _write_shards(config, vocabulary_path, directory, total, verbose):
     processor = spm.SentencePieceProcessor(model_file=vocabulary_path)
     typecode = "H" if processor.get_piece_size() <= 65_536 else "i"
     big_endian = sys.byteorder == "big"
-    threads = max(1, os.cpu_count() or 1)
+    encoder = _WordCachedEncoder(processor, threads=max(1, os.cpu_count() or 1))
     num_shards = num_shards_for(max(total, 1))
     names = [f"train-{i:05d}-of-{num_shards:05d}.tfrecord" for i in range(num_shards)]
     writers = [tf.io.TFRecordWriter(os.path.join(directory, name)) for name in names]
@@ -298,8 +350,8 @@ def _write_shards(config, vocabulary_path, directory, total, verbose):
 
     def flush(chunk):
         nonlocal too_long, truncated, written, source_tokens, target_tokens
-        sources = processor.encode([s for s, _ in chunk], num_threads=threads)
-        targets = processor.encode([t for _, t in chunk], num_threads=threads)
+        sources = encoder.encode([s for s, _ in chunk])
+        targets = encoder.encode([t for _, t in chunk])
         for source, target in zip(sources, targets):
             if len(source) > limit_source or len(target) > limit_target:
                 if drop:
