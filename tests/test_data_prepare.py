@@ -271,6 +271,7 @@ def test_a_prepared_workdir_that_does_not_match_the_config_is_refused(
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1, err
         assert f"{key} differs" in err and "delete" in err
+    assert not os.path.exists(Workdir.of(config).config)  # the refused train wrote nothing
     # A replaced vocabulary is refused too.
     with open(Workdir.of(config).spm, "ab") as f:
         f.write(b"\0")

@@ -223,9 +223,11 @@ def train(config):
     # (the tokenizer must be created after it).
     keras.utils.set_random_seed(t.seed)
     os.makedirs(workdir, exist_ok=True)
+    # Data first: a workdir whose prepared data does not match the config is refused before
+    # its config.yaml is overwritten.
+    tokenizer, dataset, num_pairs = _training_data(config, layout, strategy)
     if chief:
         save_config(config, layout.config)
-    tokenizer, dataset, num_pairs = _training_data(config, layout, strategy)
     dev_pairs = read_pairs(config.data.dev) if config.data.dev else []
     test_pairs = read_pairs(config.data.test) if config.data.test else []
 
