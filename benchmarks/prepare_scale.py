@@ -12,8 +12,9 @@ on average, up to 120). Then, each in its own child process (peak RSS from `os.w
 4. `prepare` and `train` on the 30k pairs, for comparison;
 5. on the 30k pairs, model.fit target tokens/s from the prepared shards and from the in-memory
    `make_dataset` path (after a warm-up batch of every bucket shape; per source and round, one
-   fit of two epochs of `--fit-steps` batches, the second timed; two alternating rounds), in
-   one process, plus the input pipelines alone.
+   fit of two epochs of `--fit-steps` batches, the second timed; `--rounds` alternating
+   rounds), in one process, plus the input pipelines alone. `--compare-throughput WORKDIR
+   CORPUS` runs this step alone on a prepared workdir and its corpus (`CORPUS.src/.tgt`).
 
 Prints one JSON line per figure. Run from the repository root:
 
@@ -21,7 +22,7 @@ Prints one JSON line per figure. Run from the repository root:
         | tee benchmarks/results/prepare_scale_$(date -u +%Y-%m-%dT%H%MZ).jsonl
 
 Options: `--pairs N` (default 4500000), `--small-pairs N` (30000), `--steps N` (40),
-`--fit-steps N` (20),
+`--fit-steps N` (20), `--rounds N` (2),
 `--tmp DIR` (default: a new temporary directory, deleted at the end unless `--keep`).
 """
 
@@ -201,7 +202,7 @@ def prepare_and_train(name, corpus, pairs, steps, tmp, env, restart):
     return workdir
 
 
-def compare_throughput(workdir, corpus, steps):
+def compare_throughput(workdir, corpus, steps, rounds=2):
     """In one process: model.fit target tokens/s from the shards and from memory, alternately."""
     import keras
 
@@ -257,15 +258,18 @@ def compare_throughput(workdir, corpus, steps):
             self.seconds = time.perf_counter() - self.start  # the last epoch's
 
     results = {name: [] for name in builders}
-    for _ in range(2):  # alternate, so load changes hit both alike
+    padded_results = {name: [] for name in builders}
+    for _ in range(rounds):  # alternate, so load changes hit both alike
         for name, build in builders.items():
             # Two epochs of `steps` on one iterator; the second is timed, so neither the
             # shuffle buffer's filling nor the first tokenization counts.
             timer = EpochTimes()
             model.fit(build(), steps_per_epoch=steps, epochs=2, verbose=0, callbacks=[timer])
-            measured = build().skip(steps).take(steps)
-            tokens = sum(int(np.count_nonzero(y)) for _, y in measured.as_numpy_iterator())
+            measured = list(build().skip(steps).take(steps).as_numpy_iterator())
+            tokens = sum(int(np.count_nonzero(y)) for _, y in measured)
+            padded = sum(int(y.size) for _, y in measured)
             results[name].append(tokens / timer.seconds)
+            padded_results[name].append(padded / timer.seconds)
     for name, values in results.items():
         emit(
             figure="fit_tokens_per_s",
@@ -274,6 +278,8 @@ def compare_throughput(workdir, corpus, steps):
             steps=steps,
             rounds=[round(v, 1) for v in values],
             tokens_per_s=round(float(np.median(values)), 1),
+            # Batch x padded length: the work the model did, whatever the padding.
+            padded_tokens_per_s=round(float(np.median(padded_results[name])), 1),
             load_1min=load(),
         )
 
@@ -286,11 +292,12 @@ def main():
     parser.add_argument("--fit-steps", type=int, default=20)
     parser.add_argument("--tmp", default=None)
     parser.add_argument("--keep", action="store_true")
-    parser.add_argument("--compare-throughput", nargs=3, metavar=("WORKDIR", "CORPUS", "STEPS"))
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of the fit comparison")
+    parser.add_argument("--compare-throughput", nargs=2, metavar=("WORKDIR", "CORPUS"))
     args = parser.parse_args()
     if args.compare_throughput:
-        workdir, corpus, steps = args.compare_throughput
-        compare_throughput(workdir, corpus, int(steps))
+        workdir, corpus = args.compare_throughput
+        compare_throughput(workdir, corpus, args.fit_steps, args.rounds)
         return
     tmp = args.tmp or tempfile.mkdtemp(prefix="prepare_scale-")
     os.makedirs(tmp, exist_ok=True)
@@ -315,7 +322,8 @@ def main():
         small, pairs = corpora["30k"]
         workdir = prepare_and_train("30k", small, pairs, args.steps, tmp, env, restart=False)
         command = [sys.executable, os.path.abspath(__file__), "--compare-throughput"]
-        command += [workdir, small, str(args.fit_steps)]
+        command += [workdir, small, "--fit-steps", str(args.fit_steps)]
+        command += ["--rounds", str(args.rounds)]
         _, rss, _, lines = run_child(command, env)
         for line in lines:
             if line.startswith("{"):
