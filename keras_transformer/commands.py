@@ -1,9 +1,10 @@
 """What the `keras-transformer` subcommands do (argument parsing lives in `cli.py`).
 
 `translate` and `evaluate` run an exported SavedModel through its `serving_default` signature,
-exactly as TF Serving would; `export` rebuilds the model from a training workdir; `train` runs
-`keras_transformer.training.train`. User errors are raised as `UsageError` (or another
-`keras_transformer.errors.KerasTransformerError`), which `cli.py` prints as one line.
+exactly as TF Serving would; `export` rebuilds the model from a training workdir; `prepare` runs
+`keras_transformer.data.prepare` and `train` runs `keras_transformer.training.train`. User
+errors are raised as `UsageError` (or another `keras_transformer.errors.KerasTransformerError`),
+which `cli.py` prints as one line.
 """
 
 import itertools
