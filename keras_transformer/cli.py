@@ -1,8 +1,8 @@
 """The `keras-transformer` command: thin argument parsing over `keras_transformer.commands`.
 
-Subcommands: train, translate, evaluate, score, export. Exit code 0 on success, 2 with a one-line
-message on bad usage or bad input (no traceback for user errors). TensorFlow's start-up log is
-kept off the terminal unless `--verbose` is given or `TF_CPP_MIN_LOG_LEVEL` is set
+Subcommands: prepare, train, translate, evaluate, score, export. Exit code 0 on success, 2 with a
+one-line message on bad usage or bad input (no traceback for user errors). TensorFlow's start-up
+log is kept off the terminal unless `--verbose` is given or `TF_CPP_MIN_LOG_LEVEL` is set
 (`commands.import_tensorflow`).
 """
 
@@ -55,6 +55,25 @@ def build_parser():
         help="override a config key, e.g. --set train.steps=200 (repeatable)",
     )
     p.set_defaults(func=commands.train_command)
+
+    p = sub.add_parser(
+        "prepare",
+        parents=[common],
+        help="stream the training corpus once into a vocabulary and tokenized shards",
+        description="Reads data.train once as a stream, trains the SentencePiece vocabulary "
+        "on a bounded sample and writes tokenized TFRecord shards with a manifest to "
+        "WORKDIR/prepared (train does this itself when needed).",
+    )
+    p.add_argument("--config", required=True, help="YAML config file (see configs/)")
+    p.add_argument("--workdir", help="output directory (default: workdirs/<config name>)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set data.train=text:train.en,train.de (repeatable)",
+    )
+    p.set_defaults(func=commands.prepare_command)
 
     p = sub.add_parser(
         "translate", parents=[common], help="translate TEXT arguments or stdin lines"

@@ -2,9 +2,10 @@
 
 `translate`, `evaluate` and `score` run an exported SavedModel through its signatures
 (`serving_default`, `translate_nbest`, `score`), exactly as TF Serving would; `export` rebuilds
-the model from a training workdir (SavedModel or CTranslate2); `train` runs
-`keras_transformer.training.train`. User errors are raised as `UsageError` (or another
-`keras_transformer.errors.KerasTransformerError`), which `cli.py` prints as one line.
+the model from a training workdir (SavedModel or CTranslate2); `prepare` runs
+`keras_transformer.data.prepare` and `train` runs `keras_transformer.training.train`. User errors
+are raised as `UsageError` (or another `keras_transformer.errors.KerasTransformerError`), which
+`cli.py` prints as one line.
 """
 
 import itertools
@@ -366,6 +367,27 @@ def export_command(args):
     base_dir = args.output or config.export.base_dir
     path = export_saved_model(model, spm_bytes, settings, config.data, base_dir, name)
     print(f"exported {averaged or f'step {steps[-1]}'} to {path}")
+
+
+# --------------------------------------------------------------------------- prepare
+
+
+def prepare_command(args):
+    """`keras-transformer prepare --config FILE [--workdir DIR] [--set KEY=VALUE ...]`."""
+    from keras_transformer.config import load_config
+
+    config = load_config(args.config, overrides=args.set)
+    if args.workdir:
+        config.runtime.workdir = args.workdir
+    from keras_transformer.data.prepare import prepare
+
+    manifest = prepare(config)
+    layout = Workdir.of(config)
+    counts = manifest["counts"]
+    print(
+        f"{layout.prepared}: {counts['written']} pairs in {len(manifest['shards'])} shards; "
+        f"vocabulary {layout.spm}"
+    )
 
 
 # --------------------------------------------------------------------------- train

@@ -62,8 +62,13 @@ class DataConfig:
     spm_max_sentences: int = _field(
         1_000_000, "at most this many sentences (both sides) train the vocabulary"
     )
-    max_source_length: int = _field(128, "longest source in tokens (longer: truncated)")
-    max_target_length: int = _field(128, "longest target in tokens (longer: truncated)")
+    max_source_length: int = _field(128, "longest source in tokens, EOS included")
+    max_target_length: int = _field(128, "longest target in tokens, EOS (or BOS) included")
+    long_pairs: str = _field(
+        "drop",
+        "training pairs longer than the max lengths: drop (the paper's recipe, counted as "
+        "too_long in the prepared manifest) | truncate (cut, EOS kept)",
+    )
     tokens_per_batch: int = _field(4096, "padded target tokens per batch (per replica)")
     bucket_boundaries: Optional[list] = _field(
         None, "padded lengths of the buckets; None chooses a few up to the max lengths"
@@ -312,6 +317,8 @@ def validate(config):
         (d.vocab_size >= 16, "data.vocab_size must be at least 16"),
         (d.max_source_length > 0 and d.max_target_length > 0, "data max lengths must be positive"),
         (d.tokens_per_batch > 0, "data.tokens_per_batch must be positive"),
+        (d.long_pairs in ("drop", "truncate"), "data.long_pairs must be drop or truncate"),
+        (d.spm_max_sentences > 0, "data.spm_max_sentences must be positive"),
         (t.steps > 0, "train.steps must be positive"),
         (t.warmup_steps > 0, "train.warmup_steps must be positive"),
         (0.0 <= t.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)"),

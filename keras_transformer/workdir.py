@@ -7,6 +7,8 @@ the tests read back:
 WORKDIR/
   config.yaml          the resolved config
   spm.model            the shared SentencePiece vocabulary (spm.vocab beside it, for people)
+  prepared/            the training corpus tokenized into TFRecord shards, with manifest.json
+                       (written by `keras-transformer prepare`: data/prepare.py)
   checkpoints/         ckpt-<step>.weights.h5: the model's weights (only) every
                        train.checkpoint_every steps, the last train.keep_checkpoints kept
   backup/              resume state (tf.train.Checkpoint: weights, optimizer, step, dropout RNG,
@@ -59,6 +61,16 @@ class Workdir:
     @property
     def spm(self):
         return self._join("spm.model")
+
+    @property
+    def prepared(self):
+        """The prepared training data: shards, their vocabulary and `manifest.json`."""
+        return self._join("prepared")
+
+    @property
+    def prepared_manifest(self):
+        """`prepared/manifest.json`: it exists only once a preparation is complete."""
+        return self._join("prepared", "manifest.json")
 
     @property
     def checkpoints(self):

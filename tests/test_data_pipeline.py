@@ -108,7 +108,9 @@ def test_bos_eos_placement_and_padding(pairs, tokenizer):
 
 
 def test_truncation_keeps_eos_and_bos(pairs, tokenizer):
-    config = _config(max_source_length=6, max_target_length=5, bucket_boundaries=[4])
+    config = _config(
+        max_source_length=6, max_target_length=5, bucket_boundaries=[4], long_pairs="truncate"
+    )
     for features, labels in make_dataset(pairs, tokenizer, config, verbose=False).take(10):
         source, target = features["source_ids"].numpy(), features["target_ids"].numpy()
         labels = labels.numpy()

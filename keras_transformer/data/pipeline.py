@@ -97,53 +97,57 @@ def encode_sources(tokenizer, texts, max_source_length, length=None, ragged=Fals
     return ids.to_tensor(default_value=PAD_ID, shape=[None, length])
 
 
-def make_dataset(
-    pairs,
-    tokenizer,
+def _describe(what, count, boundaries, batch_sizes, source_lengths, target_lengths):
+    shapes = ", ".join(
+        f"[{b}, {s}]/[{b}, {t}]" for b, s, t in zip(batch_sizes, source_lengths, target_lengths)
+    )
+    print(
+        f"{what}: {count} pairs in {len(boundaries)} length buckets, source/target batch "
+        f"shapes {shapes}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def batch_examples(
+    examples,
     data_config,
     training=True,
     *,
     tokens_per_batch=None,
     batch_multiple=1,
-    seed=None,
-    verbose=True,
+    description=None,
 ):
-    """A `tf.data.Dataset` of padded, length-bucketed batches for `model.fit`.
+    """Token ids of pairs -> padded, length-bucketed batches: the one batching of the package.
+
+    Both the in-memory `make_dataset` and the reader of prepared shards
+    (`keras_transformer.data.prepared_dataset`) end here, so batches from either have the same
+    shapes and conventions.
 
     Args:
-        pairs: list of `(source, target)` strings (from `read_pairs`).
-        tokenizer: a `Tokenizer`.
-        data_config: `keras_transformer.config.DataConfig` (max_source_length,
-            max_target_length, tokens_per_batch, bucket_boundaries, shuffle_buffer, seed).
-        training: True shuffles, repeats forever and drops incomplete batches (every batch of a
-            bucket has the same shape); False keeps every example once, in bucket order, without
-            shuffling (the last batch of a bucket may be smaller).
-        tokens_per_batch: overrides `data_config.tokens_per_batch` (e.g. the global budget of
-            all replicas, when a distribution strategy splits each batch).
-        batch_multiple: batch sizes are multiples of this (e.g. the number of replicas, so each
-            gets an equal share).
-        seed: shuffle seed (default `data_config.seed`).
-        verbose: print the buckets and batch sizes to stderr.
+        examples: a `tf.data.Dataset` of `(source_pieces, target_pieces)`, int32 vectors of
+            SentencePiece ids without BOS/EOS (already shuffled and repeated for training).
+        data_config: `DataConfig` (max_source_length, max_target_length, tokens_per_batch,
+            bucket_boundaries, long_pairs).
+        training: True drops incomplete batches (every batch of a bucket has the same shape)
+            and, with `data.long_pairs: drop`, the pairs longer than the max lengths; False
+            keeps every pair (truncated) and the last, smaller batch of each bucket.
+        tokens_per_batch: overrides `data_config.tokens_per_batch`.
+        batch_multiple: batch sizes are multiples of this (e.g. the number of replicas).
+        description: print the buckets and batch shapes to stderr under this title (None: quiet).
 
     Returns:
-        A dataset of `({"source_ids": int32 [B, S], "target_ids": int32 [B, T]}, labels int32
-        [B, T])` where source = pieces + [EOS] (truncated to `max_source_length`, EOS kept),
-        target_ids = [BOS] + pieces and labels = pieces + [EOS] (truncated to
-        `max_target_length`), padded with 0. For a bucket of length L, S = min(L,
-        max_source_length), T = min(L, max_target_length) and B = tokens_per_batch // L
-        (rounded down to `batch_multiple`).
+        A dataset of `({"source_ids": [B, S], "target_ids": [B, T]}, labels [B, T])`, see
+        `make_dataset`.
 
     Example:
     ```python
-    dataset = make_dataset(pairs, tokenizer, config.data)
-    model.fit(dataset, steps_per_epoch=1000)
+    ids = tf.data.Dataset.from_tensors((tf.constant([5, 6]), tf.constant([7])))
+    batch_examples(ids.repeat(), config.data)
     ```
     """
-    import numpy as np
     import tensorflow as tf
 
-    if not pairs:
-        raise DataError("cannot build a dataset from an empty corpus")
     max_source = data_config.max_source_length
     max_target = data_config.max_target_length
     budget = tokens_per_batch or data_config.tokens_per_batch
@@ -151,34 +155,19 @@ def make_dataset(
     batch_sizes = bucket_batch_sizes(boundaries, budget, batch_multiple)
     source_lengths = [min(b, max_source) for b in boundaries]
     target_lengths = [min(b, max_target) for b in boundaries]
-    if verbose:
-        shapes = ", ".join(
-            f"[{b}, {s}]/[{b}, {t}]" for b, s, t in zip(batch_sizes, source_lengths, target_lengths)
-        )
-        print(
-            f"{'training' if training else 'evaluation'} data: {len(pairs)} pairs in "
-            f"{len(boundaries)} length buckets, source/target batch shapes {shapes}",
-            file=sys.stderr,
-            flush=True,
+    if description:
+        _describe(
+            description[0], description[1], boundaries, batch_sizes, source_lengths, target_lengths
         )
 
-    sources = np.array([s for s, _ in pairs], dtype=object)
-    targets = np.array([t for _, t in pairs], dtype=object)
-    dataset = tf.data.Dataset.from_tensor_slices((sources, targets))
-    # Tokenizing a thousand sentences per call is much faster than one at a time.
-    dataset = dataset.batch(1024).map(
-        lambda s, t: (tokenizer.tokenize(s), tokenizer.tokenize(t)),
-        num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=True,
-    )
-    dataset = dataset.unbatch()
-    # Tokenize once: later epochs read the pieces from memory.
-    dataset = dataset.cache()
-    if training:
-        seed = data_config.seed if seed is None else seed
-        buffer = max(1, min(data_config.shuffle_buffer, len(pairs)))
-        dataset = dataset.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
-        dataset = dataset.repeat()
+    if training and getattr(data_config, "long_pairs", "drop") == "drop":
+        # The paper's recipe: pairs that do not fit are left out rather than cut (a cut target
+        # teaches the model to stop mid-sentence). Prepared shards hold none already.
+        examples = examples.filter(
+            lambda source, target: tf.logical_and(
+                tf.size(source) < max_source, tf.size(target) < max_target
+            )
+        )
 
     eos = tf.constant([EOS_ID], tf.int32)
     bos = tf.constant([BOS_ID], tf.int32)
@@ -188,7 +177,7 @@ def make_dataset(
         target = target[: max_target - 1]
         return source, tf.concat([bos, target], axis=0), tf.concat([target, eos], axis=0)
 
-    dataset = dataset.map(to_example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    dataset = examples.map(to_example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
     boundaries_t = tf.constant(boundaries, tf.int32)
     batch_sizes_t = tf.constant(batch_sizes, tf.int64)
@@ -233,3 +222,81 @@ def make_dataset(
         )
     )
     return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def make_dataset(
+    pairs,
+    tokenizer,
+    data_config,
+    training=True,
+    *,
+    tokens_per_batch=None,
+    batch_multiple=1,
+    seed=None,
+    verbose=True,
+):
+    """A `tf.data.Dataset` of padded, length-bucketed batches for `model.fit`, from pairs in
+    memory (a few hundred thousand at most; `keras_transformer.data.prepare` and
+    `prepared_dataset` stream corpora of any size from disk into the same batches).
+
+    Args:
+        pairs: list of `(source, target)` strings (from `read_pairs`).
+        tokenizer: a `Tokenizer`.
+        data_config: `keras_transformer.config.DataConfig` (max_source_length,
+            max_target_length, long_pairs, tokens_per_batch, bucket_boundaries, shuffle_buffer,
+            seed).
+        training: True shuffles, repeats forever, drops incomplete batches (every batch of a
+            bucket has the same shape) and, with `long_pairs: drop`, the overlong pairs; False
+            keeps every example once (truncated), in bucket order, without shuffling (the last
+            batch of a bucket may be smaller).
+        tokens_per_batch: overrides `data_config.tokens_per_batch` (e.g. the global budget of
+            all replicas, when a distribution strategy splits each batch).
+        batch_multiple: batch sizes are multiples of this (e.g. the number of replicas, so each
+            gets an equal share).
+        seed: shuffle seed (default `data_config.seed`).
+        verbose: print the buckets and batch sizes to stderr.
+
+    Returns:
+        A dataset of `({"source_ids": int32 [B, S], "target_ids": int32 [B, T]}, labels int32
+        [B, T])` where source = pieces + [EOS] (truncated to `max_source_length`, EOS kept),
+        target_ids = [BOS] + pieces and labels = pieces + [EOS] (truncated to
+        `max_target_length`), padded with 0. For a bucket of length L, S = min(L,
+        max_source_length), T = min(L, max_target_length) and B = tokens_per_batch // L
+        (rounded down to `batch_multiple`).
+
+    Example:
+    >>> dataset = make_dataset(pairs, tokenizer, config.data)
+    >>> model.fit(dataset, steps_per_epoch=1000)
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    if not pairs:
+        raise DataError("cannot build a dataset from an empty corpus")
+    sources = np.array([s for s, _ in pairs], dtype=object)
+    targets = np.array([t for _, t in pairs], dtype=object)
+    dataset = tf.data.Dataset.from_tensor_slices((sources, targets))
+    # Tokenizing a thousand sentences per call is much faster than one at a time.
+    dataset = dataset.batch(1024).map(
+        lambda s, t: (tokenizer.tokenize(s), tokenizer.tokenize(t)),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True,
+    )
+    dataset = dataset.unbatch()
+    # Tokenize once: later epochs read the pieces from memory.
+    dataset = dataset.cache()
+    if training:
+        seed = data_config.seed if seed is None else seed
+        buffer = max(1, min(data_config.shuffle_buffer, len(pairs)))
+        dataset = dataset.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
+        dataset = dataset.repeat()
+    return batch_examples(
+        dataset,
+        data_config,
+        training,
+        tokens_per_batch=tokens_per_batch,
+        batch_multiple=batch_multiple,
+        description=(
+            ("training data" if training else "evaluation data", len(pairs)) if verbose else None
+        ),
+    )

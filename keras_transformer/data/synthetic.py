@@ -259,6 +259,58 @@ def split_of(source):
     return "dev" if bucket < 5 else "test" if bucket < 10 else "train"
 
 
+def iter_generate(split="train", size=None, seed=1, min_words=3, max_words=20):
+    """Yields the pairs of `generate(...)` one at a time, in the same order.
+
+    Only the sources already drawn are remembered (as 8-byte hashes, to keep them distinct), so a
+    corpus of millions of pairs streams in a fraction of the memory its list would take.
+
+    Args:
+        split, size, seed, min_words, max_words: as for `generate`.
+
+    Yields:
+        `(source, target)` string pairs.
+
+    Example:
+    >>> list(iter_generate("dev", size=2, seed=1)) == generate("dev", size=2, seed=1)
+    True
+    """
+    # Arguments are checked at the call, not at the first pair.
+    if split not in SPLITS:
+        raise DataError(f"synthetic: split must be one of {', '.join(SPLITS)}, got {split!r}")
+    size = DEFAULT_SIZES[split] if size is None else size
+    if size < 0 or min_words > max_words or max_words < 3:
+        raise DataError(
+            f"synthetic: need size >= 0 and 3 <= max_words, min_words <= max_words "
+            f"(got size={size}, min_words={min_words}, max_words={max_words})"
+        )
+    return _iter_pairs(split, size, seed, min_words, max_words)
+
+
+def _iter_pairs(split, size, seed, min_words, max_words):
+    # The split name is part of the seed so dev and test draw different sentences.
+    rng = random.Random(f"{seed}/{split}")
+    generator = _Generator(rng)
+    seen = set()
+    produced, attempts, max_attempts = 0, 0, 100 * size + 1000
+    while produced < size:
+        attempts += 1
+        if attempts > max_attempts:
+            raise DataError(
+                f"synthetic: could not draw {size} distinct {split} sentences of "
+                f"{min_words}-{max_words} words"
+            )
+        source, target, length = generator.sentence()
+        if not (min_words <= length <= max_words):
+            continue
+        key = hashlib.blake2b(source.encode("utf-8"), digest_size=8).digest()
+        if key in seen or split_of(source) != split:
+            continue
+        seen.add(key)
+        produced += 1
+        yield source, target
+
+
 def generate(split="train", size=None, seed=1, min_words=3, max_words=20):
     """Generates `size` distinct sentence pairs of one split.
 
@@ -276,38 +328,10 @@ def generate(split="train", size=None, seed=1, min_words=3, max_words=20):
     >>> generate("dev", size=2, seed=1)[1][0]
     'the purple sandwich keeps the tiny ship without every white picture'
     """
-    if split not in SPLITS:
-        raise DataError(f"synthetic: split must be one of {', '.join(SPLITS)}, got {split!r}")
-    size = DEFAULT_SIZES[split] if size is None else size
-    if size < 0 or min_words > max_words or max_words < 3:
-        raise DataError(
-            f"synthetic: need size >= 0 and 3 <= max_words, min_words <= max_words "
-            f"(got size={size}, min_words={min_words}, max_words={max_words})"
-        )
-    # The split name is part of the seed so dev and test draw different sentences.
-    rng = random.Random(f"{seed}/{split}")
-    generator = _Generator(rng)
-    pairs, seen = [], set()
-    attempts, max_attempts = 0, 100 * size + 1000
-    while len(pairs) < size:
-        attempts += 1
-        if attempts > max_attempts:
-            raise DataError(
-                f"synthetic: could not draw {size} distinct {split} sentences of "
-                f"{min_words}-{max_words} words"
-            )
-        source, target, length = generator.sentence()
-        if not (min_words <= length <= max_words) or source in seen:
-            continue
-        if split_of(source) != split:
-            continue
-        seen.add(source)
-        pairs.append((source, target))
-    return pairs
+    return list(iter_generate(split, size, seed, min_words, max_words))
 
 
-def generate_from_spec(options_text, spec="synthetic:"):
-    """Parses `split=dev,size=100,...` (the part after `synthetic:`) and generates the pairs."""
+def _parse_options(options_text, spec):
     kwargs = {}
     converters = {"split": str, "size": int, "seed": int, "min_words": int, "max_words": int}
     for item in filter(None, (s.strip() for s in options_text.split(","))):
@@ -322,4 +346,21 @@ def generate_from_spec(options_text, spec="synthetic:"):
             kwargs[key] = converters[key](value)
         except ValueError:
             raise DataError(f"{spec}: {key} must be an integer, got {value!r}") from None
-    return generate(**kwargs)
+    return kwargs
+
+
+def spec_size(options_text, spec="synthetic:"):
+    """The number of pairs a `synthetic:` spec generates (the part after `synthetic:`)."""
+    kwargs = _parse_options(options_text, spec)
+    size = kwargs.get("size")
+    return DEFAULT_SIZES[kwargs.get("split", "train")] if size is None else size
+
+
+def iter_from_spec(options_text, spec="synthetic:"):
+    """Parses `split=dev,size=100,...` (the part after `synthetic:`) and streams the pairs."""
+    return iter_generate(**_parse_options(options_text, spec))
+
+
+def generate_from_spec(options_text, spec="synthetic:"):
+    """Parses `split=dev,size=100,...` (the part after `synthetic:`) and generates the pairs."""
+    return list(iter_from_spec(options_text, spec))

@@ -204,11 +204,13 @@ def train(config):
     """Trains, evaluates and exports the model described by `config` (an `ExperimentConfig`).
 
     Writes the workdir (`runtime.workdir`, default `workdirs/<name>`): `config.yaml` (the
-    resolved config), `spm.model`, `checkpoints/ckpt-<step>.weights.h5` (the model's weights,
-    last `train.keep_checkpoints`), `backup/` (the resume state, last `train.keep_backups`),
-    `logs/` (TensorBoard) and `result.json`. Training runs `train.steps` optimizer steps as Keras
-    epochs of `train.steps_per_epoch` steps, with dev BLEU (greedy) after each epoch; the final
-    model is scored on the dev (and test) set with the `decode` settings and exported to
+    resolved config), `spm.model` and `prepared/` (the training corpus as tokenized shards, made
+    by `keras_transformer.data.prepare` unless already there and matching the config),
+    `checkpoints/ckpt-<step>.weights.h5` (the model's weights, last `train.keep_checkpoints`),
+    `backup/` (the resume state, last `train.keep_backups`), `logs/` (TensorBoard) and
+    `result.json`. Training runs `train.steps` optimizer steps as Keras epochs of
+    `train.steps_per_epoch` steps, with dev BLEU (greedy) after each epoch; the final model is
+    scored on the dev (and test) set with the `decode` settings and exported to
     `export.base_dir/<name>/<version>`.
 
     Running it again on the same workdir resumes exactly: same weights, optimizer state,
@@ -261,38 +263,43 @@ def _finished_result(layout, config):
 
 
 def _prepare_data(run):
-    """The vocabulary and the training dataset: one place that reads the training data.
+    """The vocabulary and the training dataset, streamed from the workdir's prepared shards: the
+    one place that reads the training data.
 
-    The chief writes `config.yaml` and trains the vocabulary (`spm.model`, written atomically);
-    the other workers wait for it (`runtime.wait_seconds`) and read it. The dataset yields
-    global batches of `data.tokens_per_batch` x replicas x `train.gradient_accumulation_steps`
-    tokens (batch sizes a multiple of replicas x accumulation: each replica's share splits into
-    the micro-batches), in the same order on every run with the same seed, so `_fit` can
-    resume by skipping the batches already consumed.
+    The chief runs `prepare` (which streams the corpus into `WORKDIR/prepared` when it is not
+    there, and otherwise checks that it matches the config: a `DataError` names any difference,
+    before `config.yaml` is overwritten), then writes `config.yaml`. The other workers wait for
+    the prepared data's manifest (`runtime.wait_seconds`) and check it. Each worker then reads
+    its own shards (the dataset's auto-shard policy is FILE). The dataset yields global batches
+    of `data.tokens_per_batch` x replicas x `train.gradient_accumulation_steps` tokens (batch
+    sizes a multiple of replicas x accumulation: each replica's share splits into the
+    micro-batches), in the same order on every run with the same seed, so `_fit` can resume by
+    skipping the batches already consumed.
     """
-    from keras_transformer.data import Tokenizer, get_or_train_tokenizer, make_dataset, read_pairs
+    from keras_transformer.data import Tokenizer, prepare, prepared_dataset
+    from keras_transformer.data.prepare import MANIFEST, VOCABULARY, check_prepared, read_manifest
 
     config, layout = run.config, run.layout
     if run.chief:
         os.makedirs(layout.root, exist_ok=True)
+        manifest = prepare(config)
         save_config(config, layout.config)
-    pairs = read_pairs(config.data.train)
-    if run.chief:
-        tokenizer = get_or_train_tokenizer(config.data, pairs, layout.root)
     else:
-        wait_for_path(layout.spm, config.runtime.wait_seconds, "vocabulary")
-        tokenizer = Tokenizer(layout.spm)
+        wait_for_path(
+            os.path.join(layout.prepared, MANIFEST), config.runtime.wait_seconds, "prepared data"
+        )
+        manifest = check_prepared(config, read_manifest(layout.prepared), repair=False)
+    tokenizer = Tokenizer(os.path.join(layout.prepared, VOCABULARY))
     # data.tokens_per_batch is per replica and micro-batch.
     share = run.strategy.num_replicas_in_sync * config.train.gradient_accumulation_steps
-    dataset = make_dataset(
-        pairs,
-        tokenizer,
+    dataset = prepared_dataset(
+        layout.prepared,
         config.data,
         training=True,
         tokens_per_batch=config.data.tokens_per_batch * share,
         batch_multiple=share,
     )
-    return _TrainingData(tokenizer, dataset, len(pairs))
+    return _TrainingData(tokenizer, dataset, manifest["counts"]["written"])
 
 
 def _build_model(run, vocab_size, num_pairs):

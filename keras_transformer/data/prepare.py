@@ -1,0 +1,683 @@
+"""Prepared data: a training corpus streamed once into sharded, tokenized examples on disk.
+
+`prepare(config)` is the paper-scale path (like fairseq-preprocess or tensor2tensor's datagen):
+it reads the training corpus as a stream, trains the shared SentencePiece vocabulary on a bounded,
+seeded random sample of its sentences (reservoir sampling: at most `data.spm_max_sentences`
+sentences are ever held), then tokenizes every pair and writes the ids to TFRecord shards with a
+manifest. Memory does not grow with the corpus; training then streams the shards with tf.data
+(`prepared_dataset`), each worker of a multi-worker job reading its own files.
+
+```
+WORKDIR/
+  spm.model                   the vocabulary (a copy of prepared/spm.model, where export reads it)
+  prepared/
+    manifest.json             written last: the completion marker (see below)
+    spm.model                 the vocabulary the shards were tokenized with
+    train-00000-of-00016.tfrecord ...
+```
+
+Atomicity: everything of one preparation is written into a temporary sibling directory
+(`WORKDIR/prepared.tmp-*`) that is renamed to `WORKDIR/prepared` in one step once complete, so a
+preparation killed midway leaves no `prepared/manifest.json` and is never taken as done (the next
+run removes the leftover and starts again). `WORKDIR/spm.model` is installed after the rename; a
+kill between the two is repaired by `check_prepared`, which restores it from `prepared/spm.model`
+and refuses a `spm.model` whose sha256 differs from the manifest's.
+
+Records: one per pair, the raw little-endian integers `[len(source), *source, *target]`
+(uint16 when the vocabulary has at most 65,536 pieces, else int32): SentencePiece ids without
+BOS/EOS, which the pipeline adds. Reading them is one `tf.io.decode_raw`, several times cheaper
+than parsing `tf.train.Example` protos, and half the disk with uint16.
+
+Overlong pairs (`data.long_pairs`): `drop` (the default, the paper's recipe of filtering by
+length) leaves out the pairs whose source or target, with EOS, is longer than
+`data.max_source_length` / `data.max_target_length` and counts them as `too_long`; `truncate`
+keeps them whole in the shards (the pipeline cuts them, EOS kept) and counts them as `truncated`.
+"""
+
+import glob
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from array import array
+
+from keras_transformer.data import corpora
+from keras_transformer.errors import DataError
+from keras_transformer.workdir import Workdir
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+VOCABULARY = "spm.model"
+# Shards: enough files for many workers to read different ones, each a few MB to a few hundred.
+MIN_SHARDS = 16
+MAX_SHARDS = 1024
+PAIRS_PER_SHARD = 100_000
+# Pairs tokenized per sentencepiece call (its C++ threads split each call).
+_CHUNK = 4096
+# Words whose pieces are remembered (about 200 bytes each): bounded, whatever the corpus size.
+_WORD_CACHE_SIZE = 500_000
+# Pairs of the first chunks also encoded whole, to check that words encode independently.
+_CHECKED_PAIRS = 2 * _CHUNK
+# Seconds between progress lines.
+_PROGRESS_SECONDS = 10.0
+# A stored side is cut at this many pieces (the uint16 length header; far beyond any max length).
+_MAX_STORED = 65_535
+
+
+def _log(message, verbose):
+    if verbose:
+        print(message, file=sys.stderr, flush=True)
+
+
+def _sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _settings(data_config):
+    """What the prepared data depends on, as the manifest records it (config key -> value)."""
+    d = data_config
+    settings = {
+        "data.train": d.train,
+        "data.vocab_size": d.vocab_size,
+        "data.spm_model_type": d.spm_model_type,
+        "data.spm_character_coverage": d.spm_character_coverage,
+        "data.spm_max_sentences": d.spm_max_sentences,
+        "data.seed": d.seed,
+        "data.long_pairs": d.long_pairs,
+    }
+    if d.long_pairs == "drop":  # truncated pairs are stored whole: lengths do not matter then
+        settings["data.max_source_length"] = d.max_source_length
+        settings["data.max_target_length"] = d.max_target_length
+    return settings
+
+
+# Settings that shaped the vocabulary: changing one needs a new spm.model too.
+_VOCABULARY_KEYS = (
+    "data.train",
+    "data.vocab_size",
+    "data.spm_model_type",
+    "data.spm_character_coverage",
+    "data.spm_max_sentences",
+    "data.seed",
+)
+
+
+def read_manifest(directory):
+    """The manifest of a prepared directory, or None when it holds no complete preparation.
+
+    Args:
+        directory: `WORKDIR/prepared` (`Workdir(root).prepared`).
+
+    Returns:
+        The manifest dict, or None when `directory/manifest.json` does not exist (nothing
+        prepared, or a preparation that did not finish: the manifest is its last file).
+    """
+    path = os.path.join(directory, MANIFEST)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise DataError(f"cannot read {path}: {e}; delete {directory} to prepare again") from None
+
+
+def _install_vocabulary(source, destination):
+    """Copies `source` to `destination` atomically (write beside it, then rename)."""
+    temporary = f"{destination}.tmp-{os.getpid()}"
+    shutil.copyfile(source, temporary)
+    os.replace(temporary, destination)
+    vocab = source[: -len(".model")] + ".vocab"
+    if os.path.exists(vocab):
+        shutil.copyfile(vocab, destination[: -len(".model")] + ".vocab")
+
+
+def check_prepared(config, manifest=None, repair=True):
+    """Checks that the workdir's prepared data matches `config`; returns its manifest.
+
+    Args:
+        config: an `ExperimentConfig`.
+        manifest: the manifest if already read (default: read `WORKDIR/prepared/manifest.json`).
+        repair: restore a missing `WORKDIR/spm.model` from `WORKDIR/prepared/spm.model` (a
+            preparation killed after its rename); False for processes that must not write.
+
+    Returns:
+        The manifest dict, or None when the workdir holds no complete preparation.
+
+    Raises:
+        DataError: the prepared data was made with other settings (another corpus, vocabulary
+            size, ...) or another vocabulary; the one-line message names the difference and says
+            what to delete to start over.
+
+    Example:
+    >>> manifest = check_prepared(config)
+    >>> manifest["counts"]["written"]
+    """
+    layout = Workdir.of(config)
+    manifest = manifest if manifest is not None else read_manifest(layout.prepared)
+    if manifest is None:
+        return None
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise DataError(
+            f"{layout.prepared} has format version {manifest.get('format_version')}, this "
+            f"version reads {FORMAT_VERSION}; delete {layout.prepared} or use another --workdir"
+        )
+    recorded, wanted = manifest.get("settings", {}), _settings(config.data)
+    for key in sorted(set(recorded) | set(wanted)):
+        if recorded.get(key) != wanted.get(key):
+            delete = layout.prepared
+            if key in _VOCABULARY_KEYS:
+                delete = f"{layout.prepared} and {layout.spm}"
+            raise DataError(
+                f"{key} differs from the prepared data in {layout.prepared}: prepared with "
+                f"{recorded.get(key)!r}, the config says {wanted.get(key)!r}; delete {delete} "
+                "to prepare again, or use another --workdir"
+            )
+    sha256 = manifest["vocabulary"]["sha256"]
+    if not os.path.exists(layout.spm):
+        if repair:
+            _install_vocabulary(os.path.join(layout.prepared, VOCABULARY), layout.spm)
+    elif _sha256(layout.spm) != sha256:
+        raise DataError(
+            f"{layout.spm} differs from the vocabulary the data in {layout.prepared} was "
+            f"tokenized with (sha256 {sha256[:12]}...); delete {layout.prepared} and "
+            f"{layout.spm} to prepare again, or use another --workdir"
+        )
+    return manifest
+
+
+def _reservoir_sample(sentences, size, seed):
+    """A uniform random sample of `size` items of an iterable of unknown length, holding no more
+    than `size` of them (Vitter's algorithm R); all items, in order, when there are fewer."""
+    rng = random.Random(seed)
+    sample = []
+    for seen, sentence in enumerate(sentences):
+        if seen < size:
+            sample.append(sentence)
+        else:
+            j = rng.randrange(seen + 1)
+            if j < size:
+                sample[j] = sentence
+    return sample
+
+
+def _sentences(spec, counter, progress):
+    for source, target in corpora.iter_pairs(spec, counter, verbose=False):
+        yield source
+        yield target
+        if counter.kept % 4096 == 0:
+            progress.update(counter.lines, 0)
+
+
+def _known_size(spec):
+    """Pairs a spec yields when known without reading it (synthetic, tfds metadata), else None."""
+    kind, rest = corpora.parse_spec(spec)
+    if kind == "synthetic":
+        from keras_transformer.data import synthetic
+
+        return synthetic.spec_size(rest, spec)
+    if kind == "tfds":
+        return corpora.tfds_size(spec)
+    return None
+
+
+def num_shards_for(pairs):
+    """Shards for `pairs` pairs: about one per 100,000 pairs, at least 16 (so that many workers
+    can each read different files) and at most 1024; never more than the pairs."""
+    shards = min(MAX_SHARDS, max(MIN_SHARDS, math.ceil(pairs / PAIRS_PER_SHARD)))
+    return max(1, min(shards, pairs))
+
+
+class _Progress:
+    """Prints lines/s, pairs written and an ETA every few seconds."""
+
+    def __init__(self, total, verbose, what="pairs written"):
+        self.total, self.verbose, self.what = total, verbose, what
+        self.start = self.last = time.time()
+
+    def update(self, lines, written, force=False):
+        now = time.time()
+        if not self.verbose or (not force and now - self.last < _PROGRESS_SECONDS):
+            return
+        self.last = now
+        rate = lines / max(now - self.start, 1e-9)
+        line = f"  {lines:,} lines, {rate:,.0f} lines/s"
+        if written:
+            line += f", {written:,} {self.what}"
+        elif self.what != "pairs written":
+            line += f" ({self.what})"
+        if self.total:
+            eta = max(0.0, (self.total - lines) / max(rate, 1e-9))
+            line += f", {100 * lines / self.total:.0f}%, ETA {eta / 60:.1f} min"
+        _log(line, self.verbose)
+
+
+def _length_stats(histogram):
+    """Mean and percentiles of a histogram {length: count}."""
+    total = sum(histogram.values())
+    if not total:
+        return {"mean": 0, "p50": 0, "p90": 0, "p99": 0, "max": 0}
+    stats = {"mean": round(sum(k * v for k, v in histogram.items()) / total, 2)}
+    cumulative, marks = 0, {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+    for length in sorted(histogram):
+        cumulative += histogram[length]
+        for name, share in list(marks.items()):
+            if cumulative >= share * total:
+                stats[name] = length
+                del marks[name]
+    stats["max"] = max(histogram)
+    return stats
+
+
+class _WordCachedEncoder:
+    """SentencePiece encoding with a cache of the pieces of each space-separated word.
+
+    SentencePiece pieces never span a space (`split_by_whitespace`, the default, with which
+    `train_sentencepiece` trains): a sentence's ids are the concatenation of its words' ids, so
+    each distinct word is encoded once instead of at every occurrence: several times faster on
+    natural text, whose words follow Zipf's law. The first pairs are also encoded whole and
+    compared; any difference (a vocabulary trained otherwise) turns the cache off.
+    """
+
+    def __init__(self, processor, threads):
+        self.processor, self.threads = processor, threads
+        self.cache, self.enabled, self.checked = {}, True, 0
+
+    def _encode_words(self, sentences):
+        cache = self.cache
+        missing = {w for sentence in sentences for w in sentence.split(" ") if w not in cache}
+        missing.discard("")
+        if missing:
+            words = list(missing)
+            ids = self.processor.encode(words, num_threads=self.threads)
+            found = dict(zip(words, ids))
+            for word in words[: max(0, _WORD_CACHE_SIZE - len(cache))]:
+                cache[word] = found[word]
+        else:
+            found = {}
+        encoded = []
+        for sentence in sentences:
+            pieces = []
+            for word in sentence.split(" "):
+                if word:
+                    ids = cache.get(word)
+                    pieces.extend(found[word] if ids is None else ids)
+            encoded.append(pieces)
+        return encoded
+
+    def encode(self, sentences):
+        if not self.enabled:
+            return self.processor.encode(sentences, num_threads=self.threads)
+        encoded = self._encode_words(sentences)
+        if self.checked < 2 * _CHECKED_PAIRS:
+            self.checked += len(sentences)
+            if encoded != self.processor.encode(sentences, num_threads=self.threads):
+                self.enabled = False
+                return self.processor.encode(sentences, num_threads=self.threads)
+        return encoded
+
+
+def _write_shards(config, vocabulary_path, directory, total, verbose):
+    """Pass 2: tokenize the stream and write the shards; returns the manifest's counts part."""
+    import sentencepiece as spm
+    import tensorflow as tf
+
+    d = config.data
+    processor = spm.SentencePieceProcessor(model_file=vocabulary_path)
+    typecode = "H" if processor.get_piece_size() <= 65_536 else "i"
+    big_endian = sys.byteorder == "big"
+    encoder = _WordCachedEncoder(processor, threads=max(1, os.cpu_count() or 1))
+    num_shards = num_shards_for(max(total, 1))
+    names = [f"train-{i:05d}-of-{num_shards:05d}.tfrecord" for i in range(num_shards)]
+    writers = [tf.io.TFRecordWriter(os.path.join(directory, name)) for name in names]
+    shard_pairs = [0] * num_shards
+    counter = corpora.Counter(d.train)
+    too_long = truncated = written = 0
+    source_tokens = target_tokens = 0
+    source_hist, target_hist, longer_hist = {}, {}, {}
+    progress = _Progress(total, verbose)
+    limit_source, limit_target = d.max_source_length - 1, d.max_target_length - 1
+    drop = d.long_pairs == "drop"
+
+    def flush(chunk):
+        nonlocal too_long, truncated, written, source_tokens, target_tokens
+        sources = encoder.encode([s for s, _ in chunk])
+        targets = encoder.encode([t for _, t in chunk])
+        for source, target in zip(sources, targets):
+            if len(source) > limit_source or len(target) > limit_target:
+                if drop:
+                    too_long += 1
+                    continue
+                truncated += 1
+            source, target = source[:_MAX_STORED], target[:_MAX_STORED]
+            record = array(typecode, [len(source)])
+            record.extend(source)
+            record.extend(target)
+            if big_endian:
+                record.byteswap()
+            # Round robin: every shard is a uniform slice of the corpus (WMT corpora are
+            # concatenations of very different sources), and shard sizes differ by one at most.
+            shard = written % num_shards
+            writers[shard].write(record.tobytes())
+            shard_pairs[shard] += 1
+            written += 1
+            # With EOS, as the model sees them.
+            n_source, n_target = len(source) + 1, len(target) + 1
+            source_tokens += n_source
+            target_tokens += n_target
+            source_hist[n_source] = source_hist.get(n_source, 0) + 1
+            target_hist[n_target] = target_hist.get(n_target, 0) + 1
+            longer = max(n_source, n_target)  # the length that picks the bucket
+            longer_hist[longer] = longer_hist.get(longer, 0) + 1
+
+    chunk = []
+    for pair in corpora.iter_pairs(d.train, counter, verbose=False):
+        chunk.append(pair)
+        if len(chunk) == _CHUNK:
+            flush(chunk)
+            chunk = []
+            progress.update(counter.lines, written)
+    if chunk:
+        flush(chunk)
+    for writer in writers:
+        writer.close()
+    progress.update(counter.lines, written, force=True)
+    if not written:
+        raise DataError(f"{d.train}: no pair left to train on ({counter.lines} lines read)")
+    skipped = counter.skipped_by_reason()
+    skipped["too_long"] = too_long
+    shards = [
+        {
+            "file": name,
+            "pairs": count,
+            "bytes": os.path.getsize(os.path.join(directory, name)),
+        }
+        for name, count in zip(names, shard_pairs)
+    ]
+    return {
+        "counts": {
+            "lines": counter.lines,
+            "written": written,
+            "skipped": skipped,
+            "truncated": truncated,
+        },
+        "shards": shards,
+        "record_dtype": "uint16" if typecode == "H" else "int32",
+        "tokens": {
+            "source": source_tokens,
+            "target": target_tokens,
+            "source_length": _length_stats(source_hist),
+            "target_length": _length_stats(target_hist),
+            # Pairs per length of their longer side (EOS included): for choosing buckets.
+            "longer_side_histogram": {str(k): v for k, v in sorted(longer_hist.items())},
+        },
+    }
+
+
+def _remove_leftovers(layout):
+    """Removes temporary directories of preparations that were killed midway."""
+    for path in glob.glob(os.path.join(layout.root, "prepared.tmp-*")):
+        shutil.rmtree(path, ignore_errors=True)
+    prepared = layout.prepared
+    if os.path.isdir(prepared) and not os.path.exists(os.path.join(prepared, MANIFEST)):
+        shutil.rmtree(prepared, ignore_errors=True)
+
+
+def prepare(config, verbose=True):
+    """Streams the training corpus once into a vocabulary and sharded, tokenized examples.
+
+    Reads `config.data.train` as a stream, trains the SentencePiece vocabulary on a seeded
+    reservoir sample of at most `data.spm_max_sentences` sentences (both sides; skipped when
+    `WORKDIR/spm.model` already exists, which is then used as is), tokenizes every pair and writes
+    them round robin to TFRecord shards in `WORKDIR/prepared` with `manifest.json`. Memory stays
+    bounded by the sample and a chunk of a few thousand pairs, whatever the corpus size. Prints
+    progress (lines/s, pairs written, ETA when the size is known) and a summary to stderr.
+
+    A workdir that is already prepared is checked against `config` and reused (nothing is
+    read); see `check_prepared`. Only one process should prepare a workdir (the chief of a
+    multi-worker job); others wait until `WORKDIR/prepared/manifest.json` exists.
+
+    Args:
+        config: an `ExperimentConfig` (`data.*` and `runtime.workdir`).
+        verbose: print progress and the summary.
+
+    Returns:
+        The manifest dict: `format_version`, `settings` (the config keys the data depends on),
+        `vocabulary` (`sha256`, `pieces`, `trained`, `sample_sentences`), `counts` (`lines`
+        read, pairs `written`, `skipped` by reason: `empty`, `invalid_utf8`, `malformed`,
+        `too_long`; `truncated`), `shards` (`file`, `pairs`, `bytes` each), `record_dtype`,
+        `tokens` (totals and length statistics), `seconds`.
+
+    Raises:
+        DataError: unreadable corpus, empty result, or a prepared workdir that does not match.
+
+    Example:
+    >>> manifest = prepare(load_config("configs/quickstart.yaml"))
+    >>> manifest["counts"]["written"], len(manifest["shards"])
+    (20000, 16)
+    """
+    layout = Workdir.of(config)
+    existing = check_prepared(config)
+    if existing is not None:
+        _log(
+            f"using the prepared data in {layout.prepared} "
+            f"({existing['counts']['written']:,} pairs)",
+            verbose,
+        )
+        return existing
+    os.makedirs(layout.root, exist_ok=True)
+    _remove_leftovers(layout)
+    d = config.data
+    started = time.time()
+    temporary = tempfile.mkdtemp(prefix="prepared.tmp-", dir=layout.root)
+    try:
+        vocabulary = os.path.join(temporary, VOCABULARY)
+        total = _known_size(d.train)
+        if os.path.exists(layout.spm):
+            _log(f"preparing {d.train} with the existing vocabulary {layout.spm}", verbose)
+            _install_vocabulary(layout.spm, vocabulary)
+            trained, sampled = False, 0
+        else:
+            from keras_transformer.data.tokenizer import train_sentencepiece
+
+            _log(f"preparing {d.train}: sampling sentences for the vocabulary ...", verbose)
+            counter = corpora.Counter(d.train)
+            progress = _Progress(total, verbose, "read for the vocabulary sample")
+            sample = _reservoir_sample(
+                _sentences(d.train, counter, progress), d.spm_max_sentences, d.seed
+            )
+            progress.update(counter.lines, 0, force=True)
+            total = counter.kept  # now known exactly
+            sampled = len(sample)
+            train_sentencepiece(
+                sample,
+                vocabulary,
+                vocab_size=d.vocab_size,
+                model_type=d.spm_model_type,
+                character_coverage=d.spm_character_coverage,
+                max_sentences=max(1, sampled),
+                seed=d.seed,
+                verbose=verbose,
+            )
+            del sample
+            trained = True
+        if total is None:  # a file corpus with an existing vocabulary: count it for the shards
+            counter = corpora.Counter(d.train)
+            total = sum(1 for _ in corpora.iter_pairs(d.train, counter, verbose=False))
+        _log(f"tokenizing {total:,} pairs into shards ...", verbose)
+        import sentencepiece as spm
+
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "settings": _settings(d),
+            "vocabulary": {
+                "file": VOCABULARY,
+                "sha256": _sha256(vocabulary),
+                "pieces": spm.SentencePieceProcessor(model_file=vocabulary).get_piece_size(),
+                "trained": trained,
+                "sample_sentences": sampled,
+            },
+        }
+        manifest.update(_write_shards(config, vocabulary, temporary, total, verbose))
+        manifest["seconds"] = round(time.time() - started, 1)
+        manifest["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        # The manifest is the last file written: its presence means complete.
+        with open(os.path.join(temporary, MANIFEST), "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(temporary, layout.prepared)
+    finally:
+        shutil.rmtree(temporary, ignore_errors=True)
+    if not os.path.exists(layout.spm):
+        _install_vocabulary(os.path.join(layout.prepared, VOCABULARY), layout.spm)
+    _summary(manifest, layout, verbose)
+    return manifest
+
+
+def _summary(manifest, layout, verbose):
+    counts, tokens = manifest["counts"], manifest["tokens"]
+    skipped = ", ".join(f"{k} {v:,}" for k, v in counts["skipped"].items() if v) or "none"
+    size = sum(s["bytes"] for s in manifest["shards"])
+    _log(
+        f"prepared {counts['written']:,} pairs of {counts['lines']:,} lines in "
+        f"{manifest['seconds']:.0f} s (skipped: {skipped}; truncated {counts['truncated']:,}): "
+        f"{len(manifest['shards'])} shards, {size / 1e6:,.1f} MB, {tokens['source']:,} source "
+        f"and {tokens['target']:,} target tokens, vocabulary {manifest['vocabulary']['pieces']} "
+        f"pieces -> {layout.prepared}",
+        verbose,
+    )
+
+
+def prepared_examples(
+    directory, training=True, *, seed=1234, shuffle_buffer=10000, input_context=None
+):
+    """The pairs of a prepared directory as a dataset of `(source_pieces, target_pieces)` int32
+    vectors (no BOS/EOS): the input of `pipeline.batch_examples`.
+
+    Deterministic: for a given seed (and input context) the dataset yields the same elements in
+    the same order every time it is built, so `dataset.skip(n)` finds a stream position again.
+
+    Args:
+        directory: `WORKDIR/prepared`.
+        training: True shuffles the files (seeded, anew each epoch), interleaves them in
+            parallel, shuffles examples in a buffer of `shuffle_buffer` and repeats forever;
+            False reads each pair once, the files in order.
+        seed: seed of both shuffles.
+        shuffle_buffer: examples in the shuffle buffer (memory: this many pairs).
+        input_context: a `tf.distribute.InputContext`: this pipeline reads only its own files
+            (every `num_input_pipelines`-th one from `input_pipeline_id`). Without one, the
+            dataset's auto-shard policy is FILE, so a multi-worker strategy distributing it gives
+            each worker its own files.
+
+    Returns:
+        A `tf.data.Dataset`.
+    """
+    import tensorflow as tf
+
+    manifest = read_manifest(directory)
+    if manifest is None:
+        raise DataError(f"no prepared data in {directory} (run keras-transformer prepare)")
+    files = [os.path.join(directory, shard["file"]) for shard in manifest["shards"]]
+    dtype = tf.uint16 if manifest["record_dtype"] == "uint16" else tf.int32
+    dataset = tf.data.Dataset.from_tensor_slices(files)
+    if input_context is not None and input_context.num_input_pipelines > 1:
+        if len(files) < input_context.num_input_pipelines:
+            raise DataError(
+                f"{directory} has {len(files)} shards for {input_context.num_input_pipelines} "
+                "input pipelines; prepare again with more data or use fewer workers"
+            )
+        dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+    if training:
+        dataset = dataset.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+    dataset = dataset.interleave(
+        lambda path: tf.data.TFRecordDataset(path, buffer_size=1 << 20),
+        cycle_length=min(len(files), 16),
+        block_length=1,
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True,
+    )
+
+    def decode(record):
+        values = tf.cast(tf.io.decode_raw(record, dtype, little_endian=True), tf.int32)
+        length = values[0]
+        return values[1 : 1 + length], values[1 + length :]
+
+    dataset = dataset.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if training:
+        dataset = dataset.shuffle(max(1, shuffle_buffer), seed=seed + 1)
+        dataset = dataset.repeat()
+    options = tf.data.Options()
+    options.deterministic = True
+    policy = tf.data.experimental.AutoShardPolicy
+    options.experimental_distribute.auto_shard_policy = (
+        policy.FILE if input_context is None else policy.OFF
+    )
+    return dataset.with_options(options)
+
+
+def prepared_dataset(
+    directory,
+    data_config,
+    training=True,
+    *,
+    tokens_per_batch=None,
+    batch_multiple=1,
+    seed=None,
+    input_context=None,
+    verbose=True,
+):
+    """Padded, length-bucketed batches streamed from prepared shards, for `model.fit`.
+
+    The same batches as `make_dataset` (one batching implementation: `batch_examples`): fixed
+    bucket shapes, a token budget per batch, BOS/EOS added here. Deterministic for a given seed:
+    building it again yields the same batches in the same order (see `prepared_examples`).
+
+    Args:
+        directory: `WORKDIR/prepared` (from `prepare`).
+        data_config: `DataConfig` (lengths, buckets, tokens_per_batch, shuffle_buffer, seed).
+        training: shuffle, repeat and drop incomplete batches (see `batch_examples`).
+        tokens_per_batch: overrides `data_config.tokens_per_batch` (e.g. the global budget).
+        batch_multiple: batch sizes are multiples of this (the number of replicas).
+        seed: shuffle seed (default `data_config.seed`).
+        input_context: a `tf.distribute.InputContext` to read only this pipeline's files.
+        verbose: print the buckets and batch shapes.
+
+    Returns:
+        A dataset of `({"source_ids": [B, S], "target_ids": [B, T]}, labels [B, T])`.
+
+    Example:
+    >>> manifest = prepare(config)
+    >>> dataset = prepared_dataset(Workdir.of(config).prepared, config.data)
+    >>> model.fit(dataset, steps_per_epoch=1000)
+    """
+    from keras_transformer.data.pipeline import batch_examples
+
+    manifest = read_manifest(directory)
+    if manifest is None:
+        raise DataError(f"no prepared data in {directory} (run keras-transformer prepare)")
+    examples = prepared_examples(
+        directory,
+        training,
+        seed=data_config.seed if seed is None else seed,
+        shuffle_buffer=data_config.shuffle_buffer,
+        input_context=input_context,
+    )
+    title = "training data (prepared)" if training else "evaluation data (prepared)"
+    return batch_examples(
+        examples,
+        data_config,
+        training,
+        tokens_per_batch=tokens_per_batch,
+        batch_multiple=batch_multiple,
+        description=(title, manifest["counts"]["written"]) if verbose else None,
+    )
