@@ -124,7 +124,15 @@ def assert_one_run_in_workdir(workdir, name="tiny"):
     """Exactly one vocabulary, one set of step checkpoints, one resume directory and one export
     (version 1); returns the file list."""
     files = files_under(workdir)
-    assert [f for f in files if f.endswith("spm.model")] == ["spm.model"], files
+    # One vocabulary: WORKDIR/spm.model, and the prepared data's own copy of the same file.
+    vocabularies = [f for f in files if f.endswith("spm.model")]
+    assert sorted(vocabularies) == ["prepared/spm.model", "spm.model"], files
+    contents = set()
+    for f in vocabularies:
+        with open(os.path.join(workdir, f), "rb") as handle:
+            contents.add(handle.read())
+    assert len(contents) == 1, "two different vocabularies"
+    assert [f for f in files if f.endswith("manifest.json")] == ["prepared/manifest.json"], files
     assert [f for f in files if f.endswith("config.yaml")] == ["config.yaml"], files
     checkpoint_dirs = {os.path.dirname(f) for f in files if ".weights.h5" in f}
     assert checkpoint_dirs == {"checkpoints"}, files

@@ -265,8 +265,10 @@ def make_dataset(
         (rounded down to `batch_multiple`).
 
     Example:
-    >>> dataset = make_dataset(pairs, tokenizer, config.data)
-    >>> model.fit(dataset, steps_per_epoch=1000)
+    ```python
+    dataset = make_dataset(pairs, tokenizer, config.data)
+    model.fit(dataset, steps_per_epoch=1000)
+    ```
     """
     import numpy as np
     import tensorflow as tf

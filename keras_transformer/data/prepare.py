@@ -159,8 +159,10 @@ def check_prepared(config, manifest=None, repair=True):
             what to delete to start over.
 
     Example:
-    >>> manifest = check_prepared(config)
-    >>> manifest["counts"]["written"]
+    ```python
+    manifest = check_prepared(config)
+    manifest["counts"]["written"]
+    ```
     """
     layout = Workdir.of(config)
     manifest = manifest if manifest is not None else read_manifest(layout.prepared)
@@ -461,9 +463,11 @@ def prepare(config, verbose=True):
         DataError: unreadable corpus, empty result, or a prepared workdir that does not match.
 
     Example:
-    >>> manifest = prepare(load_config("configs/quickstart.yaml"))
-    >>> manifest["counts"]["written"], len(manifest["shards"])
-    (20000, 16)
+    ```python
+    manifest = prepare(load_config("configs/quickstart.yaml"))
+    manifest["counts"]["written"], len(manifest["shards"])
+    # -> (20000, 16)
+    ```
     """
     layout = Workdir.of(config)
     existing = check_prepared(config)
@@ -656,9 +660,11 @@ def prepared_dataset(
         A dataset of `({"source_ids": [B, S], "target_ids": [B, T]}, labels [B, T])`.
 
     Example:
-    >>> manifest = prepare(config)
-    >>> dataset = prepared_dataset(Workdir.of(config).prepared, config.data)
-    >>> model.fit(dataset, steps_per_epoch=1000)
+    ```python
+    manifest = prepare(config)
+    dataset = prepared_dataset(Workdir.of(config).prepared, config.data)
+    model.fit(dataset, steps_per_epoch=1000)
+    ```
     """
     from keras_transformer.data.pipeline import batch_examples
 
