@@ -301,6 +301,13 @@ def test_two_workers_read_disjoint_shards_whose_union_is_the_corpus(tmp_path):
     dataset = prepared_examples(directory)
     policy = dataset.options().experimental_distribute.auto_shard_policy
     assert policy == tf.data.experimental.AutoShardPolicy.FILE
+    # The batches as a whole can be auto-sharded (by batch: FILE cannot see through the
+    # bucketing's windows), as a multi-worker strategy does with a dataset given to fit.
+    from tensorflow.python.data.experimental.ops import distribute
+
+    batches = prepared_dataset(directory, config.data, training=True, verbose=False)
+    first = next(iter(distribute._AutoShardDataset(batches, 2, 0)))
+    assert first[1].shape[0] > 0
 
 
 def test_prepared_batches_are_deterministic_keep_bucket_shapes_and_lower_the_loss(tmp_path):

@@ -653,7 +653,9 @@ def prepared_dataset(
         tokens_per_batch: overrides `data_config.tokens_per_batch` (e.g. the global budget).
         batch_multiple: batch sizes are multiples of this (the number of replicas).
         seed: shuffle seed (default `data_config.seed`).
-        input_context: a `tf.distribute.InputContext` to read only this pipeline's files.
+        input_context: a `tf.distribute.InputContext` to read only this pipeline's files (then
+            batches are per replica: give the per-replica `tokens_per_batch`). Without one, a
+            multi-worker strategy shards the batches between workers (auto-shard policy DATA).
         verbose: print the buckets and batch shapes.
 
     Returns:
@@ -679,7 +681,7 @@ def prepared_dataset(
         input_context=input_context,
     )
     title = "training data (prepared)" if training else "evaluation data (prepared)"
-    return batch_examples(
+    dataset = batch_examples(
         examples,
         data_config,
         training,
@@ -687,3 +689,15 @@ def prepared_dataset(
         batch_multiple=batch_multiple,
         description=(title, manifest["counts"]["written"]) if verbose else None,
     )
+    if input_context is not None:
+        return dataset
+    # tf.distribute's file-level sharding cannot see through the bucketing (its windows are
+    # datasets made inside a function) and fails; a dataset handed to a multi-worker strategy
+    # as a whole is sharded by batches instead (every worker reads all files). For files per
+    # worker, build it per worker with an input context, as `train()` does through
+    # `strategy.distribute_datasets_from_function`.
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return dataset.with_options(options)

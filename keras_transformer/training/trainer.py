@@ -193,10 +193,11 @@ class _Run:
 
 @dataclasses.dataclass
 class _TrainingData:
-    """The tokenizer and the (deterministic, endless) training dataset of global batches."""
+    """The tokenizer and the training batches: `batches(position)` is the (deterministic,
+    endless) dataset of global batches from global step `position` on."""
 
     tokenizer: object
-    dataset: object
+    batches: object
     num_pairs: int
 
 
@@ -291,15 +292,36 @@ def _prepare_data(run):
         manifest = check_prepared(config, read_manifest(layout.prepared), repair=False)
     tokenizer = Tokenizer(os.path.join(layout.prepared, VOCABULARY))
     # data.tokens_per_batch is per replica and micro-batch.
-    share = run.strategy.num_replicas_in_sync * config.train.gradient_accumulation_steps
-    dataset = prepared_dataset(
-        layout.prepared,
-        config.data,
-        training=True,
-        tokens_per_batch=config.data.tokens_per_batch * share,
-        batch_multiple=share,
-    )
-    return _TrainingData(tokenizer, dataset, manifest["counts"]["written"])
+    k = config.train.gradient_accumulation_steps
+    share = run.strategy.num_replicas_in_sync * k
+
+    def batches(position):
+        if not is_multi_worker(run.strategy):
+            return prepared_dataset(
+                layout.prepared,
+                config.data,
+                training=True,
+                tokens_per_batch=config.data.tokens_per_batch * share,
+                batch_multiple=share,
+            ).skip(position)
+
+        # Several workers: each reads its own shards (every num_workers-th file) and makes the
+        # per-replica batches of its replicas; a global step takes one from each replica.
+        def per_worker(context):
+            local_replicas = context.num_replicas_in_sync // context.num_input_pipelines
+            return prepared_dataset(
+                layout.prepared,
+                config.data,
+                training=True,
+                tokens_per_batch=config.data.tokens_per_batch * k,
+                batch_multiple=k,
+                input_context=context,
+                verbose=False,
+            ).skip(position * local_replicas)
+
+        return run.strategy.distribute_datasets_from_function(per_worker)
+
+    return _TrainingData(tokenizer, batches, manifest["counts"]["written"])
 
 
 def _build_model(run, vocab_size, num_pairs):
@@ -363,7 +385,7 @@ def _fit(run, model, data):
         epochs = initial_epoch + math.ceil(max(0, t.steps - step) / t.steps_per_epoch)
         try:
             model.fit(
-                data.dataset.skip(position),
+                data.batches(position),
                 initial_epoch=initial_epoch,
                 epochs=epochs,
                 steps_per_epoch=t.steps_per_epoch,
