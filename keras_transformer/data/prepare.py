@@ -563,7 +563,13 @@ def _summary(manifest, layout, verbose):
 
 
 def prepared_examples(
-    directory, training=True, *, seed=1234, shuffle_buffer=10000, input_context=None
+    directory,
+    training=True,
+    *,
+    seed=1234,
+    shuffle_buffer=10000,
+    input_context=None,
+    auto_shard_policy=None,
 ):
     """The pairs of a prepared directory as a dataset of `(source_pieces, target_pieces)` int32
     vectors (no BOS/EOS): the input of `pipeline.batch_examples`.
@@ -582,6 +588,8 @@ def prepared_examples(
             (every `num_input_pipelines`-th one from `input_pipeline_id`). Without one, the
             dataset's auto-shard policy is FILE, so a multi-worker strategy distributing it gives
             each worker its own files.
+        auto_shard_policy: another `tf.data.experimental.AutoShardPolicy` to set instead (for
+            datasets built on these examples that file sharding cannot see through).
 
     Returns:
         A `tf.data.Dataset`.
@@ -623,9 +631,9 @@ def prepared_examples(
     options = tf.data.Options()
     options.deterministic = True
     policy = tf.data.experimental.AutoShardPolicy
-    options.experimental_distribute.auto_shard_policy = (
-        policy.FILE if input_context is None else policy.OFF
-    )
+    if input_context is not None:
+        auto_shard_policy = policy.OFF  # sharded by hand above
+    options.experimental_distribute.auto_shard_policy = auto_shard_policy or policy.FILE
     return dataset.with_options(options)
 
 
@@ -673,15 +681,23 @@ def prepared_dataset(
     manifest = read_manifest(directory)
     if manifest is None:
         raise DataError(f"no prepared data in {directory} (run keras-transformer prepare)")
+    import tensorflow as tf
+
+    # tf.distribute's file-level sharding cannot see through the bucketing (its windows are
+    # datasets made inside a function) and fails; a dataset handed to a multi-worker strategy
+    # as a whole is sharded by batches instead (every worker reads all files). For files per
+    # worker, build it per worker with an input context, as `train()` does through
+    # `strategy.distribute_datasets_from_function`.
     examples = prepared_examples(
         directory,
         training,
         seed=data_config.seed if seed is None else seed,
         shuffle_buffer=data_config.shuffle_buffer,
         input_context=input_context,
+        auto_shard_policy=tf.data.experimental.AutoShardPolicy.DATA,
     )
     title = "training data (prepared)" if training else "evaluation data (prepared)"
-    dataset = batch_examples(
+    return batch_examples(
         examples,
         data_config,
         training,
@@ -689,15 +705,3 @@ def prepared_dataset(
         batch_multiple=batch_multiple,
         description=(title, manifest["counts"]["written"]) if verbose else None,
     )
-    if input_context is not None:
-        return dataset
-    # tf.distribute's file-level sharding cannot see through the bucketing (its windows are
-    # datasets made inside a function) and fails; a dataset handed to a multi-worker strategy
-    # as a whole is sharded by batches instead (every worker reads all files). For files per
-    # worker, build it per worker with an input context, as `train()` does through
-    # `strategy.distribute_datasets_from_function`.
-    import tensorflow as tf
-
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    return dataset.with_options(options)
