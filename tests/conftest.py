@@ -70,3 +70,26 @@ def exported_copy_model(copy_model, toy_spm_bytes, tmp_path_factory):
         batch_size=decode["batch_size"],
     )
     return translator, path
+
+
+@pytest.fixture(scope="module")
+def model_base_dir(exported_copy_model):
+    """The exported copy model's base path (TF Serving's: the highest version is picked)."""
+    import os
+
+    _, path = exported_copy_model
+    return os.path.dirname(path)
+
+
+@pytest.fixture
+def run_cli(capsys):
+    """`run_cli(*argv)` -> `(exit code, stdout, stderr)` of `keras-transformer argv...`, run in
+    this process."""
+    from keras_transformer import cli
+
+    def run(*argv):
+        code = cli.main(list(argv))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run

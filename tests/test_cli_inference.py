@@ -11,7 +11,6 @@ import _inference_fixtures as fx
 import numpy as np
 import pytest
 
-from keras_transformer import cli
 from keras_transformer.config import from_dict, save_config
 from keras_transformer.evaluation import score_translations
 from keras_transformer.export import list_versions
@@ -20,42 +19,29 @@ from keras_transformer.workdir import save_model_weights
 SENTENCES = ["red apple cat", "dog dog fish bird", "blue", "plum pear white black green"]
 
 
-def run_cli(capsys, *argv):
-    code = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-@pytest.fixture(scope="module")
-def model_base_dir(exported_copy_model):
-    _, path = exported_copy_model
-    return os.path.dirname(path)  # the model base path: the highest version is picked
-
-
-def test_translate_arguments(capsys, model_base_dir):
-    code, out, err = run_cli(capsys, "translate", "--model", model_base_dir, *SENTENCES)
+def test_translate_arguments(model_base_dir, run_cli):
+    code, out, err = run_cli("translate", "--model", model_base_dir, *SENTENCES)
     assert code == 0, err
     assert out.splitlines() == SENTENCES  # the copy model copies
 
 
-def test_translate_stdin_in_batches(capsys, monkeypatch, exported_copy_model):
+def test_translate_stdin_in_batches(monkeypatch, exported_copy_model, run_cli):
     lines = SENTENCES * 3 + ["", "\xff weird"]
     monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join(lines) + "\n"))
     _, version = exported_copy_model
-    code, out, err = run_cli(capsys, "translate", "--model", version, "--batch-size", "5")
+    code, out, err = run_cli("translate", "--model", version, "--batch-size", "5")
     assert code == 0, err
     outputs = out.split("\n")[:-1]
     assert len(outputs) == len(lines)
     assert outputs[: len(SENTENCES) * 3] == SENTENCES * 3
 
 
-def test_evaluate_prints_one_json_object(capsys, tmp_path, model_base_dir):
+def test_evaluate_prints_one_json_object(tmp_path, model_base_dir, run_cli):
     source, reference = tmp_path / "src.txt", tmp_path / "ref.txt"
     references = SENTENCES[:3] + ["plum pear white black"]  # one imperfect reference
     source.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
     reference.write_text("\n".join(references) + "\n", encoding="utf-8")
     code, out, err = run_cli(
-        capsys,
         "evaluate",
         "--model",
         model_base_dir,
@@ -100,18 +86,18 @@ def _write_workdir(tmp_path, copy_model, toy_spm_path, steps=(100, 200, 300)):
     return workdir
 
 
-def test_export_from_workdir(capsys, tmp_path, copy_model, toy_spm_path):
+def test_export_from_workdir(tmp_path, copy_model, toy_spm_path, run_cli):
     workdir = _write_workdir(tmp_path, copy_model, toy_spm_path)
-    code, out, err = run_cli(capsys, "export", "--workdir", str(workdir), "--average", "2")
+    code, out, err = run_cli("export", "--workdir", str(workdir), "--average", "2")
     assert code == 0, err
     model_dir = tmp_path / "saved_models" / "toy"
     assert list_versions(str(model_dir)) == [1]
     assert "200, 300" in out and str(model_dir / "1") in out
     output = tmp_path / "elsewhere"
-    code, out, err = run_cli(capsys, "export", "--workdir", str(workdir), "--output", str(output))
+    code, out, err = run_cli("export", "--workdir", str(workdir), "--output", str(output))
     assert code == 0, err
     assert list_versions(str(output / "toy")) == [1]
-    code, out, err = run_cli(capsys, "translate", "--model", str(model_dir), *SENTENCES)
+    code, out, err = run_cli("translate", "--model", str(model_dir), *SENTENCES)
     assert code == 0, err
     assert out.splitlines() == SENTENCES
 
@@ -138,39 +124,39 @@ def test_export_from_workdir(capsys, tmp_path, copy_model, toy_spm_path):
         (lambda d: ["export", "--workdir", str(d)], "not a training workdir"),
     ],
 )
-def test_usage_errors_exit_2(capsys, tmp_path, argv_factory, message):
+def test_usage_errors_exit_2(tmp_path, argv_factory, message, run_cli):
     os.makedirs(tmp_path / "broken")
     (tmp_path / "broken" / "saved_model.pb").write_bytes(b"not a protobuf")
-    code, out, err = run_cli(capsys, *argv_factory(tmp_path))
+    code, out, err = run_cli(*argv_factory(tmp_path))
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and message in err
     assert "Traceback" not in err
 
 
-def test_translate_bad_batch_size_exit_2(capsys, model_base_dir):
-    code, _, err = run_cli(capsys, "translate", "--model", model_base_dir, "--batch-size", "0", "x")
+def test_translate_bad_batch_size_exit_2(model_base_dir, run_cli):
+    code, _, err = run_cli("translate", "--model", model_base_dir, "--batch-size", "0", "x")
     assert code == 2 and "--batch-size" in err
 
 
-def test_evaluate_misaligned_files_exit_2(capsys, tmp_path, model_base_dir):
+def test_evaluate_misaligned_files_exit_2(tmp_path, model_base_dir, run_cli):
     (tmp_path / "s.txt").write_text("a\nb\n")
     (tmp_path / "r.txt").write_text("a\n")
     code, _, err = run_cli(
-        capsys, "evaluate", "--model", model_base_dir,
+        "evaluate", "--model", model_base_dir,
         "--source", str(tmp_path / "s.txt"), "--reference", str(tmp_path / "r.txt"),
     )  # fmt: skip
     assert code == 2 and "align" in err
 
 
-def test_export_errors_exit_2(capsys, tmp_path, copy_model, toy_spm_path):
+def test_export_errors_exit_2(tmp_path, copy_model, toy_spm_path, run_cli):
     workdir = _write_workdir(tmp_path, copy_model, toy_spm_path, steps=(100,))
-    code, _, err = run_cli(capsys, "export", "--workdir", str(workdir), "--average", "3")
+    code, _, err = run_cli("export", "--workdir", str(workdir), "--average", "3")
     assert code == 2 and "cannot average 3" in err
-    code, _, err = run_cli(capsys, "export", "--workdir", str(workdir), "--average", "0")
+    code, _, err = run_cli("export", "--workdir", str(workdir), "--average", "0")
     assert code == 2 and "--average" in err
     for entry in os.listdir(workdir / "checkpoints"):
         os.remove(workdir / "checkpoints" / entry)
-    code, _, err = run_cli(capsys, "export", "--workdir", str(workdir))
+    code, _, err = run_cli("export", "--workdir", str(workdir))
     assert code == 2 and "no checkpoints" in err
     assert not os.path.exists(tmp_path / "saved_models" / "toy" / "1")
 

@@ -11,48 +11,33 @@ import pytest
 import tensorflow as tf
 from test_cli_inference import _write_workdir
 
-from keras_transformer import cli
 from keras_transformer.commands import load_workdir_model
 from keras_transformer.decoding import translate_ids
 
 SENTENCES = ["red apple cat", "dog dog fish bird", "blue", "plum pear white black green"]
 
 
-def run_cli(capsys, *argv):
-    code = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-@pytest.fixture(scope="module")
-def model_base_dir(exported_copy_model):
-    _, path = exported_copy_model
-    return os.path.dirname(path)
-
-
-def test_translate_n_best_prints_k_scored_lines_per_input(capsys, model_base_dir):
-    code, out, err = run_cli(
-        capsys, "translate", "--model", model_base_dir, "--n-best", "2", *SENTENCES
-    )
+def test_translate_n_best_prints_k_scored_lines_per_input(model_base_dir, run_cli):
+    code, out, err = run_cli("translate", "--model", model_base_dir, "--n-best", "2", *SENTENCES)
     assert code == 0, err
     lines = out.splitlines()
     assert len(lines) == 2 * len(SENTENCES)
     for i, sentence in enumerate(SENTENCES):
         (s1, t1), (s2, t2) = (line.split("\t") for line in lines[2 * i : 2 * i + 2])
         assert t1 == sentence and t2 != t1 and float(s1) >= float(s2)
-    code, _, err = run_cli(capsys, "translate", "--model", model_base_dir, "--n-best", "9", "x")
+    code, _, err = run_cli("translate", "--model", model_base_dir, "--n-best", "9", "x")
     assert code == 2 and "exported with 3 hypotheses" in err and len(err.splitlines()) == 1
 
 
 def test_score_prints_one_log_probability_per_line(
-    capsys, tmp_path, model_base_dir, exported_copy_model
+    tmp_path, model_base_dir, exported_copy_model, run_cli
 ):
     translator, _ = exported_copy_model
     targets = SENTENCES[:2] + ["cat", ""]
     (tmp_path / "s.txt").write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
     (tmp_path / "t.txt").write_text("\n".join(targets) + "\n", encoding="utf-8")
     code, out, err = run_cli(
-        capsys, "score", "--model", model_base_dir, "--batch-size", "3",
+        "score", "--model", model_base_dir, "--batch-size", "3",
         "--source", str(tmp_path / "s.txt"), "--target", str(tmp_path / "t.txt"),
     )  # fmt: skip
     assert code == 0, err
@@ -60,17 +45,17 @@ def test_score_prints_one_log_probability_per_line(
     np.testing.assert_allclose([float(v) for v in out.split()], expected, atol=1e-5)
     (tmp_path / "short.txt").write_text("blue\n", encoding="utf-8")
     code, out, err = run_cli(
-        capsys, "score", "--model", model_base_dir,
+        "score", "--model", model_base_dir,
         "--source", str(tmp_path / "s.txt"), "--target", str(tmp_path / "short.txt"),
     )  # fmt: skip
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
     assert "has 4 lines" in err and "has 1" in err
 
 
-def test_export_options_override_the_config(capsys, tmp_path, copy_model, toy_spm_path):
+def test_export_options_override_the_config(tmp_path, copy_model, toy_spm_path, run_cli):
     workdir = _write_workdir(tmp_path, copy_model, toy_spm_path, steps=(100,))
     code, out, err = run_cli(
-        capsys, "export", "--workdir", str(workdir), "--beam-size", "1", "--alpha", "0",
+        "export", "--workdir", str(workdir), "--beam-size", "1", "--alpha", "0",
         "--n-best", "1", "--max-extra-length", "5",
     )  # fmt: skip
     assert code == 0, err
@@ -89,17 +74,13 @@ def test_export_options_override_the_config(capsys, tmp_path, copy_model, toy_sp
     assert [t.decode() for t in out["translation"].numpy()] == fx.decode_outputs(greedy)
     nbest = loaded.signatures["translate_nbest"](text=tf.constant(texts))
     assert nbest["translations"].shape == (len(texts), 1)
-    code, _, err = run_cli(
-        capsys, "export", "--workdir", str(workdir), "--beam-size", "2", "--n-best", "3"
-    )
+    code, _, err = run_cli("export", "--workdir", str(workdir), "--beam-size", "2", "--n-best", "3")
     assert code == 2 and "--n-best must be between 1 and the beam size (2)" in err
 
 
-def test_export_ctranslate2_without_the_package_says_how_to_install(capsys, monkeypatch, tmp_path):
+def test_export_ctranslate2_without_the_package_says_how_to_install(monkeypatch, tmp_path, run_cli):
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # `import ctranslate2` fails
-    code, out, err = run_cli(
-        capsys, "export", "--workdir", str(tmp_path), "--format", "ctranslate2"
-    )
+    code, out, err = run_cli("export", "--workdir", str(tmp_path), "--format", "ctranslate2")
     assert code == 2 and out == ""
     assert (
         len(err.strip().splitlines()) == 1 and 'pip install "keras-transformer[ctranslate2]"' in err

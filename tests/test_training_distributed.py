@@ -7,35 +7,16 @@ multi-worker cluster must be set up before TensorFlow initialises.
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from training_helpers import free_ports, subprocess_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "distributed_worker.py")
-
-
-def _env(**extra):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    env["CUDA_VISIBLE_DEVICES"] = ""
-    env.update(extra)
-    return env
-
-
-def _free_ports(n):
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def _weights(path):
@@ -48,7 +29,7 @@ def test_mirrored_strategy_two_cpu_replicas(tmp_path):
     output = tmp_path / "mirrored.npz"
     run = subprocess.run(
         [sys.executable, WORKER, "mirrored", str(output)],
-        env=_env(),
+        env=subprocess_env(),
         capture_output=True,
         text=True,
         timeout=300,
@@ -63,7 +44,7 @@ def test_mirrored_strategy_two_cpu_replicas(tmp_path):
 
 @pytest.mark.slow
 def test_multi_worker_mirrored_strategy_two_processes(tmp_path):
-    ports = _free_ports(2)
+    ports = free_ports(2)
     cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
     processes, outputs = [], []
     for index in range(2):
@@ -72,7 +53,7 @@ def test_multi_worker_mirrored_strategy_two_processes(tmp_path):
         processes.append(
             subprocess.Popen(
                 [sys.executable, WORKER, "multi_worker", str(output)],
-                env=_env(TF_CONFIG=tf_config),
+                env=subprocess_env(TF_CONFIG=tf_config),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
