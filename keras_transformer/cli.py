@@ -30,6 +30,19 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def _add_config_arguments(parser, set_example):
+    """--config, --workdir and --set: how `train` and `prepare` name an experiment."""
+    parser.add_argument("--config", required=True, help="YAML config file (see configs/)")
+    parser.add_argument("--workdir", help="output directory (default: workdirs/<config name>)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"override a config key, e.g. --set {set_example} (repeatable)",
+    )
+
+
 def build_parser():
     parser = _Parser(
         prog="keras-transformer",
@@ -45,15 +58,7 @@ def build_parser():
     p = sub.add_parser(
         "train", parents=[common], help="train, evaluate on the dev set and export a SavedModel"
     )
-    p.add_argument("--config", required=True, help="YAML config file (see configs/)")
-    p.add_argument("--workdir", help="output directory (default: workdirs/<config name>)")
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config key, e.g. --set train.steps=200 (repeatable)",
-    )
+    _add_config_arguments(p, "train.steps=200")
     p.set_defaults(func=commands.train_command)
 
     p = sub.add_parser(
@@ -64,15 +69,7 @@ def build_parser():
         "on a bounded sample and writes tokenized TFRecord shards with a manifest to "
         "WORKDIR/prepared (train does this itself when needed).",
     )
-    p.add_argument("--config", required=True, help="YAML config file (see configs/)")
-    p.add_argument("--workdir", help="output directory (default: workdirs/<config name>)")
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config key, e.g. --set data.train=text:train.en,train.de (repeatable)",
-    )
+    _add_config_arguments(p, "data.train=text:train.en,train.de")
     p.set_defaults(func=commands.prepare_command)
 
     p = sub.add_parser(
