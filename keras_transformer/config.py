@@ -84,7 +84,15 @@ class TrainConfig:
     steps: int = _field(100000, "total optimizer steps")
     warmup_steps: int = _field(4000, "learning-rate warm-up steps")
     learning_rate_scale: float = _field(
-        1.0, "multiplier of d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)"
+        1.0,
+        "multiplier of the learning rate: rsqrt is scale * d_model^-0.5 * min(step^-0.5, "
+        "step * warmup^-1.5); every schedule peaks near scale * (d_model * warmup)^-0.5",
+    )
+    schedule: str = _field(
+        "rsqrt",
+        "learning-rate schedule: rsqrt (the paper's inverse square root) | linear | cosine "
+        "(warm-up, then decay to zero where train.steps or train.max_minutes ends, whichever "
+        "comes first; for budgeted runs)",
     )
     label_smoothing: float = _field(0.1, "label smoothing epsilon_ls")
     adam_beta_1: float = _field(0.9, "Adam beta_1")
@@ -103,8 +111,8 @@ class TrainConfig:
     num_sample_translations: int = _field(3, "sample translations logged as text")
     max_minutes: Optional[float] = _field(
         None,
-        "stop training after this many minutes of this run, then evaluate and export "
-        "(a wall-clock budget); null: train all steps",
+        "stop training after this many minutes of training (counted across resumes), then "
+        "evaluate and export (a wall-clock budget); null: train all steps",
     )
     seed: int = _field(42, "seed of weight initialisation and dropout")
 
@@ -321,6 +329,10 @@ def validate(config):
         (d.spm_max_sentences > 0, "data.spm_max_sentences must be positive"),
         (t.steps > 0, "train.steps must be positive"),
         (t.warmup_steps > 0, "train.warmup_steps must be positive"),
+        (
+            t.schedule in ("rsqrt", "linear", "cosine"),
+            f"train.schedule must be rsqrt, linear or cosine, got {t.schedule!r}",
+        ),
         (0.0 <= t.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)"),
         (t.gradient_accumulation_steps > 0, "train.gradient_accumulation_steps must be positive"),
         (t.steps_per_epoch > 0, "train.steps_per_epoch must be positive"),

@@ -350,3 +350,24 @@ def test_prepared_batches_are_deterministic_keep_bucket_shapes_and_lower_the_los
     history = model.fit(dataset, steps_per_epoch=10, epochs=3, verbose=0, shuffle=False)
     losses = history.history["loss"]
     assert losses[-1] < losses[0] - 0.5, losses
+
+
+def test_small_config_default_corpus_runs_on_a_fresh_clone(tmp_path):
+    """configs/small.yaml names a corpus every user can get (a TensorFlow Datasets set, which
+    downloads on first use; mocked here), not a path outside the repository."""
+    import tensorflow_datasets as tfds
+
+    from keras_transformer.config import load_config
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    config = load_config(
+        os.path.join(repo, "configs", "small.yaml"),
+        overrides=[f"runtime.workdir={tmp_path}", "data.vocab_size=60"],
+    )
+    specs = [config.data.train, config.data.dev, config.data.test]
+    assert all(spec.startswith("tfds:") for spec in specs), specs
+    with tfds.testing.mock_data(num_examples=40):
+        manifest = prepare(config, verbose=False)
+        dev, test = read_pairs(config.data.dev, verbose=False), read_pairs(config.data.test)
+    assert manifest["counts"]["written"] > 20
+    assert dev and test

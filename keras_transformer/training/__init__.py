@@ -25,7 +25,7 @@ from keras_transformer.training.distribute import (
 from keras_transformer.training.losses import MaskedSparseCrossEntropy, masked_token_cross_entropy
 from keras_transformer.training.metrics import MaskedAccuracy, Perplexity, TokenCount
 from keras_transformer.training.optimizers import FusedAdam
-from keras_transformer.training.schedules import TransformerSchedule
+from keras_transformer.training.schedules import BudgetSchedule, TransformerSchedule
 from keras_transformer.training.trainer import (
     compile_model,
     make_optimizer,
@@ -35,6 +35,7 @@ from keras_transformer.training.trainer import (
 from keras_transformer.workdir import list_checkpoints
 
 __all__ = [
+    "BudgetSchedule",
     "DevEvaluator",
     "FusedAdam",
     "MaskedAccuracy",

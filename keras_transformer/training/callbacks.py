@@ -77,6 +77,9 @@ class ResumeState(keras.callbacks.Callback):
         keep: states kept.
         write_directory: where states are written, when not `directory` (a non-chief worker's
             temporary directory: TensorFlow's multi-worker guide has every worker save).
+        clock: a scalar variable saved and restored with the state: the seconds trained so far
+            (`StopAtStep` advances it; put it before this callback), so a time budget and a
+            budget schedule continue.
 
     Example:
     ```python
@@ -86,7 +89,7 @@ class ResumeState(keras.callbacks.Callback):
     ```
     """
 
-    def __init__(self, model, directory, every, keep, write_directory=None):
+    def __init__(self, model, directory, every, keep, write_directory=None, clock=None):
         super().__init__()
         import tensorflow as tf
 
@@ -101,6 +104,8 @@ class ResumeState(keras.callbacks.Callback):
             optimizer=[_tf_variable(v) for v in model.optimizer.variables],
             data_position=self._position,
         )
+        if clock is not None:
+            self._checkpoint.training_seconds = _tf_variable(clock)
         self._manager = tf.train.CheckpointManager(
             self._checkpoint, write_directory or directory, max_to_keep=int(keep)
         )
@@ -148,42 +153,69 @@ def _tf_variable(variable):
 
 class StopAtStep(keras.callbacks.Callback):
     """Stops `fit` once the optimizer has made `steps` updates (also after a resume), or once
-    `max_seconds` of wall-clock time have passed since this `fit` began (a time budget).
+    `max_seconds` of training time have passed (a time budget), and keeps a `BudgetSchedule`'s
+    `elapsed_seconds` up to date.
 
-    Under several workers the time budget is one decision: only the clock of the worker with
-    `keeps_time=True` (the chief) counts, and `agree` (`distribute.make_agreement`) hands its
-    verdict to every worker after each step, so all stop after the same step.
+    Training time is counted across resumes: `clock` (a variable in the resume state, see
+    `ResumeState`) holds the seconds trained before this `fit`, and is advanced after every
+    step, so a resumed run gets what is left of the budget, and a budget-aware learning rate
+    continues the same curve.
+
+    Under several workers the time is one decision: only the clock of the worker with
+    `keeps_time=True` (the chief) counts; `agree` (`distribute.make_agreement`, a sum over the
+    workers, the others passing 0) hands its seconds to every worker after each step, so all
+    stop after the same step and use the same learning rate.
 
     Args:
         steps: the run's optimizer steps.
         max_seconds: the time budget; None: no budget.
-        agree: `flag -> bool`, the same answer on every worker; None: the flag itself.
+        agree: `seconds -> seconds`, the chief's value on every worker; None: the value itself.
         keeps_time: False on the workers whose clock does not count.
+        clock: a scalar variable holding the seconds trained so far (restored before `fit`);
+            None: count from this `fit`'s start.
+        timer: the clock function (`time.monotonic`; tests pass their own).
     """
 
-    def __init__(self, steps, max_seconds=None, agree=None, keeps_time=True):
+    def __init__(
+        self, steps, max_seconds=None, agree=None, keeps_time=True, clock=None, timer=None
+    ):
         super().__init__()
         self.steps = int(steps)
         self.max_seconds = max_seconds
         self.agree = agree
         self.keeps_time = keeps_time
+        self.clock = clock
+        self.timer = timer or time.monotonic
         self.out_of_time = False
+        self.elapsed = 0.0
         self._start = None
+        self._offset = 0.0
+        self._schedule = None
 
     def on_train_begin(self, logs=None):
-        self._start = time.monotonic()
+        self._start = self.timer()
+        self._offset = 0.0 if self.clock is None else float(keras.ops.convert_to_numpy(self.clock))
+        self.elapsed = self._offset
+        self._schedule = _time_schedule(self.model.optimizer)
+        if self._schedule is not None:
+            self._schedule.elapsed_seconds.assign(self.elapsed)
 
     def on_train_batch_end(self, batch, logs=None):
         step = optimizer_step(self.model)
+        elapsed = self._offset + (self.timer() - self._start)
+        timed = self.max_seconds is not None or self._schedule is not None
+        if timed and self.agree is not None:
+            # Every worker must take part in the agreement (after every step).
+            elapsed = float(self.agree(elapsed if self.keeps_time else 0.0))
+        self.elapsed = elapsed
+        if self.clock is not None:
+            self.clock.assign(elapsed)
+        if self._schedule is not None:
+            self._schedule.elapsed_seconds.assign(elapsed)
         if step >= self.steps:
             self.model.stop_training = True
             return
-        if self.max_seconds is None:
-            return
-        out_of_time = self.keeps_time and time.monotonic() - self._start >= self.max_seconds
-        if self.agree is not None:
-            out_of_time = self.agree(out_of_time)
-        if out_of_time:
+        if self.max_seconds is not None and elapsed >= self.max_seconds:
             if not self.out_of_time:
                 print(
                     f"time budget of {self.max_seconds / 60:g} minutes reached at step {step}",
@@ -191,6 +223,15 @@ class StopAtStep(keras.callbacks.Callback):
                 )
             self.out_of_time = True
             self.model.stop_training = True
+
+
+def _time_schedule(optimizer):
+    """The optimizer's learning-rate schedule when it follows training time, else None."""
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # LossScaleOptimizer
+    schedule = getattr(optimizer, "_learning_rate", None)
+    if getattr(schedule, "total_seconds", None) is None:
+        return None
+    return schedule
 
 
 class TrainingSummaries(keras.callbacks.Callback):

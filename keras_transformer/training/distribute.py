@@ -162,30 +162,32 @@ def wait_for_path(path, seconds, what="file", poll=0.5):
 
 
 def make_agreement(strategy):
-    """A function `flag -> bool` that every worker calls at the same point and that returns the
-    same answer everywhere: True when any worker passed True (a sum all-reduce of 0/1 flags).
+    """A function `value -> float` that every worker calls at the same point and that returns the
+    same answer everywhere: the value the chief passed (an all-reduce in which only the first
+    replica, the chief's, contributes).
 
-    Under one process (default, mirrored, TPU) it returns the flag itself at no cost. The
-    trainer uses it for the time budget: only the chief's clock counts (the others pass False),
-    so every worker stops after the same step instead of at its own moment, which would leave
-    the others waiting in the next all-reduce.
+    Under one process (default, mirrored, TPU) it returns the value itself at no cost. The
+    trainer uses it for the time budget: only the chief's clock counts, so every worker stops
+    after the same step, instead of at its own moment (which would leave the others waiting in
+    the next all-reduce), and uses the same budget-aware learning rate.
     """
     if not is_multi_worker(strategy):
-        return bool
+        return float
 
     @tf.function
-    def any_worker(flag):
+    def chief_value(value):
         def replica_fn():
-            # A copy on this replica's device (the collective needs one to reduce onto).
-            value = tf.identity(flag)
             context = tf.distribute.get_replica_context()
-            return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
+            first = tf.equal(context.replica_id_in_sync_group, 0)
+            # A copy on this replica's device (the collective needs one to reduce onto).
+            local = tf.where(first, tf.identity(value), tf.zeros_like(value))
+            return context.all_reduce(tf.distribute.ReduceOp.SUM, local)
 
         return strategy.run(replica_fn)
 
-    def agree(flag):
-        total = any_worker(tf.constant(1.0 if flag else 0.0))
-        return float(strategy.experimental_local_results(total)[0]) > 0
+    def agree(value):
+        total = chief_value(tf.constant(float(value), tf.float64))
+        return float(strategy.experimental_local_results(total)[0])
 
     return agree
 

@@ -39,23 +39,33 @@ from keras_transformer.training.distribute import (
 from keras_transformer.training.losses import MaskedSparseCrossEntropy
 from keras_transformer.training.metrics import MaskedAccuracy, Perplexity, TokenCount
 from keras_transformer.training.optimizers import FusedAdam
-from keras_transformer.training.schedules import TransformerSchedule
+from keras_transformer.training.schedules import BudgetSchedule, TransformerSchedule
 from keras_transformer.training.visuals import AttentionSummaries, write_hparams
 from keras_transformer.workdir import Workdir, list_checkpoints, load_last_checkpoints
 
 
 def make_optimizer(config, d_model=None):
-    """Adam(beta_1, beta_2, epsilon) on the paper's schedule, with the config's global-norm
-    clipping; wrapped in a `LossScaleOptimizer` for mixed_float16. (Gradient accumulation is
-    the model's train step's, see `compile_model`.)
+    """Adam(beta_1, beta_2, epsilon) on the config's schedule (`train.schedule`: the paper's
+    `TransformerSchedule`, or a `BudgetSchedule` ending with the step or time budget), with the
+    config's global-norm clipping; wrapped in a `LossScaleOptimizer` for mixed_float16.
+    (Gradient accumulation is the model's train step's, see `compile_model`.)
 
     The Adam is `FusedAdam`: Keras's Adam with TensorFlow's one-kernel update (same formula,
     variables and checkpoints; faster, see benchmarks/README.md).
     """
     t = config.train
-    schedule = TransformerSchedule(
-        d_model or config.model.d_model, t.warmup_steps, t.learning_rate_scale
-    )
+    d_model = d_model or config.model.d_model
+    if t.schedule == "rsqrt":
+        schedule = TransformerSchedule(d_model, t.warmup_steps, t.learning_rate_scale)
+    else:
+        schedule = BudgetSchedule(
+            d_model,
+            t.warmup_steps,
+            t.steps,
+            t.learning_rate_scale,
+            decay=t.schedule,
+            total_seconds=None if t.max_minutes is None else t.max_minutes * 60,
+        )
     optimizer = FusedAdam(
         learning_rate=schedule,
         beta_1=t.adam_beta_1,
@@ -256,7 +266,14 @@ def train(config):
 def _finished_result(layout, config):
     """The result of a finished run in this workdir (printed), or None."""
     previous = _read_result(layout.result)
-    if previous and previous.get("step", 0) >= config.train.steps:
+    budget = config.train.max_minutes
+    out_of_time = (
+        previous
+        and budget is not None
+        and previous.get("stopped_by_time_budget")
+        and previous.get("training_seconds", 0) >= budget * 60
+    )
+    if previous and (previous.get("step", 0) >= config.train.steps or out_of_time):
         print(f"{layout.root} already holds a finished run ({previous['step']} steps).", flush=True)
         _print_summary(previous)
         return previous
@@ -358,9 +375,16 @@ def _fit(run, model, data):
     config, layout, chief = run.config, run.layout, run.chief
     t = config.train
     multi_worker = is_multi_worker(run.strategy)
+    # Seconds trained so far, across resumes (the time budget and a budget schedule use it).
+    clock = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="training_seconds")
     with WorkerTempDir(chief, layout.backup) as backup_dir:
         resume = ResumeState(
-            model, layout.backup, t.checkpoint_every, t.keep_backups, write_directory=backup_dir
+            model,
+            layout.backup,
+            t.checkpoint_every,
+            t.keep_backups,
+            write_directory=backup_dir,
+            clock=clock,
         )
         position = resume.restore()
         step = optimizer_step(model)
@@ -369,8 +393,10 @@ def _fit(run, model, data):
             None if t.max_minutes is None else t.max_minutes * 60,
             agree=make_agreement(run.strategy),
             keeps_time=chief,
+            clock=clock,
         )
-        callbacks = [resume, keras.callbacks.TerminateOnNaN(), stopper]
+        # The stopper first: it advances the clock that the resume state then saves.
+        callbacks = [stopper, resume, keras.callbacks.TerminateOnNaN()]
         callbacks += _chief_callbacks(run, model, data) if chief else []
         # TrainingSummaries reads the metrics on every worker (a collective under several).
         tty = sys.stdout.isatty()
@@ -483,6 +509,7 @@ def _score(run, model, tokenizer, step, stopper, averaged):
         "name": config.name,
         "step": step,
         "stopped_by_time_budget": stopper.out_of_time,
+        "training_seconds": round(stopper.elapsed, 1),
         "beam_size": config.decode.beam_size,
         "train_seconds": round(time.time() - run.started, 1),
         "checkpoints": layout.checkpoints,
