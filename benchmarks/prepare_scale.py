@@ -259,8 +259,11 @@ def compare_throughput(workdir, corpus, steps, rounds=2):
 
     results = {name: [] for name in builders}
     padded_results = {name: [] for name in builders}
-    for _ in range(rounds):  # alternate, so load changes hit both alike
-        for name, build in builders.items():
+    for round_index in range(rounds):
+        # Alternate, so load changes hit both alike, and swap which goes first every round
+        # (A B, B A, ...): the first fit of a process runs slower, whatever its data.
+        order = list(builders.items())
+        for name, build in order if round_index % 2 == 0 else order[::-1]:
             # Two epochs of `steps` on one iterator; the second is timed, so neither the
             # shuffle buffer's filling nor the first tokenization counts.
             timer = EpochTimes()
