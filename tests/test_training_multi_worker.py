@@ -125,7 +125,9 @@ def _assert_finished_alike(workers, outputs):
 @pytest.mark.slow
 def test_two_workers_stop_together_on_the_time_budget(tmp_path):
     workdir = tmp_path / "work"
-    config = _config(tmp_path, workdir, steps=100000, max_minutes=0.15)
+    # The budget schedule follows the chief's clock: every worker's learning rate (and so its
+    # weights) must be the same after every step.
+    config = _config(tmp_path, workdir, steps=100000, max_minutes=0.15, schedule="linear")
     workers = Workers(tmp_path, config, workdir)
     try:
         workers.start()
