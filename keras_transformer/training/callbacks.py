@@ -162,9 +162,9 @@ class StopAtStep(keras.callbacks.Callback):
     continues the same curve.
 
     Under several workers the time is one decision: only the clock of the worker with
-    `keeps_time=True` (the chief) counts; `agree` (`distribute.make_agreement`, a sum over the
-    workers, the others passing 0) hands its seconds to every worker after each step, so all
-    stop after the same step and use the same learning rate.
+    `keeps_time=True` (the chief) counts; `agree` (`distribute.make_agreement`, which returns
+    the value the chief passed) hands its seconds to every worker after each step, so all stop
+    after the same step and use the same learning rate.
 
     Args:
         steps: the run's optimizer steps.
