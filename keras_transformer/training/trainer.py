@@ -312,29 +312,26 @@ def _prepare_data(run):
     k = config.train.gradient_accumulation_steps
     share = run.strategy.num_replicas_in_sync * k
 
+    def shards(multiple, **kwargs):
+        """Batches of `multiple` shares of data.tokens_per_batch, a multiple of `multiple`."""
+        return prepared_dataset(
+            layout.prepared,
+            config.data,
+            training=True,
+            tokens_per_batch=config.data.tokens_per_batch * multiple,
+            batch_multiple=multiple,
+            **kwargs,
+        )
+
     def batches(position):
         if not is_multi_worker(run.strategy):
-            return prepared_dataset(
-                layout.prepared,
-                config.data,
-                training=True,
-                tokens_per_batch=config.data.tokens_per_batch * share,
-                batch_multiple=share,
-            ).skip(position)
+            return shards(share).skip(position)
 
         # Several workers: each reads its own shards (every num_workers-th file) and makes the
         # per-replica batches of its replicas; a global step takes one from each replica.
         def per_worker(context):
             local_replicas = context.num_replicas_in_sync // context.num_input_pipelines
-            return prepared_dataset(
-                layout.prepared,
-                config.data,
-                training=True,
-                tokens_per_batch=config.data.tokens_per_batch * k,
-                batch_multiple=k,
-                input_context=context,
-                verbose=False,
-            ).skip(position * local_replicas)
+            return shards(k, input_context=context, verbose=False).skip(position * local_replicas)
 
         return run.strategy.distribute_datasets_from_function(per_worker)
 
