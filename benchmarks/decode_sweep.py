@@ -1,0 +1,89 @@
+"""Beam size and length penalty chosen on dev: decodes a dev set with a trained workdir's model
+under each (beam size, alpha) of a grid and prints one JSON line per setting with sacreBLEU and
+chrF, the output length ratio and the decoding seconds.
+
+The model is loaded once (the workdir's config and vocabulary, the last `--average` checkpoints,
+as `keras-transformer export` does); each setting builds a `Translator` with that beam and alpha,
+the same graph the SavedModel serves. Choose on dev, then set `decode.beam_size`/`decode.alpha`
+(and report test once).
+
+Run from the repository root:
+
+    PYTHONPATH=$PWD TF_CPP_MIN_LOG_LEVEL=2 python benchmarks/decode_sweep.py \\
+        --workdir WORKDIR --source dev.en --reference dev.de --beams 1,4,8 --alphas 0.2,0.6,1.0
+"""
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import emit  # noqa: E402
+
+
+def _floats(text):
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--source", required=True, help="dev sources, one per line")
+    parser.add_argument("--reference", required=True, help="dev references, one per line")
+    parser.add_argument("--beams", default="1,4,8")
+    parser.add_argument("--alphas", default="0.2,0.6,1.0")
+    parser.add_argument("--average", type=int, default=None, help="default: the config's")
+    parser.add_argument("--batch-size", type=int, default=64)
+    args = parser.parse_args()
+
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    import tensorflow as tf
+
+    from keras_transformer.commands import load_workdir_model
+    from keras_transformer.evaluation import score_translations
+    from keras_transformer.export import Translator
+
+    with open(args.source, encoding="utf-8") as f:
+        sources = [line.rstrip("\n") for line in f]
+    with open(args.reference, encoding="utf-8") as f:
+        references = [line.rstrip("\n") for line in f]
+    config, model, spm_bytes, steps = load_workdir_model(args.workdir, args.average)
+    data = config.data
+    for beam in [int(b) for b in _floats(args.beams)]:
+        for alpha in _floats(args.alphas):
+            translator = Translator(
+                model,
+                spm_bytes,
+                beam_size=beam,
+                alpha=alpha,
+                max_extra_length=config.decode.max_extra_length,
+                max_source_length=data.max_source_length,
+                batch_size=args.batch_size,
+            )
+            start = time.perf_counter()
+            hypotheses = []
+            for i in range(0, len(sources), args.batch_size):
+                out = translator(tf.constant(sources[i : i + args.batch_size]))
+                hypotheses += [t.decode("utf-8") for t in out["translation"].numpy()]
+            seconds = time.perf_counter() - start
+            scores = score_translations(hypotheses, references)
+            ratio = sum(len(h.split()) for h in hypotheses) / max(
+                1, sum(len(r.split()) for r in references)
+            )
+            emit(
+                figure="decode_sweep",
+                workdir=os.path.abspath(args.workdir),
+                steps=steps,
+                beam_size=beam,
+                alpha=alpha,
+                bleu=scores["bleu"],
+                chrf=scores["chrf"],
+                length_ratio=round(ratio, 3),
+                sentences=len(hypotheses),
+                seconds=round(seconds, 1),
+            )
+
+
+if __name__ == "__main__":
+    main()
