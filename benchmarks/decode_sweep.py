@@ -3,8 +3,9 @@ under each (beam size, alpha) of a grid and prints one JSON line per setting wit
 chrF, the output length ratio and the decoding seconds.
 
 The model is loaded once (the workdir's config and vocabulary, the last `--average` checkpoints,
-as `keras-transformer export` does); each setting builds a `Translator` with that beam and alpha,
-the same graph the SavedModel serves. Choose on dev, then set `decode.beam_size`/`decode.alpha`
+as `keras-transformer export` does); each setting builds the `Translator` that
+`keras-transformer export --beam-size K --alpha A` would save (`export_translator`), so the
+figures are the SavedModel's. Choose on dev, then set `decode.beam_size`/`decode.alpha`
 (and report test once).
 
 Run from the repository root:
@@ -34,38 +35,30 @@ def main():
     parser.add_argument("--beams", default="1,4,8")
     parser.add_argument("--alphas", default="0.2,0.6,1.0")
     parser.add_argument("--average", type=int, default=None, help="default: the config's")
-    parser.add_argument("--batch-size", type=int, default=64)
     args = parser.parse_args()
 
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     import tensorflow as tf
 
     from keras_transformer.commands import load_workdir_model
+    from keras_transformer.config import export_decoding
     from keras_transformer.evaluation import score_translations
-    from keras_transformer.export import Translator
+    from keras_transformer.export import export_translator
 
     with open(args.source, encoding="utf-8") as f:
         sources = [line.rstrip("\n") for line in f]
     with open(args.reference, encoding="utf-8") as f:
         references = [line.rstrip("\n") for line in f]
     config, model, spm_bytes, steps = load_workdir_model(args.workdir, args.average)
-    data = config.data
     for beam in [int(b) for b in _floats(args.beams)]:
         for alpha in _floats(args.alphas):
-            translator = Translator(
-                model,
-                spm_bytes,
-                beam_size=beam,
-                alpha=alpha,
-                max_extra_length=config.decode.max_extra_length,
-                max_source_length=data.max_source_length,
-                batch_size=args.batch_size,
-            )
+            settings = export_decoding(config, beam_size=beam, alpha=alpha, n_best=1)
+            translator = export_translator(model, spm_bytes, settings, config.data)
             start = time.perf_counter()
-            hypotheses = []
-            for i in range(0, len(sources), args.batch_size):
-                out = translator(tf.constant(sources[i : i + args.batch_size]))
-                hypotheses += [t.decode("utf-8") for t in out["translation"].numpy()]
+            # One call: the Translator sorts by length and decodes in chunks of
+            # decode.batch_size inside its graph.
+            out = translator(tf.constant(sources))
+            hypotheses = [t.decode("utf-8") for t in out["translation"].numpy()]
             seconds = time.perf_counter() - start
             scores = score_translations(hypotheses, references)
             ratio = sum(len(h.split()) for h in hypotheses) / max(

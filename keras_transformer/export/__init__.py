@@ -4,6 +4,7 @@ conversion to CTranslate2 (`export_ctranslate2`, needs the optional `ctranslate2
 from keras_transformer.export.ct2 import export_ctranslate2
 from keras_transformer.export.saved_model import (
     export_saved_model,
+    export_translator,
     list_versions,
     resolve_model_dir,
 )
@@ -13,6 +14,7 @@ __all__ = [
     "Translator",
     "export_ctranslate2",
     "export_saved_model",
+    "export_translator",
     "list_versions",
     "resolve_model_dir",
 ]

@@ -47,6 +47,29 @@ def _field(config, key, default):
     return getattr(config, key, default)
 
 
+def export_translator(model, tokenizer, decode_config=None, data_config=None):
+    """The `Translator` that `export_saved_model` saves, with the same decoding settings.
+
+    `decode_config` and `data_config` are as in `export_saved_model`; use it to decode with
+    exactly the graph an export would serve (e.g. `benchmarks/decode_sweep.py`).
+    """
+    return Translator(
+        model,
+        tokenizer,
+        beam_size=_field(decode_config, "beam_size", 4),
+        alpha=_field(decode_config, "alpha", 0.6),
+        max_extra_length=_field(decode_config, "max_extra_length", 50),
+        batch_size=_field(decode_config, "batch_size", 32),
+        max_source_length=_field(data_config, "max_source_length", 128),
+        # As in the dev-set decoding during training: no output longer than the training targets.
+        max_length=_field(data_config, "max_target_length", None),
+        bos_id=getattr(tokenizer, "bos_id", 2),
+        eos_id=getattr(tokenizer, "eos_id", 3),
+        pad_id=getattr(tokenizer, "pad_id", 0),
+        n_best=_field(decode_config, "n_best", None),
+    )
+
+
 def export_saved_model(
     model, tokenizer, decode_config=None, data_config=None, base_dir="saved_models", name="model"
 ):
@@ -83,21 +106,7 @@ def export_saved_model(
     """
     if not name or os.sep in str(name) or str(name) in (".", ".."):
         raise ValueError(f"invalid model name {name!r}")
-    translator = Translator(
-        model,
-        tokenizer,
-        beam_size=_field(decode_config, "beam_size", 4),
-        alpha=_field(decode_config, "alpha", 0.6),
-        max_extra_length=_field(decode_config, "max_extra_length", 50),
-        batch_size=_field(decode_config, "batch_size", 32),
-        max_source_length=_field(data_config, "max_source_length", 128),
-        # As in the dev-set decoding during training: no output longer than the training targets.
-        max_length=_field(data_config, "max_target_length", None),
-        bos_id=getattr(tokenizer, "bos_id", 2),
-        eos_id=getattr(tokenizer, "eos_id", 3),
-        pad_id=getattr(tokenizer, "pad_id", 0),
-        n_best=_field(decode_config, "n_best", None),
-    )
+    translator = export_translator(model, tokenizer, decode_config, data_config)
     model_dir = os.path.join(base_dir, str(name))
     created_model_dir = not os.path.isdir(model_dir)
     os.makedirs(model_dir, exist_ok=True)
