@@ -34,6 +34,10 @@ class ModelConfig:
     """Transformer sizes; the names are those of `keras_transformer.models.Transformer`."""
 
     num_layers: int = _field(6, "encoder and decoder blocks (N)")
+    num_encoder_layers: Optional[int] = _field(None, "encoder blocks; null: num_layers")
+    num_decoder_layers: Optional[int] = _field(
+        None, "decoder blocks; null: num_layers (a shallow decoder trains and decodes faster)"
+    )
     d_model: int = _field(512, "model width")
     num_heads: int = _field(8, "attention heads (h); must divide d_model")
     d_ff: int = _field(2048, "feed-forward inner width")
@@ -319,6 +323,14 @@ def validate(config):
     m, d, t, dec, r = config.model, config.data, config.train, config.decode, config.runtime
     checks = [
         (m.num_layers > 0, "model.num_layers must be positive"),
+        (
+            m.num_encoder_layers is None or m.num_encoder_layers > 0,
+            "model.num_encoder_layers must be positive (or null)",
+        ),
+        (
+            m.num_decoder_layers is None or m.num_decoder_layers > 0,
+            "model.num_decoder_layers must be positive (or null)",
+        ),
         (m.d_model > 0 and m.num_heads > 0, "model.d_model and model.num_heads must be positive"),
         (m.d_model % max(m.num_heads, 1) == 0, "model.d_model must be divisible by num_heads"),
         (0.0 <= m.dropout < 1.0, "model.dropout must be in [0, 1)"),

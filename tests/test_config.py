@@ -61,6 +61,7 @@ def test_save_and_load_round_trip(tmp_path):
         ("model:\n  d_model: 30\n  num_heads: 8\n", [], "divisible"),
         ("runtime:\n  strategy: gpus\n", [], "runtime.strategy"),
         ("model: [1, 2]\n", [], "model: expected a mapping"),
+        ("", ["model.num_decoder_layers=0"], "model.num_decoder_layers must be positive"),
     ],
 )
 def test_errors_name_the_key(tmp_path, text, overrides, message):
@@ -82,3 +83,28 @@ def test_reference_lists_every_key():
         assert f"### `{section}`" in reference
     assert "| `d_model` | `512` |" in reference
     assert "| `label_smoothing` | `0.1` |" in reference
+
+
+def test_encoder_and_decoder_depths_reach_the_model(tmp_path):
+    """`model.num_encoder_layers` / `num_decoder_layers` override `num_layers` per stack, survive
+    the workdir's saved config, and build stacks of those depths (fewer decoder blocks, fewer
+    parameters: one decoder block's worth each)."""
+    import numpy as np
+
+    from keras_transformer.models import build_transformer
+
+    text = "model:\n  num_layers: 3\n  d_model: 32\n  num_heads: 4\n  d_ff: 48\n"
+    config = load_config(write(tmp_path, text), overrides=["model.num_decoder_layers=1"])
+    path = str(tmp_path / "saved.yaml")
+    save_config(config, path)
+    config = load_config(path)
+    assert (config.model.num_encoder_layers, config.model.num_decoder_layers) == (None, 1)
+
+    inputs = {"source_ids": np.ones((2, 5), "int32"), "target_ids": np.ones((2, 4), "int32")}
+    shallow = build_transformer(config.model, vocab_size=40)
+    full = build_transformer(load_config(write(tmp_path, text)).model, vocab_size=40)
+    assert shallow(inputs).shape == full(inputs).shape == (2, 4, 40)
+    assert (len(shallow.encoder.blocks), len(shallow.decoder.blocks)) == (3, 1)
+    assert (len(full.encoder.blocks), len(full.decoder.blocks)) == (3, 3)
+    per_block = full.decoder.blocks[0].count_params()
+    assert full.count_params() - shallow.count_params() == 2 * per_block
