@@ -40,15 +40,13 @@ def main():
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     import tensorflow as tf
 
-    from keras_transformer.commands import load_workdir_model
+    from keras_transformer.commands import load_workdir_model, read_lines
     from keras_transformer.config import export_decoding
     from keras_transformer.evaluation import score_translations
     from keras_transformer.export import export_translator
 
-    with open(args.source, encoding="utf-8") as f:
-        sources = [line.rstrip("\n") for line in f]
-    with open(args.reference, encoding="utf-8") as f:
-        references = [line.rstrip("\n") for line in f]
+    sources = read_lines(args.source, "source")
+    references = read_lines(args.reference, "reference")
     config, model, spm_bytes, steps = load_workdir_model(args.workdir, args.average)
     for beam in [int(b) for b in _floats(args.beams)]:
         for alpha in _floats(args.alphas):

@@ -163,7 +163,9 @@ def _nbest_lines(translate_nbest, lines, batch_size):
                 yield f"{score:.6f}\t{text}"
 
 
-def _read_lines(path, what):
+def read_lines(path, what):
+    """The lines of a UTF-8 text file (line ends stripped); a one-line error naming `what`
+    if it is missing or unreadable."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{what} file not found: {path}")
     try:
@@ -220,8 +222,8 @@ def evaluate_command(args):
     from keras_transformer.evaluation import score_translations
 
     batch_size = _batch_size(args)
-    sources = _read_lines(args.source, "source")
-    references = _read_lines(args.reference, "reference")
+    sources = read_lines(args.source, "source")
+    references = read_lines(args.reference, "reference")
     if len(sources) != len(references):
         raise UsageError(
             f"{args.source} has {len(sources)} lines but {args.reference} has "
@@ -249,8 +251,8 @@ def score_command(args):
     """`keras-transformer score --model DIR --source F --target F`: one log-probability per line
     (the target's tokens and EOS under the model, through the `score` signature)."""
     batch_size = _batch_size(args)
-    sources = _read_lines(args.source, "source")
-    targets = _read_lines(args.target, "target")
+    sources = read_lines(args.source, "source")
+    targets = read_lines(args.target, "target")
     if len(sources) != len(targets):
         raise UsageError(
             f"{args.source} has {len(sources)} lines but {args.target} has "
