@@ -71,8 +71,12 @@ def test_ctranslate2_decodes_as_we_do(copy_model, ct2_dirs, sentences, beam_size
     assert same >= 98, [(a, b) for a, b in zip(ours, theirs) if a != b]
 
 
-def test_int8_stays_within_one_bleu_of_float32(ct2_dirs, sentences):
-    # The copy task: the references are the sources.
+def test_int8_stays_within_one_bleu_of_float32(ct2_dirs):
+    # The copy task: the references are the sources. 500 sentences (the first 100 are the
+    # `sentences` fixture's), about 1,500 words: on 100 sentences one changed word moved BLEU by
+    # 1.2, so the 1-BLEU bound could not be measured there (int8 changed one sentence of 100 on an
+    # AMD EPYC, none on a Xeon).
+    sentences = fx.toy_sentences(500, seed=11)
     bleu = {
         q: sacrebleu.corpus_bleu(_ctranslate2(path, sentences, 4), [sentences]).score
         for q, path in ct2_dirs.items()
