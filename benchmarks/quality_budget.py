@@ -113,10 +113,21 @@ def run_ours(args, work):
         train_tokens=_trained_tokens(os.path.join(workdir, "logs"), result["training_seconds"]),
         train_min=round(result["training_seconds"] / 60, 1),
         averaged_checkpoints=result.get("averaged_checkpoints"),
+        precision=result.get("precision"),
+        precision_timing=_read_json(os.path.join(workdir, "precision.json")),
         wall_min=round((time.time() - started) / 60, 1),
         load_1min=_load(),
         cpu_flags=cpu_flags(),
     )
+
+
+def _read_json(path):
+    """The file's JSON, or None where there is none (runs not in `auto` precision)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except OSError:
+        return None
 
 
 def run_peer(args, work):

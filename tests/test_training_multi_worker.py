@@ -26,13 +26,16 @@ from training_helpers import (
 TIMEOUT = 300  # seconds any worker may take before the test gives up on it
 
 
-def _config(tmp_path, workdir, dev=True, **train):
+def _config(tmp_path, workdir, dev=True, runtime=(), **train):
     values = tiny_yaml(
         workdir,
         train=dict(
             dict(steps_per_epoch=20, checkpoint_every=5, gradient_accumulation_steps=2), **train
         ),
-        runtime=dict(strategy="multi_worker", collective_timeout_seconds=20, wait_seconds=120),
+        runtime=dict(
+            dict(strategy="multi_worker", collective_timeout_seconds=20, wait_seconds=120),
+            **dict(runtime),
+        ),
     )
     if not dev:  # no dev evaluation: a shorter run
         values["data"]["dev"] = None
@@ -126,8 +129,12 @@ def _assert_finished_alike(workers, outputs):
 def test_two_workers_stop_together_on_the_time_budget(tmp_path):
     workdir = tmp_path / "work"
     # The budget schedule follows the chief's clock: every worker's learning rate (and so its
-    # weights) must be the same after every step.
-    config = _config(tmp_path, workdir, steps=100000, max_minutes=0.15, schedule="linear")
+    # weights) must be the same after every step. The precision too: with `auto` only the chief
+    # times (the other worker waits for its answer in a collective, hence the longer timeout).
+    runtime = dict(mixed_precision="auto", collective_timeout_seconds=90)
+    config = _config(
+        tmp_path, workdir, runtime=runtime, steps=100000, max_minutes=0.15, schedule="linear"
+    )
     workers = Workers(tmp_path, config, workdir)
     try:
         workers.start()
@@ -140,6 +147,11 @@ def test_two_workers_stop_together_on_the_time_budget(tmp_path):
         result = json.load(f)
     assert result["step"] == step and result["stopped_by_time_budget"]
     assert "time budget of 0.15 minutes reached at step" in outputs[0][1]
+    with open(workdir / "precision.json") as f:
+        chosen = json.load(f)
+    assert result["precision"] == chosen["precision"] and "tokens_per_second" in chosen
+    assert "precision auto: float32" in outputs[0][1]  # the chief's timing
+    assert "precision auto" not in outputs[1][1]  # the worker did not time
 
 
 @pytest.mark.slow

@@ -134,6 +134,8 @@ def _read_result(path):
 
 def _model_dtype(config):
     policy = config.runtime.mixed_precision
+    if policy == "auto":
+        raise ValueError("runtime.mixed_precision 'auto' is resolved by train() only")
     return None if policy in (None, "float32") else policy
 
 
@@ -199,6 +201,7 @@ class _Run:
     strategy: object
     chief: bool
     started: float
+    precision: object = None  # what chose runtime.mixed_precision: auto (precision.json)
 
 
 @dataclasses.dataclass
@@ -209,6 +212,8 @@ class _TrainingData:
     tokenizer: object
     batches: object
     num_pairs: int
+    first_batches: object = None  # `() -> a few batches of one replica`, for timing
+    vocabulary: str = ""
 
 
 def train(config):
@@ -252,6 +257,7 @@ def train(config):
     # (the tokenizer must be created after it).
     keras.utils.set_random_seed(config.train.seed)
     data = _prepare_data(run)
+    _resolve_auto_precision(run, data)
     model = _build_model(run, data.tokenizer.vocab_size, data.num_pairs)
     stopper = _fit(run, model, data)
     if not run.chief:
@@ -335,7 +341,52 @@ def _prepare_data(run):
 
         return run.strategy.distribute_datasets_from_function(per_worker)
 
-    return _TrainingData(tokenizer, batches, manifest["counts"]["written"])
+    def first_batches(count=3):
+        return list(shards(k, verbose=False).take(count))
+
+    vocabulary = os.path.join(layout.prepared, VOCABULARY)
+    return _TrainingData(
+        tokenizer, batches, manifest["counts"]["written"], first_batches, vocabulary
+    )
+
+
+def _with_precision(config, policy):
+    return dataclasses.replace(
+        config, runtime=dataclasses.replace(config.runtime, mixed_precision=policy)
+    )
+
+
+def _resolve_auto_precision(run, data):
+    """`runtime.mixed_precision: auto` made concrete: `run.config` then names the precision
+    that `training.precision.resolve_precision` chose (on a CPU, by timing a few train steps of
+    this model on these batches in float32 and mixed_bfloat16; read back from the workdir on a
+    resume). The random seed is set again afterwards, so the model starts from the same weights
+    as a run that named the chosen precision itself."""
+    from keras_transformer.data import Tokenizer
+    from keras_transformer.training.precision import resolve_precision
+
+    config = run.config
+    if config.runtime.mixed_precision != "auto":
+        return
+    vocab_size = data.tokenizer.vocab_size
+
+    def build(policy):
+        concrete = _with_precision(config, policy)
+        model = build_transformer(concrete.model, vocab_size, dtype=_model_dtype(concrete))
+        return compile_model(model, concrete)
+
+    policy, run.precision = resolve_precision(
+        run.layout.root,
+        run.strategy,
+        build,
+        data.first_batches,
+        chief=run.chief,
+        agree=make_agreement(run.strategy),
+    )
+    run.config = _with_precision(config, policy)
+    keras.utils.set_random_seed(config.train.seed)
+    # Seeding drops the SentencePiece op's resource: the tokenizer is made again.
+    data.tokenizer = Tokenizer(data.vocabulary)
 
 
 def _build_model(run, vocab_size, num_pairs):
@@ -511,6 +562,7 @@ def _score(run, model, tokenizer, step, stopper, averaged):
         "train_seconds": round(time.time() - run.started, 1),
         "checkpoints": layout.checkpoints,
         "averaged_checkpoints": averaged,
+        "precision": config.runtime.mixed_precision or "float32",
         "logs": layout.logs,
     }
     decode_kwargs = dict(
