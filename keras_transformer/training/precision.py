@@ -56,9 +56,9 @@ def measure_rates(build, batches, rounds=2):
 
     Args:
         build: `policy -> compiled model` (the run's model and optimizer in that precision).
-        batches: a few training batches, `(x, y)` or `(x, y, sample_weight)`. Each model first trains on all
-            of them once (tracing each shape), then `rounds` times each, the precisions taking
-            turns, so both see the same machine state.
+        batches: a few training batches, `(x, y)` or `(x, y, sample_weight)`. Each model
+            first trains on all of them once (tracing each shape), then `rounds` times each,
+            the precisions taking turns, so both see the same machine state.
         rounds: timed passes over `batches` per precision.
 
     Returns:
