@@ -201,7 +201,6 @@ class _Run:
     strategy: object
     chief: bool
     started: float
-    precision: object = None  # what chose runtime.mixed_precision: auto (precision.json)
 
 
 @dataclasses.dataclass
@@ -212,8 +211,7 @@ class _TrainingData:
     tokenizer: object
     batches: object
     num_pairs: int
-    first_batches: object = None  # `() -> a few batches of one replica`, for timing
-    vocabulary: str = ""
+    first_batches: object  # `() -> a few batches of one replica`, for timing
 
 
 def train(config):
@@ -344,10 +342,7 @@ def _prepare_data(run):
     def first_batches(count=3):
         return list(shards(k, verbose=False).take(count))
 
-    vocabulary = os.path.join(layout.prepared, VOCABULARY)
-    return _TrainingData(
-        tokenizer, batches, manifest["counts"]["written"], first_batches, vocabulary
-    )
+    return _TrainingData(tokenizer, batches, manifest["counts"]["written"], first_batches)
 
 
 def _with_precision(config, policy):
@@ -375,7 +370,7 @@ def _resolve_auto_precision(run, data):
         model = build_transformer(concrete.model, vocab_size, dtype=_model_dtype(concrete))
         return compile_model(model, concrete)
 
-    policy, run.precision = resolve_precision(
+    policy, _ = resolve_precision(
         run.layout.root,
         run.strategy,
         build,
@@ -386,7 +381,7 @@ def _resolve_auto_precision(run, data):
     run.config = _with_precision(config, policy)
     keras.utils.set_random_seed(config.train.seed)
     # Seeding drops the SentencePiece op's resource: the tokenizer is made again.
-    data.tokenizer = Tokenizer(data.vocabulary)
+    data.tokenizer = Tokenizer(data.tokenizer.model_path)
 
 
 def _build_model(run, vocab_size, num_pairs):
