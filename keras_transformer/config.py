@@ -73,6 +73,17 @@ class DataConfig:
         "training pairs longer than the max lengths: drop (the paper's recipe, counted as "
         "too_long in the prepared manifest) | truncate (cut, EOS kept)",
     )
+    subword_samples: int = _field(
+        0,
+        "SentencePiece subword regularization (Kudo 2018): prepare writes this many sampled "
+        "segmentations of every training pair instead of its single best one (0: off)",
+    )
+    subword_alpha: float = _field(
+        0.3,
+        "smoothing of the sampled segmentations when data.subword_samples > 0: lower is more "
+        "varied (and longer); unigram samples from all segmentations, bpe drops merges with "
+        "this probability",
+    )
     tokens_per_batch: int = _field(4096, "padded target tokens per batch (per replica)")
     bucket_boundaries: Optional[list] = _field(
         None, "padded lengths of the buckets; None chooses a few up to the max lengths"
@@ -341,6 +352,8 @@ def validate(config):
         (d.tokens_per_batch > 0, "data.tokens_per_batch must be positive"),
         (d.long_pairs in ("drop", "truncate"), "data.long_pairs must be drop or truncate"),
         (d.spm_max_sentences > 0, "data.spm_max_sentences must be positive"),
+        (d.subword_samples >= 0, "data.subword_samples must not be negative"),
+        (0.0 < d.subword_alpha <= 1.0, "data.subword_alpha must be in (0, 1]"),
         (t.steps > 0, "train.steps must be positive"),
         (t.warmup_steps > 0, "train.warmup_steps must be positive"),
         (

@@ -4,6 +4,7 @@ by tf.data exactly as the in-memory path tokenizes them."""
 import collections
 import glob
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -189,6 +190,57 @@ def test_prepare_synthetic_and_one_training_epoch_holds_each_pair_once(tmp_path)
     assert first != read and second != first  # files are shuffled anew each epoch
 
 
+def test_subword_samples_write_sampled_segmentations_that_spell_each_pair(tmp_path):
+    import sentencepiece as spm
+
+    train = "synthetic:split=train,size=200,max_words=8"
+    plain = _config(tmp_path / "plain", train=train, vocab_size=200)
+    best = _check_round_trip(plain, prepare(plain, verbose=False))
+    samples = 3
+    config = _config(
+        tmp_path / "sampled",
+        train=train,
+        vocab_size=200,
+        subword_samples=samples,
+        subword_alpha=0.3,
+    )
+    layout = Workdir.of(config)
+    os.makedirs(layout.root)
+    shutil.copy(Workdir.of(plain).spm, layout.spm)  # the same vocabulary
+    manifest = prepare(config, verbose=False)
+    counts = manifest["counts"]
+    assert counts["written"] == len(best) and counts["segmentations"] == samples
+    assert counts["records"] == sum(shard["pairs"] for shard in manifest["shards"])
+    assert manifest["settings"]["data.subword_samples"] == samples
+    read = _read_back(layout.prepared, training=False)
+    assert len(read) == counts["records"] == samples * len(best)  # none too long here
+    # Every sampled segmentation spells its pair: it decodes to the text the best one decodes
+    # to, so each pair appears `samples` times, as a multiset of texts.
+    processor = spm.SentencePieceProcessor(model_file=layout.spm)
+
+    def texts(pairs):
+        return collections.Counter(
+            (processor.decode(list(s)), processor.decode(list(t))) for s, t in pairs
+        )
+
+    assert texts(read) == collections.Counter({k: samples * v for k, v in texts(best).items()})
+    # ... and they are other segmentations than the best one, with more pieces (alpha 0.3).
+    assert sum(pair not in set(best) for pair in read) > len(read) // 2
+    assert manifest["tokens"]["target"] > samples * sum(len(t) + 1 for _, t in best)
+    # Seeded: preparing again gives the same records.
+    again = _config(
+        tmp_path / "again",
+        train=train,
+        vocab_size=200,
+        subword_samples=samples,
+        subword_alpha=0.3,
+    )
+    os.makedirs(Workdir.of(again).root)
+    shutil.copy(layout.spm, Workdir.of(again).spm)
+    prepare(again, verbose=False)
+    assert _read_back(Workdir.of(again).prepared, training=False) == read
+
+
 def test_vocabulary_is_trained_on_a_bounded_seeded_sample(tmp_path, monkeypatch):
     seen = []
     real = tokenizer_module._spm_train
@@ -256,6 +308,7 @@ def test_a_killed_prepare_is_never_taken_as_complete(tmp_path):
     [
         ("data.train=synthetic:split=train,size=250,max_words=8", "data.train"),
         ("data.vocab_size=150", "data.vocab_size"),
+        ("data.subword_samples=2", "data.subword_samples"),
     ],
 )
 def test_a_prepared_workdir_that_does_not_match_the_config_is_refused(

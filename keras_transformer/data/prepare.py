@@ -94,6 +94,9 @@ def _settings(data_config):
         "data.seed": d.seed,
         "data.long_pairs": d.long_pairs,
     }
+    if d.subword_samples:  # recorded only when on: workdirs prepared before it still match
+        settings["data.subword_samples"] = d.subword_samples
+        settings["data.subword_alpha"] = d.subword_alpha
     if d.long_pairs == "drop":  # truncated pairs are stored whole: lengths do not matter then
         settings["data.max_source_length"] = d.max_source_length
         settings["data.max_target_length"] = d.max_target_length
@@ -174,7 +177,7 @@ def check_prepared(config, manifest=None, repair=True):
             f"version reads {FORMAT_VERSION}; delete {layout.prepared} or use another --workdir"
         )
     recorded, wanted = manifest.get("settings", {}), _settings(config.data)
-    for key in sorted(set(recorded) | set(wanted)):
+    for key in list(wanted) + sorted(set(recorded) - set(wanted)):
         if recorded.get(key) != wanted.get(key):
             delete = layout.prepared
             if key in _VOCABULARY_KEYS:
@@ -255,7 +258,7 @@ class _Progress:
         line = f"  {lines:,} lines, {rate:,.0f} lines/s"
         if written:
             line += f", {written:,} {self.what}"
-        elif self.what != "pairs written":
+        elif not self.what.endswith(" written"):
             line += f" ({self.what})"
         if self.total:
             eta = max(0.0, (self.total - lines) / max(rate, 1e-9))
@@ -329,7 +332,13 @@ class _WordCachedEncoder:
 
 
 def _write_shards(config, vocabulary_path, directory, total, verbose):
-    """Pass 2: tokenize the stream and write the shards; returns the manifest's counts part."""
+    """Pass 2: tokenize the stream and write the shards; returns the manifest's counts part.
+
+    With `data.subword_samples` K > 0 the corpus is read K times and each reading writes one
+    sampled segmentation of every pair (SentencePiece's `enable_sampling`, seeded by
+    `data.seed` and the reading, on one thread so that it is reproducible); one reading after
+    the other, so the copies of a pair lie a whole corpus apart in the stream.
+    """
     import sentencepiece as spm
     import tensorflow as tf
 
@@ -337,29 +346,48 @@ def _write_shards(config, vocabulary_path, directory, total, verbose):
     processor = spm.SentencePieceProcessor(model_file=vocabulary_path)
     typecode = "H" if processor.get_piece_size() <= 65_536 else "i"
     big_endian = sys.byteorder == "big"
-    encoder = _WordCachedEncoder(processor, threads=max(1, os.cpu_count() or 1))
-    num_shards = num_shards_for(max(total, 1))
+    readings = max(1, d.subword_samples)
+    if d.subword_samples:
+
+        def encode(sentences):
+            return processor.encode(
+                sentences,
+                enable_sampling=True,
+                alpha=d.subword_alpha,
+                nbest_size=-1,
+                num_threads=1,
+            )
+
+    else:
+        encode = _WordCachedEncoder(processor, threads=max(1, os.cpu_count() or 1)).encode
+    num_shards = num_shards_for(max(total, 1) * readings)
     names = [f"train-{i:05d}-of-{num_shards:05d}.tfrecord" for i in range(num_shards)]
     writers = [tf.io.TFRecordWriter(os.path.join(directory, name)) for name in names]
     shard_pairs = [0] * num_shards
-    counter = corpora.Counter(d.train)
-    too_long = truncated = written = 0
+    counter = None
+    too_long = truncated = written = records = lines = 0
     source_tokens = target_tokens = 0
     source_hist, target_hist, longer_hist = {}, {}, {}
-    progress = _Progress(total, verbose)
+    what = "records written" if d.subword_samples else "pairs written"
+    progress = _Progress(total * readings if total else None, verbose, what)
     limit_source, limit_target = d.max_source_length - 1, d.max_target_length - 1
     drop = d.long_pairs == "drop"
+    first = True  # the first reading counts the corpus's pairs
 
     def flush(chunk):
-        nonlocal too_long, truncated, written, source_tokens, target_tokens
-        sources = encoder.encode([s for s, _ in chunk])
-        targets = encoder.encode([t for _, t in chunk])
-        for source, target in zip(sources, targets):
+        nonlocal too_long, truncated, written, records, source_tokens, target_tokens
+        sources = encode([s for s, _ in chunk])
+        targets = encode([t for _, t in chunk])
+        for pair, source, target in zip(chunk, sources, targets):
+            if d.subword_samples and (len(source) > limit_source or len(target) > limit_target):
+                # A sample longer than the limits: the best segmentation instead, so that a pair
+                # is kept or dropped whatever its samples.
+                source, target = processor.encode(list(pair))
             if len(source) > limit_source or len(target) > limit_target:
                 if drop:
-                    too_long += 1
+                    too_long += first
                     continue
-                truncated += 1
+                truncated += first
             source, target = source[:_MAX_STORED], target[:_MAX_STORED]
             record = array(typecode, [len(source)])
             record.extend(source)
@@ -368,10 +396,11 @@ def _write_shards(config, vocabulary_path, directory, total, verbose):
                 record.byteswap()
             # Round robin: every shard is a uniform slice of the corpus (WMT corpora are
             # concatenations of very different sources), and shard sizes differ by one at most.
-            shard = written % num_shards
+            shard = records % num_shards
             writers[shard].write(record.tobytes())
             shard_pairs[shard] += 1
-            written += 1
+            records += 1
+            written += first
             # With EOS, as the model sees them.
             n_source, n_target = len(source) + 1, len(target) + 1
             source_tokens += n_source
@@ -381,18 +410,26 @@ def _write_shards(config, vocabulary_path, directory, total, verbose):
             longer = max(n_source, n_target)  # the length that picks the bucket
             longer_hist[longer] = longer_hist.get(longer, 0) + 1
 
-    chunk = []
-    for pair in corpora.iter_pairs(d.train, counter, verbose=False):
-        chunk.append(pair)
-        if len(chunk) == _CHUNK:
+    for reading in range(readings):
+        if d.subword_samples:
+            spm.set_random_generator_seed(d.seed * readings + reading)
+        first = reading == 0
+        reading_counter = corpora.Counter(d.train)
+        if first:
+            counter = reading_counter
+        chunk = []
+        for pair in corpora.iter_pairs(d.train, reading_counter, verbose=False):
+            chunk.append(pair)
+            if len(chunk) == _CHUNK:
+                flush(chunk)
+                chunk = []
+                progress.update(lines + reading_counter.lines, records)
+        if chunk:
             flush(chunk)
-            chunk = []
-            progress.update(counter.lines, written)
-    if chunk:
-        flush(chunk)
+        lines += reading_counter.lines
     for writer in writers:
         writer.close()
-    progress.update(counter.lines, written, force=True)
+    progress.update(lines, records, force=True)
     if not written:
         raise DataError(f"{d.train}: no pair left to train on ({counter.lines} lines read)")
     skipped = counter.skipped_by_reason()
@@ -411,10 +448,15 @@ def _write_shards(config, vocabulary_path, directory, total, verbose):
             "written": written,
             "skipped": skipped,
             "truncated": truncated,
+            # Records in the shards: `written` times the segmentations. (A sample longer than
+            # the max lengths is replaced by the pair's best segmentation.)
+            "segmentations": readings,
+            "records": records,
         },
         "shards": shards,
         "record_dtype": "uint16" if typecode == "H" else "int32",
         "tokens": {
+            # Over all records (every segmentation), with EOS.
             "source": source_tokens,
             "target": target_tokens,
             "source_length": _length_stats(source_hist),
@@ -456,8 +498,9 @@ def prepare(config, verbose=True):
         The manifest dict: `format_version`, `settings` (the config keys the data depends on),
         `vocabulary` (`sha256`, `pieces`, `trained`, `sample_sentences`), `counts` (`lines`
         read, pairs `written`, `skipped` by reason: `empty`, `invalid_utf8`, `malformed`,
-        `too_long`; `truncated`), `shards` (`file`, `pairs`, `bytes` each), `record_dtype`,
-        `tokens` (totals and length statistics), `seconds`.
+        `too_long`; `truncated`; `segmentations` of each pair and the `records` they make,
+        see `data.subword_samples`), `shards` (`file`, `pairs` (records), `bytes` each),
+        `record_dtype`, `tokens` (totals and length statistics), `seconds`.
 
     Raises:
         DataError: unreadable corpus, empty result, or a prepared workdir that does not match.
@@ -552,8 +595,13 @@ def _summary(manifest, layout, verbose):
     counts, tokens = manifest["counts"], manifest["tokens"]
     skipped = ", ".join(f"{k} {v:,}" for k, v in counts["skipped"].items() if v) or "none"
     size = sum(s["bytes"] for s in manifest["shards"])
+    sampled = ""
+    if counts.get("segmentations", 1) > 1:
+        sampled = (
+            f" x {counts['segmentations']} sampled segmentations ({counts['records']:,} records)"
+        )
     _log(
-        f"prepared {counts['written']:,} pairs of {counts['lines']:,} lines in "
+        f"prepared {counts['written']:,} pairs{sampled} of {counts['lines']:,} lines in "
         f"{manifest['seconds']:.0f} s (skipped: {skipped}; truncated {counts['truncated']:,}): "
         f"{len(manifest['shards'])} shards, {size / 1e6:,.1f} MB, {tokens['source']:,} source "
         f"and {tokens['target']:,} target tokens, vocabulary {manifest['vocabulary']['pieces']} "
