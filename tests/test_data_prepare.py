@@ -197,17 +197,17 @@ def test_subword_samples_write_sampled_segmentations_that_spell_each_pair(tmp_pa
     plain = _config(tmp_path / "plain", train=train, vocab_size=200)
     best = _check_round_trip(plain, prepare(plain, verbose=False))
     samples = 3
-    config = _config(
-        tmp_path / "sampled",
-        train=train,
-        vocab_size=200,
-        subword_samples=samples,
-        subword_alpha=0.3,
-    )
-    layout = Workdir.of(config)
-    os.makedirs(layout.root)
-    shutil.copy(Workdir.of(plain).spm, layout.spm)  # the same vocabulary
-    manifest = prepare(config, verbose=False)
+
+    def prepare_sampled(name, vocabulary):
+        """Prepares `samples` sampled segmentations in a new workdir with `vocabulary`."""
+        config = _config(
+            tmp_path / name, train=train, vocab_size=200, subword_samples=samples, subword_alpha=0.3
+        )
+        os.makedirs(Workdir.of(config).root)
+        shutil.copy(vocabulary, Workdir.of(config).spm)
+        return Workdir.of(config), prepare(config, verbose=False)
+
+    layout, manifest = prepare_sampled("sampled", Workdir.of(plain).spm)  # the same vocabulary
     counts = manifest["counts"]
     assert counts["written"] == len(best) and counts["segmentations"] == samples
     assert counts["records"] == sum(shard["pairs"] for shard in manifest["shards"])
@@ -228,17 +228,8 @@ def test_subword_samples_write_sampled_segmentations_that_spell_each_pair(tmp_pa
     assert sum(pair not in set(best) for pair in read) > len(read) // 2
     assert manifest["tokens"]["target"] > samples * sum(len(t) + 1 for _, t in best)
     # Seeded: preparing again gives the same records.
-    again = _config(
-        tmp_path / "again",
-        train=train,
-        vocab_size=200,
-        subword_samples=samples,
-        subword_alpha=0.3,
-    )
-    os.makedirs(Workdir.of(again).root)
-    shutil.copy(layout.spm, Workdir.of(again).spm)
-    prepare(again, verbose=False)
-    assert _read_back(Workdir.of(again).prepared, training=False) == read
+    again, _ = prepare_sampled("again", layout.spm)
+    assert _read_back(again.prepared, training=False) == read
 
 
 def test_vocabulary_is_trained_on_a_bounded_seeded_sample(tmp_path, monkeypatch):
