@@ -117,6 +117,11 @@ class TrainConfig:
         1, "micro-batches per optimizer step (summed in the train step; see the README)"
     )
     clip_norm: Optional[float] = _field(None, "clip gradients to this global norm; None: off")
+    ema_momentum: Optional[float] = _field(
+        None,
+        "exponential moving average of the weights, a = m * a + (1 - m) * w after each step "
+        "(Keras's use_ema): checkpoints, dev BLEU and the export use the average; null: off",
+    )
     steps_per_epoch: int = _field(1000, "steps between evaluations / Keras epochs")
     checkpoint_every: int = _field(1000, "steps between checkpoints")
     keep_checkpoints: int = _field(5, "checkpoints kept (the last K)")
@@ -361,6 +366,10 @@ def validate(config):
             f"train.schedule must be rsqrt, linear or cosine, got {t.schedule!r}",
         ),
         (0.0 <= t.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)"),
+        (
+            t.ema_momentum is None or 0.0 < t.ema_momentum < 1.0,
+            "train.ema_momentum must be in (0, 1) (or null)",
+        ),
         (t.gradient_accumulation_steps > 0, "train.gradient_accumulation_steps must be positive"),
         (t.steps_per_epoch > 0, "train.steps_per_epoch must be positive"),
         (t.checkpoint_every > 0, "train.checkpoint_every must be positive"),

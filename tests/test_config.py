@@ -62,6 +62,7 @@ def test_save_and_load_round_trip(tmp_path):
         ("runtime:\n  strategy: gpus\n", [], "runtime.strategy"),
         ("model: [1, 2]\n", [], "model: expected a mapping"),
         ("", ["model.num_decoder_layers=0"], "model.num_decoder_layers must be positive"),
+        ("", ["train.ema_momentum=1.0"], "train.ema_momentum must be in"),
     ],
 )
 def test_errors_name_the_key(tmp_path, text, overrides, message):

@@ -11,15 +11,21 @@ import numpy as np
 
 from keras_transformer.config import from_dict
 from keras_transformer.models import build_transformer
-from keras_transformer.training import ResumeState, StepCheckpoint, compile_model
+from keras_transformer.training import (
+    ResumeState,
+    StepCheckpoint,
+    averaged_weights,
+    compile_model,
+    make_optimizer,
+)
 from keras_transformer.workdir import average_checkpoints, list_checkpoints, load_last_checkpoints
 
 
-def _compiled_model():
+def _compiled_model(**train):
     config = from_dict(
         {
             "model": dict(num_layers=1, d_model=16, num_heads=2, d_ff=32, dropout=0.1),
-            "train": dict(warmup_steps=2),
+            "train": dict(warmup_steps=2, **train),
         }
     )
     model = build_transformer(config.model, vocab_size=40)
@@ -95,3 +101,62 @@ def test_resume_state_restores_optimizer_dropout_rng_and_data_position(tmp_path)
     for a, b in zip(other.optimizer.variables, saved_optimizer):
         np.testing.assert_array_equal(np.asarray(a), b)
     assert int(keras.ops.convert_to_numpy(other.optimizer.iterations)) == 3
+
+
+class _RecordWeights(keras.callbacks.Callback):
+    """After each step: the trained weights, and those seen inside `averaged_weights`."""
+
+    def __init__(self):
+        super().__init__()
+        self.trained, self.averaged, self.after = [], [], []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.trained.append([np.array(v) for v in self.model.trainable_weights])
+        with averaged_weights(self.model):
+            self.averaged.append([np.array(v) for v in self.model.trainable_weights])
+        self.after.append([np.array(v) for v in self.model.trainable_weights])
+
+
+def test_ema_checkpoints_hold_the_moving_average_of_the_weights(tmp_path):
+    momentum = 0.9
+    model = _compiled_model(ema_momentum=momentum)
+    record = _RecordWeights()
+    _fit(model, 4, [record, StepCheckpoint(tmp_path, every=2, keep=5)])
+
+    # The formula: a_1 = w_1, a_t = m * a_(t-1) + (1 - m) * w_t over the trained weights.
+    expected = [record.trained[0]]
+    for weights in record.trained[1:]:
+        expected.append([momentum * a + (1 - momentum) * w for a, w in zip(expected[-1], weights)])
+    for step in range(4):
+        for got, want in zip(record.averaged[step], expected[step]):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+        # The block gives the trained weights back.
+        for got, want in zip(record.after[step], record.trained[step]):
+            np.testing.assert_array_equal(got, want)
+    assert any(not np.allclose(a, w) for a, w in zip(expected[1], record.trained[1])), (
+        "the average should differ from the weights after two steps"
+    )
+
+    # The checkpoints hold the averages, not the trained weights.
+    for step, path in list_checkpoints(tmp_path):
+        fresh = build_transformer(
+            dict(num_layers=1, d_model=16, num_heads=2, d_ff=32, dropout=0.1), vocab_size=40
+        )
+        fresh.load_weights(path)
+        for got, want in zip(fresh.trainable_weights, expected[step - 1]):
+            np.testing.assert_allclose(np.array(got), want, rtol=1e-5, atol=1e-7)
+    # Keras's fit ends with the averages in the model (Optimizer.finalize_variable_values).
+    for got, want in zip(model.trainable_weights, expected[-1]):
+        np.testing.assert_allclose(np.array(got), want, rtol=1e-5, atol=1e-7)
+
+
+def test_without_ema_averaged_weights_are_the_weights(tmp_path):
+    model = _compiled_model()
+    record = _RecordWeights()
+    _fit(model, 2, [record])
+    assert not model.optimizer.use_ema
+    for step in range(2):
+        for got, want in zip(record.averaged[step], record.trained[step]):
+            np.testing.assert_array_equal(got, want)
+    optimizer = make_optimizer(from_dict({"train": {"ema_momentum": 0.999}}))
+    assert optimizer.use_ema and optimizer.ema_momentum == 0.999

@@ -14,6 +14,7 @@ from keras_transformer.training.callbacks import (
     StepCheckpoint,
     StopAtStep,
     TrainingSummaries,
+    averaged_weights,
     evaluate_bleu,
     translate_sentences,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "TokenCount",
     "TrainingSummaries",
     "TransformerSchedule",
+    "averaged_weights",
     "compile_model",
     "evaluate_bleu",
     "get_strategy",

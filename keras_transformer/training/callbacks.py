@@ -1,5 +1,6 @@
 """Training callbacks: step checkpoints, a step limit, TensorBoard summaries and dev-set BLEU."""
 
+import contextlib
 import os
 import time
 
@@ -17,13 +18,49 @@ def optimizer_step(model):
     return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
 
 
+def _moving_averages(optimizer):
+    """(weight, its moving average) pairs of an optimizer built with `use_ema=True`, or []."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # a LossScaleOptimizer's
+    if not getattr(inner, "use_ema", False) or not getattr(inner, "built", False):
+        return []
+    averages = inner._model_variables_moving_average
+    return [(w, a) for w, a in zip(inner._trainable_variables, averages) if a is not None]
+
+
+@contextlib.contextmanager
+def averaged_weights(model):
+    """Inside the block the model's trainable weights are the optimizer's exponential moving
+    averages (`train.ema_momentum`, Keras's `use_ema`); the trained weights come back after it.
+
+    Without EMA (or before the optimizer is built) the block sees the weights as they are. This
+    is what checkpoints, dev evaluation and so the export hold when EMA is on; training itself
+    updates the raw weights, and the averages follow them in the optimizer's variables.
+
+    Example:
+    ```python
+    with averaged_weights(model):
+        model.save_weights("ema.weights.h5")
+    ```
+    """
+    pairs = _moving_averages(model.optimizer) if model.optimizer is not None else []
+    trained = [keras.ops.copy(weight.value) for weight, _ in pairs]
+    for weight, average in pairs:
+        weight.assign(average.value)
+    try:
+        yield model
+    finally:
+        for (weight, _), value in zip(pairs, trained):
+            weight.assign(value)
+
+
 class StepCheckpoint(keras.callbacks.Callback):
     """Saves `directory/ckpt-<step>.weights.h5` every `every` optimizer steps, keeping the last
     `keep`; also at the end of training.
 
     The files hold the model's weights only (what export and checkpoint averaging need: about a
     third of what Keras's `save_weights` writes for a compiled model, which adds Adam's two
-    moments); the state for resuming lives in `ResumeState`'s backup.
+    moments); the state for resuming lives in `ResumeState`'s backup. With an optimizer built
+    with `use_ema=True` they hold the moving averages of the weights (`averaged_weights`).
 
     Args:
         directory: where the checkpoints go.
@@ -45,7 +82,8 @@ class StepCheckpoint(keras.callbacks.Callback):
             return
         os.makedirs(self.directory, exist_ok=True)
         # Atomic (written beside, then renamed): a kill mid-write leaves no broken ckpt.
-        save_model_weights(self.model, checkpoint_path(self.directory, step))
+        with averaged_weights(self.model):
+            save_model_weights(self.model, checkpoint_path(self.directory, step))
         self._last_saved = step
         for _, old in list_checkpoints(self.directory)[: -self.keep]:
             os.remove(old)
@@ -454,7 +492,8 @@ def evaluate_bleu(
 
 
 class DevEvaluator(keras.callbacks.Callback):
-    """Dev-set sacreBLEU at the end of each epoch (greedy by default), logged as `dev_bleu`.
+    """Dev-set sacreBLEU at the end of each epoch (greedy by default), logged as `dev_bleu`;
+    with EMA on, of the averaged weights (`averaged_weights`).
 
     Adds `dev_bleu` and `dev_chrf` to the epoch logs (progress line, History) and writes them,
     with a few sample translations as text, to TensorBoard under `logdir/dev` at the optimizer
@@ -509,14 +548,15 @@ class DevEvaluator(keras.callbacks.Callback):
         if not self.pairs or (self.skip_at_step is not None and step >= self.skip_at_step):
             return
         start = time.perf_counter()
-        scores, hypotheses = evaluate_bleu(
-            self.model,
-            self.tokenizer,
-            self.pairs,
-            self.data_config,
-            _cache=self._cache,
-            **self.decode_kwargs,
-        )
+        with averaged_weights(self.model):
+            scores, hypotheses = evaluate_bleu(
+                self.model,
+                self.tokenizer,
+                self.pairs,
+                self.data_config,
+                _cache=self._cache,
+                **self.decode_kwargs,
+            )
         self.history.append((step, scores["bleu"]))
         if logs is not None:
             logs["dev_bleu"] = scores["bleu"]

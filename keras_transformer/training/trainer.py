@@ -47,8 +47,9 @@ from keras_transformer.workdir import Workdir, list_checkpoints, load_last_check
 def make_optimizer(config, d_model=None):
     """Adam(beta_1, beta_2, epsilon) on the config's schedule (`train.schedule`: the paper's
     `TransformerSchedule`, or a `BudgetSchedule` ending with the step or time budget), with the
-    config's global-norm clipping; wrapped in a `LossScaleOptimizer` for mixed_float16.
-    (Gradient accumulation is the model's train step's, see `compile_model`.)
+    config's global-norm clipping and, with `train.ema_momentum`, Keras's moving average of the
+    weights (`use_ema`; see `callbacks.averaged_weights`); wrapped in a `LossScaleOptimizer` for
+    mixed_float16. (Gradient accumulation is the model's train step's, see `compile_model`.)
 
     The Adam is `FusedAdam`: Keras's Adam with TensorFlow's one-kernel update (same formula,
     variables and checkpoints; faster, see benchmarks/README.md).
@@ -72,6 +73,8 @@ def make_optimizer(config, d_model=None):
         beta_2=t.adam_beta_2,
         epsilon=t.adam_epsilon,
         global_clipnorm=t.clip_norm,
+        use_ema=t.ema_momentum is not None,
+        ema_momentum=0.99 if t.ema_momentum is None else t.ema_momentum,
     )
     if config.runtime.mixed_precision == "mixed_float16":
         # float16 gradients underflow without loss scaling.

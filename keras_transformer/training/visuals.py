@@ -216,12 +216,13 @@ class AttentionSummaries(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if not self.enabled:
             return
-        from keras_transformer.training.callbacks import optimizer_step
+        from keras_transformer.training.callbacks import averaged_weights, optimizer_step
 
         step = optimizer_step(self.model)
-        attention = sentence_attention(
-            self.model, self.tokenizer, self.source, self.data_config, cache=self._cache
-        )
+        with averaged_weights(self.model):
+            attention = sentence_attention(
+                self.model, self.tokenizer, self.source, self.data_config, cache=self._cache
+            )
         if self._writer is None:
             self._writer = tf.summary.create_file_writer(os.path.join(self.logdir, "dev"))
         with self._writer.as_default(step=step):
