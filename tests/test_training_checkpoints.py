@@ -8,6 +8,7 @@ import warnings
 import h5py
 import keras
 import numpy as np
+import pytest
 
 from keras_transformer.config import from_dict
 from keras_transformer.models import build_transformer
@@ -81,19 +82,32 @@ def test_step_checkpoints_hold_weights_only_and_average(tmp_path):
         np.testing.assert_allclose(a, b, rtol=1e-6)
 
 
-def test_resume_state_restores_optimizer_dropout_rng_and_data_position(tmp_path):
-    model = _compiled_model()
+class _Snapshot(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        self.variables = [np.array(v) for v in self.model.variables]
+        self.optimizer_variables = [np.array(v) for v in self.model.optimizer.variables]
+
+
+@pytest.mark.parametrize("train", [{}, {"ema_momentum": 0.9}], ids=["adam", "adam_ema"])
+def test_resume_state_restores_optimizer_dropout_rng_and_data_position(tmp_path, train):
+    model = _compiled_model(**train)
     model.optimizer.build(model.trainable_variables)
     state = ResumeState(model, str(tmp_path), every=3, keep=2)
-    _fit(model, 3, [state])
+    snapshot = _Snapshot()
+    _fit(model, 3, [state, snapshot])
     assert state.batches == 3
-    saved = [np.asarray(v) for v in model.variables]
-    saved_optimizer = [np.asarray(v) for v in model.optimizer.variables]
+    # As at the last state's save (what a killed run resumes from; with EMA, the end of `fit`
+    # then puts the averages into the model, Keras's finalize_variable_values).
+    saved, saved_optimizer = snapshot.variables, snapshot.optimizer_variables
     seeds = [v for v in model.variables if "seed_generator" in v.path]
     assert seeds  # the dropout layers' RNG states are among the model's variables
 
+    averages = [v for v in model.optimizer.variables if "average" in v.path]
+    # With EMA the moving averages are among the optimizer's variables, so they resume too.
+    assert len(averages) == (len(model.trainable_variables) if train else 0)
+
     keras.utils.set_random_seed(99)
-    other = _compiled_model()
+    other = _compiled_model(**train)
     other.optimizer.build(other.trainable_variables)
     assert ResumeState(other, str(tmp_path), every=3, keep=2).restore() == 3
     for a, b in zip(other.variables, saved):
