@@ -402,7 +402,8 @@ def _build_model(run, vocab_size, num_pairs):
         f"{vocab_size}, {num_pairs:,} training pairs, {t.steps} steps, "
         f"strategy {type(strategy).__name__} ({strategy.num_replicas_in_sync} replicas), "
         f"gradient accumulation {t.gradient_accumulation_steps}, jit_compile={jit_compile}, "
-        f"precision {config.runtime.mixed_precision or 'float32'}",
+        f"precision {config.runtime.mixed_precision or 'float32'}"
+        + ("" if t.ema_momentum is None else f", weights averaged (EMA {t.ema_momentum})"),
         flush=True,
     )
     return model
