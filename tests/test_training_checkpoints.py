@@ -21,14 +21,16 @@ from keras_transformer.training import (
 )
 from keras_transformer.workdir import average_checkpoints, list_checkpoints, load_last_checkpoints
 
+TOY_MODEL = dict(num_layers=1, d_model=16, num_heads=2, d_ff=32, dropout=0.1)
+
+
+def _toy_model():
+    """The toy Transformer, uncompiled (checkpoints and averages load into it)."""
+    return build_transformer(TOY_MODEL, vocab_size=40)
+
 
 def _compiled_model(**train):
-    config = from_dict(
-        {
-            "model": dict(num_layers=1, d_model=16, num_heads=2, d_ff=32, dropout=0.1),
-            "train": dict(warmup_steps=2, **train),
-        }
-    )
+    config = from_dict({"model": TOY_MODEL, "train": dict(warmup_steps=2, **train)})
     model = build_transformer(config.model, vocab_size=40)
     compile_model(model, config)
     return model
@@ -65,13 +67,9 @@ def test_step_checkpoints_hold_weights_only_and_average(tmp_path):
     assert os.path.getsize(checkpoints[-1][1]) < 0.7 * os.path.getsize(full)
 
     # Averaging and loading read them into an uncompiled model and a compiled one (no warning).
-    fresh = build_transformer(
-        dict(num_layers=1, d_model=16, num_heads=2, d_ff=32, dropout=0.1), vocab_size=40
-    )
+    fresh = _toy_model()
     average_checkpoints(fresh, [path for _, path in checkpoints])
-    last = build_transformer(
-        dict(num_layers=1, d_model=16, num_heads=2, d_ff=32, dropout=0.1), vocab_size=40
-    )
+    last = _toy_model()
     last.load_weights(checkpoints[-1][1])
     for a, b in zip(last.get_weights(), model.get_weights()):
         np.testing.assert_array_equal(a, b)
@@ -152,10 +150,8 @@ def test_ema_checkpoints_hold_the_moving_average_of_the_weights(tmp_path):
     )
 
     # The checkpoints hold the averages, not the trained weights.
+    fresh = _toy_model()
     for step, path in list_checkpoints(tmp_path):
-        fresh = build_transformer(
-            dict(num_layers=1, d_model=16, num_heads=2, d_ff=32, dropout=0.1), vocab_size=40
-        )
         fresh.load_weights(path)
         for got, want in zip(fresh.trainable_weights, expected[step - 1]):
             np.testing.assert_allclose(np.array(got), want, rtol=1e-5, atol=1e-7)
