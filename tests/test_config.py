@@ -1,5 +1,7 @@
 """Config schema: YAML loading, overrides and clear errors."""
 
+import os
+
 import pytest
 
 from keras_transformer.config import (
@@ -27,6 +29,17 @@ def test_defaults_are_the_paper_recipe():
     assert config.decode.beam_size == 4 and config.decode.alpha == 0.6
     assert config.decode.max_extra_length == 50
     assert config.model.norm_first is False and config.model.share_embeddings is True
+
+
+def test_configs_decode_as_chosen():
+    """The paper configs decode as the paper (beam 4, alpha 0.6); small.yaml keeps beam 4 with
+    the length penalty chosen on Tatoeba dev (README, "Quality per CPU-hour"), a stronger one."""
+    configs = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs")
+    for name in ("transformer_base.yaml", "transformer_big.yaml"):
+        decode = load_config(os.path.join(configs, name)).decode
+        assert (decode.beam_size, decode.alpha) == (4, 0.6), name
+    small = load_config(os.path.join(configs, "small.yaml")).decode
+    assert small.beam_size == 4 and small.alpha > 0.6
 
 
 def test_yaml_and_overrides(tmp_path):
