@@ -84,6 +84,12 @@ class DataConfig:
         "varied (and longer); unigram samples from all segmentations, bpe drops merges with "
         "this probability",
     )
+    both_directions: bool = _field(
+        False,
+        "prepare also writes every training pair reversed (target -> source), its source led by "
+        "the BOS id as a direction tag; forward inputs carry no tag, so decoding and export are "
+        "unchanged (an auxiliary task for small corpora)",
+    )
     tokens_per_batch: int = _field(4096, "padded target tokens per batch (per replica)")
     bucket_boundaries: Optional[list] = _field(
         None, "padded lengths of the buckets; None chooses a few up to the max lengths"

@@ -232,6 +232,44 @@ def test_subword_samples_write_sampled_segmentations_that_spell_each_pair(tmp_pa
     assert _read_back(again.prepared, training=False) == read
 
 
+def test_both_directions_add_each_kept_pair_reversed_with_a_bos_tag(tmp_path):
+    train = "synthetic:split=train,size=300,max_words=8"
+    # Wide limits: every pair kept, the reference ids.
+    plain = _config(tmp_path / "plain", train=train, vocab_size=200)
+    best = _check_round_trip(plain, prepare(plain, verbose=False))
+    bos = Tokenizer(Workdir.of(plain).spm).bos_id
+    assert not any(bos in source for source, _ in best)  # the tag is free on the source side
+    # Narrow limits, so that some pairs fit one way but not reversed (the tag adds a token).
+    limit = sorted(len(t) for _, t in best)[len(best) // 2] + 2
+    config = _config(
+        tmp_path / "both",
+        train=train,
+        vocab_size=200,
+        both_directions=True,
+        max_source_length=limit,
+        max_target_length=limit,
+    )
+    os.makedirs(Workdir.of(config).root)
+    shutil.copy(Workdir.of(plain).spm, Workdir.of(config).spm)  # the same vocabulary
+    manifest = prepare(config, verbose=False)
+
+    def fits(source, target):  # with EOS, as the model sees them
+        return len(source) + 1 <= limit and len(target) + 1 <= limit
+
+    kept = [(s, t) for s, t in best if fits(s, t) and fits((bos,) + t, s)]
+    assert any(fits(s, t) and not fits((bos,) + t, s) for s, t in best)  # the case is tested
+    counts = manifest["counts"]
+    assert counts["written"] == len(kept) and counts["directions"] == 2
+    assert counts["skipped"]["too_long"] == len(best) - len(kept)
+    assert counts["records"] == 2 * len(kept) == sum(s["pairs"] for s in manifest["shards"])
+    assert manifest["settings"]["data.both_directions"] is True
+    read = _read_back(Workdir.of(config).prepared, training=False)
+    reversed_pairs = [((bos,) + t, s) for s, t in kept]
+    assert collections.Counter(read) == collections.Counter(kept + reversed_pairs)
+    # Off, nothing changes: the setting is not even recorded (older workdirs still match).
+    assert "data.both_directions" not in read_manifest(Workdir.of(plain).prepared)["settings"]
+
+
 def test_vocabulary_is_trained_on_a_bounded_seeded_sample(tmp_path, monkeypatch):
     seen = []
     real = tokenizer_module._spm_train
@@ -300,6 +338,7 @@ def test_a_killed_prepare_is_never_taken_as_complete(tmp_path):
         ("data.train=synthetic:split=train,size=250,max_words=8", "data.train"),
         ("data.vocab_size=150", "data.vocab_size"),
         ("data.subword_samples=2", "data.subword_samples"),
+        ("data.both_directions=true", "data.both_directions"),
     ],
 )
 def test_a_prepared_workdir_that_does_not_match_the_config_is_refused(

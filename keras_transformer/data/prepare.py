@@ -97,6 +97,8 @@ def _settings(data_config):
     if d.subword_samples:  # recorded only when on: workdirs prepared before it still match
         settings["data.subword_samples"] = d.subword_samples
         settings["data.subword_alpha"] = d.subword_alpha
+    if d.both_directions:  # likewise
+        settings["data.both_directions"] = True
     if d.long_pairs == "drop":  # truncated pairs are stored whole: lengths do not matter then
         settings["data.max_source_length"] = d.max_source_length
         settings["data.max_target_length"] = d.max_target_length
@@ -338,6 +340,12 @@ def _write_shards(config, vocabulary_path, directory, total, verbose):
     sampled segmentation of every pair (SentencePiece's `enable_sampling`, seeded by
     `data.seed` and the reading, on one thread so that it is reproducible); one reading after
     the other, so the copies of a pair lie a whole corpus apart in the stream.
+
+    With `data.both_directions` every pair (source, target) is followed by a second record
+    (BOS + target, source): the pair reversed, its source tagged with the BOS id, which no
+    forward source contains (Johnson et al. 2017 tag the target language the same way; here
+    only the reversed direction is tagged, so forward inputs stay as they are at inference).
+    A pair is kept only when both of its records fit the max lengths (`long_pairs: drop`).
     """
     import sentencepiece as spm
     import tensorflow as tf
@@ -373,42 +381,55 @@ def _write_shards(config, vocabulary_path, directory, total, verbose):
     limit_source, limit_target = d.max_source_length - 1, d.max_target_length - 1
     drop = d.long_pairs == "drop"
     first = True  # the first reading counts the corpus's pairs
+    tag = [processor.bos_id()]
+
+    def too_long_for_limits(source, target):
+        if len(source) > limit_source or len(target) > limit_target:
+            return True
+        # The reversed record: the tag and the target as its source, the source as its target.
+        return d.both_directions and (len(target) + 1 > limit_source or len(source) > limit_target)
+
+    def write(source, target):
+        nonlocal records, source_tokens, target_tokens
+        source, target = source[:_MAX_STORED], target[:_MAX_STORED]
+        record = array(typecode, [len(source)])
+        record.extend(source)
+        record.extend(target)
+        if big_endian:
+            record.byteswap()
+        # Round robin: every shard is a uniform slice of the corpus (WMT corpora are
+        # concatenations of very different sources), and shard sizes differ by one at most.
+        shard = records % num_shards
+        writers[shard].write(record.tobytes())
+        shard_pairs[shard] += 1
+        records += 1
+        # With EOS, as the model sees them.
+        n_source, n_target = len(source) + 1, len(target) + 1
+        source_tokens += n_source
+        target_tokens += n_target
+        source_hist[n_source] = source_hist.get(n_source, 0) + 1
+        target_hist[n_target] = target_hist.get(n_target, 0) + 1
+        longer = max(n_source, n_target)  # the length that picks the bucket
+        longer_hist[longer] = longer_hist.get(longer, 0) + 1
 
     def flush(chunk):
-        nonlocal too_long, truncated, written, records, source_tokens, target_tokens
+        nonlocal too_long, truncated, written
         sources = encode([s for s, _ in chunk])
         targets = encode([t for _, t in chunk])
         for pair, source, target in zip(chunk, sources, targets):
-            if d.subword_samples and (len(source) > limit_source or len(target) > limit_target):
+            if d.subword_samples and too_long_for_limits(source, target):
                 # A sample longer than the limits: the best segmentation instead, so that a pair
                 # is kept or dropped whatever its samples.
                 source, target = processor.encode(list(pair))
-            if len(source) > limit_source or len(target) > limit_target:
+            if too_long_for_limits(source, target):
                 if drop:
                     too_long += first
                     continue
                 truncated += first
-            source, target = source[:_MAX_STORED], target[:_MAX_STORED]
-            record = array(typecode, [len(source)])
-            record.extend(source)
-            record.extend(target)
-            if big_endian:
-                record.byteswap()
-            # Round robin: every shard is a uniform slice of the corpus (WMT corpora are
-            # concatenations of very different sources), and shard sizes differ by one at most.
-            shard = records % num_shards
-            writers[shard].write(record.tobytes())
-            shard_pairs[shard] += 1
-            records += 1
+            write(source, target)  # truncated pairs are stored whole; the pipeline cuts them
+            if d.both_directions:
+                write(tag + target, source)
             written += first
-            # With EOS, as the model sees them.
-            n_source, n_target = len(source) + 1, len(target) + 1
-            source_tokens += n_source
-            target_tokens += n_target
-            source_hist[n_source] = source_hist.get(n_source, 0) + 1
-            target_hist[n_target] = target_hist.get(n_target, 0) + 1
-            longer = max(n_source, n_target)  # the length that picks the bucket
-            longer_hist[longer] = longer_hist.get(longer, 0) + 1
 
     for reading in range(readings):
         if d.subword_samples:
@@ -448,9 +469,10 @@ def _write_shards(config, vocabulary_path, directory, total, verbose):
             "written": written,
             "skipped": skipped,
             "truncated": truncated,
-            # Records in the shards: `written` times the segmentations. (A sample longer than
-            # the max lengths is replaced by the pair's best segmentation.)
+            # Records in the shards: `written` times the segmentations times the directions. (A
+            # sample longer than the max lengths is replaced by the pair's best segmentation.)
             "segmentations": readings,
+            "directions": 2 if d.both_directions else 1,
             "records": records,
         },
         "shards": shards,
@@ -498,8 +520,9 @@ def prepare(config, verbose=True):
         The manifest dict: `format_version`, `settings` (the config keys the data depends on),
         `vocabulary` (`sha256`, `pieces`, `trained`, `sample_sentences`), `counts` (`lines`
         read, pairs `written`, `skipped` by reason: `empty`, `invalid_utf8`, `malformed`,
-        `too_long`; `truncated`; `segmentations` of each pair and the `records` they make,
-        see `data.subword_samples`), `shards` (`file`, `pairs` (records), `bytes` each),
+        `too_long`; `truncated`; `segmentations` of each pair and its `directions`, and the
+        `records` they make, see `data.subword_samples` and `data.both_directions`), `shards`
+        (`file`, `pairs` (records), `bytes` each),
         `record_dtype`, `tokens` (totals and length statistics), `seconds`.
 
     Raises:
@@ -597,9 +620,11 @@ def _summary(manifest, layout, verbose):
     size = sum(s["bytes"] for s in manifest["shards"])
     sampled = ""
     if counts.get("segmentations", 1) > 1:
-        sampled = (
-            f" x {counts['segmentations']} sampled segmentations ({counts['records']:,} records)"
-        )
+        sampled = f" x {counts['segmentations']} sampled segmentations"
+    if counts.get("directions", 1) > 1:
+        sampled += " x 2 directions"
+    if sampled:
+        sampled += f" ({counts['records']:,} records)"
     _log(
         f"prepared {counts['written']:,} pairs{sampled} of {counts['lines']:,} lines in "
         f"{manifest['seconds']:.0f} s (skipped: {skipped}; truncated {counts['truncated']:,}): "
