@@ -123,6 +123,11 @@ class TrainConfig:
         1, "micro-batches per optimizer step (summed in the train step; see the README)"
     )
     clip_norm: Optional[float] = _field(None, "clip gradients to this global norm; None: off")
+    weight_decay: float = _field(
+        0.0,
+        "decoupled weight decay (AdamW): w -= lr * weight_decay * w at every step, on all "
+        "weights but biases and LayerNorm scales and offsets; 0: off (the paper's)",
+    )
     ema_momentum: Optional[float] = _field(
         None,
         "exponential moving average of the weights, a = m * a + (1 - m) * w after each step "
@@ -372,6 +377,10 @@ def validate(config):
             f"train.schedule must be rsqrt, linear or cosine, got {t.schedule!r}",
         ),
         (0.0 <= t.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)"),
+        (
+            t.weight_decay >= 0.0,
+            "train.weight_decay must not be negative",
+        ),
         (
             t.ema_momentum is None or 0.0 < t.ema_momentum < 1.0,
             "train.ema_momentum must be in (0, 1) (or null)",

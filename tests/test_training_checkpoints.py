@@ -170,3 +170,30 @@ def test_without_ema_averaged_weights_are_the_weights(tmp_path):
             np.testing.assert_array_equal(got, want)
     optimizer = make_optimizer(from_dict({"train": {"ema_momentum": 0.999}}))
     assert optimizer.use_ema and optimizer.ema_momentum == 0.999
+
+
+def test_weight_decay_shrinks_all_weights_but_biases_and_layer_norms_by_the_formula():
+    config = from_dict({"model": TOY_MODEL, "train": dict(warmup_steps=2, weight_decay=0.1)})
+    model = _toy_model()
+    optimizer = make_optimizer(config)
+    variables = model.trainable_variables
+    rng = np.random.default_rng(0)
+    for variable in variables:  # no zeros (biases start at 0): every decay shows
+        variable.assign(rng.uniform(0.5, 1.5, variable.shape).astype("float32"))
+    before = [np.array(v) for v in variables]
+    learning_rate = float(optimizer.learning_rate)  # the schedule at this step
+    # Zero gradients: Adam's own update is zero, what moves is the decay alone.
+    optimizer.apply([keras.ops.zeros_like(v) for v in variables], variables)
+    decayed = set()
+    for variable, old in zip(variables, before):
+        new = np.array(variable)
+        if not np.array_equal(new, old):
+            np.testing.assert_allclose(new, old * (1 - learning_rate * 0.1), rtol=1e-6)
+            decayed.add(variable.path)
+    kept = {v.path for v in variables} - decayed
+    # Kernels and the shared embedding decay; biases and LayerNorm parameters stay.
+    assert any("embeddings" in path for path in decayed)
+    assert any(path.endswith("kernel") for path in decayed)
+    assert kept and all(path.rsplit("/", 1)[-1] in ("bias", "gamma", "beta") for path in kept)
+    assert not any(path.rsplit("/", 1)[-1] in ("bias", "gamma", "beta") for path in decayed)
+    assert make_optimizer(from_dict({})).weight_decay is None  # the paper's: off
