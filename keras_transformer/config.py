@@ -377,10 +377,7 @@ def validate(config):
             f"train.schedule must be rsqrt, linear or cosine, got {t.schedule!r}",
         ),
         (0.0 <= t.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)"),
-        (
-            t.weight_decay >= 0.0,
-            "train.weight_decay must not be negative",
-        ),
+        (t.weight_decay >= 0.0, "train.weight_decay must not be negative"),
         (
             t.ema_momentum is None or 0.0 < t.ema_momentum < 1.0,
             "train.ema_momentum must be in (0, 1) (or null)",

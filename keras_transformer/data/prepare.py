@@ -622,7 +622,7 @@ def _summary(manifest, layout, verbose):
     if counts.get("segmentations", 1) > 1:
         sampled = f" x {counts['segmentations']} sampled segmentations"
     if counts.get("directions", 1) > 1:
-        sampled += " x 2 directions"
+        sampled += f" x {counts['directions']} directions"
     if sampled:
         sampled += f" ({counts['records']:,} records)"
     _log(
