@@ -44,6 +44,9 @@ class ModelConfig:
     dropout: float = _field(0.1, "residual dropout P_drop (sub-layer outputs, embedding sums)")
     attention_dropout: float = _field(0.0, "dropout on attention weights")
     activation_dropout: float = _field(0.0, "dropout inside the feed-forward network")
+    token_dropout: float = _field(
+        0.0, "word dropout: a token's whole input embedding zeroed (source and target)"
+    )
     activation: str = _field("relu", "feed-forward activation")
     norm_first: bool = _field(False, "pre-norm blocks instead of the paper's post-norm")
     share_embeddings: bool = _field(True, "one embedding for source, target and softmax")
@@ -363,6 +366,7 @@ def validate(config):
         (m.d_model > 0 and m.num_heads > 0, "model.d_model and model.num_heads must be positive"),
         (m.d_model % max(m.num_heads, 1) == 0, "model.d_model must be divisible by num_heads"),
         (0.0 <= m.dropout < 1.0, "model.dropout must be in [0, 1)"),
+        (0.0 <= m.token_dropout < 1.0, "model.token_dropout must be in [0, 1)"),
         (d.vocab_size >= 16, "data.vocab_size must be at least 16"),
         (d.max_source_length > 0 and d.max_target_length > 0, "data max lengths must be positive"),
         (d.tokens_per_batch > 0, "data.tokens_per_batch must be positive"),

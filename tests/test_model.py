@@ -166,3 +166,31 @@ def test_attention_scores_shapes():
     assert len(scores["encoder_self_attention"]) == 2
     assert tuple(scores["encoder_self_attention"][0].shape) == (1, 4, 6, 6)
     assert tuple(scores["decoder_cross_attention"][1].shape) == (1, 4, 4, 6)
+
+
+def test_token_dropout_zeroes_whole_token_embeddings_in_training_only():
+    p = 0.3
+    model = tiny(token_dropout=p, dropout=0.0)
+    src, tgt = ids((8, 60)), ids((8, 50), 1)
+    inputs = {"source_ids": src, "target_ids": tgt}
+    probe = keras.Model(
+        model.inputs,
+        [model.get_layer(f"{side}_token_dropout").output for side in ("source", "target")],
+    )
+    embedding = np.asarray(model.target_embedding.embeddings)
+    for dropped, token_ids in zip(probe(inputs, training=True), (src, tgt)):
+        dropped = np.asarray(dropped)
+        # Scaled by sqrt(d_model) in the embedding, then by 1 / (1 - p) where kept.
+        kept_value = embedding[token_ids] * np.sqrt(model.d_model) / (1 - p)
+        zero = np.all(dropped == 0, axis=-1)
+        np.testing.assert_allclose(dropped[~zero], kept_value[~zero], rtol=1e-5)
+        assert abs(zero.mean() - p) < 0.06, zero.mean()  # one draw per token, about p of them
+    # Inference: no dropout, the same logits as the same weights without the option.
+    plain = tiny(dropout=0.0)
+    plain.set_weights(model.get_weights())
+    np.testing.assert_allclose(logits(model, src, tgt), logits(plain, src, tgt), atol=1e-5)
+    assert not np.allclose(np.asarray(model(inputs, training=True)), logits(plain, src, tgt))
+    assert Transformer.from_config(model.get_config()).token_dropout == p
+    assert plain.source_token_dropout is None  # 0 adds no layer: older weights load as before
+    with pytest.raises(ValueError, match="token_dropout"):
+        tiny(token_dropout=1.0)

@@ -38,6 +38,10 @@ class Transformer(TrainStep, keras.Model):
         dropout: residual dropout `P_drop` (sub-layer outputs and embedding sums).
         attention_dropout: dropout on attention weights.
         activation_dropout: dropout inside the feed-forward networks.
+        token_dropout: word dropout: during training each source and target input token's
+            embedding is zeroed with this probability (the whole vector; its position stays),
+            the others scaled by `1 / (1 - token_dropout)` (Gal & Ghahramani, 2016; Sennrich
+            & Zhang, 2019, for small corpora). 0 (the paper's) adds no layer.
         activation: feed-forward activation.
         norm_first: pre-norm blocks instead of the paper's post-norm.
         share_embeddings: one embedding matrix for source and target (needs one vocabulary).
@@ -77,6 +81,7 @@ class Transformer(TrainStep, keras.Model):
         dropout=0.1,
         attention_dropout=0.0,
         activation_dropout=0.0,
+        token_dropout=0.0,
         activation="relu",
         norm_first=False,
         share_embeddings=True,
@@ -89,6 +94,8 @@ class Transformer(TrainStep, keras.Model):
         **kwargs,
     ):
         head_size(d_model, num_heads)  # fails early with a clear message
+        if not 0.0 <= token_dropout < 1.0:
+            raise ValueError(f"token_dropout must be in [0, 1), got {token_dropout}")
         if share_embeddings and source_vocab_size not in (None, vocab_size):
             raise ValueError(
                 "share_embeddings=True needs one vocabulary: source_vocab_size "
@@ -114,6 +121,17 @@ class Transformer(TrainStep, keras.Model):
             )
         )
         positions = SinusoidalPositionalEncoding(dtype=dtype, name="positional_encoding")
+        # Word dropout: one mask value per token, broadcast over the embedding's width.
+        source_token_dropout, target_token_dropout = (
+            (None, None)
+            if not token_dropout
+            else tuple(
+                keras.layers.Dropout(
+                    token_dropout, noise_shape=(None, None, 1), dtype=dtype, name=name
+                )
+                for name in ("source_token_dropout", "target_token_dropout")
+            )
+        )
         source_dropout = keras.layers.Dropout(dropout, dtype=dtype, name="source_dropout")
         target_dropout = keras.layers.Dropout(dropout, dtype=dtype, name="target_dropout")
         encoder = TransformerEncoder(
@@ -134,9 +152,14 @@ class Transformer(TrainStep, keras.Model):
         target_ids = keras.Input(shape=(None,), dtype="int32", name="target_ids")
         source_mask = padding_mask(source_ids)
         target_mask = padding_mask(target_ids)
-        x = source_dropout(positions(source_embedding(source_ids)))
-        memory = encoder(x, padding_mask=source_mask)
-        y = target_dropout(positions(target_embedding(target_ids)))
+        x = source_embedding(source_ids)
+        if source_token_dropout is not None:
+            x = source_token_dropout(x)
+        memory = encoder(source_dropout(positions(x)), padding_mask=source_mask)
+        y = target_embedding(target_ids)
+        if target_token_dropout is not None:
+            y = target_token_dropout(y)
+        y = target_dropout(positions(y))
         y = decoder(y, memory, decoder_padding_mask=target_mask, encoder_padding_mask=source_mask)
         if output_projection is None:
             logits = target_embedding(y, reverse=True)
@@ -154,6 +177,8 @@ class Transformer(TrainStep, keras.Model):
         self.positional_encoding = positions
         self.source_dropout = source_dropout
         self.target_dropout = target_dropout
+        self.source_token_dropout = source_token_dropout
+        self.target_token_dropout = target_token_dropout
         self.encoder = encoder
         self.decoder = decoder
         self.output_projection = output_projection
@@ -167,6 +192,7 @@ class Transformer(TrainStep, keras.Model):
         self.dropout = float(dropout)
         self.attention_dropout = float(attention_dropout)
         self.activation_dropout = float(activation_dropout)
+        self.token_dropout = float(token_dropout)
         self.activation = activation
         self.norm_first = bool(norm_first)
         self.share_embeddings = bool(share_embeddings)
@@ -193,8 +219,10 @@ class Transformer(TrainStep, keras.Model):
         Returns `(encoder_output [batch, s_len, d_model], source_mask [batch, s_len])`.
         """
         source_mask = padding_mask(source_ids)
-        x = self.positional_encoding(self.source_embedding(source_ids))
-        x = self.source_dropout(x, training=training)
+        x = self.source_embedding(source_ids)
+        if self.source_token_dropout is not None:
+            x = self.source_token_dropout(x, training=training)
+        x = self.source_dropout(self.positional_encoding(x), training=training)
         return self.encoder(x, padding_mask=source_mask, training=training), source_mask
 
     def init_cache(self, encoder_output, max_length):
@@ -301,6 +329,7 @@ class Transformer(TrainStep, keras.Model):
             "dropout": self.dropout,
             "attention_dropout": self.attention_dropout,
             "activation_dropout": self.activation_dropout,
+            "token_dropout": self.token_dropout,
             "activation": self.activation,
             "norm_first": self.norm_first,
             "share_embeddings": self.share_embeddings,
