@@ -18,7 +18,10 @@ Run from the repository root (the peer needs `../shared/bench/setup_peers.sh` fi
 The corpus directory holds `train`, `dev` and `test` `.en`/`.de` files (`--src`/`--tgt` name
 other suffixes). `--set KEY=VALUE` (repeatable) changes our config, for one-change-at-a-time
 comparisons (`--label` names the line); `--no-peer` skips the peer; `--work DIR` keeps the
-workdirs (default: a new temporary directory).
+workdirs (default: a new temporary directory). `--steps N` trains ours for N optimizer steps
+instead of `--minutes` (the budget schedule then decays to zero at step N), and skips the peer:
+a comparison that the machine's speed, which drifts from day to day on shared machines, does
+not move.
 """
 
 import argparse
@@ -86,8 +89,8 @@ def run_ours(args, work):
         "--set", f"data.train={spec('train')}",
         "--set", f"data.dev={spec('dev')}",
         "--set", f"data.test={spec('test')}",
-        "--set", f"train.max_minutes={args.minutes}",
-        "--set", "train.steps=10000000",
+        "--set", f"train.max_minutes={'null' if args.steps else args.minutes}",
+        "--set", f"train.steps={args.steps or 10000000}",
         "--set", f"export.base_dir={os.path.join(work, 'saved_models')}",
         "--set", f"export.name={args.label}",
     ]  # fmt: skip
@@ -104,7 +107,8 @@ def run_ours(args, work):
         label=args.label,
         overrides=args.set,
         corpus=args.corpus,
-        minutes=args.minutes,
+        minutes=None if args.steps else args.minutes,
+        budget_steps=args.steps,
         test_bleu=result["test"]["bleu"],
         test_chrf=result["test"]["chrf"],
         dev_bleu=result["dev"]["bleu"],
@@ -164,6 +168,9 @@ def main():
     parser.add_argument("--src", default="en")
     parser.add_argument("--tgt", default="de")
     parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument(
+        "--steps", type=int, default=None, help="train ours for N steps instead (no peer then)"
+    )
     parser.add_argument("--config", default=os.path.join(REPO, "configs", "small.yaml"))
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--label", default="default")
@@ -175,7 +182,7 @@ def main():
     os.makedirs(work, exist_ok=True)
     if not args.peer_only:
         run_ours(args, work)
-    if not args.no_peer:
+    if not (args.no_peer or args.steps):
         run_peer(args, work)
 
 
