@@ -8,9 +8,12 @@ import os
 
 import numpy as np
 import pytest
+import tensorflow as tf
+import tensorflow_text  # noqa: F401  (the SavedModel's SentencePiece ops)
 from training_helpers import tiny_config
 
 from keras_transformer.config import ConfigError
+from keras_transformer.data import read_pairs
 from keras_transformer.models import build_transformer
 from keras_transformer.training import compile_model, list_checkpoints, precision, train
 
@@ -107,6 +110,18 @@ def test_a_faster_bfloat16_is_chosen_and_trained_in(tmp_path, monkeypatch):
     assert result["precision"] == "mixed_bfloat16"
     with open(tmp_path / precision.CHOICE_FILE) as f:
         assert json.load(f)["tokens_per_second"]["mixed_bfloat16"] == 150.0
+    # Trained in bfloat16, exported in float32: the trainer's SavedModel answers exactly as a
+    # re-export of the workdir by `keras-transformer export` (which builds float32).
+    from keras_transformer import cli
+
+    assert cli.main(["export", "--workdir", str(tmp_path), "--output", str(tmp_path / "re")]) == 0
+    texts = tf.constant([s for s, _ in read_pairs(_auto(tmp_path).data.dev)])
+    answers = [
+        tf.saved_model.load(path).signatures["serving_default"](text=texts)
+        for path in (result["saved_model"], str(tmp_path / "re" / "tiny" / "1"))
+    ]
+    assert answers[0]["translation"].numpy().tolist() == answers[1]["translation"].numpy().tolist()
+    np.testing.assert_allclose(answers[0]["score"], answers[1]["score"], rtol=1e-6)
 
 
 @pytest.mark.parametrize(

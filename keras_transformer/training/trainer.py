@@ -550,9 +550,14 @@ def _worker_done(run, model):
 def _average(run, model, vocab_size):
     """The final model: a copy outside the strategy (decoding and export need no replicas) with
     the average of the last `export.average_checkpoints` checkpoints (the paper's final models),
-    or the trained weights. Returns `(model, number of checkpoints averaged)`."""
+    or the trained weights. Returns `(model, number of checkpoints averaged)`.
+
+    It is float32 whatever the training precision, as `keras-transformer export` builds it: the
+    dev/test figures of `result.json` are those of the exported SavedModel, which gives the same
+    answers as a later re-export of the workdir and runs on any CPU (bfloat16 decoding is slow
+    on CPUs without bfloat16 instructions)."""
     config = run.config
-    final = build_transformer(config.model, vocab_size, dtype=_model_dtype(config))
+    final = build_transformer(config.model, vocab_size)
     final.set_weights(model.get_weights())
     return final, _maybe_average(final, run.layout.checkpoints, config.export.average_checkpoints)
 
