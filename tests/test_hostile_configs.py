@@ -176,7 +176,8 @@ def test_config_errors_come_before_tensorflow_loads():
         text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
-    assert done.stderr == "keras-transformer train: error: model.d_ff must be in [1, 262144], got 0\n"
+    expected = "keras-transformer train: error: model.d_ff must be in [1, 262144], got 0\n"
+    assert done.stderr == expected
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
