@@ -74,7 +74,7 @@ def test_save_and_load_round_trip(tmp_path):
         ("model:\n  d_model: 30\n  num_heads: 8\n", [], "divisible"),
         ("runtime:\n  strategy: gpus\n", [], "runtime.strategy"),
         ("model: [1, 2]\n", [], "model: expected a mapping"),
-        ("", ["model.num_decoder_layers=0"], "model.num_decoder_layers must be in [1, 1000], got 0"),
+        ("", ["model.num_decoder_layers=0"], "model.num_decoder_layers must be in [1, 1000]"),
         ("", ["train.ema_momentum=1.0"], "train.ema_momentum must be in"),
     ],
 )
