@@ -489,7 +489,9 @@ def validate(config):
     # Each key's own range is declared beside its default (`valid=`); these involve several.
     m = config.model
     if m.d_model % m.num_heads:
-        raise ConfigError("model.d_model must be divisible by model.num_heads")
+        raise ConfigError(
+            f"model.d_model ({m.d_model}) must be divisible by model.num_heads ({m.num_heads})"
+        )
     export_decoding(config)  # the export's decoding settings must be possible too
     return config
 
