@@ -191,3 +191,17 @@ def test_every_numeric_key_declares_its_range(path):
             numeric = {int, float} & ({hints[f.name]} | set(typing.get_args(hints[f.name])))
             if numeric:
                 assert f.metadata.get("valid"), f"{section}.{f.name} has no valid range"
+
+
+@pytest.mark.parametrize(
+    "setting, value",
+    [("beam_size", 10**20), ("beam_size", 0), ("alpha", float("nan")), ("alpha", -1.0),
+     ("n_best", -1), ("max_extra_length", 10**20)],
+)  # fmt: skip
+def test_export_flags_keep_the_export_keys_ranges(setting, value):
+    """`keras-transformer export --beam-size/--alpha/--n-best/--max-extra-length` are checked
+    against the ranges of their `export.` keys."""
+    from keras_transformer.config import export_decoding, from_dict
+
+    with pytest.raises(ConfigError, match=f"export.{setting} must be in"):
+        export_decoding(from_dict({}), **{setting: value})
