@@ -1,5 +1,9 @@
-"""The README: CI markers, the generated config reference, runnable examples, serving formats."""
+"""The README and the documentation site (docs/): CI markers, the generated configuration, API
+and results references, runnable examples, serving formats, the front door's rules."""
 
+import ast
+import dataclasses
+import glob
 import json
 import os
 import re
@@ -12,12 +16,34 @@ from keras_transformer.config import config_reference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
+DOCS = os.path.join(ROOT, "docs")
+CONFIG_PAGE = os.path.join(DOCS, "reference", "config.md")
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
+RUN_MARKER = "<!-- docs-test: run -->"
+# The packages whose `__all__` is the public API, each with its page under docs/reference/api/.
+PUBLIC_PACKAGES = ["layers", "models", "decoding", "export", "training", "data"]
+# Modules without `__all__`: their public functions (and these classes) are the API.
+PUBLIC_MODULES = {"config": ["ExperimentConfig"], "fast_paths": []}
+
+
+def _read(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read()
 
 
 def _readme():
-    with open(README, encoding="utf-8") as f:
-        return f.read()
+    return _read(README)
+
+
+def _doc_pages():
+    """The README and every page of the site (not docs/_incoming/, which the build excludes)."""
+    pages = glob.glob(os.path.join(DOCS, "**", "*.md"), recursive=True)
+    pages = [p for p in pages if os.sep + "_incoming" + os.sep not in p]
+    return [README] + sorted(pages)
+
+
+def _all_docs():
+    return "\n".join(_read(p) for p in _doc_pages())
 
 
 def _blocks(text, language):
@@ -36,43 +62,139 @@ def test_ci_blocks_follow_their_markers():
     assert text.index("<!-- ci:main -->") < text.index("<!-- ci:test -->")
     assert main.startswith("pip install . && keras-transformer train --config configs/quickstart")
     assert "keras-transformer translate --model saved_models/quickstart" in main
-    assert test.strip() == 'pip install -e ".[test]" && ruff check . && python -m pytest -q -n 2'
+    assert test.strip() == (
+        'pip install -e ".[test,docs]" && ruff check . && mkdocs build --strict '
+        "&& python -m pytest -q -n 2"
+    )
+
+
+def _slug(heading):
+    """The anchor GitHub and MkDocs give a Markdown heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _anchors(path):
+    text = _read(path)
+    ids = set(re.findall(r'id="([^"]+)"', text))
+    return ids | {_slug(h) for h in re.findall(r"^#+ (.+)$", text, re.M)}
+
+
+def test_readme_is_a_front_door():
+    text = _readme()
+    assert len(text.splitlines()) <= 250
+    # No dated run logs (time spans such as 03:36-04:08) in the front door.
+    assert not re.search(r"\b\d{1,2}:\d{2}\s*(?:-|–|to)\s*\d{1,2}:\d{2}\b", text)
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert len(links) >= 10
+    for link in links:
+        if re.match(r"[a-z]+://", link):
+            continue
+        target, _, anchor = link.partition("#")
+        path = os.path.join(ROOT, target) if target else README
+        assert os.path.exists(path), f"README links to a missing {target}"
+        if anchor:
+            assert anchor in _anchors(path), f"README links to a missing anchor {link}"
 
 
 def test_config_reference_is_in_sync():
-    text = _readme()
+    text = _read(CONFIG_PAGE)
     assert text.count(START) == 1 and text.count(END) == 1
     expected = f"{START}\n{config_reference().strip()}\n{END}"
     current = text[text.index(START) : text.index(END) + len(END)]
-    if current != expected and os.environ.get("UPDATE_README"):
-        with open(README, "w", encoding="utf-8") as f:
+    if current != expected and os.environ.get("UPDATE_DOCS"):
+        with open(CONFIG_PAGE, "w", encoding="utf-8") as f:
             f.write(text.replace(current, expected))
         current = expected
     assert current == expected, (
-        "README's configuration reference is stale: "
-        "UPDATE_README=1 python -m pytest tests/test_readme.py"
+        "docs/reference/config.md is stale: UPDATE_DOCS=1 python -m pytest tests/test_docs.py"
     )
 
 
 def test_config_reference_lists_every_key():
-    import dataclasses
-
     from keras_transformer.config import SECTIONS
 
-    reference = config_reference()
+    reference = _read(CONFIG_PAGE)
     for section, cls in SECTIONS.items():
         assert f"### `{section}`" in reference
         for field in dataclasses.fields(cls):
             assert re.search(rf"^\| `{field.name}` \| `.*` \| .+ \|$", reference, re.M), field.name
 
 
+def _module_ast(name):
+    path = os.path.join(ROOT, "keras_transformer", *name.split("."))
+    path = os.path.join(path, "__init__.py") if os.path.isdir(path) else path + ".py"
+    return ast.parse(_read(path))
+
+
+def public_names():
+    """`{module: [public name, ...]}`: the packages' `__all__` and the modules' public functions."""
+    names = {}
+    for package in PUBLIC_PACKAGES:
+        for node in _module_ast(package).body:
+            if isinstance(node, ast.Assign) and any(
+                getattr(t, "id", None) == "__all__" for t in node.targets
+            ):
+                names[package] = ast.literal_eval(node.value)
+    for module, classes in PUBLIC_MODULES.items():
+        functions = [
+            node.name
+            for node in _module_ast(module).body
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_")
+        ]
+        names[module] = functions + classes
+    return names
+
+
+def test_api_reference_has_an_entry_for_every_public_name():
+    names = public_names()
+    assert set(names) == set(PUBLIC_PACKAGES) | set(PUBLIC_MODULES)
+    for module, members in names.items():
+        page = _read(os.path.join(DOCS, "reference", "api", f"{module}.md"))
+        assert members, module
+        for name in members:
+            # A rendered entry (mkdocstrings) or, for constants, a row of the page's table.
+            entry = f"::: keras_transformer.{module}.{name}\n"
+            assert entry in page or f"| `{name}` |" in page, f"{module}.{name} has no entry"
+
+
+def test_every_public_callable_has_a_docstring():
+    import importlib
+    import inspect
+
+    for module, members in public_names().items():
+        imported = importlib.import_module(f"keras_transformer.{module}")
+        for name in members:
+            obj = getattr(imported, name)
+            if inspect.isclass(obj):  # its own docstring, not one inherited from Keras
+                assert (vars(obj).get("__doc__") or "").strip(), f"{module}.{name}"
+            elif callable(obj):
+                assert (getattr(obj, "__doc__", None) or "").strip(), f"{module}.{name}"
+
+
+def test_results_page_is_generated_from_the_ledgers():
+    from benchmarks import ledger, results_page
+
+    assert _read(results_page.PAGE) == results_page.render(), (
+        "docs/results.md is stale: python -m benchmarks.results_page"
+    )
+    assert os.path.exists(results_page.PLOT)
+    names = ledger.benchmarks()
+    assert "quality_budget" in names and "compare" in names
+    # One ledger per benchmark: no per-run files beside them.
+    assert not glob.glob(os.path.join(ledger.RESULTS, "*_20[0-9][0-9]-*.jsonl"))
+    for name in names:
+        for line in ledger.read(name):
+            missing = {"date", "machine", "cpu_flags", "label", "command"} - set(line)
+            assert not missing, (name, missing)
+
+
 def test_commands_use_real_configs_and_subcommands():
     from keras_transformer.cli import build_parser
 
-    text = _readme()
     parser = build_parser()
     commands = []
-    for _, block in _blocks(text, "bash"):
+    for _, block in _blocks(_all_docs(), "bash"):
         joined = block.replace("\\\n", " ")
         for line in joined.splitlines():
             for part in line.split("&&"):
@@ -117,15 +239,16 @@ def exported_quickstart(tmp_path_factory, toy_spm_bytes):
 @pytest.mark.slow
 def test_python_examples_run(exported_quickstart, monkeypatch, capsys):
     base, _ = exported_quickstart
-    monkeypatch.chdir(base)  # relative paths as in the README: saved_models/quickstart/1
+    monkeypatch.chdir(base)  # relative paths as in the documentation: saved_models/quickstart/1
     blocks = [
-        code
-        for marker, code in _blocks(_readme(), "python")
-        if marker == "<!-- readme-test: run -->"
+        (path, code)
+        for path in _doc_pages()
+        for marker, code in _blocks(_read(path), "python")
+        if marker == RUN_MARKER
     ]
-    assert len(blocks) >= 3
-    for code in blocks:
-        exec(compile(code, "README.md", "exec"), {"__name__": "__readme__"})
+    assert len(blocks) >= 4 and any(path == README for path, _ in blocks)
+    for path, code in blocks:
+        exec(compile(code, os.path.relpath(path, ROOT), "exec"), {"__name__": "__docs__"})
     assert os.path.exists(base / "classifier.keras")
     assert "(1, 3, 37000)" in capsys.readouterr().out
 
@@ -138,9 +261,9 @@ def _signature(path):
 
 
 def _rest_bodies():
-    """The JSON bodies of the README's curl requests."""
+    """The JSON bodies of the curl requests in the README and the documentation."""
     bodies = []
-    for _, block in _blocks(_readme(), "bash"):
+    for _, block in _blocks(_all_docs(), "bash"):
         for match in re.finditer(r"-d '(\{.*?\})'", block):
             bodies.append(json.loads(match.group(1)))
     return bodies
@@ -155,7 +278,7 @@ def _as_json(values):
 
 @pytest.mark.slow
 def test_rest_requests_match_the_signature(exported_quickstart):
-    """Answers the README's REST bodies as TF Serving's REST API does, on the real signatures
+    """Answers the documented REST bodies as TF Serving's REST API does, on the real signatures
     (`signature_name`, default `serving_default`)."""
     import tensorflow as tf
     import tensorflow_text  # noqa: F401
@@ -199,7 +322,7 @@ def test_rest_requests_match_the_signature(exported_quickstart):
 
 @pytest.mark.slow
 def test_grpc_tensor_matches_the_signature(exported_quickstart):
-    """The README's gRPC request tensor: DT_STRING, shape [n], accepted by the signature."""
+    """The documented gRPC request tensor: DT_STRING, shape [n], accepted by the signature."""
     import tensorflow as tf
 
     _, path = exported_quickstart
