@@ -123,7 +123,7 @@ class TrainConfig:
     adam_beta_2: float = _field(0.98, "Adam beta_2")
     adam_epsilon: float = _field(1e-9, "Adam epsilon")
     gradient_accumulation_steps: int = _field(
-        1, "micro-batches per optimizer step (summed in the train step; see the README)"
+        1, "micro-batches per optimizer step (summed in the train step; see docs/guides/scale.md)"
     )
     clip_norm: Optional[float] = _field(None, "clip gradients to this global norm; None: off")
     weight_decay: float = _field(
@@ -476,7 +476,7 @@ def export_decoding(config, **overrides):
 
 
 def config_reference():
-    """Markdown tables listing every key with its default and meaning (used by the README)."""
+    """Markdown tables listing every key with its default and meaning (docs/reference/config.md)."""
     lines = []
     for section, cls in SECTIONS.items():
         lines.append(f"### `{section}`\n")
