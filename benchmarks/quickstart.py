@@ -42,6 +42,7 @@ def main(argv):
         steps=result["step"],
         train_min=round(result["training_seconds"] / 60, 2),
         precision=result.get("precision"),
+        max_rss_mb=None,  # the training ran in a child process; this one's peak says nothing
     )
 
 
