@@ -213,7 +213,7 @@ class TrainConfig:
     adam_epsilon: float = _field(1e-9, "Adam epsilon", valid="(0, 1]")
     gradient_accumulation_steps: int = _field(
         1,
-        "micro-batches per optimizer step (summed in the train step; see the README)",
+        "micro-batches per optimizer step (summed in the train step; see docs/guides/scale.md)",
         valid="[1, 1024]",
     )
     clip_norm: Optional[float] = _field(
@@ -562,8 +562,8 @@ def _describe_valid(f, hint):
 
 
 def config_reference():
-    """Markdown tables listing every key with its default, valid values and meaning (used by
-    the README)."""
+    """Markdown tables listing every key with its default, valid values and meaning
+    (docs/reference/config.md)."""
     lines = []
     for section, cls in SECTIONS.items():
         lines.append(f"### `{section}`\n")

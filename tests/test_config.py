@@ -33,7 +33,7 @@ def test_defaults_are_the_paper_recipe():
 
 def test_configs_decode_as_chosen():
     """The paper configs decode as the paper (beam 4, alpha 0.6); small.yaml keeps beam 4 with
-    the length penalty chosen on Tatoeba dev (README, "Quality per CPU-hour"), a stronger one."""
+    the length penalty chosen on Tatoeba dev (docs/history.md), a stronger one."""
     configs = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs")
     for name in ("transformer_base.yaml", "transformer_big.yaml"):
         decode = load_config(os.path.join(configs, name)).decode
