@@ -1,8 +1,9 @@
 """Experiment configuration: dataclass schema, YAML loading, dotted overrides and validation.
 
 A config file is YAML with the sections `model`, `data`, `train`, `decode`, `runtime` and
-`export`. Every key has a default (see `config_reference()`); unknown keys and values of the
-wrong type raise `ConfigError` naming the key.
+`export`. Every key has a default and its valid values (`valid=`: an interval, the choices, or
+non-empty), declared together (see `config_reference()`); unknown keys, values of the wrong type
+and values outside their range raise `ConfigError` naming the key.
 
 Example:
 ```python
