@@ -300,7 +300,7 @@ def load_workdir_model(workdir, average=None):
     # Torn or corrupted checkpoints are skipped (one line each): never averaged or exported.
     if not layout.list_checkpoints():
         raise UsageError(f"no checkpoints (ckpt-<step>.weights.h5) in {workdir}/checkpoints")
-    checkpoints = complete_checkpoints(layout.checkpoints)
+    checkpoints = complete_checkpoints(layout.checkpoints, average)
     if not checkpoints:
         raise UsageError(f"every checkpoint in {workdir}/checkpoints is torn or corrupted")
     if average > len(checkpoints):
@@ -388,6 +388,7 @@ def prepare_command(args):
         config.runtime.workdir = args.workdir
     from keras_transformer.data.prepare import prepare
 
+    import_tensorflow(getattr(args, "verbose", False))  # the lock is written with tf.io.gfile
     with workdir_lock(config, "prepare"):
         manifest = prepare(config)
     layout = Workdir.of(config)

@@ -83,9 +83,9 @@ def disk_full(error):
         number = getattr(error, "errno", None)
         if number in (errno.ENOSPC, errno.EDQUOT) or any(t in text for t in _NO_SPACE_TEXTS):
             path = _no_space_path(error)
-            where = f"writing {path}" if path else "writing"
+            where = f" writing {path}" if path else ""
             return DiskFullError(
-                f"no space left on the device {where}: free some space and run the same "
+                f"no space left on the device{where}: free some space and run the same "
                 "command again (it continues from the last complete state; nothing "
                 "incomplete is taken as done)"
             )

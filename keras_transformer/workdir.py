@@ -205,26 +205,32 @@ def average_checkpoints(model, paths):
     return model
 
 
-def complete_checkpoints(directory, report=None):
-    """`[(step, path), ...]` of the step checkpoints of `directory` that are complete, oldest
-    first: a torn, truncated or corrupted one (`integrity.checkpoint_problem`) is left out and
-    reported in one line.
+def complete_checkpoints(directory, count=None, report=None):
+    """`[(step, path), ...]` of the last `count` (default: all) step checkpoints of `directory`
+    that are complete, oldest first: a torn, truncated or corrupted one
+    (`integrity.checkpoint_problem`) is left out and reported in one line.
+
+    Checkpoints are checked newest first, and only until `count` complete ones are found (each
+    check reads the whole file for its sha256).
 
     Args:
         directory: the checkpoints directory.
+        count: how many complete checkpoints are wanted.
         report: `line -> None` for each checkpoint left out (default: print to stderr).
     """
     import sys
 
     report = report or (lambda line: print(line, file=sys.stderr, flush=True))
     complete = []
-    for step, path in list_checkpoints(directory):
+    for step, path in reversed(list_checkpoints(directory)):
+        if count is not None and len(complete) >= count:
+            break
         problem = checkpoint_problem(path)
         if problem:
             report(f"skipping the torn or corrupted checkpoint {path}: {problem}")
         else:
             complete.append((step, path))
-    return complete
+    return complete[::-1]
 
 
 def load_last_checkpoints(model, directory, count):
@@ -234,7 +240,7 @@ def load_last_checkpoints(model, directory, count):
     Returns:
         The steps of the checkpoints used, oldest first (empty when there is none).
     """
-    chosen = complete_checkpoints(directory)[-max(1, int(count)) :]
+    chosen = complete_checkpoints(directory, max(1, int(count)))
     if not chosen:
         return []
     if len(chosen) == 1:
