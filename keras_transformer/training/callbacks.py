@@ -166,8 +166,7 @@ class ResumeState(keras.callbacks.Callback):
             try:
                 self._checkpoint.restore(path).assert_existing_objects_matched()
             except Exception as e:  # torn, corrupted, or another model's
-                first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-                problems.append(f"{type(e).__name__}: {first}"[:300])
+                problems.append(_first_line(e))
                 print(f"skipping the torn or unreadable resume state {path} ({problems[-1]})")
                 continue
             latest = path
@@ -203,6 +202,16 @@ class ResumeState(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self.save()
+
+
+def _first_line(error):
+    """`Type: first line` of an error, without TensorFlow's `{{function_node ...}}` and
+    `[Op:...]` decorations."""
+    import re
+
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    text = re.sub(r"\{\{function_node [^}]*\}\}\s*|\s*\[Op:\w+\]$", "", text)
+    return f"{type(error).__name__}: {text}"[:300]
 
 
 def _resume_states(directory):
