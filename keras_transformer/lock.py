@@ -45,6 +45,21 @@ def _alive(pid):
     return True
 
 
+def _process_identity(pid):
+    """`(boot id, start time in clock ticks since boot)` of process `pid` on Linux (so that a pid
+    reused after the holder died, or after a reboot, is not taken for the holder); None
+    elsewhere or when it cannot be read."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        with open(f"/proc/{int(pid)}/stat") as f:
+            # The command name (field 2) may hold spaces: the fields after its ')' are fixed.
+            start = f.read().rsplit(")", 1)[1].split()[19]
+        return [boot, start]
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def describe(holder):
     """`HOST pid PID (COMMAND, started TIME)` of a lock's contents."""
     return (
@@ -77,6 +92,7 @@ class WorkdirLock:
             "command": command,
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "token": self.token,
+            "process": _process_identity(os.getpid()),
         }
 
     def _create(self):
@@ -108,8 +124,15 @@ class WorkdirLock:
             return None
 
     def _stale(self, holder):
-        """True when `holder` was a process of this host that is gone."""
-        return holder.get("host") == self.holder["host"] and not _alive(holder.get("pid", -1))
+        """True when `holder` was a process of this host that is gone (its pid is free, or now
+        names another process: started later, or since a reboot)."""
+        if holder.get("host") != self.holder["host"]:
+            return False
+        pid = holder.get("pid", -1)
+        if not _alive(pid):
+            return True
+        recorded = holder.get("process")
+        return bool(recorded) and _process_identity(pid) not in (None, recorded)
 
     def acquire(self):
         """Takes the lock, taking over a stale one; raises `WorkdirInUseError` naming the

@@ -489,3 +489,32 @@ def test_workers_of_one_job_share_the_chiefs_lock(trained, tmp_path, monkeypatch
         code, _, err = _run(capsys, *_train_argv(config, workdir))  # a second chief
         assert code == 2 and "is in use by" in err
     assert ran == ["tiny"]
+
+
+def _write_lock(workdir, **holder):
+    os.makedirs(workdir, exist_ok=True)
+    values = dict(host=os.uname().nodename, pid=1, command="train", started="then", token="x")
+    values.update(holder)
+    with open(os.path.join(workdir, "lock.json"), "w") as f:
+        json.dump(values, f)
+
+
+def test_a_reused_pid_or_a_reboot_does_not_keep_a_stale_lock(tmp_path, capsys):
+    from keras_transformer.lock import WorkdirLock
+
+    # pid 1 is alive, but it is not the process that took the lock (another boot).
+    _write_lock(tmp_path, pid=1, process=["an-earlier-boot", "12345"])
+    with WorkdirLock(tmp_path, "prepare"):
+        assert json.loads((tmp_path / "lock.json").read_text())["pid"] == os.getpid()
+    assert "taking over the lock" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "lock.json")
+
+
+def test_a_lock_from_another_host_is_never_taken_over(tmp_path):
+    from keras_transformer.errors import WorkdirInUseError
+    from keras_transformer.lock import WorkdirLock
+
+    _write_lock(tmp_path, host="another-machine", pid=99999999)
+    with pytest.raises(WorkdirInUseError, match="in use by another-machine pid 99999999"):
+        WorkdirLock(tmp_path, "train").acquire()
+    assert json.loads((tmp_path / "lock.json").read_text())["host"] == "another-machine"
