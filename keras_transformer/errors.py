@@ -1,8 +1,9 @@
 """The package's errors: one base class that the `keras-transformer` command reports as one line.
 
 This module imports nothing from the package, so every module can raise these without import
-circles. The command line catches `KerasTransformerError` (and `FileNotFoundError`), prints its
-first line and exits with code 2; anything else is a bug and keeps its traceback.
+circles. The command line catches `KerasTransformerError` (and `FileNotFoundError`, and any
+error that `disk_full` recognises as a full disk), prints its first line and exits with code 2;
+anything else is a bug and keeps its traceback.
 """
 
 
