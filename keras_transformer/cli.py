@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from keras_transformer import commands
-from keras_transformer.errors import KerasTransformerError
+from keras_transformer.errors import KerasTransformerError, disk_full
 
 QUANTIZATIONS = (
     "int8",
@@ -141,8 +141,12 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
         args.func(args)
-    except (KerasTransformerError, FileNotFoundError) as e:
-        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+    except Exception as e:
+        # A full disk, whichever writer met it, is the user's to fix: one line, not a traceback.
+        error = e if isinstance(e, (KerasTransformerError, FileNotFoundError)) else disk_full(e)
+        if error is None:
+            raise
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
         print(f"keras-transformer {args.command}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

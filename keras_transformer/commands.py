@@ -8,6 +8,7 @@ are raised as `UsageError` (or another `keras_transformer.errors.KerasTransforme
 `cli.py` prints as one line.
 """
 
+import contextlib
 import itertools
 import json
 import os
@@ -16,7 +17,7 @@ import tempfile
 import time
 
 from keras_transformer.errors import UsageError
-from keras_transformer.workdir import Workdir, average_checkpoints
+from keras_transformer.workdir import Workdir, average_checkpoints, complete_checkpoints
 
 # --------------------------------------------------------------------------- helpers
 
@@ -296,12 +297,16 @@ def load_workdir_model(workdir, average=None):
     average = config.export.average_checkpoints if average is None else average
     if average < 1:
         raise UsageError(f"--average must be a positive integer, got {average}")
-    checkpoints = layout.list_checkpoints()
-    if not checkpoints:
+    # Torn or corrupted checkpoints are skipped (one line each): never averaged or exported.
+    if not layout.list_checkpoints():
         raise UsageError(f"no checkpoints (ckpt-<step>.weights.h5) in {workdir}/checkpoints")
+    checkpoints = complete_checkpoints(layout.checkpoints, average)
+    if not checkpoints:
+        raise UsageError(f"every checkpoint in {workdir}/checkpoints is torn or corrupted")
     if average > len(checkpoints):
         raise UsageError(
-            f"cannot average {average} checkpoints: {workdir}/checkpoints has {len(checkpoints)}"
+            f"cannot average {average} checkpoints: {workdir}/checkpoints has "
+            f"{len(checkpoints)} complete"
         )
     with open(spm_path, "rb") as f:
         spm_bytes = f.read()
@@ -383,7 +388,9 @@ def prepare_command(args):
         config.runtime.workdir = args.workdir
     from keras_transformer.data.prepare import prepare
 
-    manifest = prepare(config)
+    import_tensorflow(getattr(args, "verbose", False))  # the lock is written with tf.io.gfile
+    with workdir_lock(config, "prepare"):
+        manifest = prepare(config)
     layout = Workdir.of(config)
     counts = manifest["counts"]
     print(
@@ -404,6 +411,16 @@ def train_command(args):
     if args.workdir:
         config.runtime.workdir = args.workdir
     import_tensorflow(getattr(args, "verbose", False))
-    from keras_transformer.training import train
+    from keras_transformer.training import is_chief, train
 
-    train(config)
+    # The workers of a multi-worker job share the chief's lock.
+    with workdir_lock(config, "train") if is_chief() else contextlib.nullcontext():
+        train(config)
+
+
+def workdir_lock(config, command):
+    """The lock on the config's workdir (`keras_transformer.lock.WorkdirLock`): one `train` or
+    `prepare` at a time; a second one exits 2 naming the holder."""
+    from keras_transformer.lock import WorkdirLock
+
+    return WorkdirLock(Workdir.of(config).root, command)

@@ -15,6 +15,7 @@ WORKDIR/
                        data position), the last train.keep_backups kept
   logs/                TensorBoard
   result.json          the final summary
+  lock.json            who runs `train` or `prepare` here now (see `keras_transformer.lock`)
 ```
 
 This module sits at the bottom of the package (it imports nothing of ours), so the data, training
@@ -25,6 +26,8 @@ import dataclasses
 import os
 import re
 import warnings
+
+from keras_transformer.integrity import checkpoint_problem, write_checksum
 
 CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
 
@@ -88,6 +91,11 @@ class Workdir:
     def result(self):
         return self._join("result.json")
 
+    @property
+    def lock(self):
+        """`lock.json`: the holder of the workdir while `train` or `prepare` runs."""
+        return self._join("lock.json")
+
     def checkpoint(self, step):
         """The path of the step checkpoint written at optimizer step `step`."""
         return checkpoint_path(self.checkpoints, step)
@@ -122,7 +130,9 @@ def save_model_weights(model, path):
     Keras's `save_weights` on a compiled model also writes the optimizer's variables (Adam's two
     moments: about 3x the weights); step checkpoints are for averaging and export, which need
     the weights only. The file appears atomically (written beside, then renamed), so a kill
-    mid-write never leaves a broken checkpoint. `model.load_weights` reads it back.
+    mid-write never leaves a broken checkpoint (a failed write, e.g. a full disk, leaves
+    nothing); then `path.sha256` records its size and checksum, which `complete_checkpoints`
+    checks. `model.load_weights` reads it back.
 
     Example:
     ```python
@@ -135,10 +145,16 @@ def save_model_weights(model, path):
     directory, name = os.path.split(path)
     tmp = os.path.join(directory, f".tmp-{name}")
     optimizer = getattr(model, "optimizer", None)
-    saving_lib.save_weights_only(
-        model, tmp, objects_to_skip=[optimizer] if optimizer is not None else None
-    )
+    try:
+        saving_lib.save_weights_only(
+            model, tmp, objects_to_skip=[optimizer] if optimizer is not None else None
+        )
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
     os.replace(tmp, path)
+    write_checksum(path)
     return path
 
 
@@ -189,13 +205,42 @@ def average_checkpoints(model, paths):
     return model
 
 
+def complete_checkpoints(directory, count=None, report=None):
+    """`[(step, path), ...]` of the last `count` (default: all) step checkpoints of `directory`
+    that are complete, oldest first: a torn, truncated or corrupted one
+    (`integrity.checkpoint_problem`) is left out and reported in one line.
+
+    Checkpoints are checked newest first, and only until `count` complete ones are found (each
+    check reads the whole file for its sha256).
+
+    Args:
+        directory: the checkpoints directory.
+        count: how many complete checkpoints are wanted.
+        report: `line -> None` for each checkpoint left out (default: print to stderr).
+    """
+    import sys
+
+    report = report or (lambda line: print(line, file=sys.stderr, flush=True))
+    complete = []
+    for step, path in reversed(list_checkpoints(directory)):
+        if count is not None and len(complete) >= count:
+            break
+        problem = checkpoint_problem(path)
+        if problem:
+            report(f"skipping the torn or corrupted checkpoint {path}: {problem}")
+        else:
+            complete.append((step, path))
+    return complete[::-1]
+
+
 def load_last_checkpoints(model, directory, count):
-    """Loads the last checkpoint of `directory` into `model`, or the average of the last `count`.
+    """Loads the last complete checkpoint of `directory` into `model`, or the average of the last
+    `count` complete ones (torn ones are skipped, see `complete_checkpoints`).
 
     Returns:
         The steps of the checkpoints used, oldest first (empty when there is none).
     """
-    chosen = list_checkpoints(directory)[-max(1, int(count)) :]
+    chosen = complete_checkpoints(directory, max(1, int(count)))
     if not chosen:
         return []
     if len(chosen) == 1:

@@ -61,7 +61,9 @@ def test_train_under_mirrored_strategy_with_accumulation_bfloat16_and_ema(tmp_pa
     files = assert_one_run_in_workdir(workdir)
     assert {f for f in files if f.startswith("checkpoints")} == {
         os.path.join("checkpoints", "ckpt-3.weights.h5"),
+        os.path.join("checkpoints", "ckpt-3.weights.h5.sha256"),
         os.path.join("checkpoints", "ckpt-6.weights.h5"),
+        os.path.join("checkpoints", "ckpt-6.weights.h5.sha256"),
     }
 
 

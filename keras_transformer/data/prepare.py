@@ -48,6 +48,7 @@ from array import array
 
 from keras_transformer.data import corpora
 from keras_transformer.errors import DataError
+from keras_transformer.integrity import file_digest, file_problem
 from keras_transformer.workdir import Workdir
 
 FORMAT_VERSION = 1
@@ -199,7 +200,37 @@ def check_prepared(config, manifest=None, repair=True):
             f"tokenized with (sha256 {sha256[:12]}...); delete {layout.prepared} and "
             f"{layout.spm} to prepare again, or use another --workdir"
         )
+    verify_shards(layout.prepared, manifest)
     return manifest
+
+
+def add_shard_checksums(manifest, directory):
+    """Records each finished shard's size and sha256 in `manifest["shards"]` (read back from the
+    files in `directory`, once they are all written and closed)."""
+    for shard in manifest["shards"]:
+        shard["bytes"], shard["sha256"] = file_digest(os.path.join(directory, shard["file"]))
+    return manifest
+
+
+def verify_shards(directory, manifest):
+    """Checks every shard of a prepared directory against the manifest: the size always, the
+    sha256 where the manifest has one (preparations from before checksums have sizes only).
+
+    Reading the shards costs about a second per GB (once, at the start of `train`); it stops a
+    truncated or changed shard before training instead of a crash mid-run (TFRecord's CRC) or
+    silently missing examples.
+
+    Raises:
+        DataError: one line naming the shard, what is wrong and what to run.
+    """
+    for shard in manifest.get("shards", []):
+        path = os.path.join(directory, shard["file"])
+        problem = file_problem(path, shard.get("bytes"), shard.get("sha256"))
+        if problem:
+            raise DataError(
+                f"prepared shard {path} is corrupted ({problem}, see {MANIFEST}): delete "
+                f"{directory} and run keras-transformer prepare (or train) again"
+            )
 
 
 def _reservoir_sample(sentences, size, seed):
@@ -598,6 +629,7 @@ def prepare(config, verbose=True):
             },
         }
         manifest.update(_write_shards(config, vocabulary, temporary, total, verbose))
+        add_shard_checksums(manifest, temporary)
         manifest["seconds"] = round(time.time() - started, 1)
         manifest["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         # The manifest is the last file written: its presence means complete.

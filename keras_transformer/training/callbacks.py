@@ -9,7 +9,9 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer.data.pipeline import encode_sources
+from keras_transformer.errors import DataError
 from keras_transformer.evaluation import score_translations
+from keras_transformer.integrity import remove_with_checksum
 from keras_transformer.workdir import checkpoint_path, list_checkpoints, save_model_weights
 
 
@@ -86,7 +88,7 @@ class StepCheckpoint(keras.callbacks.Callback):
             save_model_weights(self.model, checkpoint_path(self.directory, step))
         self._last_saved = step
         for _, old in list_checkpoints(self.directory)[: -self.keep]:
-            os.remove(old)
+            remove_with_checksum(old)
 
     def on_train_batch_end(self, batch, logs=None):
         step = optimizer_step(self.model)
@@ -105,8 +107,10 @@ class ResumeState(keras.callbacks.Callback):
 
     `tf.train.CheckpointManager` writes each state's files first and then, atomically, the index
     naming the latest: a kill mid-write leaves the previous state to restore. `restore()` (called
-    by the trainer before `fit`) loads the latest state and returns the data position, so the
-    training data can continue where the killed run was (see `train()`).
+    by the trainer before `fit`) loads the newest complete state and returns the data position,
+    so the training data can continue where the killed run was (see `train()`). A torn or
+    corrupted state (TensorFlow's reader checks every tensor's CRC32C) is reported in one line
+    and the one before it is used.
 
     Args:
         model: the compiled model, its optimizer built (`optimizer.build(trainable_variables)`).
@@ -150,13 +154,30 @@ class ResumeState(keras.callbacks.Callback):
         self.set_model(model)
 
     def restore(self):
-        """Loads the latest state of `directory` if there is one; returns the data position."""
-        import tensorflow as tf
+        """Loads the newest complete state of `directory` if there is one; returns the data
+        position.
 
-        latest = tf.train.latest_checkpoint(self.directory)
+        Raises:
+            DataError: there are states but none can be read (all torn, or of another model).
+        """
+        candidates = _resume_states(self.directory)
+        latest, problems = None, []
+        for path in candidates:
+            try:
+                self._checkpoint.restore(path).assert_existing_objects_matched()
+            except Exception as e:  # torn, corrupted, or another model's
+                problems.append(_first_line(e))
+                print(f"skipping the torn or unreadable resume state {path} ({problems[-1]})")
+                continue
+            latest = path
+            break
         if latest is None:
+            if problems:
+                raise DataError(
+                    f"no readable resume state in {self.directory} ({len(problems)} torn or "
+                    f"unreadable: {problems[0]}); delete {self.directory} to train from step 0"
+                )
             return 0
-        self._checkpoint.restore(latest).assert_existing_objects_matched()
         self.batches = int(self._position.numpy())
         self._last_saved = optimizer_step(self.model)
         print(f"resuming from step {self._last_saved} (restored from {latest})", flush=True)
@@ -181,6 +202,44 @@ class ResumeState(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self.save()
+
+
+def _first_line(error):
+    """`Type: first line` of an error, without TensorFlow's `{{function_node ...}}` and
+    `[Op:...]` decorations."""
+    import re
+
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    text = re.sub(r"\{\{function_node [^}]*\}\}\s*|\s*\[Op:\w+\]$", "", text)
+    return f"{type(error).__name__}: {text}"[:300]
+
+
+def _resume_states(directory):
+    """The resume states of `directory` (checkpoint prefixes), newest first: those named by its
+    `checkpoint` index file and any other `ckpt-N.index` there (the index file may itself be
+    torn or name only the latest)."""
+    import re
+
+    prefixes = set()
+    state = None
+    try:
+        state = tf.train.get_checkpoint_state(directory)
+    except Exception:  # a torn index file: the glob below still finds the states
+        pass
+    if state is not None:
+        for path in state.all_model_checkpoint_paths:
+            if not os.path.isabs(path) and "://" not in path:
+                path = os.path.join(directory, path)
+            if tf.io.gfile.exists(path + ".index"):
+                prefixes.add(path)
+    for index in tf.io.gfile.glob(os.path.join(directory, "ckpt-*.index")):
+        prefixes.add(index[: -len(".index")])
+
+    def number(prefix):
+        match = re.search(r"ckpt-(\d+)$", prefix)
+        return int(match.group(1)) if match else -1
+
+    return sorted(prefixes, key=number, reverse=True)
 
 
 def _tf_variable(variable):

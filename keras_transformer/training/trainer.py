@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from keras_transformer.config import save_config
 from keras_transformer.errors import WorkerError
+from keras_transformer.integrity import atomic_write
 from keras_transformer.models import build_transformer
 from keras_transformer.training.callbacks import (
     DevEvaluator,
@@ -601,7 +602,7 @@ def _score(run, model, tokenizer, step, stopper, averaged):
 
 def _finish(run, result):
     result["total_seconds"] = round(time.time() - run.started, 1)
-    with open(run.layout.result, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2)
+    # Whole or absent (a full disk leaves no torn result.json that would end the next run).
+    atomic_write(run.layout.result, json.dumps(result, indent=2))
     _print_summary(result)
     return result
