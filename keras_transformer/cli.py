@@ -73,7 +73,9 @@ def build_parser():
     p.set_defaults(func=commands.prepare_command)
 
     p = sub.add_parser(
-        "translate", parents=[common], help="translate TEXT arguments or stdin lines"
+        "translate",
+        parents=[common],
+        help="translate TEXT arguments, stdin lines or an --input file",
     )
     p.add_argument("--model", required=True, help="SavedModel directory (or its parent)")
     p.add_argument("--batch-size", type=int, default=32, help="sentences per call (default 32)")
@@ -84,6 +86,21 @@ def build_parser():
         metavar="K",
         help="K lines 'SCORE<TAB>TRANSLATION' per input, best first (translate_nbest signature; "
         "K at most the exported n-best)",
+    )
+    p.add_argument("--input", metavar="FILE", help="translate this file (streamed) into --output")
+    p.add_argument(
+        "--output",
+        metavar="FILE",
+        help="with --input: the translations, written as it goes; run the same command again "
+        "after a kill to continue (progress in FILE.progress until it is complete)",
+    )
+    p.add_argument(
+        "--chunk-lines",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --input: lines read, translated (length-sorted) and saved at a time "
+        "(default 4096)",
     )
     p.add_argument("text", nargs="*", help="sentences; stdin lines when none are given")
     p.set_defaults(func=commands.translate_command)

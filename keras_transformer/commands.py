@@ -186,6 +186,8 @@ def translate_command(args):
     n_best = getattr(args, "n_best", None)
     if n_best is not None and n_best < 1:
         raise UsageError(f"--n-best must be a positive integer, got {n_best}")
+    if getattr(args, "input", None) is not None or getattr(args, "output", None) is not None:
+        return translate_file_command(args, batch_size, n_best)
     import_tensorflow(getattr(args, "verbose", False))
     if n_best is None:
         translate = load_serving_function(args.model)
@@ -213,6 +215,47 @@ def translate_command(args):
         for line in output_lines(batch, batch_size):
             print(line)
         sys.stdout.flush()
+
+
+def translate_file_command(args, batch_size, n_best=None):
+    """`keras-transformer translate --model DIR --input FILE --output FILE [--n-best K]
+    [--chunk-lines N]`: streams FILE through the model into the output (K lines
+    `SCORE<TAB>TRANSLATION` per input with `--n-best`), with progress on stderr and one summary
+    line; run again after a kill, it continues (`keras_transformer.file_translation`)."""
+    from keras_transformer.file_translation import CHUNK_LINES, check_paths, translate_file
+
+    if args.input is None or args.output is None:
+        raise UsageError("--input and --output go together (translate a file into a file)")
+    if args.text:
+        raise UsageError("--input translates a file: give no TEXT arguments with it")
+    chunk_lines = CHUNK_LINES if args.chunk_lines is None else args.chunk_lines
+    if chunk_lines < 1:
+        raise UsageError(f"--chunk-lines must be a positive integer, got {chunk_lines}")
+    import_tensorflow(getattr(args, "verbose", False))
+    check_paths(args.input, args.output)  # before the model loads: a typo fails at once
+    from keras_transformer.export.saved_model import resolve_model_dir
+
+    if n_best is None:
+        serve = load_serving_function(args.model)
+
+        def translate(texts):
+            return [[translation] for translation in serve(texts)[0]]
+    else:
+        serve = load_nbest_function(args.model, n_best)
+
+        def translate(texts):
+            return [[f"{s:.6f}\t{t}" for s, t in hypotheses] for hypotheses in serve(texts)]
+
+    model = os.path.realpath(resolve_model_dir(args.model))
+    result = translate_file(
+        translate, args.input, args.output, batch_size, chunk_lines, model, n_best or 1
+    )
+    resumed = f" ({result['resumed_after']:,} done before)" if result["resumed_after"] else ""
+    rate = result["translated"] / max(result["seconds"], 1e-9)
+    print(
+        f"{args.output}: {result['lines']:,} lines{resumed}; {result['translated']:,} "
+        f"translated in {result['seconds']:.1f} s ({rate:,.1f} lines/s)"
+    )
 
 
 # --------------------------------------------------------------------------- evaluate
