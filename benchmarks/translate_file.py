@@ -20,7 +20,8 @@ in input order; both get `--threads` threads (TensorFlow's intra- and inter-op p
 Python (`source_tokenize_fn`, truncated as our graph does) and stops at `max_source_length +
 max_extra_length` tokens. The figure is end to end, from the command's start (model loading
 included) to the last line written: lines / seconds. The CTranslate2 line also gives the share of
-output lines identical to ours (the same model: close to 1).
+output lines identical to ours (a check that both run the same model and settings; the
+length limits differ slightly, so a few lines may too).
 
 Prints one JSON line per system (`system`: keras-transformer, ctranslate2); `BENCH_LABEL=...`
 appends them to results/translate_file.jsonl.

@@ -181,7 +181,8 @@ def read_lines(path, what):
 
 def translate_command(args):
     """`keras-transformer translate --model DIR [--n-best K] [TEXT ...]`: one translation per
-    line; with `--n-best K`, K lines `SCORE<TAB>TRANSLATION` per input, best first."""
+    line; with `--n-best K`, K lines `SCORE<TAB>TRANSLATION` per input, best first. With
+    `--input FILE --output FILE`: `translate_file_command`."""
     batch_size = _batch_size(args)
     n_best = getattr(args, "n_best", None)
     if n_best is not None and n_best < 1:

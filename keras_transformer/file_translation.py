@@ -150,9 +150,11 @@ def resume_point(output_path, identity):
             f"{output_path} is shorter than {output_path}{PROGRESS_SUFFIX} records: it was "
             "changed; remove both to start again"
         )
-    with gfile.GFile(output_path, "rb") as f:
-        f.seek(offset)
-        tail = f.read()  # at most what was written since the last record: about one chunk
+    tail = b""  # what was written after the last record: about one chunk at most
+    if size > offset:
+        with gfile.GFile(output_path, "rb") as f:
+            f.seek(offset)
+            tail = f.read()
     per_input = identity["lines_per_input"]
     complete = tail.count(b"\n") // per_input
     kept = sum(len(line) + 1 for line in tail.split(b"\n")[: complete * per_input])
@@ -162,6 +164,7 @@ def resume_point(output_path, identity):
 
 
 def _decode(raw):
+    # Line ends: LF or CRLF (gfile's readline already drops CRs; not every reader does).
     return raw.rstrip(b"\n").rstrip(b"\r").decode("utf-8", errors="replace")
 
 
@@ -210,6 +213,10 @@ class Progress:
     def read(self, lines, nbytes):
         self.read_lines += lines
         self.read_bytes += nbytes
+
+    def finish(self):
+        self.read_bytes = self.total_bytes  # gfile's readline drops CRs: counts fall short
+        self.update(0, force=True)
 
     def update(self, lines, force=False):
         self.lines += lines
@@ -273,6 +280,9 @@ def translate_file(
     done, written = resume_point(output_path, identity)
     record = dict(identity, lines=done, output_bytes=written)
     _save_progress(output_path, record)  # before the output exists: no output lacks a record
+    if not gfile.exists(output_path):
+        with gfile.GFile(output_path, "wb") as out:
+            out.write(b"")  # GFile opens on the first write: an empty input has an output too
     start, first = time.monotonic(), done
     with gfile.GFile(input_path, "rb") as source, gfile.GFile(output_path, "ab") as out:
         lines, skipped = _input_lines(source, done)
@@ -292,7 +302,7 @@ def translate_file(
                 saved = time.monotonic()
     _fsync(output_path)
     gfile.remove(output_path + PROGRESS_SUFFIX)
-    progress.update(0, force=True)
+    progress.finish()
     seconds = time.monotonic() - start
     translated = record["lines"] - first
     return dict(lines=record["lines"], resumed_after=first, translated=translated, seconds=seconds)
