@@ -149,6 +149,13 @@ def test_resume_keeps_complete_n_best_groups_only(tmp_path):
         assert f.read() == b"a\nb\nc\nd\ne\nf\n"
 
 
+def test_an_empty_input_gets_an_empty_output(tmp_path):
+    source, target = _write(tmp_path / "in.txt", []), str(tmp_path / "out.txt")
+    result = file_translation.translate_file(lambda texts: [], source, target)
+    assert result["lines"] == 0 and os.path.getsize(target) == 0
+    assert not os.path.exists(target + file_translation.PROGRESS_SUFFIX)
+
+
 @pytest.mark.parametrize(
     "make_argv, message",
     [
