@@ -229,6 +229,8 @@ def translate_file_command(args, batch_size, n_best=None):
         raise UsageError("--input and --output go together (translate a file into a file)")
     if args.text:
         raise UsageError("--input translates a file: give no TEXT arguments with it")
+    if getattr(args, "prefix", None) is not None:
+        raise UsageError("--prefix applies to TEXT arguments and stdin, not to --input")
     chunk_lines = CHUNK_LINES if args.chunk_lines is None else args.chunk_lines
     if chunk_lines < 1:
         raise UsageError(f"--chunk-lines must be a positive integer, got {chunk_lines}")
