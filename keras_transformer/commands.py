@@ -304,6 +304,7 @@ def score_command(args):
 
 def info_command(args):
     """`keras-transformer info --model DIR`: prints the export's model card (Markdown)."""
+    import_tensorflow(getattr(args, "verbose", False))
     from keras_transformer.export.card import read_card_markdown
     from keras_transformer.export.saved_model import resolve_model_dir
 
