@@ -133,7 +133,7 @@ def test_saved_model_cli_shows_the_serving_signature(exported_copy_model):
     tensors = dict(
         (f"{kind}:{name}", (dtype, shape))
         for kind, name, dtype, shape in re.findall(
-            r"(inputs|outputs)\['(\w+)'\] tensor_info:\s+dtype: (\w+)\s+shape: (\S+)",
+            r"(inputs|outputs)\['(\w+)'\] tensor_info:\s+dtype: (\w+)\s+shape: (\([^)]*\))",
             done.stdout,
         )
     )
@@ -141,7 +141,7 @@ def test_saved_model_cli_shows_the_serving_signature(exported_copy_model):
         "inputs:text": ("DT_STRING", "(-1)"),
         "outputs:translation": ("DT_STRING", "(-1)"),
         "outputs:score": ("DT_FLOAT", "(-1)"),
-        "outputs:token_scores": ("DT_FLOAT", "(-1,-1)"),
+        "outputs:token_scores": ("DT_FLOAT", "(-1, -1)"),
         "outputs:confidence": ("DT_FLOAT", "(-1)"),
     }
     assert "tensorflow/serving/predict" in done.stdout
