@@ -47,7 +47,9 @@ class Translator(tf.Module):
        (the training layout);
     3. sorts the batch by length and decodes it in chunks of `batch_size` sentences (each chunk
        padded only to its own longest sentence, memory bounded for large requests);
-    4. detokenizes the best hypothesis of each input, and returns it with its score in the
+    4. scores each output piece in one forced-decoding pass (`token_scores`) and maps the mean
+       token log-probability and the n-best margin to the calibrated `confidence`;
+    5. detokenizes the best hypothesis of each input, and returns it with its scores in the
        original order.
 
     Args:
@@ -69,12 +71,21 @@ class Translator(tf.Module):
         text: tf.string `[batch]`.
 
     Returns:
-        `{"translation": tf.string [batch], "score": tf.float32 [batch]}`; the score is the
-        length-normalised log-probability of the translation.
+        `{"translation": tf.string [batch], "score": tf.float32 [batch], "token_scores":
+        tf.float32 [batch, length], "confidence": tf.float32 [batch]}`; the score is the
+        length-normalised log-probability of the translation, `token_scores` the log-probability
+        of each of its pieces and then of EOS (0-padded to the request's longest output; their
+        sum is the score times the length penalty), `confidence` the calibrated estimate in
+        [0, 1] of its quality (`set_calibration`).
 
-    Two more tf.functions become the SavedModel's other signatures (`signatures` lists all):
+    Three more tf.functions become the SavedModel's other signatures (`signatures` lists all):
     - `translate_nbest(text)`: `{"translations": tf.string [batch, n_best], "scores": tf.float32
-      [batch, n_best]}`, best first; the first column equals `serve`'s answer.
+      [batch, n_best], "token_scores": [batch, n_best, length], "confidence": [batch, n_best]}`,
+      best first; the first column equals `serve`'s answer.
+    - `translate_prefix(text, prefix)`: `{"translation", "score"}` as `serve`, each translation
+      starting with its prefix's pieces (forced, then the search continues; cut to leave room
+      for EOS); an empty prefix gives `serve`'s answer. Sizes that differ raise
+      `InvalidArgumentError`.
     - `score(source, target)`: `{"log_probability": tf.float32 [batch], "length": tf.int32
       [batch]}`: the target's log-probability under the model (tokens and EOS, one forced-
       decoding pass) and its token count; sizes that differ raise `InvalidArgumentError`.
