@@ -485,9 +485,9 @@ def _forcing_prefix(log_probs_fn, initial_state, prefix_ids):
         inner, prefix = state  # prefix: [rows, p + 1]
         log_probs, inner = log_probs_fn(ids, index, inner)  # [rows, vocab]
         width = ops.shape(prefix)[1]
-        forced = ops.take_along_axis(
-            prefix, ops.full((ops.shape(prefix)[0], 1), ops.minimum(index, width - 1)), axis=1
-        )  # [rows, 1] the id to force now, 0 once the prefix is over
+        column = ops.full((ops.shape(prefix)[0], 1), ops.minimum(index, width - 1), "int32")
+        forced = ops.take_along_axis(prefix, column, axis=1)  # [rows, 1] the id to force now,
+        # 0 once the prefix is over
         vocab = ops.arange(ops.shape(log_probs)[-1], dtype="int32")  # [vocab]
         other = ops.logical_and(ops.greater(forced, 0), ops.not_equal(vocab, forced))
         return ops.where(other, NEG_INF, log_probs), (inner, prefix)
