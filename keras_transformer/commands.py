@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 
-from keras_transformer.errors import UsageError
+from keras_transformer.errors import KerasTransformerError, UsageError
 from keras_transformer.workdir import Workdir, average_checkpoints
 
 # --------------------------------------------------------------------------- helpers
@@ -399,8 +399,8 @@ def _card_inputs(workdir, config, vocab_size):
             result = json.load(f)
     try:
         dev_pairs = read_pairs(config.data.dev) if config.data.dev else None
-    except (OSError, ValueError):
-        dev_pairs = None
+    except (OSError, ValueError, KerasTransformerError):
+        dev_pairs = None  # the export goes on; its card says the confidence is not fitted
     return card_facts(config, read_manifest(layout.prepared), result, vocab_size), dev_pairs
 
 
