@@ -51,7 +51,12 @@ def card_facts(config=None, manifest=None, result=None, vocab_size=None):
             for key in ("step", "training_seconds", "precision", "averaged_checkpoints")
             if key in result
         },
-        "evaluation": {split: result[split] for split in ("dev", "test") if result.get(split)},
+        # Measured at the end of training with the `decode` settings of that run (its beam).
+        "evaluation": {
+            split: {**result[split], "beam_size": result.get("beam_size")}
+            for split in ("dev", "test")
+            if result.get(split)
+        },
     }
 
 
@@ -88,11 +93,12 @@ def _evaluation_lines(card):
         signature = scores.get("signature", {})
         lines.append(
             f"- {split}: sacreBLEU {scores.get('bleu')}, chrF {scores.get('chrf')} "
-            f"({scores.get('sentences')} sentences)"
+            f"({scores.get('sentences')} sentences, beam {scores.get('beam_size')}, at the end "
+            "of training)"
         )
-        for metric in ("bleu", "chrf"):
+        for metric, label in (("bleu", "BLEU"), ("chrf", "chrF")):
             if metric in signature:
-                lines.append(f"  - signature: `{signature[metric]}`")
+                lines.append(f"  - {label} signature: `{signature[metric]}`")
     return lines or ["- not evaluated (no dev/test set given to the export)"]
 
 
