@@ -45,6 +45,14 @@ setup(
             # The CTranslate2 conversion tests run in CI too.
             "ctranslate2>=4.5,<5",
         ],
+        # The documentation site: `mkdocs build --strict` (CI) or `mkdocs serve`. MkDocs reads
+        # the Markdown the guides are written in; mkdocstrings renders the API reference from
+        # the docstrings by static analysis (griffe), without importing TensorFlow.
+        "docs": [
+            "mkdocs>=1.6,<2",
+            "mkdocs-material>=9.5,<10",
+            "mkdocstrings[python]>=0.26",
+        ],
     },
     entry_points={"console_scripts": ["keras-transformer=keras_transformer.cli:main"]},
     classifiers=[

@@ -20,13 +20,16 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
+from benchmarks import ledger  # noqa: E402
 from benchmarks.common import BASE, SMALL  # noqa: E402
 
 SHAPES = {"small": SMALL, "base": BASE}
 
 
 def run(checkout, script, cfg):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=os.path.abspath(checkout))
+    env = dict(
+        ledger.unlabelled_env(), TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=os.path.abspath(checkout)
+    )
     proc = subprocess.run(
         [sys.executable, os.path.join("benchmarks", script), json.dumps(cfg)],
         cwd=checkout,
@@ -60,6 +63,7 @@ def main():
                             continue
                         record.update(checkout=checkout, shapes=shape, round=round_index)
                         print(json.dumps(record), flush=True)
+                        ledger.record("ab_checkouts", record)
                         figures.setdefault((shape, what, checkout), []).append(
                             record["tokens_per_s"]
                         )
@@ -73,6 +77,7 @@ def main():
             ratio = statistics.median(second) / statistics.median(first)
             summary[f"{what}_ratio"] = round(ratio, 3)
         print(json.dumps(summary), flush=True)
+        ledger.record("ab_checkouts", summary)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,11 @@ import os
 import resource
 import sys
 
+try:
+    from benchmarks import ledger
+except ImportError:  # run as a script from benchmarks/ (sys.path holds it)
+    import ledger
+
 # The shapes of ../shared/bench/README.md ("small" is the default there).
 SMALL = dict(vocab=8192, d=256, layers=3, heads=4, ff=1024, batch=64, src=32, tgt=32, steps=10)
 BASE = dict(vocab=32000, d=512, layers=6, heads=8, ff=2048, batch=64, src=32, tgt=32, steps=3)
@@ -38,9 +43,11 @@ def max_rss_mb():
 
 
 def emit(**fields):
-    """Prints one JSON line with a UTC timestamp and the process's peak memory."""
+    """Prints one JSON line with a UTC timestamp and the process's peak memory, and appends it to
+    the script's ledger, `results/<script>.jsonl`, when `BENCH_LABEL` names the run."""
     fields.setdefault("max_rss_mb", max_rss_mb())
     fields["timestamp"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     fields["threads"] = os.cpu_count()
     print(json.dumps(fields), flush=True)
     sys.stdout.flush()
+    ledger.record(os.path.splitext(os.path.basename(sys.argv[0]))[0], fields)

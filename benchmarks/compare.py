@@ -27,6 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
+from benchmarks import ledger  # noqa: E402
 from benchmarks.common import BASE, SMALL  # noqa: E402
 
 SHAPES = {"small": SMALL, "base": BASE}
@@ -56,7 +57,7 @@ runpy.run_path(script, run_name="__main__")
 
 
 def run(cmd, label):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
+    env = dict(ledger.unlabelled_env(), TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     records = []
     for line in proc.stdout.splitlines():
@@ -64,6 +65,7 @@ def run(cmd, label):
             rec = json.loads(line)
             rec["run"] = label
             print(json.dumps(rec), flush=True)
+            ledger.record("compare", rec)
             records.append(rec)
     if proc.returncode:
         print(json.dumps({"run": label, "error": proc.stderr[-2000:]}), flush=True)
@@ -144,6 +146,7 @@ def main():
     print("=== ratios of medians (ours / Model Garden)")
     for row in summary:
         print(json.dumps(row), flush=True)
+        ledger.record("compare", row)
 
 
 if __name__ == "__main__":

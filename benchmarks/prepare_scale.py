@@ -16,10 +16,11 @@ on average, up to 120). Then, each in its own child process (peak RSS from `os.w
    rounds), in one process, plus the input pipelines alone. `--compare-throughput WORKDIR
    CORPUS` runs this step alone on a prepared workdir and its corpus (`CORPUS.src/.tgt`).
 
-Prints one JSON line per figure. Run from the repository root:
+Prints one JSON line per figure; with `BENCH_LABEL` set, also appends them to the ledger
+`benchmarks/results/prepare_scale.jsonl` (`benchmarks/ledger.py`). Run from the repository root:
 
-    PYTHONPATH=$PWD TF_CPP_MIN_LOG_LEVEL=2 python benchmarks/prepare_scale.py \\
-        | tee benchmarks/results/prepare_scale_$(date -u +%Y-%m-%dT%H%MZ).jsonl
+    BENCH_LABEL=wmt14_size PYTHONPATH=$PWD TF_CPP_MIN_LOG_LEVEL=2 \\
+        python benchmarks/prepare_scale.py
 
 Options: `--pairs N` (default 4500000), `--small-pairs N` (30000), `--steps N` (40),
 `--fit-steps N` (20), `--rounds N` (2),

@@ -9,11 +9,12 @@ AMX, AVX512-FP16). Ours goes through the CLI exactly as a user runs it (`keras-t
 with `train.max_minutes`, which averages checkpoints, scores dev and test with the `decode`
 settings and exports); the peer is `../shared/bench/peer_mg_translate.py` (beam 4, alpha 0.6).
 
-Run from the repository root (the peer needs `../shared/bench/setup_peers.sh` first):
+Run from the repository root (the peer needs `../shared/bench/setup_peers.sh` first); with
+`BENCH_LABEL` set, the lines are also appended to the ledger
+`benchmarks/results/quality_budget.jsonl` (`benchmarks/ledger.py`):
 
-    PYTHONPATH=$PWD TF_CPP_MIN_LOG_LEVEL=2 python benchmarks/quality_budget.py \\
-        --corpus ../shared/data/tatoeba-en-de --minutes 30 \\
-        | tee benchmarks/results/quality_budget_$(date -u +%Y-%m-%dT%H%MZ).jsonl
+    BENCH_LABEL=default PYTHONPATH=$PWD TF_CPP_MIN_LOG_LEVEL=2 \\
+        python benchmarks/quality_budget.py --corpus ../shared/data/tatoeba-en-de --minutes 30
 
 The corpus directory holds `train`, `dev` and `test` `.en`/`.de` files (`--src`/`--tgt` name
 other suffixes). `--set KEY=VALUE` (repeatable) changes our config, for one-change-at-a-time

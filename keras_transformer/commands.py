@@ -380,7 +380,7 @@ def _export_settings(config, args):
         )
     except ConfigError as e:  # name the flag the user typed
         message = str(e)
-        for key in ("beam_size", "n_best", "max_extra_length"):
+        for key in ("beam_size", "alpha", "n_best", "max_extra_length"):
             message = message.replace(f"export.{key}", "--" + key.replace("_", "-"))
         raise UsageError(message) from None
 

@@ -1,8 +1,9 @@
 """Experiment configuration: dataclass schema, YAML loading, dotted overrides and validation.
 
 A config file is YAML with the sections `model`, `data`, `train`, `decode`, `runtime` and
-`export`. Every key has a default (see `config_reference()`); unknown keys and values of the
-wrong type raise `ConfigError` naming the key.
+`export`. Every key has a default and its valid values (`valid=`: an interval, the choices, or
+non-empty), declared together (see `config_reference()`); unknown keys, values of the wrong type
+and values outside their range raise `ConfigError` naming the key.
 
 Example:
 ```python
@@ -13,6 +14,7 @@ config.model.d_model
 
 import dataclasses
 import os
+import re
 import typing
 from typing import Optional, Union
 
@@ -20,37 +22,101 @@ import yaml
 
 from keras_transformer.errors import ConfigError
 
+# Sane upper bounds: far beyond any model that fits in memory, far below int64's limit.
+_MAX_LAYERS = 1000
+_MAX_WIDTH = 1 << 18
+_MAX_LENGTH = 1 << 16
+_MAX_COUNT = 10**12  # steps, sentences: counts that cost time, not memory
+_MAX_BATCH = 10**8  # tokens or examples held in memory at once
+_MAX_BEAM = 1024
+_MAX_MINUTES = 10**7  # about 19 years
+_MAX_SECONDS = 10**9
+_SEEDS = f"[0, {2**31 - 1}]"
+_NON_EMPTY = "non-empty"
+_ACTIVATIONS = ("relu", "gelu", "silu", "swish", "relu6", "elu", "selu", "tanh", "sigmoid")
+_INTERVAL = re.compile(r"^([\[(])(-?[0-9.e+]+), (-?[0-9.e+]+)([\])])$")
 
-def _field(default, help, **kwargs):
+
+def _field(default, help, valid=None, **kwargs):
+    """A dataclass field with its `help` and its `valid` values, checked on load: an interval
+    such as `"[0, 1)"` (numbers; every item of a list), a tuple of choices, or `"non-empty"`
+    (strings)."""
+    if isinstance(valid, str) and valid != _NON_EMPTY and not _INTERVAL.match(valid):
+        raise ValueError(f"bad interval {valid!r}")
+    metadata = {"help": help, "valid": valid}
     if isinstance(default, (list, dict)):
         return dataclasses.field(
-            default_factory=lambda: type(default)(default), metadata={"help": help}, **kwargs
+            default_factory=lambda: type(default)(default), metadata=metadata, **kwargs
         )
-    return dataclasses.field(default=default, metadata={"help": help}, **kwargs)
+    return dataclasses.field(default=default, metadata=metadata, **kwargs)
+
+
+def _in_interval(value, interval):
+    opening, low, high, closing = _INTERVAL.match(interval).groups()
+    low, high = float(low), float(high)
+    above = value >= low if opening == "[" else value > low
+    below = value <= high if closing == "]" else value < high
+    return above and below  # NaN is in no interval
+
+
+def _check_valid(key, value, valid):
+    """Raises `ConfigError` naming `key` when a (well-typed) value is outside `valid`."""
+    if value is None or valid is None:
+        return
+    if isinstance(valid, tuple):
+        ok = any(
+            value is choice or (value == choice and type(value) is type(choice)) for choice in valid
+        )
+        shown = " | ".join(str(c).lower() if isinstance(c, bool) else str(c) for c in valid)
+        if not ok:
+            raise ConfigError(f"{key} must be one of {shown}, got {value!r}")
+    elif valid == _NON_EMPTY:
+        if not value.strip():
+            raise ConfigError(f"{key} must not be empty")
+    elif isinstance(value, list):
+        for item in value:
+            if not isinstance(item, int) or isinstance(item, bool):
+                raise ConfigError(f"{key}: expected a list of int, got {item!r} in it")
+            if not _in_interval(item, valid):
+                raise ConfigError(f"{key}: every item must be in {valid}, got {item!r}")
+    elif not _in_interval(value, valid):
+        raise ConfigError(f"{key} must be in {valid}, got {value!r}")
 
 
 @dataclasses.dataclass
 class ModelConfig:
     """Transformer sizes; the names are those of `keras_transformer.models.Transformer`."""
 
-    num_layers: int = _field(6, "encoder and decoder blocks (N)")
-    num_encoder_layers: Optional[int] = _field(None, "encoder blocks; null: num_layers")
+    num_layers: int = _field(6, "encoder and decoder blocks (N)", valid=f"[1, {_MAX_LAYERS}]")
+    num_encoder_layers: Optional[int] = _field(
+        None, "encoder blocks; null: num_layers", valid=f"[1, {_MAX_LAYERS}]"
+    )
     num_decoder_layers: Optional[int] = _field(
-        None, "decoder blocks; null: num_layers (a shallow decoder trains and decodes faster)"
+        None,
+        "decoder blocks; null: num_layers (a shallow decoder trains and decodes faster)",
+        valid=f"[1, {_MAX_LAYERS}]",
     )
-    d_model: int = _field(512, "model width")
-    num_heads: int = _field(8, "attention heads (h); must divide d_model")
-    d_ff: int = _field(2048, "feed-forward inner width")
-    dropout: float = _field(0.1, "residual dropout P_drop (sub-layer outputs, embedding sums)")
-    attention_dropout: float = _field(0.0, "dropout on attention weights")
-    activation_dropout: float = _field(0.0, "dropout inside the feed-forward network")
+    d_model: int = _field(512, "model width", valid=f"[1, {_MAX_WIDTH}]")
+    num_heads: int = _field(
+        8, "attention heads (h); must divide d_model", valid=f"[1, {_MAX_WIDTH}]"
+    )
+    d_ff: int = _field(2048, "feed-forward inner width", valid=f"[1, {_MAX_WIDTH}]")
+    dropout: float = _field(
+        0.1, "residual dropout P_drop (sub-layer outputs, embedding sums)", valid="[0, 1)"
+    )
+    attention_dropout: float = _field(0.0, "dropout on attention weights", valid="[0, 1)")
+    activation_dropout: float = _field(
+        0.0, "dropout inside the feed-forward network", valid="[0, 1)"
+    )
     token_dropout: float = _field(
-        0.0, "word dropout: a token's whole input embedding zeroed (source and target)"
+        0.0,
+        "word dropout: a token's whole input embedding zeroed (source and target)",
+        valid="[0, 1)",
     )
-    activation: str = _field("relu", "feed-forward activation")
+    activation: str = _field("relu", "feed-forward activation", valid=_ACTIVATIONS)
     norm_first: bool = _field(False, "pre-norm blocks instead of the paper's post-norm")
     share_embeddings: bool = _field(True, "one embedding for source, target and softmax")
-    layer_norm_epsilon: float = _field(1e-6, "LayerNorm epsilon")
+    layer_norm_epsilon: float = _field(1e-6, "LayerNorm epsilon", valid="(0, 1]")
 
 
 @dataclasses.dataclass
@@ -60,32 +126,46 @@ class DataConfig:
     train: str = _field(
         "synthetic:",
         "training corpus spec: text:SRC,TGT | tsv:FILE | tfds:NAME[:SPLIT] | synthetic:...",
+        valid=_NON_EMPTY,
     )
     dev: Optional[str] = _field(None, "dev corpus spec (BLEU during training); None to skip")
     test: Optional[str] = _field(None, "test corpus spec (BLEU at the end); None to skip")
-    vocab_size: int = _field(8000, "SentencePiece vocabulary size (shared source/target)")
-    spm_model_type: str = _field("unigram", "SentencePiece model type: unigram | bpe")
-    spm_character_coverage: float = _field(1.0, "SentencePiece character coverage")
-    spm_max_sentences: int = _field(
-        1_000_000, "at most this many sentences (both sides) train the vocabulary"
+    vocab_size: int = _field(
+        8000, "SentencePiece vocabulary size (shared source/target)", valid="[16, 1048576]"
     )
-    max_source_length: int = _field(128, "longest source in tokens, EOS included")
-    max_target_length: int = _field(128, "longest target in tokens, EOS (or BOS) included")
+    spm_model_type: str = _field(
+        "unigram", "SentencePiece model type: unigram | bpe", valid=("unigram", "bpe")
+    )
+    spm_character_coverage: float = _field(1.0, "SentencePiece character coverage", valid="(0, 1]")
+    spm_max_sentences: int = _field(
+        1_000_000,
+        "at most this many sentences (both sides) train the vocabulary",
+        valid=f"[1, {_MAX_COUNT}]",
+    )
+    max_source_length: int = _field(
+        128, "longest source in tokens, EOS included", valid=f"[1, {_MAX_LENGTH}]"
+    )
+    max_target_length: int = _field(
+        128, "longest target in tokens, EOS (or BOS) included", valid=f"[1, {_MAX_LENGTH}]"
+    )
     long_pairs: str = _field(
         "drop",
         "training pairs longer than the max lengths: drop (the paper's recipe, counted as "
         "too_long in the prepared manifest) | truncate (cut, EOS kept)",
+        valid=("drop", "truncate"),
     )
     subword_samples: int = _field(
         0,
         "SentencePiece subword regularization (Kudo 2018): prepare writes this many sampled "
         "segmentations of every training pair instead of its single best one (0: off)",
+        valid="[0, 64]",
     )
     subword_alpha: float = _field(
         0.3,
         "smoothing of the sampled segmentations when data.subword_samples > 0: lower is more "
         "varied (and longer); unigram samples from all segmentations, bpe drops merges with "
         "this probability",
+        valid="(0, 1]",
     )
     both_directions: bool = _field(
         False,
@@ -93,95 +173,136 @@ class DataConfig:
         "the BOS id as a direction tag; forward inputs carry no tag, so decoding and export are "
         "unchanged (an auxiliary task for small corpora)",
     )
-    tokens_per_batch: int = _field(4096, "padded target tokens per batch (per replica)")
-    bucket_boundaries: Optional[list] = _field(
-        None, "padded lengths of the buckets; None chooses a few up to the max lengths"
+    tokens_per_batch: int = _field(
+        4096, "padded target tokens per batch (per replica)", valid=f"[1, {_MAX_BATCH}]"
     )
-    shuffle_buffer: int = _field(10000, "examples in the shuffle buffer")
-    seed: int = _field(1234, "seed for the synthetic corpus, shuffling and the vocabulary")
+    bucket_boundaries: Optional[list] = _field(
+        None,
+        "padded lengths of the buckets; None chooses a few up to the max lengths",
+        valid=f"[1, {_MAX_LENGTH}]",
+    )
+    shuffle_buffer: int = _field(
+        10000, "examples in the shuffle buffer", valid=f"[1, {_MAX_BATCH}]"
+    )
+    seed: int = _field(
+        1234, "seed for the synthetic corpus, shuffling and the vocabulary", valid=_SEEDS
+    )
 
 
 @dataclasses.dataclass
 class TrainConfig:
     """The optimisation recipe (the paper's by default)."""
 
-    steps: int = _field(100000, "total optimizer steps")
-    warmup_steps: int = _field(4000, "learning-rate warm-up steps")
+    steps: int = _field(100000, "total optimizer steps", valid=f"[1, {_MAX_COUNT}]")
+    warmup_steps: int = _field(4000, "learning-rate warm-up steps", valid=f"[1, {_MAX_COUNT}]")
     learning_rate_scale: float = _field(
         1.0,
         "multiplier of the learning rate: rsqrt is scale * d_model^-0.5 * min(step^-0.5, "
         "step * warmup^-1.5); every schedule peaks near scale * (d_model * warmup)^-0.5",
+        valid="(0, 1000]",
     )
     schedule: str = _field(
         "rsqrt",
         "learning-rate schedule: rsqrt (the paper's inverse square root) | linear | cosine "
         "(warm-up, then decay to zero where train.steps or train.max_minutes ends, whichever "
         "comes first; for budgeted runs)",
+        valid=("rsqrt", "linear", "cosine"),
     )
-    label_smoothing: float = _field(0.1, "label smoothing epsilon_ls")
-    adam_beta_1: float = _field(0.9, "Adam beta_1")
-    adam_beta_2: float = _field(0.98, "Adam beta_2")
-    adam_epsilon: float = _field(1e-9, "Adam epsilon")
+    label_smoothing: float = _field(0.1, "label smoothing epsilon_ls", valid="[0, 1)")
+    adam_beta_1: float = _field(0.9, "Adam beta_1", valid="[0, 1)")
+    adam_beta_2: float = _field(0.98, "Adam beta_2", valid="[0, 1)")
+    adam_epsilon: float = _field(1e-9, "Adam epsilon", valid="(0, 1]")
     gradient_accumulation_steps: int = _field(
-        1, "micro-batches per optimizer step (summed in the train step; see the README)"
+        1,
+        "micro-batches per optimizer step (summed in the train step; see docs/guides/scale.md)",
+        valid="[1, 1024]",
     )
-    clip_norm: Optional[float] = _field(None, "clip gradients to this global norm; None: off")
+    clip_norm: Optional[float] = _field(
+        None, "clip gradients to this global norm; None: off", valid="(0, 1000000]"
+    )
     weight_decay: float = _field(
         0.0,
         "decoupled weight decay (AdamW): w -= lr * weight_decay * w at every step, on all "
         "weights but biases and LayerNorm scales and offsets; 0: off (the paper's)",
+        valid="[0, 1]",
     )
     ema_momentum: Optional[float] = _field(
         None,
         "exponential moving average of the weights, a = m * a + (1 - m) * w after each step "
         "(Keras's use_ema): checkpoints, dev BLEU and the export use the average; null: off",
+        valid="(0, 1)",
     )
-    steps_per_epoch: int = _field(1000, "steps between evaluations / Keras epochs")
-    checkpoint_every: int = _field(1000, "steps between checkpoints")
-    keep_checkpoints: int = _field(5, "checkpoints kept (the last K)")
-    keep_backups: int = _field(2, "resume states kept in WORKDIR/backup (the last K)")
-    log_every: int = _field(100, "steps between TensorBoard scalar writes")
-    eval_max_sentences: int = _field(500, "dev sentences decoded for BLEU during training")
-    num_sample_translations: int = _field(3, "sample translations logged as text")
+    steps_per_epoch: int = _field(
+        1000, "steps between evaluations / Keras epochs", valid=f"[1, {_MAX_COUNT}]"
+    )
+    checkpoint_every: int = _field(1000, "steps between checkpoints", valid=f"[1, {_MAX_COUNT}]")
+    keep_checkpoints: int = _field(5, "checkpoints kept (the last K)", valid="[1, 1000]")
+    keep_backups: int = _field(
+        2, "resume states kept in WORKDIR/backup (the last K)", valid="[1, 1000]"
+    )
+    log_every: int = _field(
+        100, "steps between TensorBoard scalar writes", valid=f"[1, {_MAX_COUNT}]"
+    )
+    eval_max_sentences: int = _field(
+        500, "dev sentences decoded for BLEU during training", valid=f"[1, {_MAX_COUNT}]"
+    )
+    num_sample_translations: int = _field(
+        3, "sample translations logged as text", valid="[0, 1000]"
+    )
     max_minutes: Optional[float] = _field(
         None,
         "stop training after this many minutes of training (counted across resumes), then "
         "evaluate and export (a wall-clock budget); null: train all steps",
+        valid=f"(0, {_MAX_MINUTES}]",
     )
-    seed: int = _field(42, "seed of weight initialisation and dropout")
+    seed: int = _field(42, "seed of weight initialisation and dropout", valid=_SEEDS)
 
 
 @dataclasses.dataclass
 class DecodeConfig:
     """Decoding settings (also fixed into the exported SavedModel)."""
 
-    beam_size: int = _field(4, "beam size k (1 = greedy)")
-    alpha: float = _field(0.6, "length penalty ((5+len)/6)^alpha")
-    max_extra_length: int = _field(50, "outputs stop at source length + this")
-    batch_size: int = _field(32, "sentences decoded together")
+    beam_size: int = _field(4, "beam size k (1 = greedy)", valid=f"[1, {_MAX_BEAM}]")
+    alpha: float = _field(0.6, "length penalty ((5+len)/6)^alpha", valid="[0, 10]")
+    max_extra_length: int = _field(
+        50, "outputs stop at source length + this", valid=f"[0, {_MAX_LENGTH}]"
+    )
+    batch_size: int = _field(32, "sentences decoded together", valid=f"[1, {_MAX_BATCH}]")
 
 
 @dataclasses.dataclass
 class RuntimeConfig:
     """Where and how training runs."""
 
-    strategy: str = _field("auto", "auto | default | mirrored | multi_worker | tpu")
+    strategy: str = _field(
+        "auto",
+        "auto | default | mirrored | multi_worker | tpu",
+        valid=("auto", "default", "mirrored", "multi_worker", "tpu"),
+    )
     tpu: str = _field("", "TPU address for strategy=tpu ('' = local/auto)")
-    jit_compile: Union[bool, str] = _field("auto", "XLA: true | false | auto (chosen per device)")
+    jit_compile: Union[bool, str] = _field(
+        "auto", "XLA: true | false | auto (chosen per device)", valid=(True, False, "auto")
+    )
     mixed_precision: Optional[str] = _field(
         None,
         "None | mixed_bfloat16 | mixed_float16 (with loss scaling) | auto (timed on CPUs: "
         "bfloat16 if it trains at least 1.1x faster; bfloat16 on TPUs and GPUs from Ampere on)",
+        valid=("mixed_bfloat16", "mixed_float16", "float32", "auto"),
     )
-    workdir: Optional[str] = _field(None, "output directory; default workdirs/<config name>")
+    workdir: Optional[str] = _field(
+        None, "output directory; default workdirs/<config name>", valid=_NON_EMPTY
+    )
     wait_seconds: float = _field(
-        600.0, "multi-worker: how long other workers wait for the chief's vocabulary / data"
+        600.0,
+        "multi-worker: how long other workers wait for the chief's vocabulary / data",
+        valid=f"[0, {_MAX_SECONDS}]",
     )
     collective_timeout_seconds: Optional[float] = _field(
         600.0,
         "multi-worker: a collective (gradient all-reduce) waiting longer than this fails, so a "
         "worker whose peer died exits instead of hanging; must exceed the chief's dev "
         "evaluation time; null: wait forever",
+        valid=f"(0, {_MAX_SECONDS}]",
     )
 
 
@@ -190,20 +311,29 @@ class ExportConfig:
     """SavedModel export."""
 
     name: Optional[str] = _field(
-        None, "model name: saved_models/<name>/<version>; default: the config name"
+        None,
+        "model name: saved_models/<name>/<version>; default: the config name",
+        valid=_NON_EMPTY,
     )
-    base_dir: str = _field("saved_models", "directory holding the named models")
-    average_checkpoints: int = _field(1, "average the last N checkpoints before exporting")
+    base_dir: str = _field("saved_models", "directory holding the named models", valid=_NON_EMPTY)
+    average_checkpoints: int = _field(
+        1, "average the last N checkpoints before exporting", valid="[1, 1000]"
+    )
     beam_size: Optional[int] = _field(
-        None, "beam size fixed in the SavedModel; null: decode.beam_size"
+        None, "beam size fixed in the SavedModel; null: decode.beam_size", valid=f"[1, {_MAX_BEAM}]"
     )
-    alpha: Optional[float] = _field(None, "length-penalty exponent; null: decode.alpha")
+    alpha: Optional[float] = _field(
+        None, "length-penalty exponent; null: decode.alpha", valid="[0, 10]"
+    )
     n_best: Optional[int] = _field(
         None,
         "hypotheses per input of the translate_nbest signature (<= beam size); null: the beam size",
+        valid=f"[1, {_MAX_BEAM}]",
     )
     max_extra_length: Optional[int] = _field(
-        None, "outputs stop at source length + this; null: decode.max_extra_length"
+        None,
+        "outputs stop at source length + this; null: decode.max_extra_length",
+        valid=f"[0, {_MAX_LENGTH}]",
     )
 
 
@@ -279,14 +409,14 @@ def _build_section(name, cls, values):
 def from_dict(values, name=None):
     """Builds a validated `ExperimentConfig` from a (YAML-like) dict."""
     values = dict(values or {})
-    config_name = values.pop("name", None) or name or "experiment"
+    config_name = _coerce("name", values.pop("name", None) or name or "experiment", str)
     unknown = set(values) - set(SECTIONS)
     if unknown:
         raise ConfigError(
             f"unknown config section '{sorted(unknown)[0]}' (known: {', '.join(SECTIONS)})"
         )
     sections = {key: _build_section(key, cls, values.get(key)) for key, cls in SECTIONS.items()}
-    config = ExperimentConfig(name=str(config_name), **sections)
+    config = ExperimentConfig(name=config_name, **sections)
     validate(config)
     return config
 
@@ -351,73 +481,18 @@ def save_config(config, path):
 
 
 def validate(config):
-    """Checks values that are of the right type but impossible."""
-    m, d, t, dec, r = config.model, config.data, config.train, config.decode, config.runtime
-    checks = [
-        (m.num_layers > 0, "model.num_layers must be positive"),
-        (
-            m.num_encoder_layers is None or m.num_encoder_layers > 0,
-            "model.num_encoder_layers must be positive (or null)",
-        ),
-        (
-            m.num_decoder_layers is None or m.num_decoder_layers > 0,
-            "model.num_decoder_layers must be positive (or null)",
-        ),
-        (m.d_model > 0 and m.num_heads > 0, "model.d_model and model.num_heads must be positive"),
-        (m.d_model % max(m.num_heads, 1) == 0, "model.d_model must be divisible by num_heads"),
-        (0.0 <= m.dropout < 1.0, "model.dropout must be in [0, 1)"),
-        (0.0 <= m.token_dropout < 1.0, "model.token_dropout must be in [0, 1)"),
-        (d.vocab_size >= 16, "data.vocab_size must be at least 16"),
-        (d.max_source_length > 0 and d.max_target_length > 0, "data max lengths must be positive"),
-        (d.tokens_per_batch > 0, "data.tokens_per_batch must be positive"),
-        (d.long_pairs in ("drop", "truncate"), "data.long_pairs must be drop or truncate"),
-        (d.spm_max_sentences > 0, "data.spm_max_sentences must be positive"),
-        (d.subword_samples >= 0, "data.subword_samples must not be negative"),
-        (0.0 < d.subword_alpha <= 1.0, "data.subword_alpha must be in (0, 1]"),
-        (t.steps > 0, "train.steps must be positive"),
-        (t.warmup_steps > 0, "train.warmup_steps must be positive"),
-        (
-            t.schedule in ("rsqrt", "linear", "cosine"),
-            f"train.schedule must be rsqrt, linear or cosine, got {t.schedule!r}",
-        ),
-        (0.0 <= t.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)"),
-        (t.weight_decay >= 0.0, "train.weight_decay must not be negative"),
-        (
-            t.ema_momentum is None or 0.0 < t.ema_momentum < 1.0,
-            "train.ema_momentum must be in (0, 1) (or null)",
-        ),
-        (t.gradient_accumulation_steps > 0, "train.gradient_accumulation_steps must be positive"),
-        (t.steps_per_epoch > 0, "train.steps_per_epoch must be positive"),
-        (t.checkpoint_every > 0, "train.checkpoint_every must be positive"),
-        (t.keep_checkpoints > 0, "train.keep_checkpoints must be positive"),
-        (t.keep_backups > 0, "train.keep_backups must be positive"),
-        (r.wait_seconds >= 0, "runtime.wait_seconds must not be negative"),
-        (
-            r.collective_timeout_seconds is None or r.collective_timeout_seconds > 0,
-            "runtime.collective_timeout_seconds must be positive (or null)",
-        ),
-        (t.max_minutes is None or t.max_minutes > 0, "train.max_minutes must be positive"),
-        (dec.beam_size > 0, "decode.beam_size must be positive"),
-        (dec.batch_size > 0, "decode.batch_size must be positive"),
-        (
-            r.strategy in ("auto", "default", "mirrored", "multi_worker", "tpu"),
-            f"runtime.strategy must be auto|default|mirrored|multi_worker|tpu, got {r.strategy!r}",
-        ),
-        (
-            r.jit_compile in (True, False, "auto"),
-            f"runtime.jit_compile must be true, false or auto, got {r.jit_compile!r}",
-        ),
-        (
-            r.mixed_precision in (None, "mixed_bfloat16", "mixed_float16", "float32", "auto"),
-            "runtime.mixed_precision must be null, mixed_bfloat16, mixed_float16, float32 or "
-            "auto, "
-            f"got {r.mixed_precision!r}",
-        ),
-        (config.export.average_checkpoints > 0, "export.average_checkpoints must be positive"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise ConfigError(message)
+    """Checks values that are of the right type but impossible: each key against its `valid`
+    range or choices, then the rules that involve several keys."""
+    for section in SECTIONS:
+        values = getattr(config, section)
+        for f in dataclasses.fields(values):
+            _check_valid(f"{section}.{f.name}", getattr(values, f.name), f.metadata.get("valid"))
+    # Each key's own range is declared beside its default (`valid=`); these involve several.
+    m = config.model
+    if m.d_model % m.num_heads:
+        raise ConfigError(
+            f"model.d_model ({m.d_model}) must be divisible by model.num_heads ({m.num_heads})"
+        )
     export_decoding(config)  # the export's decoding settings must be possible too
     return config
 
@@ -461,32 +536,47 @@ def export_decoding(config, **overrides):
         "max_extra_length": int(pick("max_extra_length", config.decode.max_extra_length)),
         "batch_size": config.decode.batch_size,
     }
-    if settings["beam_size"] < 1:
-        raise ConfigError(f"export.beam_size must be positive, got {settings['beam_size']}")
-    if not 1 <= settings["n_best"] <= beam_size:
+    valid = {f.name: f.metadata["valid"] for f in dataclasses.fields(ExportConfig)}
+    for key in ("beam_size", "alpha", "n_best", "max_extra_length"):
+        _check_valid(f"export.{key}", settings[key], valid[key])
+    if settings["n_best"] > beam_size:
         raise ConfigError(
             f"export.n_best must be between 1 and the beam size ({beam_size}), "
             f"got {settings['n_best']}"
         )
-    if settings["max_extra_length"] < 0:
-        raise ConfigError(
-            f"export.max_extra_length must be 0 or more, got {settings['max_extra_length']}"
-        )
     return settings
 
 
+def _describe_valid(f, hint):
+    """The `valid` column of the reference: an interval, the choices, or blank (any value of
+    the type); `or null` where null is allowed."""
+    valid = f.metadata.get("valid")
+    if isinstance(valid, tuple):
+        shown = ", ".join(f"`{yaml.safe_dump(c).splitlines()[0]}`" for c in valid)
+    elif valid is None:
+        shown = ""
+    else:
+        shown = valid if valid == _NON_EMPTY else f"`{valid}`"
+    if type(None) in typing.get_args(hint):
+        shown = f"{shown} or null" if shown else ""
+    return shown
+
+
 def config_reference():
-    """Markdown tables listing every key with its default and meaning (used by the README)."""
+    """Markdown tables listing every key with its default, valid values and meaning
+    (docs/reference/config.md)."""
     lines = []
     for section, cls in SECTIONS.items():
         lines.append(f"### `{section}`\n")
-        lines.append("| key | default | meaning |")
-        lines.append("|---|---|---|")
+        lines.append("| key | default | valid | meaning |")
+        lines.append("|---|---|---|---|")
         instance = cls()
+        hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             default = getattr(instance, f.name)
             shown = "null" if default is None else yaml.safe_dump(default).strip()
             shown = shown.removesuffix("\n...").removesuffix("...").strip()
-            lines.append(f"| `{f.name}` | `{shown}` | {f.metadata.get('help', '')} |")
+            valid = _describe_valid(f, hints[f.name])
+            lines.append(f"| `{f.name}` | `{shown}` | {valid} | {f.metadata.get('help', '')} |")
         lines.append("")
     return "\n".join(lines)

@@ -5,7 +5,7 @@ the same numbers exists, their code has one dispatch line that asks the private 
 (`layers/_fast_paths.py`, `training/_fast_paths.py`) for it. Those kernels run only where they
 apply (most are TensorFlow-only and step aside under XLA or on other backends) and only when
 enabled here. `tests/test_fast_paths.py` proves every one equal to its plain form, and
-`benchmarks/README.md` has the measurements that made each one the default.
+`docs/guides/performance.md` has the measurements that made each one the default.
 
 - `fused_projections`: query/key/value (or key/value) projections as one matmul over the
   concatenated kernels.
@@ -113,8 +113,8 @@ def inplace_cache_writes():
     of its own, never a constant (`layers._fast_paths.fresh_zeros` makes one). TensorFlow graphs
     only (eagerly, under XLA and on other backends writes are unchanged), and only while the
     `inplace_cache_writes` fast path is enabled. Beam-4 decoding at the base shapes measured
-    1.05-1.11x faster than with the scatter's copies (benchmarks/README.md). Per thread: the scope
-    covers the tracing done by the thread that entered it.
+    1.05-1.11x faster than with the scatter's copies (docs/guides/performance.md). Per thread:
+    the scope covers the tracing done by the thread that entered it.
     """
     previous = getattr(_CACHE_OWNER, "on", False)
     _CACHE_OWNER.on = True

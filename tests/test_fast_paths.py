@@ -1,6 +1,6 @@
 """Every fast path equals the straightforward computation it replaces (to 1e-5).
 
-The fast paths (benchmarks/README.md explains why each is the default): fused query/key/value
+The fast paths (docs/guides/performance.md explains why each is the default): fused query/key/value
 projections, einsum attention logits, per-layer (keys, values) decoding caches written by
 scatter, the fused softmax-cross-entropy loss (gradient formed in the forward pass, per-token
 statistics handed to the metrics), the argmax-free accuracy, the one-kernel Adam update, the

@@ -324,9 +324,9 @@ def generate(split="train", size=None, seed=1, min_words=3, max_words=20):
     Returns:
         A list of `(source, target)` string pairs, the same for the same arguments.
 
-    Example:
-    >>> generate("dev", size=2, seed=1)[1][0]
-    'the purple sandwich keeps the tiny ship without every white picture'
+    Examples:
+        >>> generate("dev", size=2, seed=1)[1][0]
+        'the purple sandwich keeps the tiny ship without every white picture'
     """
     return list(iter_generate(split, size, seed, min_words, max_words))
 

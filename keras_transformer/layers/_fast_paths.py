@@ -1,5 +1,5 @@
 """Fast paths of the layers: the same numbers as the formulas in `attention.py` and
-`normalization.py`, computed faster (measurements in benchmarks/README.md).
+`normalization.py`, computed faster (measurements in docs/guides/performance.md).
 
 Each function returns None where it does not apply (switched off in `keras_transformer.fast_paths`,
 another backend, XLA, an unusual configuration); the caller then runs the plain formula. The

@@ -13,7 +13,7 @@ class LayerNormalization(keras.layers.LayerNormalization):
     output is `(x - mean) / sqrt(var + epsilon) * gamma + beta` over the last axis, computed in
     at least float32. On TensorFlow the `fused_layer_norm` fast path
     (`keras_transformer.fast_paths`) computes the same numbers with a hand-written gradient that
-    keeps fewer activation-sized tensors for the backward pass (benchmarks/README.md).
+    keeps fewer activation-sized tensors for the backward pass (docs/guides/performance.md).
 
     Args:
         Those of `keras.layers.LayerNormalization` (`axis`, `epsilon`, `center`, `scale`, ...).

@@ -256,10 +256,10 @@ class Transformer(TrainStep, keras.Model):
         `[d_model, vocab_size]` in the compute dtype, materialised.
 
         `decode_step` multiplies by it directly. At decoding's few rows a product with a
-        transposed operand runs about half as fast on CPUs (benchmarks/README.md), so `init_cache`
-        transposes once per decoding call instead of once per step. An untied `output_projection`
-        (a Dense layer) already multiplies by its own `[d_model, vocab_size]` kernel and is called
-        as it is.
+        transposed operand runs about half as fast on CPUs (docs/guides/performance.md), so
+        `init_cache` transposes once per decoding call instead of once per step. An untied
+        `output_projection` (a Dense layer) already multiplies by its own `[d_model, vocab_size]`
+        kernel and is called as it is.
         """
         embedding = self.target_embedding
         return ops.transpose(ops.cast(embedding.embeddings, embedding.compute_dtype))

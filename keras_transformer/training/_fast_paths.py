@@ -1,5 +1,5 @@
 """Fast paths of training: the same numbers as `losses.py` and Keras's Adam, computed faster on
-TensorFlow (measurements in benchmarks/README.md).
+TensorFlow (measurements in docs/guides/performance.md).
 
 Each function returns None (or False) where it does not apply (switched off in
 `keras_transformer.fast_paths`, another backend); the caller then runs the plain form.
@@ -41,7 +41,7 @@ def _tf_fused_cross_entropy(labels, logits, eps):
         `MaskedSparseCrossEntropy.call_with_statistics`).
 
     tests/test_fast_paths.py checks values, gradient and statistics against the log-softmax
-    formula; benchmarks/README.md has the time and memory measured.
+    formula; docs/guides/performance.md has the time and memory measured.
     """
     import tensorflow as tf
 

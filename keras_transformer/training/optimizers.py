@@ -13,7 +13,7 @@ class FusedAdam(keras.optimizers.Adam):
     variable, its moments or a temporary as large); TensorFlow's `ResourceApplyAdam` reads the
     gradient and writes the variable and both moments in one pass. At the base model's 60M
     parameters the optimizer's passes are memory-bound, so this is measurably faster on CPUs
-    (benchmarks/README.md). Same formula, arguments, variables and checkpoints as
+    (docs/guides/performance.md). Same formula, arguments, variables and checkpoints as
     `keras.optimizers.Adam`: `m += (g - m)(1 - beta_1)`, `v += (g^2 - v)(1 - beta_2)`,
     `w -= lr * sqrt(1 - beta_2^t) / (1 - beta_1^t) * m / (sqrt(v) + epsilon)`.
 

@@ -2,7 +2,7 @@
 
 On CPUs the `lscpu` flags do not tell whether bfloat16 pays. Two 2-core CPUs that both list
 `avx512_bf16` (neither has AMX) train `configs/small.yaml`'s model in mixed_bfloat16 at 0.68x
-(an Intel Xeon) and 1.42x (an AMD EPYC) of float32's speed (README, "Quality per CPU-hour").
+(an Intel Xeon) and 1.42x (an AMD EPYC) of float32's speed (docs/guides/precision-xla.md).
 So on a CPU `auto` measures it. It runs a few train steps of the run's own model on the run's
 own first batches in float32 and in mixed_bfloat16, in alternating rounds, and keeps bfloat16
 only when it is at least `MIN_SPEEDUP` times faster. On TPUs and on GPUs of compute capability

@@ -57,7 +57,7 @@ def make_optimizer(config, d_model=None):
     (Gradient accumulation is the model's train step's, see `compile_model`.)
 
     The Adam is `FusedAdam`: Keras's Adam with TensorFlow's one-kernel update (same formula,
-    variables and checkpoints; faster, see benchmarks/README.md).
+    variables and checkpoints; faster, see docs/guides/performance.md).
     """
     t = config.train
     d_model = d_model or config.model.d_model

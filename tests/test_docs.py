@@ -1,0 +1,333 @@
+"""The README and the documentation site (docs/): CI markers, the generated configuration, API
+and results references, runnable examples, serving formats, the front door's rules."""
+
+import ast
+import dataclasses
+import glob
+import json
+import os
+import re
+import shlex
+
+import numpy as np
+import pytest
+
+from keras_transformer.config import config_reference
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(ROOT, "README.md")
+DOCS = os.path.join(ROOT, "docs")
+CONFIG_PAGE = os.path.join(DOCS, "reference", "config.md")
+START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
+RUN_MARKER = "<!-- docs-test: run -->"
+# The packages whose `__all__` is the public API, each with its page under docs/reference/api/.
+PUBLIC_PACKAGES = ["layers", "models", "decoding", "export", "training", "data"]
+# Modules without `__all__`: their public functions (and these classes) are the API.
+PUBLIC_MODULES = {"config": ["ExperimentConfig"], "fast_paths": []}
+
+
+def _read(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def _readme():
+    return _read(README)
+
+
+def _doc_pages():
+    """The README and every page of the site (not docs/_incoming/, which the build excludes)."""
+    pages = glob.glob(os.path.join(DOCS, "**", "*.md"), recursive=True)
+    pages = [p for p in pages if os.sep + "_incoming" + os.sep not in p]
+    return [README] + sorted(pages)
+
+
+def _all_docs():
+    return "\n".join(_read(p) for p in _doc_pages())
+
+
+def _blocks(text, language):
+    """`[(marker or None, code)]` of the fenced blocks in `language`, with the HTML comment
+    on the line just before the fence, if any."""
+    pattern = re.compile(r"(?:(<!--[^\n]*-->)\n)?```" + language + r"\n(.*?)```", re.S)
+    return [(m.group(1), m.group(2)) for m in pattern.finditer(text)]
+
+
+def test_ci_blocks_follow_their_markers():
+    text = _readme()
+    # .ci/run extracts the block after <!-- ci:test -->; the main job is the first command.
+    blocks = dict(_blocks(text, "bash"))
+    main, test = blocks.get("<!-- ci:main -->"), blocks.get("<!-- ci:test -->")
+    assert main and test
+    assert text.index("<!-- ci:main -->") < text.index("<!-- ci:test -->")
+    assert main.startswith("pip install . && keras-transformer train --config configs/quickstart")
+    assert "keras-transformer translate --model saved_models/quickstart" in main
+    assert test.strip() == (
+        'pip install -e ".[test,docs]" && ruff check . && mkdocs build --strict '
+        "&& python -m pytest -q -n 2"
+    )
+
+
+def _slug(heading):
+    """The anchor GitHub and MkDocs give a Markdown heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _anchors(path):
+    text = _read(path)
+    ids = set(re.findall(r'id="([^"]+)"', text))
+    return ids | {_slug(h) for h in re.findall(r"^#+ (.+)$", text, re.M)}
+
+
+def test_readme_is_a_front_door():
+    text = _readme()
+    assert len(text.splitlines()) <= 250
+    # No dated run logs (time spans such as 03:36-04:08) in the front door.
+    assert not re.search(r"\b\d{1,2}:\d{2}\s*(?:-|–|to)\s*\d{1,2}:\d{2}\b", text)
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert len(links) >= 10
+    for link in links:
+        if re.match(r"[a-z]+://", link):
+            continue
+        target, _, anchor = link.partition("#")
+        path = os.path.join(ROOT, target) if target else README
+        assert os.path.exists(path), f"README links to a missing {target}"
+        if anchor:
+            assert anchor in _anchors(path), f"README links to a missing anchor {link}"
+
+
+def test_config_reference_is_in_sync():
+    text = _read(CONFIG_PAGE)
+    assert text.count(START) == 1 and text.count(END) == 1
+    expected = f"{START}\n{config_reference().strip()}\n{END}"
+    current = text[text.index(START) : text.index(END) + len(END)]
+    if current != expected and os.environ.get("UPDATE_DOCS"):
+        with open(CONFIG_PAGE, "w", encoding="utf-8") as f:
+            f.write(text.replace(current, expected))
+        current = expected
+    assert current == expected, (
+        "docs/reference/config.md is stale: UPDATE_DOCS=1 python -m pytest tests/test_docs.py"
+    )
+
+
+def test_config_reference_lists_every_key():
+    from keras_transformer.config import SECTIONS
+
+    reference = _read(CONFIG_PAGE)
+    for section, cls in SECTIONS.items():
+        assert f"### `{section}`" in reference
+        for field in dataclasses.fields(cls):
+            assert re.search(rf"^\| `{field.name}` \| `.*` \| .+ \|$", reference, re.M), field.name
+
+
+def _module_ast(name):
+    path = os.path.join(ROOT, "keras_transformer", *name.split("."))
+    path = os.path.join(path, "__init__.py") if os.path.isdir(path) else path + ".py"
+    return ast.parse(_read(path))
+
+
+def public_names():
+    """`{module: [public name, ...]}`: the packages' `__all__` and the modules' public functions."""
+    names = {}
+    for package in PUBLIC_PACKAGES:
+        for node in _module_ast(package).body:
+            if isinstance(node, ast.Assign) and any(
+                getattr(t, "id", None) == "__all__" for t in node.targets
+            ):
+                names[package] = ast.literal_eval(node.value)
+    for module, classes in PUBLIC_MODULES.items():
+        functions = [
+            node.name
+            for node in _module_ast(module).body
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_")
+        ]
+        names[module] = functions + classes
+    return names
+
+
+def test_api_reference_has_an_entry_for_every_public_name():
+    names = public_names()
+    assert set(names) == set(PUBLIC_PACKAGES) | set(PUBLIC_MODULES)
+    for module, members in names.items():
+        page = _read(os.path.join(DOCS, "reference", "api", f"{module}.md"))
+        assert members, module
+        for name in members:
+            # A rendered entry (mkdocstrings) or, for constants, a row of the page's table.
+            entry = f"::: keras_transformer.{module}.{name}\n"
+            assert entry in page or f"| `{name}` |" in page, f"{module}.{name} has no entry"
+
+
+def test_every_public_callable_has_a_docstring():
+    import importlib
+    import inspect
+
+    for module, members in public_names().items():
+        imported = importlib.import_module(f"keras_transformer.{module}")
+        for name in members:
+            obj = getattr(imported, name)
+            if inspect.isclass(obj):  # its own docstring, not one inherited from Keras
+                assert (vars(obj).get("__doc__") or "").strip(), f"{module}.{name}"
+            elif callable(obj):
+                assert (getattr(obj, "__doc__", None) or "").strip(), f"{module}.{name}"
+
+
+def test_results_page_is_generated_from_the_ledgers():
+    from benchmarks import ledger, results_page
+
+    assert _read(results_page.PAGE) == results_page.render(), (
+        "docs/results.md is stale: python -m benchmarks.results_page"
+    )
+    assert os.path.exists(results_page.PLOT)
+    names = ledger.benchmarks()
+    assert "quality_budget" in names and "compare" in names
+    # One ledger per benchmark: no per-run files beside them.
+    assert not glob.glob(os.path.join(ledger.RESULTS, "*_20[0-9][0-9]-*.jsonl"))
+    for name in names:
+        for line in ledger.read(name):
+            missing = {"date", "machine", "cpu_flags", "label", "command"} - set(line)
+            assert not missing, (name, missing)
+
+
+def test_commands_use_real_configs_and_subcommands():
+    from keras_transformer.cli import build_parser
+
+    parser = build_parser()
+    commands = []
+    for _, block in _blocks(_all_docs(), "bash"):
+        joined = block.replace("\\\n", " ")
+        for line in joined.splitlines():
+            for part in line.split("&&"):
+                part = part.split("|")[-1].strip()
+                if part.startswith("keras-transformer "):
+                    commands.append(part)
+    assert len(commands) >= 10
+    for command in commands:
+        argv = shlex.split(command.split("#")[0])[1:]
+        args = parser.parse_args(argv)  # exits (code 2) on a bad flag
+        if getattr(args, "config", None):
+            assert os.path.isfile(os.path.join(ROOT, args.config)), command
+        for override in getattr(args, "set", []) or []:
+            from keras_transformer.config import apply_overrides, from_dict
+
+            from_dict(apply_overrides({}, [override]))  # a real key with a valid value
+
+
+@pytest.fixture(scope="module")
+def exported_quickstart(tmp_path_factory, toy_spm_bytes):
+    """A tiny untrained model exported as saved_models/quickstart/1 in a fresh directory: the
+    formats are under test here, not the translations."""
+    import _inference_fixtures as fx
+
+    from keras_transformer.export import export_saved_model
+    from keras_transformer.models import Transformer
+
+    base = tmp_path_factory.mktemp("readme")
+    model = Transformer(vocab_size=fx.spm_processor().get_piece_size(), **fx.MODEL_KWARGS)
+    path = export_saved_model(
+        model,
+        toy_spm_bytes,
+        dict(beam_size=2, alpha=0.6, max_extra_length=4, batch_size=4),
+        dict(max_source_length=12, max_target_length=12),
+        str(base / "saved_models"),
+        "quickstart",
+    )
+    assert path.endswith(os.path.join("quickstart", "1"))
+    return base, path
+
+
+@pytest.mark.slow
+def test_python_examples_run(exported_quickstart, monkeypatch, capsys):
+    base, _ = exported_quickstart
+    monkeypatch.chdir(base)  # relative paths as in the documentation: saved_models/quickstart/1
+    blocks = [
+        (path, code)
+        for path in _doc_pages()
+        for marker, code in _blocks(_read(path), "python")
+        if marker == RUN_MARKER
+    ]
+    assert len(blocks) >= 4 and any(path == README for path, _ in blocks)
+    for path, code in blocks:
+        exec(compile(code, os.path.relpath(path, ROOT), "exec"), {"__name__": "__docs__"})
+    assert os.path.exists(base / "classifier.keras")
+    assert "(1, 3, 37000)" in capsys.readouterr().out
+
+
+def _signature(path):
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401
+
+    return tf.saved_model.load(path).signatures["serving_default"]
+
+
+def _rest_bodies():
+    """The JSON bodies of the curl requests in the README and the documentation."""
+    bodies = []
+    for _, block in _blocks(_all_docs(), "bash"):
+        for match in re.finditer(r"-d '(\{.*?\})'", block):
+            bodies.append(json.loads(match.group(1)))
+    return bodies
+
+
+def _as_json(values):
+    values = values.numpy()
+    if values.dtype == object:
+        return np.vectorize(lambda b: b.decode("utf-8"), otypes=[object])(values).tolist()
+    return values.tolist()
+
+
+@pytest.mark.slow
+def test_rest_requests_match_the_signature(exported_quickstart):
+    """Answers the documented REST bodies as TF Serving's REST API does, on the real signatures
+    (`signature_name`, default `serving_default`)."""
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401
+
+    _, path = exported_quickstart
+    signatures = tf.saved_model.load(path).signatures
+    serve = signatures["serving_default"]
+    _, inputs = serve.structured_input_signature
+    assert list(inputs) == ["text"]
+    assert inputs["text"].dtype == tf.string and inputs["text"].shape.as_list() == [None]
+    outputs = serve.structured_outputs
+    assert set(outputs) == {"translation", "score", "token_scores", "confidence"}
+    assert outputs["translation"].dtype == tf.string and outputs["score"].dtype == tf.float32
+
+    bodies = _rest_bodies()
+    assert any("instances" in b for b in bodies) and any("inputs" in b for b in bodies)
+    named = {b.get("signature_name", "serving_default") for b in bodies}
+    assert named == {"serving_default", "translate_nbest", "score"}
+    for body in bodies:
+        signature = signatures[body.get("signature_name", "serving_default")]
+        _, inputs = signature.structured_input_signature
+        if "instances" in body:
+            # Row format, one named input: each instance is that input's value for one row.
+            result = signature(text=tf.constant(body["instances"]))
+            rows = [dict(zip(result, values)) for values in zip(*map(_as_json, result.values()))]
+            response = json.loads(json.dumps({"predictions": rows}))
+            assert len(response["predictions"]) == len(body["instances"])
+        else:
+            # Column format: named inputs in, named outputs out.
+            assert set(body["inputs"]) == set(inputs)
+            result = signature(**{k: tf.constant(v) for k, v in body["inputs"].items()})
+            response = json.loads(
+                json.dumps({"outputs": {k: _as_json(v) for k, v in result.items()}})
+            )
+            assert set(response["outputs"]) == set(signature.structured_outputs)
+            rows = len(next(iter(body["inputs"].values())))
+            assert all(len(v) == rows for v in response["outputs"].values())
+        scores = result.get("score", result.get("scores", result.get("log_probability")))
+        assert np.all(np.isfinite(scores)) and np.all(np.asarray(scores) <= 0)
+
+
+@pytest.mark.slow
+def test_grpc_tensor_matches_the_signature(exported_quickstart):
+    """The documented gRPC request tensor: DT_STRING, shape [n], accepted by the signature."""
+    import tensorflow as tf
+
+    _, path = exported_quickstart
+    proto = tf.make_tensor_proto(["the purple sandwich keeps the tiny ship"], dtype=tf.string)
+    assert proto.dtype == tf.string.as_datatype_enum
+    assert [d.size for d in proto.tensor_shape.dim] == [1]
+    result = _signature(path)(text=tf.constant(tf.make_ndarray(proto)))
+    assert result["translation"].shape == (1,) and result["score"].dtype == tf.float32
