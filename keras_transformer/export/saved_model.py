@@ -83,7 +83,7 @@ def export_translator(model, tokenizer, decode_config=None, data_config=None):
 
 
 # Dev sentences at most that calibrate the confidence and time the decoding at export.
-MAX_CALIBRATION_SENTENCES = 2000
+MAX_CALIBRATION_SENTENCES = 1000
 
 
 def export_saved_model(
