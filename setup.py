@@ -23,6 +23,8 @@ setup(
         "tensorboard>=2.21,<2.22",
         "sentencepiece>=0.2,<0.3",
         "sacrebleu>=2.4,<3",
+        # TF Serving's PredictionLog protos: every export writes its warmup requests with them.
+        "tensorflow-serving-api>=2.21,<2.22",
         "pyyaml>=6,<7",
         "numpy>=1.26,<3",
         # Attention heatmaps in TensorBoard.

@@ -151,14 +151,24 @@ def _model_dtype(config):
     return None if policy in (None, "float32") else policy
 
 
-def _export(model, tokenizer, config):
-    """Exports the SavedModel if the export module is available; returns its path or None."""
+def _export(model, tokenizer, config, result=None):
+    """Exports the SavedModel if the export module is available; returns its path or None.
+
+    Its model card gets the config, the manifest's counts and `result`'s steps, time, precision
+    and scores; the dev set calibrates its confidence."""
     try:
         from keras_transformer.export import export_saved_model
+        from keras_transformer.export.card import card_facts
     except ImportError:
         print("SavedModel export skipped: keras_transformer.export is not available", flush=True)
         return None
     from keras_transformer.config import export_decoding
+    from keras_transformer.data.prepare import read_manifest
+
+    try:
+        manifest = read_manifest(Workdir.of(config).prepared)
+    except (OSError, ValueError):
+        manifest = None
 
     return export_saved_model(
         model,
@@ -167,6 +177,8 @@ def _export(model, tokenizer, config):
         config.data,
         config.export.base_dir,
         config.export.name or config.name,
+        card_facts=card_facts(config, manifest, result, tokenizer.vocab_size),
+        dev_pairs=_read_split(config.data.dev),
     )
 
 
@@ -275,7 +287,7 @@ def train(config):
     step = optimizer_step(model)
     final_model, averaged = _average(run, model, data.tokenizer.vocab_size)
     result = _score(run, final_model, data.tokenizer, step, stopper, averaged)
-    result["saved_model"] = _export(final_model, data.tokenizer, config)
+    result["saved_model"] = _export(final_model, data.tokenizer, config, result)
     return _finish(run, result)
 
 
