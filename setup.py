@@ -42,6 +42,9 @@ setup(
             "ipykernel>=6",
             # The CTranslate2 conversion tests run in CI too.
             "ctranslate2>=4.5,<5",
+            # Our layers pass KerasHub's own layer test (its TestCase imports grain).
+            "keras-hub>=0.32",
+            "grain>=0.2",
         ],
     },
     entry_points={"console_scripts": ["keras-transformer=keras_transformer.cli:main"]},

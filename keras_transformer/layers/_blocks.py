@@ -5,6 +5,7 @@ wiring (residual, LayerNorm, feed-forward) and config. Private: the public class
 import keras
 
 from keras_transformer.layers._initializers import clone_initializer
+from keras_transformer.layers._specs import CallTracedSpec
 from keras_transformer.layers.attention import MultiHeadAttention
 from keras_transformer.layers.feed_forward import PositionwiseFeedForward
 from keras_transformer.layers.normalization import LayerNormalization
@@ -17,7 +18,7 @@ def head_size(d_model, num_heads):
     return d_model // num_heads
 
 
-class BlockBase(keras.layers.Layer):
+class BlockBase(CallTracedSpec, keras.layers.Layer):
     """Shared constructor arguments, sub-layer wiring and config of the encoder/decoder blocks."""
 
     def __init__(
@@ -74,25 +75,20 @@ class BlockBase(keras.layers.Layer):
         self.feed_forward_norm.build(input_shape)
         self.residual_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
-    def _residual(self, x, norm, sublayer, training):
-        """Post-norm `LN(x + Dropout(Sublayer(x)))` or pre-norm `x + Dropout(Sublayer(LN(x)))`.
-
-        `sublayer` returns `(output, extras)`; the extras (attention scores, caches) pass through.
-        """
+    def _feed_forward_sublayer(self, x, training):
+        """Post-norm `LN(x + Dropout(FFN(x)))` or pre-norm `x + Dropout(FFN(LN(x)))`."""
+        residual = x
         if self.norm_first:
-            y, extras = sublayer(norm(x))
-            return x + self.residual_dropout(y, training=training), extras
-        y, extras = sublayer(x)
-        return norm(x + self.residual_dropout(y, training=training)), extras
-
-    def _feed_forward(self, x, training):
-        x, _ = self._residual(
-            x,
-            self.feed_forward_norm,
-            lambda h: (self.feed_forward(h, training=training), None),
-            training,
-        )
+            x = self.feed_forward_norm(x)
+        x = self.feed_forward(x, training=training)
+        x = self.residual_dropout(x, training=training)
+        x = residual + x
+        if not self.norm_first:
+            x = self.feed_forward_norm(x)
         return x
+
+    def compute_output_shape(self, inputs_shape, *args, **kwargs):
+        return tuple(inputs_shape)
 
     def get_config(self):
         config = super().get_config()
@@ -112,7 +108,7 @@ class BlockBase(keras.layers.Layer):
         return config
 
 
-class StackBase(keras.layers.Layer):
+class StackBase(CallTracedSpec, keras.layers.Layer):
     """Shared constructor arguments and config of the encoder/decoder stacks."""
 
     block_class = None
@@ -174,6 +170,9 @@ class StackBase(keras.layers.Layer):
 
     def _finish(self, x):
         return self.final_norm(x) if self.final_norm is not None else x
+
+    def compute_output_shape(self, inputs_shape, *args, **kwargs):
+        return tuple(inputs_shape)
 
     def get_config(self):
         config = super().get_config()

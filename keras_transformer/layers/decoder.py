@@ -88,35 +88,42 @@ class TransformerDecoderBlock(BlockBase):
         return_attention_scores=False,
         training=None,
     ):
-        def self_attention(h):
-            out = self.self_attention(
-                h,
-                h,
-                attention_mask=key_padding_mask(decoder_padding_mask),
-                use_causal_mask=True,
-                cache=self_attention_cache,
-                cache_update_index=cache_update_index,
-                return_attention_scores=True,
-                training=training,
-            )
-            return out[0], out[1:]
-
-        x, (self_scores, *new_cache) = self._residual(
-            inputs, self.self_attention_norm, self_attention, training
+        # Causal self-attention sub-layer.
+        x = residual = inputs
+        if self.norm_first:
+            x = self.self_attention_norm(x)
+        x, self_scores, *new_cache = self.self_attention(
+            x,
+            x,
+            attention_mask=key_padding_mask(decoder_padding_mask),
+            use_causal_mask=True,
+            cache=self_attention_cache,
+            cache_update_index=cache_update_index,
+            return_attention_scores=True,
+            training=training,
         )
-
-        def cross_attention(h):
-            return self.cross_attention(
-                h,
-                encoder_output,
-                attention_mask=key_padding_mask(encoder_padding_mask),
-                cache=cross_attention_cache,
-                return_attention_scores=True,
-                training=training,
-            )[:2]
-
-        x, cross_scores = self._residual(x, self.cross_attention_norm, cross_attention, training)
-        x = self._feed_forward(x, training)
+        x = self.residual_dropout(x, training=training)
+        x = residual + x
+        if not self.norm_first:
+            x = self.self_attention_norm(x)
+        # Encoder-decoder attention sub-layer.
+        residual = x
+        if self.norm_first:
+            x = self.cross_attention_norm(x)
+        x, cross_scores = self.cross_attention(
+            x,
+            encoder_output,
+            attention_mask=key_padding_mask(encoder_padding_mask),
+            cache=cross_attention_cache,
+            return_attention_scores=True,
+            training=training,
+        )[:2]
+        x = self.residual_dropout(x, training=training)
+        x = residual + x
+        if not self.norm_first:
+            x = self.cross_attention_norm(x)
+        # Feed-forward sub-layer.
+        x = self._feed_forward_sublayer(x, training)
 
         results = [x]
         if return_attention_scores:
