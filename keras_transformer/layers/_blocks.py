@@ -2,6 +2,8 @@
 wiring (residual, LayerNorm, feed-forward) and config. Private: the public classes are in
 `encoder.py` and `decoder.py`."""
 
+import inspect
+
 import keras
 
 from keras_transformer.layers._initializers import clone_initializer
@@ -109,41 +111,25 @@ class BlockBase(CallTracedSpec, keras.layers.Layer):
 
 
 class StackBase(CallTracedSpec, keras.layers.Layer):
-    """Shared constructor arguments and config of the encoder/decoder stacks."""
+    """Shared constructor and config of the encoder/decoder stacks: `num_layers`, then the block
+    class's own arguments (declared once, by `BlockBase.__init__`), passed to every block."""
 
     block_class = None
 
-    def __init__(
-        self,
-        num_layers,
-        num_heads,
-        d_ff,
-        dropout=0.1,
-        attention_dropout=0.0,
-        activation_dropout=0.0,
-        activation="relu",
-        norm_first=False,
-        layer_norm_epsilon=1e-6,
-        kernel_initializer="glorot_uniform",
-        **kwargs,
-    ):
+    def __init__(self, num_layers, num_heads, d_ff, **kwargs):
+        block_names = inspect.signature(BlockBase.__init__).parameters
+        block_kwargs = {name: kwargs.pop(name) for name in list(kwargs) if name in block_names}
         super().__init__(**kwargs)
         if num_layers <= 0:
             raise ValueError(f"num_layers must be positive, got {num_layers}")
         self.num_layers = int(num_layers)
-        self.block_kwargs = dict(
-            num_heads=int(num_heads),
-            d_ff=int(d_ff),
-            dropout=float(dropout),
-            attention_dropout=float(attention_dropout),
-            activation_dropout=float(activation_dropout),
-            activation=keras.activations.serialize(keras.activations.get(activation)),
-            norm_first=bool(norm_first),
-            layer_norm_epsilon=float(layer_norm_epsilon),
-            kernel_initializer=keras.initializers.serialize(
-                keras.initializers.get(kernel_initializer)
-            ),
-        )
+        # The blocks' arguments, serializable (activations and initializers by name or config).
+        self.block_kwargs = {
+            name: value
+            if isinstance(value, (str, int, float, bool, type(None)))
+            else keras.saving.serialize_keras_object(value)
+            for name, value in dict(num_heads=num_heads, d_ff=d_ff, **block_kwargs).items()
+        }
         self.supports_masking = True
 
     def build(self, input_shape, *args, **kwargs):
@@ -156,9 +142,9 @@ class StackBase(CallTracedSpec, keras.layers.Layer):
             self.blocks.append(block)
         # Pre-norm stacks end with a LayerNorm so the output is normalised like the post-norm one.
         self.final_norm = None
-        if self.block_kwargs["norm_first"]:
+        if self.blocks[0].norm_first:
             self.final_norm = LayerNormalization(
-                epsilon=self.block_kwargs["layer_norm_epsilon"],
+                epsilon=self.blocks[0].layer_norm_epsilon,
                 dtype=self.dtype_policy,
                 name="final_norm",
             )
