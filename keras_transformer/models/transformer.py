@@ -60,6 +60,10 @@ class Transformer(TrainStep, keras.Model):
     Returns:
         Logits `[batch, t_len, vocab_size]` (float32).
 
+    The constructor's arguments are the model's hyper-parameters, declared once by its
+    signature: kept as given, as attributes (`model.d_model`), as `model.hyper_parameters` and
+    as the config that `.keras` files save.
+
     Training steps (gradient accumulation, the loss's statistics for the metrics, a
     multi-worker workaround) come from `keras_transformer.models._train_step.TrainStep`.
 
@@ -160,7 +164,7 @@ class Transformer(TrainStep, keras.Model):
         `[d_model, vocab_size]` in the compute dtype, materialised.
 
         `decode_step` multiplies by it directly. At decoding's few rows a product with a
-        transposed operand runs about half as fast on CPUs (benchmarks/README.md), so `init_cache`
+        transposed operand runs slower on CPUs (figures in benchmarks/README.md), so `init_cache`
         transposes once per decoding call instead of once per step. An untied `output_projection`
         (a Dense layer) already multiplies by its own `[d_model, vocab_size]` kernel and is called
         as it is.
