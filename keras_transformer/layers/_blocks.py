@@ -117,7 +117,7 @@ class StackBase(CallTracedSpec, keras.layers.Layer):
     block_class = None
 
     def __init__(self, num_layers, num_heads, d_ff, **kwargs):
-        block_names = inspect.signature(BlockBase.__init__).parameters
+        block_names = inspect.signature(self.block_class.__init__).parameters
         block_kwargs = {name: kwargs.pop(name) for name in list(kwargs) if name in block_names}
         super().__init__(**kwargs)
         if num_layers <= 0:
