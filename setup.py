@@ -23,6 +23,8 @@ setup(
         "tensorboard>=2.21,<2.22",
         "sentencepiece>=0.2,<0.3",
         "sacrebleu>=2.4,<3",
+        # TF Serving's PredictionLog protos: every export writes its warmup requests with them.
+        "tensorflow-serving-api>=2.21,<2.22",
         "pyyaml>=6,<7",
         "numpy>=1.26,<3",
         # Attention heatmaps in TensorBoard.
@@ -42,6 +44,9 @@ setup(
             "ipykernel>=6",
             # The CTranslate2 conversion tests run in CI too.
             "ctranslate2>=4.5,<5",
+            # Our layers pass KerasHub's own layer test (its TestCase imports grain).
+            "keras-hub>=0.32",
+            "grain>=0.2",
         ],
         # The documentation site: `mkdocs build --strict` (CI) or `mkdocs serve`. MkDocs reads
         # the Markdown the guides are written in; mkdocstrings renders the API reference from

@@ -1,8 +1,8 @@
 """The `keras-transformer` command: thin argument parsing over `keras_transformer.commands`.
 
-Subcommands: prepare, train, translate, evaluate, score, export. Exit code 0 on success, 2 with a
-one-line message on bad usage or bad input (no traceback for user errors). TensorFlow's start-up
-log is kept off the terminal unless `--verbose` is given or `TF_CPP_MIN_LOG_LEVEL` is set
+Subcommands: prepare, train, translate, evaluate, score, info, export. Exit code 0 on success,
+2 with a one-line message on bad usage or bad input (no traceback for user errors). TensorFlow's
+start-up log is kept off the terminal unless `--verbose` is given or `TF_CPP_MIN_LOG_LEVEL` is set
 (`commands.import_tensorflow`).
 """
 
@@ -102,6 +102,13 @@ def build_parser():
         help="with --input: lines read, translated (length-sorted) and saved at a time "
         "(default 4096)",
     )
+    p.add_argument(
+        "--prefix",
+        default=None,
+        metavar="TEXT",
+        help="every translation starts with TEXT, the search continuing after it "
+        "(translate_prefix signature)",
+    )
     p.add_argument("text", nargs="*", help="sentences; stdin lines when none are given")
     p.set_defaults(func=commands.translate_command)
 
@@ -122,6 +129,10 @@ def build_parser():
     p.add_argument("--target", required=True, help="target sentences to score, one per line")
     p.add_argument("--batch-size", type=int, default=32, help="sentences per call (default 32)")
     p.set_defaults(func=commands.score_command)
+
+    p = sub.add_parser("info", parents=[common], help="print a SavedModel's model card")
+    p.add_argument("--model", required=True, help="SavedModel directory (or its parent)")
+    p.set_defaults(func=commands.info_command)
 
     p = sub.add_parser(
         "export", parents=[common], help="export a SavedModel from a training workdir"

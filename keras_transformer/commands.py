@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 
-from keras_transformer.errors import UsageError
+from keras_transformer.errors import KerasTransformerError, UsageError
 from keras_transformer.workdir import Workdir, average_checkpoints, complete_checkpoints
 
 # --------------------------------------------------------------------------- helpers
@@ -142,6 +142,24 @@ def load_nbest_function(model_path, n_best):
     return translate
 
 
+def load_prefix_function(model_path, prefix):
+    """`texts -> (translations, scores)` through the `translate_prefix` signature, every
+    translation starting with `prefix`."""
+    import tensorflow as tf
+
+    loaded, _, signatures = load_signatures(model_path, required=("translate_prefix",))
+    signature = signatures["translate_prefix"]
+
+    def translate(texts):
+        prefixes = tf.constant([prefix] * len(texts), dtype=tf.string)
+        outputs = signature(text=tf.constant(texts, dtype=tf.string), prefix=prefixes)
+        translations = [t.decode("utf-8", errors="replace") for t in outputs["translation"].numpy()]
+        return translations, outputs["score"].numpy().tolist()
+
+    translate.loaded = loaded
+    return translate
+
+
 def _batch_size(args):
     batch_size = getattr(args, "batch_size", 32)
     if batch_size is None or batch_size < 1:
@@ -180,17 +198,26 @@ def read_lines(path, what):
 
 
 def translate_command(args):
-    """`keras-transformer translate --model DIR [--n-best K] [TEXT ...]`: one translation per
-    line; with `--n-best K`, K lines `SCORE<TAB>TRANSLATION` per input, best first. With
-    `--input FILE --output FILE`: `translate_file_command`."""
+    """`keras-transformer translate --model DIR [--n-best K | --prefix TEXT] [TEXT ...]`: one
+    translation per line; with `--n-best K`, K lines `SCORE<TAB>TRANSLATION` per input, best
+    first; with `--prefix`, translations that start with TEXT (`translate_prefix` signature).
+    With `--input FILE --output FILE`: `translate_file_command`."""
     batch_size = _batch_size(args)
     n_best = getattr(args, "n_best", None)
+    prefix = getattr(args, "prefix", None)
     if n_best is not None and n_best < 1:
         raise UsageError(f"--n-best must be a positive integer, got {n_best}")
+    if n_best is not None and prefix is not None:
+        raise UsageError("--prefix and --n-best cannot be combined")
     if getattr(args, "input", None) is not None or getattr(args, "output", None) is not None:
         return translate_file_command(args, batch_size, n_best)
     import_tensorflow(getattr(args, "verbose", False))
-    if n_best is None:
+    if prefix is not None:
+        translate = load_prefix_function(args.model, prefix)
+
+        def output_lines(lines, size):
+            return translate_lines(translate, lines, size)
+    elif n_best is None:
         translate = load_serving_function(args.model)
 
         def output_lines(lines, size):
@@ -319,6 +346,26 @@ def score_command(args):
     del loaded
 
 
+# --------------------------------------------------------------------------- info
+
+
+def info_command(args):
+    """`keras-transformer info --model DIR`: prints the export's model card (Markdown)."""
+    import_tensorflow(getattr(args, "verbose", False))
+    from keras_transformer.export.card import read_card_markdown
+    from keras_transformer.export.saved_model import resolve_model_dir
+
+    path = resolve_model_dir(args.model)
+    try:
+        card = read_card_markdown(path)
+    except FileNotFoundError:
+        raise UsageError(
+            f"{path} has no model card (assets.extra/model_card.md): exported before "
+            "keras-transformer wrote one? export it again"
+        ) from None
+    sys.stdout.write(card)
+
+
 # --------------------------------------------------------------------------- export
 
 
@@ -389,6 +436,25 @@ def _export_settings(config, args):
         raise UsageError(message) from None
 
 
+def _card_inputs(workdir, config, vocab_size):
+    """The model card's facts from the workdir (manifest, `result.json`) and the dev pairs
+    that calibrate the confidence (none when the dev set cannot be read)."""
+    from keras_transformer.data import read_pairs
+    from keras_transformer.data.prepare import read_manifest
+    from keras_transformer.export.card import card_facts
+
+    layout = Workdir(workdir)
+    result = None
+    if os.path.isfile(layout.result):
+        with open(layout.result, encoding="utf-8") as f:
+            result = json.load(f)
+    try:
+        dev_pairs = read_pairs(config.data.dev) if config.data.dev else None
+    except (OSError, ValueError, KerasTransformerError):
+        dev_pairs = None  # the export goes on; its card says the confidence is not fitted
+    return card_facts(config, read_manifest(layout.prepared), result, vocab_size), dev_pairs
+
+
 def export_command(args):
     """`keras-transformer export --workdir DIR [--average N] [--output DIR] [--beam-size K]
     [--alpha A] [--n-best N] [--max-extra-length L] [--format saved_model|ctranslate2]
@@ -418,7 +484,10 @@ def export_command(args):
 
     settings = _export_settings(config, args)
     base_dir = args.output or config.export.base_dir
-    path = export_saved_model(model, spm_bytes, settings, config.data, base_dir, name)
+    facts, dev_pairs = _card_inputs(args.workdir, config, model.vocab_size)
+    path = export_saved_model(
+        model, spm_bytes, settings, config.data, base_dir, name, facts, dev_pairs
+    )
     print(f"exported {averaged or f'step {steps[-1]}'} to {path}")
 
 

@@ -87,6 +87,14 @@ EXPORT_DECODE = {"beam_size": 3, "alpha": 0.6, "max_extra_length": 8, "batch_siz
 EXPORT_DATA = {"max_source_length": MAX_SOURCE_LENGTH}
 
 
+def dev_pairs(n=64, seed=7):
+    """Dev pairs for the exported copy model's calibration: the copy task's references, some
+    of them (a third) with their words reversed so that sentence chrF varies."""
+    rng = random.Random(seed)
+    sources = toy_sentences(n, seed=seed)
+    return [(s, " ".join(s.split()[::-1]) if rng.random() < 1 / 3 else s) for s in sources]
+
+
 @functools.lru_cache(maxsize=None)
 def trained_model(steps=300):
     """A tiny Transformer trained with `model.fit` to copy its input (target = source)."""

@@ -50,15 +50,17 @@ def copy_model():
 @pytest.fixture(scope="session")
 def exported_copy_model(copy_model, toy_spm_bytes, tmp_path_factory):
     """`(translator, path of version 1)`: `copy_model` as a `Translator` and exported as the
-    SavedModel `saved_models/toy/1` (decoding settings `fx.EXPORT_DECODE`, `fx.EXPORT_DATA`)."""
+    SavedModel `saved_models/toy/1` (decoding settings `fx.EXPORT_DECODE`, `fx.EXPORT_DATA`;
+    confidence calibrated on `fx.dev_pairs()`)."""
     import _inference_fixtures as fx
 
     from keras_transformer.export import Translator, export_saved_model
 
     base = str(tmp_path_factory.mktemp("exported") / "saved_models")
     path = export_saved_model(
-        copy_model, toy_spm_bytes, fx.EXPORT_DECODE, fx.EXPORT_DATA, base, "toy"
-    )
+        copy_model, toy_spm_bytes, fx.EXPORT_DECODE, fx.EXPORT_DATA, base, "toy",
+        dev_pairs=fx.dev_pairs(),
+    )  # fmt: skip
     decode, data = fx.EXPORT_DECODE, fx.EXPORT_DATA
     translator = Translator(
         copy_model,

@@ -77,6 +77,33 @@ def test_ctranslate2_decodes_as_we_do(copy_model, ct2_dirs, sentences, beam_size
     assert same >= 98, [(a, b) for a, b in zip(ours, theirs) if a != b]
 
 
+def test_target_prefix_decodes_as_ctranslate2s(copy_model, ct2_dirs, sentences):
+    """Our forced prefix (the `translate_prefix` signature's search) against CTranslate2's
+    `target_prefix`, beam 4: the prefixes are words of other sentences, so the copy model must
+    go on from a start it would not have chosen."""
+    sp = fx.spm_processor()
+    prefixes = [sp.encode(" ".join(s.split()[:2])) for s in fx.toy_sentences(100, seed=12)]
+    width = max(len(p) for p in prefixes)
+    prefix_ids = np.array([p + [fx.PAD] * (width - len(p)) for p in prefixes], "int32")
+    ids, _ = translate_ids(
+        copy_model, fx.encode_sources(sentences), beam_size=4, alpha=ALPHA,
+        max_extra_length=MAX_EXTRA, prefix_ids=prefix_ids,
+    )  # fmt: skip
+    ours = [row[: row.index(fx.EOS)] for row in np.asarray(ids).tolist()]
+    translator = ctranslate2.Translator(ct2_dirs["float32"], device="cpu", intra_threads=1)
+    theirs = []
+    for text, prefix in zip(sentences, prefixes):
+        pieces = sp.encode(text, out_type=str)[: fx.MAX_SOURCE_LENGTH - 1]
+        (result,) = translator.translate_batch(
+            [pieces], target_prefix=[[sp.id_to_piece(i) for i in prefix]], beam_size=4,
+            length_penalty=ALPHA, max_decoding_length=len(pieces) + MAX_EXTRA,
+        )  # fmt: skip
+        theirs.append([sp.piece_to_id(p) for p in result.hypotheses[0]])
+    assert all(row[: len(p)] == p for row, p in zip(ours, prefixes))
+    same = sum(a == b for a, b in zip(ours, theirs))
+    assert same >= 98, [(a, b) for a, b in zip(ours, theirs) if a != b]
+
+
 def test_int8_stays_within_one_bleu_of_float32(ct2_dirs):
     # The copy task: the references are the sources. 500 sentences (the first 100 are the
     # `sentences` fixture's), about 1,500 words: on 100 sentences one changed word moved BLEU by

@@ -13,6 +13,7 @@ import _inference_fixtures as fx
 import numpy as np
 import pytest
 import tensorflow as tf
+from _fresh_process import latin1, run_fresh
 
 from keras_transformer.decoding import translate_ids
 
@@ -129,19 +130,6 @@ def test_score_answers_hostile_inputs_and_refuses_unequal_sizes(exported_copy_mo
 
 
 _LOAD_SCRIPT = r"""
-import importlib.abc, json, sys
-
-
-class _Block(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] == "keras_transformer":
-            raise ImportError("keras_transformer is blocked in this process")
-        return None
-
-
-sys.meta_path.insert(0, _Block())
-import tensorflow as tf
-import tensorflow_text  # noqa: F401
 loaded = tf.saved_model.load(sys.argv[1])
 texts = json.loads(sys.argv[2])
 batch = tf.constant([s.encode("latin-1") for s in texts])
@@ -170,25 +158,13 @@ def test_all_signatures_run_in_a_fresh_process_with_only_tf_and_tf_text(
 ):
     translator, path = exported_copy_model
     texts = [t if isinstance(t, bytes) else t.encode("utf-8") for t in HOSTILE + NORMAL]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    env.pop("PYTHONPATH", None)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            _LOAD_SCRIPT,
-            path,
-            json.dumps([t.decode("latin-1") for t in texts]),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=str(tmp_path),
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["signatures"] == ["score", "serving_default", "translate_nbest"]
+    result = run_fresh(_LOAD_SCRIPT, path, latin1(texts), cwd=str(tmp_path))
+    assert result["signatures"] == [
+        "score",
+        "serving_default",
+        "translate_nbest",
+        "translate_prefix",
+    ]
     expected = translator.translate_nbest(tf.constant(texts))
     assert result["translations"] == _strings(expected["translations"])
     np.testing.assert_allclose(result["scores"], expected["scores"], rtol=1e-4, atol=1e-5)
@@ -224,11 +200,21 @@ def test_saved_model_cli_lists_all_signatures(exported_copy_model):
         ("inputs", "text", "DT_STRING", "(-1)"),
         ("outputs", "translation", "DT_STRING", "(-1)"),
         ("outputs", "score", "DT_FLOAT", "(-1)"),
+        ("outputs", "token_scores", "DT_FLOAT", "(-1, -1)"),
+        ("outputs", "confidence", "DT_FLOAT", "(-1)"),
     }
     assert signatures["translate_nbest"] == {
         ("inputs", "text", "DT_STRING", "(-1)"),
         ("outputs", "translations", "DT_STRING", f"(-1, {K})"),
         ("outputs", "scores", "DT_FLOAT", f"(-1, {K})"),
+        ("outputs", "token_scores", "DT_FLOAT", f"(-1, {K}, -1)"),
+        ("outputs", "confidence", "DT_FLOAT", f"(-1, {K})"),
+    }
+    assert signatures["translate_prefix"] == {
+        ("inputs", "text", "DT_STRING", "(-1)"),
+        ("inputs", "prefix", "DT_STRING", "(-1)"),
+        ("outputs", "translation", "DT_STRING", "(-1)"),
+        ("outputs", "score", "DT_FLOAT", "(-1)"),
     }
     assert signatures["score"] == {
         ("inputs", "source", "DT_STRING", "(-1)"),
@@ -242,6 +228,11 @@ def test_metadata_lists_the_signatures_and_settings(exported_copy_model):
     _, path = exported_copy_model
     with open(os.path.join(path, "assets.extra", "keras_transformer.json")) as f:
         metadata = json.load(f)
-    assert sorted(metadata["signatures"]) == ["score", "serving_default", "translate_nbest"]
+    assert sorted(metadata["signatures"]) == [
+        "score",
+        "serving_default",
+        "translate_nbest",
+        "translate_prefix",
+    ]
     assert metadata["n_best"] == K and metadata["beam_size"] == DECODE["beam_size"]
     assert metadata["max_extra_length"] == DECODE["max_extra_length"]

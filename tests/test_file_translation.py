@@ -168,6 +168,8 @@ def test_an_empty_input_gets_an_empty_output(tmp_path):
         (lambda d: ["--input", str(d / "in.txt"), "--output", str(d / "done.txt")], "has no"),
         (lambda d: ["--input", str(d / "in.txt"), "--output", str(d / "o"), "--chunk-lines", "0"],
          "--chunk-lines"),
+        (lambda d: ["--input", str(d / "in.txt"), "--output", str(d / "o"), "--prefix", "a"],
+         "--prefix"),
     ],
 )  # fmt: skip
 def test_bad_arguments_exit_2(tmp_path, model_base_dir, run_cli, make_argv, message):

@@ -392,6 +392,7 @@ def translate_ids(
     use_cache=True,
     pad_id=0,
     return_all=False,
+    prefix_ids=None,
 ):
     """Translates padded source ids with a `Transformer` (beam search, or greedy for beam 1).
 
@@ -411,6 +412,10 @@ def translate_ids(
         use_cache: False re-runs the full decoder on the whole prefix at every step (slow; a
             reference for tests).
         return_all: return every beam's finished hypothesis (n-best), best first.
+        prefix_ids: optional int `[batch, p]`, 0-padded target prefixes: output `i` starts with
+            the non-zero ids of row `i` (forced one per step; the search continues after them).
+            A row must leave room for EOS (at most `max_extra_length` ids, and fewer than
+            `max_length`).
 
     Returns:
         `(output_ids, scores)`: int32 `[batch, T]` without BOS, EOS included and 0-padded after
@@ -446,6 +451,9 @@ def translate_ids(
         logits, state = step_fn(ids, index, state)
         return to_log_probs(logits), state
 
+    if prefix_ids is not None:
+        log_probs_fn, initial_state = _forcing_prefix(log_probs_fn, initial_state, prefix_ids)
+
     with inplace_cache_writes():  # the loop is traced here; only our own caches are written
         if k == 1:
             ids, scores = greedy_search(
@@ -465,6 +473,26 @@ def translate_ids(
             max_lengths=caps,
             return_all=return_all,
         )
+
+
+def _forcing_prefix(log_probs_fn, initial_state, prefix_ids):
+    """`(step_fn, initial_state)` that leave only the prefix's next id possible while a row's
+    prefix lasts. The prefixes travel in the state, so they follow the beams."""
+    prefix_ids = ops.cast(ops.convert_to_tensor(prefix_ids), "int32")  # [batch, p]
+    prefix_ids = ops.pad(prefix_ids, ((0, 0), (0, 1)))  # a 0 column: no prefix past the end
+
+    def step_fn(ids, index, state):
+        inner, prefix = state  # prefix: [rows, p + 1]
+        log_probs, inner = log_probs_fn(ids, index, inner)  # [rows, vocab]
+        width = ops.shape(prefix)[1]
+        column = ops.full((ops.shape(prefix)[0], 1), ops.minimum(index, width - 1), "int32")
+        forced = ops.take_along_axis(prefix, column, axis=1)  # [rows, 1] the id to force now,
+        # 0 once the prefix is over
+        vocab = ops.arange(ops.shape(log_probs)[-1], dtype="int32")  # [vocab]
+        other = ops.logical_and(ops.greater(forced, 0), ops.not_equal(vocab, forced))
+        return ops.where(other, NEG_INF, log_probs), (inner, prefix)
+
+    return step_fn, (initial_state, prefix_ids)
 
 
 def _output_buffer_length(source_ids, max_extra_length, max_length):

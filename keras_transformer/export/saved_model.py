@@ -2,12 +2,24 @@
 
 import json
 import os
+import platform
 import shutil
 import tempfile
+import time
 
+import numpy as np
 import tensorflow as tf
 
+from keras_transformer.export import calibration as calib
+from keras_transformer.export.card import build_card, write_card
+from keras_transformer.export.card import card_facts as facts_of_workdir
 from keras_transformer.export.translator import Translator
+from keras_transformer.export.warmup import (
+    bucket_lengths,
+    sentence_of_length,
+    warmup_requests,
+    write_warmup,
+)
 
 SIGNATURE_KEY = "serving_default"
 METADATA_FILE = "keras_transformer.json"
@@ -70,15 +82,31 @@ def export_translator(model, tokenizer, decode_config=None, data_config=None):
     )
 
 
+# Dev sentences at most that calibrate the confidence and time the decoding at export.
+MAX_CALIBRATION_SENTENCES = 1000
+
+
 def export_saved_model(
-    model, tokenizer, decode_config=None, data_config=None, base_dir="saved_models", name="model"
+    model,
+    tokenizer,
+    decode_config=None,
+    data_config=None,
+    base_dir="saved_models",
+    name="model",
+    card_facts=None,
+    dev_pairs=None,
 ):
     """Exports `Translator(model, tokenizer)` as the next version of `base_dir/name`.
 
-    The SavedModel has three signatures (see `Translator`): `serving_default` (text ->
-    translation, score), `translate_nbest` (text -> translations, scores `[batch, n_best]`) and
-    `score` (source, target -> log_probability, length). `assets.extra/keras_transformer.json`
-    records them and the decoding settings used.
+    The SavedModel has four signatures (see `Translator`): `serving_default` (text ->
+    translation, score, token_scores, confidence), `translate_nbest` (text -> translations,
+    scores, token_scores, confidence, `[batch, n_best, ...]`), `translate_prefix` (text, prefix
+    -> translation, score) and `score` (source, target -> log_probability, length).
+    `assets.extra/` holds `keras_transformer.json` (the signatures and decoding settings),
+    the model card (`model_card.json`, `model_card.md`: `card_facts`, the decoding settings,
+    the confidence's calibration and the decoding speed measured here on `dev_pairs`) and
+    `tf_serving_warmup_requests` (every signature at every source-length bucket, replayed by
+    TF Serving at load).
 
     The SavedModel is written to a hidden temporary directory next to the versions and renamed
     into place, so TF Serving (which polls the base path) never sees a half-written version and
@@ -94,6 +122,11 @@ def export_saved_model(
             and `max_target_length` (the longest output, EOS included).
         base_dir: directory holding the named models.
         name: the model's name (TF Serving's `--model_name`).
+        card_facts: the training side of the model card (`keras_transformer.export.card.
+            card_facts`: config, corpora and counts, steps, time, precision, dev/test scores).
+        dev_pairs: `[(source, reference), ...]`; the first `MAX_CALIBRATION_SENTENCES` calibrate
+            the confidence against sentence chrF and time the decoding. None keeps the default
+            map (`Translator.set_calibration`) and leaves the speed unmeasured.
 
     Returns:
         The path of the new version directory, e.g. `saved_models/quickstart/3`.
@@ -107,6 +140,7 @@ def export_saved_model(
     if not name or os.sep in str(name) or str(name) in (".", ".."):
         raise ValueError(f"invalid model name {name!r}")
     translator = export_translator(model, tokenizer, decode_config, data_config)
+    calibration, speed = _calibrate(translator, dev_pairs)
     model_dir = os.path.join(base_dir, str(name))
     created_model_dir = not os.path.isdir(model_dir)
     os.makedirs(model_dir, exist_ok=True)
@@ -115,7 +149,13 @@ def export_saved_model(
     tmp_dir = tempfile.mkdtemp(prefix=".export-", dir=model_dir)
     try:
         tf.saved_model.save(translator, tmp_dir, signatures=translator.signatures)
-        _write_metadata(tmp_dir, translator, name)
+        metadata = _write_metadata(tmp_dir, translator, name)
+        decoding = {key: metadata[key] for key in DECODING_KEYS}
+        facts = dict(card_facts or facts_of_workdir(vocab_size=translator.model.vocab_size))
+        facts.setdefault("vocabulary", {"size": translator.model.vocab_size})
+        card = build_card(facts, name, decoding, calibration, speed, metadata["signatures"])
+        write_card(tmp_dir, card)
+        _write_warmup(tmp_dir, translator, metadata["signatures"], data_config)
         version_dir = _rename_to_next_version(tmp_dir, model_dir)
     except BaseException:
         shutil.rmtree(tmp_dir, ignore_errors=True)
@@ -123,6 +163,81 @@ def export_saved_model(
             os.rmdir(model_dir)
         raise
     return version_dir
+
+
+DECODING_KEYS = (
+    "beam_size", "alpha", "n_best", "max_extra_length", "batch_size", "max_source_length",
+    "max_length",
+)  # fmt: skip
+
+
+def _features_function(translator):
+    """A tf.function: text -> what the calibration needs of the best hypotheses."""
+
+    def features(text):
+        out = translator._hypotheses(text, 1)
+        return {key: out[key][:, 0] for key in ("text", "token_scores", "length", "margin")}
+
+    return tf.function(
+        features, input_signature=[tf.TensorSpec([None], tf.string)], autograph=False
+    )
+
+
+def _calibrate(translator, dev_pairs):
+    """Fits the translator's confidence on `dev_pairs` and times its decoding there.
+
+    Returns `(calibration figures, speed)` for the model card (speed None without a dev set).
+    """
+    if not dev_pairs:
+        return {"fitted": False, **translator.calibration}, None
+    pairs = list(dev_pairs)[:MAX_CALIBRATION_SENTENCES]
+    sources = [s for s, _ in pairs]
+    references = [r for _, r in pairs]
+    features = _features_function(translator)
+    features(tf.constant(sources[:1]))  # traces; the timing below is decoding only
+    started = time.perf_counter()
+    out = features(tf.constant(sources))
+    seconds = time.perf_counter() - started
+    hypotheses = [t.decode("utf-8") for t in out["text"].numpy()]
+    x = calib.features(out["token_scores"].numpy(), out["length"].numpy(), out["margin"].numpy())
+    chrf = calib.sentence_chrf(hypotheses, references)
+    fitted = calib.fit_calibration(x, chrf / 100.0)
+    translator.set_calibration(**fitted)
+    report = calib.calibration_report(
+        calib.apply_calibration(fitted, x), hypotheses, references, chrf
+    )
+    speed = {
+        "sentences": len(sources),
+        "seconds": round(seconds, 3),
+        "sentences_per_second": round(len(sources) / seconds, 2),
+        "tokens_per_second": round(float(np.sum(out["length"].numpy())) / seconds, 1),
+        "request": f"all {len(sources)} dev sentences in one call (graph batch "
+        f"{translator.batch_size})",
+        "cpu": _cpu_name(),
+        "threads": os.cpu_count(),
+    }
+    return {"fitted": True, **fitted, **report}, speed
+
+
+def _cpu_name():
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _write_warmup(export_dir, translator, signatures, data_config):
+    """`assets.extra/tf_serving_warmup_requests`: every signature at every bucket length."""
+    lengths = bucket_lengths(
+        translator.max_source_length, _field(data_config, "bucket_boundaries", None)
+    )
+    texts = [sentence_of_length(translator._spm_proto, n) for n in lengths]
+    inputs = {key: list(spec["inputs"]) for key, spec in signatures.items()}
+    return write_warmup(export_dir, warmup_requests(inputs, texts))
 
 
 def _write_metadata(export_dir, translator, name):
@@ -138,14 +253,25 @@ def _write_metadata(export_dir, translator, name):
         "signatures": {
             SIGNATURE_KEY: {
                 "inputs": {"text": "string [batch]"},
-                "outputs": {"translation": "string [batch]", "score": "float32 [batch]"},
+                "outputs": {
+                    "translation": "string [batch]",
+                    "score": "float32 [batch]",
+                    "token_scores": "float32 [batch, length]",
+                    "confidence": "float32 [batch]",
+                },
             },
             "translate_nbest": {
                 "inputs": {"text": "string [batch]"},
                 "outputs": {
                     "translations": f"string [batch, {k}]",
                     "scores": f"float32 [batch, {k}]",
+                    "token_scores": f"float32 [batch, {k}, length]",
+                    "confidence": f"float32 [batch, {k}]",
                 },
+            },
+            "translate_prefix": {
+                "inputs": {"text": "string [batch]", "prefix": "string [batch]"},
+                "outputs": {"translation": "string [batch]", "score": "float32 [batch]"},
             },
             "score": {
                 "inputs": {"source": "string [batch]", "target": "string [batch]"},
@@ -163,6 +289,7 @@ def _write_metadata(export_dir, translator, name):
     }
     with open(os.path.join(extra, METADATA_FILE), "w", encoding="utf-8") as f:
         json.dump(metadata, f, indent=2)
+    return metadata
 
 
 def _rename_to_next_version(tmp_dir, model_dir):

@@ -11,6 +11,12 @@ import tensorflow_text as tf_text
 
 from keras_transformer.data.pipeline import encode_sources
 from keras_transformer.decoding.search import translate_ids
+from keras_transformer.export.calibration import MAX_MARGIN, MIN_MEAN_LOG_PROB
+
+# The confidence's map before any calibration: sigmoid(1 + 2 * mean log p), 0.5 at a mean
+# token log-probability of -0.5 (`set_calibration` replaces it with one fitted on a dev set).
+DEFAULT_CALIBRATION = {"log_prob_weight": 2.0, "margin_weight": 0.0, "bias": 1.0}
+NEG_SCORE = -1.0e9
 
 
 class _Untracked:
@@ -41,7 +47,9 @@ class Translator(tf.Module):
        (the training layout);
     3. sorts the batch by length and decodes it in chunks of `batch_size` sentences (each chunk
        padded only to its own longest sentence, memory bounded for large requests);
-    4. detokenizes the best hypothesis of each input, and returns it with its score in the
+    4. scores each output piece in one forced-decoding pass (`token_scores`) and maps the mean
+       token log-probability and the n-best margin to the calibrated `confidence`;
+    5. detokenizes the best hypothesis of each input, and returns it with its scores in the
        original order.
 
     Args:
@@ -63,12 +71,21 @@ class Translator(tf.Module):
         text: tf.string `[batch]`.
 
     Returns:
-        `{"translation": tf.string [batch], "score": tf.float32 [batch]}`; the score is the
-        length-normalised log-probability of the translation.
+        `{"translation": tf.string [batch], "score": tf.float32 [batch], "token_scores":
+        tf.float32 [batch, length], "confidence": tf.float32 [batch]}`; the score is the
+        length-normalised log-probability of the translation, `token_scores` the log-probability
+        of each of its pieces and then of EOS (0-padded to the request's longest output; their
+        sum is the score times the length penalty), `confidence` the calibrated estimate in
+        [0, 1] of its quality (`set_calibration`).
 
-    Two more tf.functions become the SavedModel's other signatures (`signatures` lists all):
+    Three more tf.functions become the SavedModel's other signatures (`signatures` lists all):
     - `translate_nbest(text)`: `{"translations": tf.string [batch, n_best], "scores": tf.float32
-      [batch, n_best]}`, best first; the first column equals `serve`'s answer.
+      [batch, n_best], "token_scores": [batch, n_best, length], "confidence": [batch, n_best]}`,
+      best first; the first column equals `serve`'s answer.
+    - `translate_prefix(text, prefix)`: `{"translation", "score"}` as `serve`, each translation
+      starting with its prefix's pieces (forced, then the search continues; cut to leave room
+      for EOS); an empty prefix gives `serve`'s answer. Sizes that differ raise
+      `InvalidArgumentError`.
     - `score(source, target)`: `{"log_probability": tf.float32 [batch], "length": tf.int32
       [batch]}`: the target's log-probability under the model (tokens and EOS, one forced-
       decoding pass) and its token count; sizes that differ raise `InvalidArgumentError`.
@@ -123,8 +140,16 @@ class Translator(tf.Module):
             raise ValueError(
                 f"n_best must be between 1 and the beam size ({self.beam_size}), got {n_best}"
             )
+        # The confidence's map (see `set_calibration`); read as constants when a signature is
+        # traced, so it must be set before the first call.
+        self.calibration = dict(DEFAULT_CALIBRATION)
         text_spec = tf.TensorSpec([None], tf.string, name="text")
         self.serve = tf.function(self._translate, input_signature=[text_spec], autograph=False)
+        self.translate_prefix = tf.function(
+            self._translate_prefix,
+            input_signature=[text_spec, tf.TensorSpec([None], tf.string, name="prefix")],
+            autograph=False,
+        )
         self.translate_nbest = tf.function(
             self._translate_nbest, input_signature=[text_spec], autograph=False
         )
@@ -143,7 +168,20 @@ class Translator(tf.Module):
         return {
             "serving_default": self.serve,
             "translate_nbest": self.translate_nbest,
+            "translate_prefix": self.translate_prefix,
             "score": self.score,
+        }
+
+    def set_calibration(self, log_prob_weight, margin_weight, bias):
+        """Sets the confidence's map `sigmoid(bias + log_prob_weight * mean token log-probability
+        + margin_weight * n-best margin)` (weights >= 0: monotone in both). Call it before the
+        signatures are first traced (before calling or saving the translator)."""
+        if log_prob_weight < 0 or margin_weight < 0:
+            raise ValueError("calibration weights must be >= 0 (a monotone map)")
+        self.calibration = {
+            "log_prob_weight": float(log_prob_weight),
+            "margin_weight": float(margin_weight),
+            "bias": float(bias),
         }
 
     @property
@@ -180,13 +218,12 @@ class Translator(tf.Module):
             tokenizer, text, self.max_source_length, ragged=True, eos_id=self.eos_id
         )
 
-    def _decode_chunk(self, tokenizer, source, n_best=None):
-        """Ragged int32 `[c, (tokens)]` -> (tf.string `[c]`, float32 `[c]`) of the best
-        hypotheses, or `[c, n_best]` of the `n_best` best."""
-        source_ids = source.to_tensor(default_value=self.pad_id)  # [c, s_len]
+    def _search_chunk(self, source, prefix=None):
+        """Ragged int32 `[c, (tokens)]` (and prefixes) -> (int32 `[c, K, T]` hypotheses, EOS
+        then padding, float32 `[c, K]` scores), best first; `K` = the beam size."""
         ids, scores = translate_ids(
             self.model,
-            source_ids,
+            source.to_tensor(default_value=self.pad_id),  # [c, s_len]
             beam_size=self.beam_size,
             alpha=self.alpha,
             max_extra_length=self.max_extra_length,
@@ -194,19 +231,66 @@ class Translator(tf.Module):
             eos_id=self.eos_id,
             max_length=self.max_length,
             pad_id=self.pad_id,
-            return_all=n_best is not None,
+            return_all=True,
+            prefix_ids=None if prefix is None else prefix.to_tensor(default_value=self.pad_id),
         )
-        ids = tf.convert_to_tensor(ids)  # [c, T] or [c, beam, T]
-        scores = tf.convert_to_tensor(scores)  # [c] or [c, beam]
-        if n_best is not None:
-            ids = tf.reshape(ids[:, :n_best], [-1, tf.shape(ids)[-1]])  # [c * n_best, T]
-            scores = scores[:, :n_best]  # [c, n_best]
+        return tf.convert_to_tensor(ids), tf.convert_to_tensor(scores)
+
+    def _token_log_probs(self, source, ids):
+        """Forced decoding of the hypotheses: `source` ragged `[c, (tokens)]`, `ids` int32
+        `[c, k, T]` -> float32 `[c, k, T]` log p of each output token (EOS included, 0 after)."""
+        c, k, width = tf.shape(ids)[0], tf.shape(ids)[1], tf.shape(ids)[2]
+        flat = tf.reshape(ids, [-1, width])  # [c * k, T]
+        bos = tf.fill([c * k, 1], self.bos_id)
+        logits = self.model(
+            {
+                "source_ids": tf.repeat(source.to_tensor(default_value=self.pad_id), k, axis=0),
+                "target_ids": tf.concat([bos, flat[:, :-1]], axis=1),
+            },
+            training=False,
+        )  # [c * k, T, vocab]
+        log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1)
+        picked = tf.gather(log_probs, flat, axis=2, batch_dims=2)  # [c * k, T]
+        picked = tf.where(tf.not_equal(flat, self.pad_id), picked, 0.0)
+        return tf.reshape(picked, [c, k, width])
+
+    def _margins(self, scores, keep):
+        """float32 `[c, keep]`: each of the first `keep` hypotheses' score minus the best score
+        of the other hypotheses (0 for greedy search), clipped (empty slots score -1e9)."""
+        if self.beam_size == 1:
+            return tf.zeros_like(scores[:, :keep])
+        # [c, K, K]: row j holds the scores with hypothesis j itself masked out.
+        others = tf.where(tf.eye(self.beam_size, dtype=tf.bool), NEG_SCORE, scores[:, None])
+        margin = scores - tf.reduce_max(others, axis=-1)  # [c, K]
+        return tf.clip_by_value(margin[:, :keep], -MAX_MARGIN, MAX_MARGIN)
+
+    def _confidence(self, token_scores, lengths, margins):
+        """The calibrated confidence (`set_calibration`) from the token scores `[..., T]`, the
+        lengths and the n-best margins `[...]`."""
+        mean = tf.reduce_sum(token_scores, -1) / tf.cast(tf.maximum(lengths, 1), tf.float32)
+        cal = self.calibration
+        logit = (
+            cal["bias"]
+            + cal["log_prob_weight"] * tf.maximum(mean, MIN_MEAN_LOG_PROB)
+            + cal["margin_weight"] * margins
+        )
+        return tf.sigmoid(logit)
+
+    def _decode_chunk(self, tokenizer, source, keep, prefix=None):
+        """Ragged int32 `[c, (tokens)]` -> `(text [c, keep], score [c, keep], token_scores
+        [c, keep, W], margin [c, keep], length [c, keep])` of the `keep` best hypotheses;
+        `W = max_target_length` (the widest output), token scores 0-padded."""
+        ids, scores = self._search_chunk(source, prefix)  # [c, K, T], [c, K]
+        ids = ids[:, :keep]  # [c, keep, T]
+        lengths = tf.reduce_sum(tf.cast(tf.not_equal(ids, self.pad_id), tf.int32), -1)
+        token_scores = self._token_log_probs(source, ids)  # [c, keep, T]
+        width = self.max_target_length
+        token_scores = tf.pad(token_scores, [[0, 0], [0, 0], [0, width - tf.shape(ids)[2]]])
         # Outputs hold tokens, EOS, then padding; only the tokens are text.
-        keep = tf.logical_and(tf.not_equal(ids, self.pad_id), tf.not_equal(ids, self.eos_id))
-        text = tokenizer.detokenize(tf.ragged.boolean_mask(ids, keep))
-        if n_best is None:
-            return tf.reshape(text, [-1]), tf.reshape(scores, [-1])
-        return tf.reshape(text, [-1, n_best]), tf.reshape(scores, [-1, n_best])
+        flat = tf.reshape(ids, [-1, tf.shape(ids)[-1]])  # [c * keep, T]
+        is_text = tf.logical_and(tf.not_equal(flat, self.pad_id), tf.not_equal(flat, self.eos_id))
+        text = tf.reshape(tokenizer.detokenize(tf.ragged.boolean_mask(flat, is_text)), [-1, keep])
+        return text, scores[:, :keep], token_scores, self._margins(scores, keep), lengths
 
     def _in_chunks(self, run_chunk, inputs, lengths, shapes):
         """Runs `run_chunk` on `batch_size` rows of `inputs` at a time, similar lengths together.
@@ -245,28 +329,76 @@ class Translator(tf.Module):
             results.append(tf.ensure_shape(tf.gather(values, inverse), [None, *row]))
         return results
 
-    def _translate(self, text):
+    def _hypotheses(self, text, keep, prefix=None):
+        """`{text, score, token_scores, margin, length, confidence}` of the `keep` best
+        hypotheses of every input, `[n, keep, ...]`; token scores cut to the longest output of
+        the request."""
         tokenizer = self._tokenizer()
         source = self._source_ids(tokenizer, text)  # [n, (tokens)]
-        translations, scores = self._in_chunks(
-            lambda part: self._decode_chunk(tokenizer, part),
-            (source,),
+        inputs = (source,) if prefix is None else (source, self._prefix_ids(tokenizer, prefix))
+        width = self.max_target_length
+        text, score, token_scores, margin, lengths = self._in_chunks(
+            lambda *part: self._decode_chunk(tokenizer, part[0], keep, *part[1:]),
+            inputs,
             source.row_lengths(),
-            ((tf.string, []), (tf.float32, [])),
+            (
+                (tf.string, [keep]),
+                (tf.float32, [keep]),
+                (tf.float32, [keep, width]),
+                (tf.float32, [keep]),
+                (tf.int32, [keep]),
+            ),
         )
-        return {"translation": translations, "score": scores}
+        longest = tf.reduce_max(tf.concat([tf.reshape(lengths, [-1]), [0]], 0))
+        token_scores = token_scores[:, :, :longest]
+        return {
+            "text": text,
+            "score": score,
+            "token_scores": token_scores,
+            "margin": margin,
+            "length": lengths,
+            "confidence": self._confidence(token_scores, lengths, margin),
+        }
+
+    def _translate(self, text):
+        out = self._hypotheses(text, 1)
+        return {
+            "translation": out["text"][:, 0],
+            "score": out["score"][:, 0],
+            "token_scores": out["token_scores"][:, 0],
+            "confidence": out["confidence"][:, 0],
+        }
 
     def _translate_nbest(self, text):
-        tokenizer = self._tokenizer()
-        source = self._source_ids(tokenizer, text)  # [n, (tokens)]
-        k = self.n_best
-        translations, scores = self._in_chunks(
-            lambda part: self._decode_chunk(tokenizer, part, n_best=k),
-            (source,),
-            source.row_lengths(),
-            ((tf.string, [k]), (tf.float32, [k])),
+        out = self._hypotheses(text, self.n_best)
+        return {
+            "translations": out["text"],
+            "scores": out["score"],
+            "token_scores": out["token_scores"],
+            "confidence": out["confidence"],
+        }
+
+    def _prefix_ids(self, tokenizer, prefix):
+        """tf.string `[n]` -> int32 ragged `[n, (pieces)]`, cut so that EOS still fits."""
+        prefix = tf.strings.unicode_transcode(
+            prefix, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
         )
-        return {"translations": translations, "scores": scores}
+        room = self.max_extra_length
+        if self.max_length is not None:
+            room = min(room, self.max_length - 1)
+        return tokenizer.tokenize(prefix)[:, : max(room, 0)]
+
+    def _translate_prefix(self, text, prefix):
+        # Unequal sizes are the caller's error (INVALID_ARGUMENT, as in `score`).
+        sizes_match = tf.debugging.Assert(
+            tf.equal(tf.size(text), tf.size(prefix)),
+            ["translate_prefix: text has", tf.size(text), "strings but prefix has",
+             tf.size(prefix), "strings; they must be the same"],
+        )  # fmt: skip
+        with tf.control_dependencies([sizes_match]):
+            text = tf.identity(text)
+        out = self._hypotheses(text, 1, prefix)
+        return {"translation": out["text"][:, 0], "score": out["score"][:, 0]}
 
     # ------------------------------------------------------------------ scoring
 

@@ -1,0 +1,218 @@
+"""What the SavedModel offers beyond translations: target-prefix decoding (`translate_prefix`),
+per-token scores and a calibrated confidence, the model card and TF Serving's warmup requests
+(on the trained copy model; the fresh-process test loads it as TF Serving would)."""
+
+import json
+import os
+
+import _inference_fixtures as fx
+import numpy as np
+import pytest
+import tensorflow as tf
+from _fresh_process import latin1, run_fresh
+
+from keras_transformer.decoding import length_penalty
+from keras_transformer.export import calibration as calib
+
+DECODE = fx.EXPORT_DECODE
+NORMAL = ["red apple cat", "dog dog fish bird", "blue", "plum pear white black green"]
+HOSTILE = [
+    "",
+    "   \t  ",
+    " ".join(["red green blue"] * 400),  # far longer than the max source length
+    b"red \xff\xfe apple \xc3",  # invalid UTF-8
+    "\u00e9t\u00e9 \u2603 \U0001f600",  # valid UTF-8 outside the vocabulary
+    *NORMAL,
+]
+
+
+def _strings(values):
+    return [v.decode("utf-8") for v in np.asarray(values).reshape(-1)]
+
+
+def _pieces(text):
+    return fx.spm_processor().encode(text)
+
+
+def test_a_forced_prefix_starts_every_translation(exported_copy_model):
+    translator, _ = exported_copy_model
+    # Prefixes the copy model would never choose (a wrong first word, words it must go on from).
+    prefixes = ["cat", "fish white", "blue blue blue", "dog"]
+    out = translator.translate_prefix(tf.constant(NORMAL), tf.constant(prefixes))
+    translations = _strings(out["translation"])
+    for prefix, translation in zip(prefixes, translations):
+        assert _pieces(translation)[: len(_pieces(prefix))] == _pieces(prefix), translation
+    # The search continues after the prefix: the copy model copies the rest of the sentence.
+    assert translations[1].startswith("fish white") and translations[1] != "fish white"
+    assert np.all(np.asarray(out["score"]) < np.asarray(translator(NORMAL)["score"]))
+
+
+def test_an_empty_prefix_equals_serving_default(exported_copy_model):
+    translator, _ = exported_copy_model
+    texts = tf.constant(HOSTILE)
+    plain = translator(texts)
+    prefixed = translator.translate_prefix(texts, tf.constant([""] * len(HOSTILE)))
+    assert _strings(prefixed["translation"]) == _strings(plain["translation"])
+    np.testing.assert_allclose(prefixed["score"], plain["score"], rtol=1e-6)
+
+
+def test_translate_prefix_answers_hostile_rows(exported_copy_model):
+    translator, _ = exported_copy_model
+    prefixes = HOSTILE[::-1]  # hostile prefixes too: empty, very long, invalid UTF-8
+    out = translator.translate_prefix(tf.constant(HOSTILE * 2), tf.constant(prefixes * 2))
+    assert out["translation"].shape == (len(HOSTILE) * 2,)
+    assert np.all(np.isfinite(out["score"]))
+    # A prefix longer than any output is cut to leave room for EOS, never a failure.
+    longest = len(_pieces(_strings(out["translation"])[2 * len(HOSTILE) - 3]))
+    assert longest <= DECODE["max_extra_length"]
+    empty = translator.translate_prefix(tf.zeros([0], tf.string), tf.zeros([0], tf.string))
+    assert empty["translation"].shape == (0,)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="text has"):
+        translator.translate_prefix(tf.constant(["a", "b"]), tf.constant(["a"]))
+
+
+def test_token_scores_sum_to_the_score_before_the_length_penalty(exported_copy_model):
+    translator, _ = exported_copy_model
+    out = translator(tf.constant(HOSTILE))
+    token_scores = np.asarray(out["token_scores"])  # [n, longest output]
+    lengths = np.array([len(_pieces(t)) + 1 for t in _strings(out["translation"])])  # + EOS
+    assert token_scores.shape == (len(HOSTILE), lengths.max())
+    assert np.all(token_scores <= 0)
+    for row, length in zip(token_scores, lengths):
+        assert np.all(row[:length] < 0) and np.all(row[length:] == 0)
+    penalty = np.asarray(length_penalty(lengths, DECODE["alpha"]))
+    np.testing.assert_allclose(token_scores.sum(1), np.asarray(out["score"]) * penalty, atol=1e-4)
+
+    nbest = translator.translate_nbest(tf.constant(NORMAL))
+    k = DECODE["beam_size"]
+    lengths = np.array([[len(_pieces(t)) + 1 for t in row] for row in
+                        np.asarray(nbest["translations"]).astype(str)])  # fmt: skip
+    assert nbest["token_scores"].shape[:2] == (len(NORMAL), k)
+    penalty = np.asarray(length_penalty(lengths, DECODE["alpha"]))
+    np.testing.assert_allclose(
+        np.sum(nbest["token_scores"], -1), np.asarray(nbest["scores"]) * penalty, atol=1e-4
+    )
+
+
+def test_confidence_is_in_0_1_and_the_best_hypothesis_is_the_most_confident(exported_copy_model):
+    translator, _ = exported_copy_model
+    out = translator(tf.constant(HOSTILE))
+    confidence = np.asarray(out["confidence"])
+    assert confidence.shape == (len(HOSTILE),) and np.all((confidence > 0) & (confidence < 1))
+    nbest = translator.translate_nbest(tf.constant(NORMAL))
+    np.testing.assert_allclose(nbest["confidence"][:, 0], translator(NORMAL)["confidence"])
+    assert np.all(np.argmax(nbest["confidence"], axis=1) == 0)
+
+
+def test_calibration_fits_a_monotone_map_that_ranks_by_chrf():
+    rng = np.random.default_rng(0)
+    x = np.stack([rng.uniform(-3, 0, 400), rng.uniform(0, 5, 400)], axis=1)
+    target = 1 / (1 + np.exp(-(1.5 * x[:, 0] + 0.5 * x[:, 1] + 1)))
+    fitted = calib.fit_calibration(x, target)
+    assert fitted["log_prob_weight"] == pytest.approx(1.5, abs=0.1)
+    assert fitted["margin_weight"] == pytest.approx(0.5, abs=0.1)
+    assert calib.spearman(calib.apply_calibration(fitted, x), target) > 0.99
+    # A feature that lowers quality gets weight 0, not a negative one: the map stays monotone.
+    assert calib.fit_calibration(x, 1 - target)["log_prob_weight"] == 0.0
+    assert calib.spearman([1, 2, 3, 4], [10, 20, 30, 5]) == pytest.approx(-0.2)
+
+
+def test_every_export_carries_a_model_card_that_info_prints(exported_copy_model, run_cli):
+    _, path = exported_copy_model
+    with open(os.path.join(path, "assets.extra", "model_card.json")) as f:
+        card = json.load(f)
+    assert card["decoding"]["beam_size"] == DECODE["beam_size"]
+    assert card["vocabulary"]["size"] == fx.spm_processor().get_piece_size()
+    assert card["package"]["name"] == "keras-transformer" and card["package"]["version"]
+    calibration = card["calibration"]
+    assert calibration["fitted"] and calibration["sentences"] == len(fx.dev_pairs())
+    assert -1 <= calibration["spearman_chrf"] <= 1
+    assert card["decoding_speed"]["sentences_per_second"] > 0
+    assert sorted(card["signatures"]) == [
+        "score", "serving_default", "translate_nbest", "translate_prefix",
+    ]  # fmt: skip
+    code, out, _ = run_cli("info", "--model", os.path.dirname(path))
+    assert code == 0 and out.startswith("# Model card: toy")
+    assert "spearman_chrf" in out and "translate_prefix" in out
+
+
+def test_info_without_a_card_is_a_usage_error(exported_copy_model, tmp_path, run_cli):
+    import shutil
+
+    _, path = exported_copy_model
+    copy = tmp_path / "1"
+    shutil.copytree(path, copy)
+    os.remove(copy / "assets.extra" / "model_card.md")
+    code, _, err = run_cli("info", "--model", str(copy))
+    assert code == 2 and "no model card" in err and len(err.strip().splitlines()) == 1
+
+
+def test_translate_prefix_from_the_command_line(model_base_dir, run_cli):
+    code, out, _ = run_cli("translate", "--model", model_base_dir, "--prefix", "fish", *NORMAL)
+    assert code == 0
+    lines = out.splitlines()
+    assert len(lines) == len(NORMAL) and all(line.startswith("fish") for line in lines)
+    code, _, err = run_cli("translate", "--model", model_base_dir, "--prefix", "a", "--n-best",
+                           "2", "x")  # fmt: skip
+    assert code == 2 and "--prefix" in err
+
+
+_WARMUP_SCRIPT = r"""
+from tensorflow_serving.apis import prediction_log_pb2
+
+loaded = tf.saved_model.load(sys.argv[1])
+records = []
+path = sys.argv[1] + "/assets.extra/tf_serving_warmup_requests"
+for raw in tf.data.TFRecordDataset(path):
+    log = prediction_log_pb2.PredictionLog.FromString(raw.numpy())
+    request = log.predict_log.request
+    signature = loaded.signatures[request.model_spec.signature_name]
+    inputs = {k: tf.constant(tf.make_ndarray(v)) for k, v in request.inputs.items()}
+    outputs = signature(**inputs)  # as TF Serving replays it at load
+    records.append({
+        "signature": request.model_spec.signature_name,
+        "inputs": {k: [s.decode("utf-8") for s in v.numpy()] for k, v in inputs.items()},
+        "outputs": sorted(outputs),
+    })
+texts = [s.encode("latin-1") for s in json.loads(sys.argv[2])]
+batch = tf.constant(texts)
+answers = {
+    "serving_default": loaded.signatures["serving_default"](text=batch),
+    "translate_nbest": loaded.signatures["translate_nbest"](text=batch),
+    "translate_prefix": loaded.signatures["translate_prefix"](text=batch, prefix=batch[::-1]),
+}
+print(json.dumps({
+    "records": records,
+    "rows": {k: int(v["confidence" if "confidence" in v else "score"].shape[0])
+             for k, v in answers.items()},
+    "confidence": answers["serving_default"]["confidence"].numpy().tolist(),
+    "translation": [t.decode("utf-8") for t in answers["serving_default"]["translation"].numpy()],
+}))
+"""
+
+
+def test_warmup_requests_cover_every_signature_and_bucket_and_replay(
+    exported_copy_model, tmp_path
+):
+    from keras_transformer.export.warmup import bucket_lengths
+
+    translator, path = exported_copy_model
+    result = run_fresh(_WARMUP_SCRIPT, path, latin1(HOSTILE), cwd=str(tmp_path))
+    records = result["records"]
+    signatures = ["score", "serving_default", "translate_nbest", "translate_prefix"]
+    assert sorted({r["signature"] for r in records}) == signatures
+    buckets = bucket_lengths(fx.MAX_SOURCE_LENGTH)
+    for signature in signatures:
+        lengths = sorted(
+            len(_pieces(r["inputs"]["text" if "text" in r["inputs"] else "source"][0])) + 1
+            for r in records
+            if r["signature"] == signature
+        )
+        assert lengths == buckets, (signature, lengths)
+    assert {tuple(r["outputs"]) for r in records if r["signature"] == "serving_default"} == {
+        ("confidence", "score", "token_scores", "translation")
+    }
+    # Hostile rows through the new outputs and signature of the loaded model.
+    assert result["rows"] == {k: len(HOSTILE) for k in result["rows"]}
+    assert all(0 < c < 1 for c in result["confidence"])
+    assert result["translation"] == _strings(translator(HOSTILE)["translation"])
