@@ -152,13 +152,9 @@ def _model_dtype(config):
 
 
 def _export(model, tokenizer, config):
-    """Exports the SavedModel if the export module is available; returns its path or None."""
-    try:
-        from keras_transformer.export import export_saved_model
-    except ImportError:
-        print("SavedModel export skipped: keras_transformer.export is not available", flush=True)
-        return None
+    """Exports the SavedModel; returns its path."""
     from keras_transformer.config import export_decoding
+    from keras_transformer.export import export_saved_model
 
     return export_saved_model(
         model,
@@ -475,7 +471,7 @@ def _fit(run, model, data):
                 # A live progress bar in a terminal; in logs, one line per epoch (and
                 # TrainingSummaries' lines every log_every steps).
                 verbose=1 if tty else 2,
-                shuffle=False,  # make_dataset shuffles
+                shuffle=False,  # prepared_dataset shuffles (seeded, so a resume skips exactly)
             )
         except tf.errors.OpError as e:
             if multi_worker and _is_peer_failure(e):
