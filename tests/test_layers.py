@@ -13,7 +13,6 @@ from keras import ops
 from layer_harness import run_layer_test  # noqa: E402
 
 from keras_transformer.layers import (
-    LayerNormalization,
     MultiHeadAttention,
     PositionwiseFeedForward,
     SinusoidalPositionalEncoding,
@@ -24,6 +23,7 @@ from keras_transformer.layers import (
     TransformerEncoderBlock,
     scaled_dot_product_attention,
 )
+from keras_transformer.layers.normalization import LayerNormalization
 
 
 def np_(x):
