@@ -412,14 +412,15 @@ def train_command(args):
 
 
 def load_command_config(args):
-    """The config of `train` and `prepare`: `--config`, then each `--set`, then `--workdir` (an
-    override of `runtime.workdir` like `--set`), validated together: nothing changes it after."""
+    """The config of `train` and `prepare`: `--config` with each `--set`, then `--workdir` as
+    the last override of `runtime.workdir`; validated as a whole, never changed after."""
     from keras_transformer.config import load_config
 
-    overrides = list(args.set or [])
-    if args.workdir is not None:
-        overrides.append(("runtime.workdir", args.workdir))
-    return load_config(args.config, overrides=overrides)
+    config = load_config(args.config, overrides=args.set)  # every --set value is checked
+    if args.workdir is None:
+        return config
+    # The flag wins over `--set runtime.workdir=...`, as the more specific of the two.
+    return load_config(args.config, overrides=[*args.set, ("runtime.workdir", args.workdir)])
 
 
 def workdir_lock(config, command):
