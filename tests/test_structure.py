@@ -16,6 +16,8 @@ from keras_transformer.config import SECTIONS
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "keras_transformer"
 
 LEVELS = {
+    # The package's __init__ holds `__version__` and the lazy top-level API, which imports its
+    # names by string on first use (so no module here depends on it, and it is no import edge).
     "keras_transformer": 0,
     "keras_transformer.errors": 0,
     "keras_transformer.config": 0,
