@@ -54,7 +54,14 @@ def build_parser():
         "--verbose", action="store_true", help="show TensorFlow's start-up and device logs"
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_training_commands(sub, common)
+    _add_model_commands(sub, common)
+    _add_export_command(sub, common)
+    return parser
 
+
+def _add_training_commands(sub, common):
+    """`train` and `prepare`: from a config to a workdir."""
     p = sub.add_parser(
         "train", parents=[common], help="train, evaluate on the dev set and export a SavedModel"
     )
@@ -72,6 +79,9 @@ def build_parser():
     _add_config_arguments(p, "data.train=text:train.en,train.de")
     p.set_defaults(func=commands.prepare_command)
 
+
+def _add_model_commands(sub, common):
+    """`translate`, `evaluate` and `score`: an exported SavedModel through its signatures."""
     p = sub.add_parser(
         "translate",
         parents=[common],
@@ -134,6 +144,9 @@ def build_parser():
     p.add_argument("--model", required=True, help="SavedModel directory (or its parent)")
     p.set_defaults(func=commands.info_command)
 
+
+def _add_export_command(sub, common):
+    """`export`: a training workdir to a SavedModel or a CTranslate2 model."""
     p = sub.add_parser(
         "export", parents=[common], help="export a SavedModel from a training workdir"
     )
@@ -162,7 +175,6 @@ def build_parser():
         help="CTranslate2 weight type (default: float32 as trained)",
     )
     p.set_defaults(func=commands.export_command)
-    return parser
 
 
 def main(argv=None):

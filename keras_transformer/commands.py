@@ -496,11 +496,7 @@ def export_command(args):
 
 def prepare_command(args):
     """`keras-transformer prepare --config FILE [--workdir DIR] [--set KEY=VALUE ...]`."""
-    from keras_transformer.config import load_config
-
-    config = load_config(args.config, overrides=args.set)
-    if args.workdir:
-        config.runtime.workdir = args.workdir
+    config = load_command_config(args)
     from keras_transformer.data.prepare import prepare
 
     import_tensorflow(getattr(args, "verbose", False))  # the lock is written with tf.io.gfile
@@ -519,18 +515,27 @@ def prepare_command(args):
 
 def train_command(args):
     """`keras-transformer train --config FILE [--workdir DIR] [--set KEY=VALUE ...]`."""
-    from keras_transformer.config import load_config
-
     # The config is checked before TensorFlow is imported: config mistakes fail in a blink.
-    config = load_config(args.config, overrides=args.set)
-    if args.workdir:
-        config.runtime.workdir = args.workdir
+    config = load_command_config(args)
     import_tensorflow(getattr(args, "verbose", False))
-    from keras_transformer.training import is_chief, train
+    from keras_transformer.training import train
+    from keras_transformer.training.distribute import is_chief
 
     # The workers of a multi-worker job share the chief's lock.
     with workdir_lock(config, "train") if is_chief() else contextlib.nullcontext():
         train(config)
+
+
+def load_command_config(args):
+    """The config of `train` and `prepare`: `--config` with each `--set`, then `--workdir` as
+    the last override of `runtime.workdir`; validated as a whole, never changed after."""
+    from keras_transformer.config import load_config
+
+    config = load_config(args.config, overrides=args.set)  # every --set value is checked
+    if args.workdir is None:
+        return config
+    # The flag wins over `--set runtime.workdir=...`, as the more specific of the two.
+    return load_config(args.config, overrides=[*args.set, ("runtime.workdir", args.workdir)])
 
 
 def workdir_lock(config, command):

@@ -158,6 +158,21 @@ def test_api_reference_has_an_entry_for_every_public_name():
             assert entry in page or f"| `{name}` |" in page, f"{module}.{name} has no entry"
 
 
+def test_the_top_level_names_have_their_page():
+    """`keras_transformer.<name>` (the lazy top-level API) is listed on its page, and each
+    name is one a sub-package documents (rendered on that package's page)."""
+    import keras_transformer
+
+    page = _read(os.path.join(DOCS, "reference", "api", "keras_transformer.md"))
+    names = public_names()
+    for name in keras_transformer.__all__:
+        assert f"| `{name}` |" in page, f"keras_transformer.{name} is not on its page"
+        value = getattr(keras_transformer, name)
+        if name not in PUBLIC_PACKAGES:
+            home = value.__module__.split(".")[1]  # keras_transformer.<home>[.module]
+            assert name in names[home], f"keras_transformer.{name} is not public in {home}"
+
+
 def test_every_public_callable_has_a_docstring():
     import importlib
     import inspect

@@ -13,7 +13,6 @@ from keras import ops
 from layer_harness import POLICIES, check_output_spec, run_layer_test  # noqa: E402
 
 from keras_transformer.layers import (
-    LayerNormalization,
     MultiHeadAttention,
     PositionwiseFeedForward,
     SinusoidalPositionalEncoding,
@@ -24,6 +23,7 @@ from keras_transformer.layers import (
     TransformerEncoderBlock,
     scaled_dot_product_attention,
 )
+from keras_transformer.layers.normalization import LayerNormalization
 
 
 def np_(x):
@@ -368,6 +368,11 @@ def test_output_spec_agrees_with_call(variant, policy):
 
 
 def test_every_public_layer_is_covered():
+    """Every layer class of the package's layer modules (the public ones and those only
+    importable from their module, such as `LayerNormalization`) has a case above."""
+    import importlib
+    import pkgutil
+
     import keras_transformer.layers as layers
 
     public = {
@@ -376,7 +381,19 @@ def test_every_public_layer_is_covered():
         if isinstance(getattr(layers, name), type)
         and issubclass(getattr(layers, name), keras.layers.Layer)
     }
-    assert public == set(LAYER_CASES)
+    defined = set()
+    for info in pkgutil.iter_modules(layers.__path__):
+        if not info.name.startswith("_"):
+            module = importlib.import_module(f"{layers.__name__}.{info.name}")
+            defined |= {
+                name
+                for name, value in vars(module).items()
+                if isinstance(value, type)
+                and issubclass(value, keras.layers.Layer)
+                and value.__module__ == module.__name__
+            }
+    assert public and public <= defined
+    assert defined == set(LAYER_CASES)
 
 
 def test_bad_arguments_fail_clearly():

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from keras import ops
 
-from keras_transformer.models import PRESETS, Transformer, build_transformer
+from keras_transformer.models import Transformer, build_transformer
+from keras_transformer.models.transformer import PRESETS
 
 VOCAB = 50
 

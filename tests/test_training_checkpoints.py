@@ -12,13 +12,9 @@ import pytest
 
 from keras_transformer.config import from_dict
 from keras_transformer.models import build_transformer
-from keras_transformer.training import (
-    ResumeState,
-    StepCheckpoint,
-    averaged_weights,
-    compile_model,
-    make_optimizer,
-)
+from keras_transformer.training import compile_model
+from keras_transformer.training.callbacks import ResumeState, StepCheckpoint, averaged_weights
+from keras_transformer.training.trainer import make_optimizer
 from keras_transformer.workdir import average_checkpoints, list_checkpoints, load_last_checkpoints
 
 TOY_MODEL = dict(num_layers=1, d_model=16, num_heads=2, d_ff=32, dropout=0.1)

@@ -1,23 +1,9 @@
-"""Decoding: greedy and beam search over a next-token function; `translate_ids` for the model."""
+"""Decoding: greedy and beam search over a next-token function; `translate_ids` for the model.
 
-from keras_transformer.decoding.search import (
-    beam_search,
-    expand_to_beams,
-    flatten_beams,
-    gather_beams,
-    greedy_search,
-    length_penalty,
-    translate_ids,
-    unflatten_beams,
-)
+The beam helpers (`expand_to_beams`, `gather_beams`, `length_penalty`, ...) are importable from
+`keras_transformer.decoding.search`.
+"""
 
-__all__ = [
-    "beam_search",
-    "expand_to_beams",
-    "flatten_beams",
-    "gather_beams",
-    "greedy_search",
-    "length_penalty",
-    "translate_ids",
-    "unflatten_beams",
-]
+from keras_transformer.decoding.search import beam_search, greedy_search, translate_ids
+
+__all__ = ["beam_search", "greedy_search", "translate_ids"]

@@ -148,18 +148,14 @@ def _model_dtype(config):
 
 
 def _export(model, tokenizer, config, result=None):
-    """Exports the SavedModel if the export module is available; returns its path or None.
+    """Exports the SavedModel; returns its path.
 
     Its model card gets the config, the manifest's counts and `result`'s steps, time, precision
     and scores; the dev set calibrates its confidence."""
-    try:
-        from keras_transformer.export import export_saved_model
-        from keras_transformer.export.card import card_facts
-    except ImportError:
-        print("SavedModel export skipped: keras_transformer.export is not available", flush=True)
-        return None
     from keras_transformer.config import export_decoding
     from keras_transformer.data.prepare import read_manifest
+    from keras_transformer.export import export_saved_model
+    from keras_transformer.export.card import card_facts
 
     try:
         manifest = read_manifest(Workdir.of(config).prepared)
@@ -483,7 +479,7 @@ def _fit(run, model, data):
                 # A live progress bar in a terminal; in logs, one line per epoch (and
                 # TrainingSummaries' lines every log_every steps).
                 verbose=1 if tty else 2,
-                shuffle=False,  # make_dataset shuffles
+                shuffle=False,  # prepared_dataset shuffles (seeded, so a resume skips exactly)
             )
         except tf.errors.OpError as e:
             if multi_worker and _is_peer_failure(e):
