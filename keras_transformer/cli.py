@@ -80,8 +80,8 @@ def _add_training_commands(sub, common):
     p.set_defaults(func=commands.prepare_command)
 
 
-def _add_model_commands(sub, common):
-    """`translate`, `evaluate` and `score`: an exported SavedModel through its signatures."""
+def _add_translate_command(sub, common):
+    """`translate`: TEXT arguments, stdin lines or a file through an exported SavedModel."""
     p = sub.add_parser(
         "translate",
         parents=[common],
@@ -122,6 +122,11 @@ def _add_model_commands(sub, common):
     p.add_argument("text", nargs="*", help="sentences; stdin lines when none are given")
     p.set_defaults(func=commands.translate_command)
 
+
+def _add_model_commands(sub, common):
+    """`translate`, `evaluate`, `score` and `info`: an exported SavedModel through its
+    signatures and its model card."""
+    _add_translate_command(sub, common)
     p = sub.add_parser(
         "evaluate", parents=[common], help="sacreBLEU and chrF of a SavedModel on a test set"
     )
