@@ -99,6 +99,11 @@ class DataConfig:
     )
     shuffle_buffer: int = _field(10000, "examples in the shuffle buffer")
     seed: int = _field(1234, "seed for the synthetic corpus, shuffling and the vocabulary")
+    prepare_workers: Optional[int] = _field(
+        None,
+        "processes that tokenize the corpus in prepare (null: the machine's cores); the "
+        "prepared data is the same whatever the number",
+    )
 
 
 @dataclasses.dataclass
@@ -331,11 +336,9 @@ def load_config(path=None, overrides=None):
     """
     values, name = {}, None
     if path is not None:
-        if not os.path.isfile(path):
-            raise ConfigError(f"config file not found: {path}")
+        text = _read_config_text(path)
         try:
-            with open(path, encoding="utf-8") as f:
-                values = yaml.safe_load(f) or {}
+            values = yaml.safe_load(text) or {}
         except yaml.YAMLError as e:
             raise ConfigError(f"{path}: invalid YAML ({str(e).splitlines()[0]})") from None
         if not isinstance(values, dict):
@@ -344,10 +347,28 @@ def load_config(path=None, overrides=None):
     return from_dict(apply_overrides(values, overrides), name=name)
 
 
+def _read_config_text(path):
+    """The text of a config file: a local path, or any TensorFlow filesystem's (`gs://...`,
+    TensorFlow loads only then)."""
+    if "://" not in str(path):
+        if not os.path.isfile(path):
+            raise ConfigError(f"config file not found: {path}")
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    from keras_transformer.workdir import read_text
+
+    try:
+        return read_text(path)
+    except OSError:
+        raise ConfigError(f"config file not found: {path}") from None
+
+
 def save_config(config, path):
-    """Writes the resolved config as YAML (what `load_config` reads back)."""
-    with open(path, "w", encoding="utf-8") as f:
-        yaml.safe_dump(config.to_dict(), f, sort_keys=False)
+    """Writes the resolved config as YAML (what `load_config` reads back) to `path`, on any
+    TensorFlow filesystem (`gs://...`), appearing whole."""
+    from keras_transformer.workdir import write_atomically
+
+    write_atomically(path, yaml.safe_dump(config.to_dict(), sort_keys=False))
 
 
 def validate(config):
@@ -372,6 +393,10 @@ def validate(config):
         (d.tokens_per_batch > 0, "data.tokens_per_batch must be positive"),
         (d.long_pairs in ("drop", "truncate"), "data.long_pairs must be drop or truncate"),
         (d.spm_max_sentences > 0, "data.spm_max_sentences must be positive"),
+        (
+            d.prepare_workers is None or d.prepare_workers >= 1,
+            "data.prepare_workers must be at least 1 (or null)",
+        ),
         (d.subword_samples >= 0, "data.subword_samples must not be negative"),
         (0.0 < d.subword_alpha <= 1.0, "data.subword_alpha must be in (0, 1]"),
         (t.steps > 0, "train.steps must be positive"),

@@ -8,6 +8,7 @@ import tempfile
 import tensorflow as tf
 
 from keras_transformer.export.translator import Translator
+from keras_transformer.workdir import copy_tree, is_local, local_directory, write_atomically
 
 SIGNATURE_KEY = "serving_default"
 METADATA_FILE = "keras_transformer.json"
@@ -15,12 +16,14 @@ METADATA_FILE = "keras_transformer.json"
 
 def list_versions(model_dir):
     """Integer version numbers under `model_dir`, ascending (other names are ignored, as TF
-    Serving does)."""
-    if not os.path.isdir(model_dir):
+    Serving does). `model_dir` may be on any TensorFlow filesystem."""
+    gfile = tf.io.gfile
+    if not gfile.isdir(model_dir):
         return []
     versions = []
-    for entry in os.listdir(model_dir):
-        if entry.isdigit() and os.path.isdir(os.path.join(model_dir, entry)):
+    for entry in gfile.listdir(model_dir):
+        entry = entry.rstrip("/")
+        if entry.isdigit() and gfile.isdir(os.path.join(model_dir, entry)):
             versions.append(int(entry))
     return sorted(versions)
 
@@ -28,13 +31,14 @@ def list_versions(model_dir):
 def resolve_model_dir(path):
     """A SavedModel directory from `path`: itself when it holds `saved_model.pb`, else its
     highest integer version (TF Serving's model base path). Raises FileNotFoundError."""
-    if os.path.isfile(os.path.join(path, "saved_model.pb")):
+    gfile = tf.io.gfile
+    if gfile.exists(os.path.join(path, "saved_model.pb")):
         return path
-    if not os.path.isdir(path):
+    if not gfile.isdir(path):
         raise FileNotFoundError(f"model directory not found: {path}")
     for version in reversed(list_versions(path)):
         candidate = os.path.join(path, str(version))
-        if os.path.isfile(os.path.join(candidate, "saved_model.pb")):
+        if gfile.exists(os.path.join(candidate, "saved_model.pb")):
             return candidate
     raise FileNotFoundError(f"no SavedModel (saved_model.pb or numbered versions) in {path}")
 
@@ -108,6 +112,8 @@ def export_saved_model(
         raise ValueError(f"invalid model name {name!r}")
     translator = export_translator(model, tokenizer, decode_config, data_config)
     model_dir = os.path.join(base_dir, str(name))
+    if not is_local(model_dir):
+        return _export_elsewhere(translator, model_dir, name)
     created_model_dir = not os.path.isdir(model_dir)
     os.makedirs(model_dir, exist_ok=True)
     # Same parent as the versions, so the final rename is atomic; the dot keeps it out of
@@ -125,10 +131,25 @@ def export_saved_model(
     return version_dir
 
 
+def _export_elsewhere(translator, model_dir, name):
+    """An export to a filesystem without atomic directory renames (`gs://...`): written in a
+    local temporary directory, then copied into the next version with `saved_model.pb` last
+    (a version without it is no SavedModel: loaders and `resolve_model_dir` skip it)."""
+    with local_directory() as local:
+        tf.saved_model.save(translator, local, signatures=translator.signatures)
+        _write_metadata(local, translator, name)
+        version = (list_versions(model_dir) or [0])[-1] + 1
+        while tf.io.gfile.exists(os.path.join(model_dir, str(version))):
+            version += 1
+        target = os.path.join(model_dir, str(version))
+        copy_tree(local, target, last="saved_model.pb")
+    return target
+
+
 def _write_metadata(export_dir, translator, name):
     # assets.extra/ travels with the SavedModel and is ignored by the loaders.
     extra = os.path.join(export_dir, "assets.extra")
-    os.makedirs(extra, exist_ok=True)
+    tf.io.gfile.makedirs(extra)
     k = translator.n_best
     metadata = {
         "name": str(name),
@@ -161,8 +182,7 @@ def _write_metadata(export_dir, translator, name):
         "max_length": translator.max_length,
         "vocab_size": translator.model.vocab_size,
     }
-    with open(os.path.join(extra, METADATA_FILE), "w", encoding="utf-8") as f:
-        json.dump(metadata, f, indent=2)
+    write_atomically(os.path.join(extra, METADATA_FILE), json.dumps(metadata, indent=2))
 
 
 def _rename_to_next_version(tmp_dir, model_dir):

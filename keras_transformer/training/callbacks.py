@@ -80,13 +80,13 @@ class StepCheckpoint(keras.callbacks.Callback):
     def _save(self, step):
         if not self.enabled or step == self._last_saved or step == 0:
             return
-        os.makedirs(self.directory, exist_ok=True)
+        tf.io.gfile.makedirs(self.directory)
         # Atomic (written beside, then renamed): a kill mid-write leaves no broken ckpt.
         with averaged_weights(self.model):
             save_model_weights(self.model, checkpoint_path(self.directory, step))
         self._last_saved = step
         for _, old in list_checkpoints(self.directory)[: -self.keep]:
-            os.remove(old)
+            tf.io.gfile.remove(old)
 
     def on_train_batch_end(self, batch, logs=None):
         step = optimizer_step(self.model)

@@ -41,7 +41,13 @@ from keras_transformer.training.metrics import MaskedAccuracy, Perplexity, Token
 from keras_transformer.training.optimizers import FusedAdam
 from keras_transformer.training.schedules import BudgetSchedule, TransformerSchedule
 from keras_transformer.training.visuals import AttentionSummaries, write_hparams
-from keras_transformer.workdir import Workdir, list_checkpoints, load_last_checkpoints
+from keras_transformer.workdir import (
+    Workdir,
+    list_checkpoints,
+    load_last_checkpoints,
+    read_text,
+    write_atomically,
+)
 
 # Variable names kept out of weight decay: Dense/EinsumDense biases, LayerNorm scale and offset.
 _NOT_DECAYED = ("bias", "gamma", "beta")
@@ -137,8 +143,7 @@ def resolve_workdir(config):
 
 def _read_result(path):
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        return json.loads(read_text(path))
     except (OSError, ValueError):
         return None
 
@@ -314,7 +319,7 @@ def _prepare_data(run):
 
     config, layout = run.config, run.layout
     if run.chief:
-        os.makedirs(layout.root, exist_ok=True)
+        tf.io.gfile.makedirs(layout.root)
         manifest = prepare(config)
         save_config(config, layout.config)
     else:
@@ -601,7 +606,6 @@ def _score(run, model, tokenizer, step, stopper, averaged):
 
 def _finish(run, result):
     result["total_seconds"] = round(time.time() - run.started, 1)
-    with open(run.layout.result, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2)
+    write_atomically(run.layout.result, json.dumps(result, indent=2))
     _print_summary(result)
     return result
