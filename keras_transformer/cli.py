@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from keras_transformer import commands
-from keras_transformer.errors import KerasTransformerError
+from keras_transformer.errors import PREEMPTED_EXIT_CODE, KerasTransformerError, Preempted
 
 QUANTIZATIONS = (
     "int8",
@@ -56,7 +56,16 @@ def build_parser():
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser(
-        "train", parents=[common], help="train, evaluate on the dev set and export a SavedModel"
+        "train",
+        parents=[common],
+        help="train, evaluate on the dev set and export a SavedModel",
+        epilog=(
+            "On SIGTERM or SIGINT (a preemption, Ctrl-C) training finishes its step, saves its "
+            "resume state and a step checkpoint and exits with code "
+            f"{PREEMPTED_EXIT_CODE} (EX_TEMPFAIL): run the same command again to resume exactly. "
+            "Other exit codes: 0 done, 2 bad input. The workdir may be on any TensorFlow "
+            "filesystem (gs://bucket/run)."
+        ),
     )
     _add_config_arguments(p, "train.steps=200")
     p.set_defaults(func=commands.train_command)
@@ -145,6 +154,9 @@ def main(argv=None):
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"keras-transformer {args.command}: error: {message}", file=sys.stderr)
         return 2
+    except Preempted as e:
+        print(f"keras-transformer {args.command}: {e}", file=sys.stderr, flush=True)
+        return PREEMPTED_EXIT_CODE
     except KeyboardInterrupt:
         print(f"keras-transformer {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -2,10 +2,14 @@
 local disk (TensorFlow's `ram://`), with nothing written locally."""
 
 import json
+import signal
 import subprocess
 import sys
+import time
 
+import numpy as np
 import pytest
+import tensorflow as tf
 from training_helpers import RUNNER, files_under, subprocess_env
 
 
@@ -49,3 +53,88 @@ def test_train_and_export_on_ram_filesystem_write_nothing_locally(tmp_path):
     assert "ram://cluster/ct2/model.bin" in written and "ram://cluster/ct2/spm.model" in written
     # Nothing on the local disk: the process's cwd, TMPDIR and HOME stay empty.
     assert files_under(cwd) == [] and files_under(tmp) == [] and files_under(home) == []
+
+
+def _resume_config(tmp_path):
+    from test_cli_train import TINY, _write_config
+
+    values = {
+        **TINY,
+        "model": {**TINY["model"], "dropout": 0.1},
+        "train": dict(
+            TINY["train"], steps=16, steps_per_epoch=10, checkpoint_every=4, keep_checkpoints=3
+        ),
+    }
+    return _write_config(tmp_path / "tiny.yaml", values)
+
+
+def _reference_run(config_path, workdir):
+    from keras_transformer.config import load_config
+    from keras_transformer.training import train
+
+    reference = load_config(str(config_path))
+    reference.runtime.workdir = str(workdir)
+    assert train(reference)["step"] == 16
+
+
+def _assert_same_weights(path, reference_path):
+    from test_cli_train import _h5_arrays
+
+    final, expected = _h5_arrays(path), _h5_arrays(reference_path)
+    assert final.keys() == expected.keys() and final
+    for name, value in final.items():
+        np.testing.assert_allclose(value, expected[name], atol=1e-4, err_msg=name)
+
+
+@pytest.mark.slow
+def test_sigterm_saves_exits_75_and_the_same_command_resumes_exactly(tmp_path):
+    """SIGTERM mid-run: the step in progress ends, the resume state and a checkpoint of that
+    step are saved, one line, exit code 75; the same command resumes to the uninterrupted
+    run's losses and weights."""
+    from test_cli_train import _env, _losses_by_step, _train_command
+
+    from keras_transformer.errors import PREEMPTED_EXIT_CODE
+
+    config = _resume_config(tmp_path)
+    _reference_run(config, tmp_path / "reference")
+    workdir = tmp_path / "work"
+    command = _train_command(config, workdir)
+    process = subprocess.Popen(
+        command, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.time() + 240
+        while not (workdir / "backup" / "checkpoint").exists():  # the first backup: step 4
+            assert time.time() < deadline and process.poll() is None, "no backup was written"
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == PREEMPTED_EXIT_CODE == 75, err[-3000:]
+    lines = [line for line in err.splitlines() if "stopped by SIGTERM" in line]
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    step = int(lines[0].split("after step ")[1].split(":")[0])
+    assert 4 <= step < 16
+    # The resume state and the checkpoint are those of the step it stopped at.
+    assert tf.train.latest_checkpoint(str(workdir / "backup")).endswith(f"ckpt-{step}")
+    assert (workdir / "checkpoints" / f"ckpt-{step}.weights.h5").exists()
+    assert not (workdir / "result.json").exists()
+
+    resumed = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming from step {step} " in resumed.stdout, resumed.stdout[-2000:]
+    expected = _losses_by_step(tmp_path / "reference" / "logs")
+    got = {s: v for s, v in _losses_by_step(workdir / "logs").items() if s > step}
+    assert sorted(got) == list(range(step + 1, 17))
+    for s in got:
+        np.testing.assert_allclose(got[s], expected[s], atol=1e-4, err_msg=f"step {s}")
+    _assert_same_weights(
+        workdir / "checkpoints" / "ckpt-16.weights.h5",
+        tmp_path / "reference" / "checkpoints" / "ckpt-16.weights.h5",
+    )
+    # The preemption's off-schedule checkpoint went once training went on: the checkpoints kept
+    # (and averaged into the export) are the uninterrupted run's.
+    kept = sorted(p.name for p in (workdir / "checkpoints").iterdir())
+    assert kept == sorted(p.name for p in (tmp_path / "reference" / "checkpoints").iterdir())

@@ -77,7 +77,7 @@ class StepCheckpoint(keras.callbacks.Callback):
         self.enabled = enabled
         self._last_saved = None
 
-    def _save(self, step):
+    def _save(self, step, prune=True):
         if not self.enabled or step == self._last_saved or step == 0:
             return
         tf.io.gfile.makedirs(self.directory)
@@ -85,8 +85,20 @@ class StepCheckpoint(keras.callbacks.Callback):
         with averaged_weights(self.model):
             save_model_weights(self.model, checkpoint_path(self.directory, step))
         self._last_saved = step
-        for _, old in list_checkpoints(self.directory)[: -self.keep]:
+        if not prune:
+            return
+        found = list_checkpoints(self.directory)
+        # A preempted run's last checkpoint is off the schedule: once training goes on, it goes,
+        # so the checkpoints kept (and averaged) are those of an uninterrupted run.
+        for old_step, old in found:
+            if old_step % self.every and old_step != step:
+                tf.io.gfile.remove(old)
+        for _, old in [c for c in found if c[0] % self.every == 0 or c[0] == step][: -self.keep]:
             tf.io.gfile.remove(old)
+
+    def save_now(self, step):
+        """Saves the checkpoint of `step` (a preemption's last), deleting none."""
+        self._save(step, prune=False)
 
     def on_train_batch_end(self, batch, logs=None):
         step = optimizer_step(self.model)

@@ -39,6 +39,7 @@ from keras_transformer.training.distribute import (
 from keras_transformer.training.losses import MaskedSparseCrossEntropy
 from keras_transformer.training.metrics import MaskedAccuracy, Perplexity, TokenCount
 from keras_transformer.training.optimizers import FusedAdam
+from keras_transformer.training.preemption import CatchSignals, StopOnSignal, make_any_worker
 from keras_transformer.training.schedules import BudgetSchedule, TransformerSchedule
 from keras_transformer.training.visuals import AttentionSummaries, write_hparams
 from keras_transformer.workdir import (
@@ -249,8 +250,16 @@ def train(config):
     returned). Under `runtime.strategy: multi_worker` every worker runs the same command (with
     its `TF_CONFIG`); the chief writes, the others train and exit.
 
+    On SIGTERM or SIGINT (to any worker) training finishes its step, saves the resume state and
+    a checkpoint of that step, and raises `errors.Preempted` (`keras-transformer train` exits
+    with `errors.PREEMPTED_EXIT_CODE`, 75); running it again resumes exactly. Every path
+    (workdir, export) may be on any TensorFlow filesystem (`gs://...`).
+
     Returns:
         The result dict written to `result.json` (a non-chief worker returns a short one).
+
+    Raises:
+        Preempted: stopped by a signal, everything saved.
 
     Example:
     ```python
@@ -460,9 +469,20 @@ def _fit(run, model, data):
         callbacks += _chief_callbacks(run, model, data) if chief else []
         # TrainingSummaries reads the metrics on every worker (a collective under several).
         tty = sys.stdout.isatty()
+        summaries = TrainingSummaries(
+            layout.logs, t.log_every, chief, total_steps=t.steps, print_lines=chief and not tty
+        )
+        callbacks.append(summaries)
+        # Last: on SIGTERM/SIGINT, saves after the step that every other callback has seen.
+        checkpoint = next((c for c in callbacks if isinstance(c, StepCheckpoint)), None)
+        signals = CatchSignals()
         callbacks.append(
-            TrainingSummaries(
-                layout.logs, t.log_every, chief, total_steps=t.steps, print_lines=chief and not tty
+            StopOnSignal(
+                signals,
+                resume,
+                checkpoint,
+                any_worker=make_any_worker(run.strategy),
+                flush=[lambda: summaries.on_train_end()],
             )
         )
         # Epochs count from the restored step: evaluations stay at multiples of
@@ -470,17 +490,18 @@ def _fit(run, model, data):
         initial_epoch = step // t.steps_per_epoch
         epochs = initial_epoch + math.ceil(max(0, t.steps - step) / t.steps_per_epoch)
         try:
-            model.fit(
-                data.batches(position),
-                initial_epoch=initial_epoch,
-                epochs=epochs,
-                steps_per_epoch=t.steps_per_epoch,
-                callbacks=callbacks,
-                # A live progress bar in a terminal; in logs, one line per epoch (and
-                # TrainingSummaries' lines every log_every steps).
-                verbose=1 if tty else 2,
-                shuffle=False,  # make_dataset shuffles
-            )
+            with signals:
+                model.fit(
+                    data.batches(position),
+                    initial_epoch=initial_epoch,
+                    epochs=epochs,
+                    steps_per_epoch=t.steps_per_epoch,
+                    callbacks=callbacks,
+                    # A live progress bar in a terminal; in logs, one line per epoch (and
+                    # TrainingSummaries' lines every log_every steps).
+                    verbose=1 if tty else 2,
+                    shuffle=False,  # make_dataset shuffles
+                )
         except tf.errors.OpError as e:
             if multi_worker and _is_peer_failure(e):
                 raise WorkerError(
