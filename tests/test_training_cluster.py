@@ -138,3 +138,132 @@ def test_sigterm_saves_exits_75_and_the_same_command_resumes_exactly(tmp_path):
     # (and averaged into the export) are the uninterrupted run's.
     kept = sorted(p.name for p in (workdir / "checkpoints").iterdir())
     assert kept == sorted(p.name for p in (tmp_path / "reference" / "checkpoints").iterdir())
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_of_two_workers_stops_both_at_one_step_and_they_resume_exactly(tmp_path):
+    """MultiWorkerMirroredStrategy: SIGTERM to the second worker only; both save after the same
+    step and exit 75; the same two commands resume to the weights of an uninterrupted pair."""
+    from test_training_multi_worker import Workers, _assert_finished_alike, _config
+
+    reference_root = tmp_path / "reference"
+    reference_root.mkdir()
+    reference = Workers(
+        reference_root, _config(reference_root, reference_root / "work", dev=False, steps=12),
+        reference_root / "work",
+    )  # fmt: skip
+    try:
+        reference.start()
+        _assert_finished_alike(reference, reference.wait())
+    finally:
+        reference.kill_all()
+
+    workdir = tmp_path / "work"
+    workers = Workers(tmp_path, _config(tmp_path, workdir, dev=False, steps=12), workdir)
+    try:
+        chief, worker = workers.start()
+        deadline = time.time() + 300
+        while not (workdir / "backup" / "checkpoint").exists():  # the first backup: step 5
+            assert time.time() < deadline and chief.poll() is None and worker.poll() is None
+            time.sleep(0.05)
+        worker.send_signal(signal.SIGTERM)
+        stopped = workers.wait(timeout=120)
+        steps = []
+        for code, output in stopped:
+            assert code == 75, output[-3000:]
+            lines = [line for line in output.splitlines() if "keras-transformer train: " in line]
+            assert len(lines) == 1 and "Traceback" not in output, output[-3000:]
+            steps.append(int(lines[0].split("after step ")[1].split(":")[0]))
+        assert steps[0] == steps[1] and 5 <= steps[0] < 12
+        assert "stopped by a signal to another worker" in stopped[0][1]
+        assert "stopped by SIGTERM" in stopped[1][1]
+        assert tf.train.latest_checkpoint(str(workdir / "backup")).endswith(f"ckpt-{steps[0]}")
+
+        workers.start()
+        outputs = workers.wait()
+    finally:
+        workers.kill_all()
+    assert _assert_finished_alike(workers, outputs) == 12
+    assert f"resuming from step {steps[0]} " in outputs[0][1]
+    from test_cli_train import _losses_by_step
+
+    expected = _losses_by_step(reference_root / "work" / "logs")
+    got = _losses_by_step(workdir / "logs", pid=workers.processes[0].pid)
+    for s in sorted(got):
+        print(s, got[s], expected[s])
+    for s in sorted(got):
+        np.testing.assert_allclose(got[s], expected[s], atol=1e-4, err_msg=f"step {s}")
+    from training_helpers import load_npz_weights
+
+    got, _ = load_npz_weights(workers.dump(0))
+    expected, _ = load_npz_weights(reference.dump(0))
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-4)
+
+
+def _bytes_read():
+    """Bytes this process has read so far (Linux: all its threads, page cache included)."""
+    with open("/proc/self/io") as f:
+        return int(next(line for line in f if line.startswith("rchar:")).split()[1])
+
+
+def _restart(config, model, backup, position, skip=False):
+    """A fresh dataset and iterator positioned at `position` as a restart finds it: from the
+    resume state (or by skipping); returns (bytes read until the first batch, next 3 batches)."""
+    from keras_transformer.data import prepared_dataset
+    from keras_transformer.training.callbacks import ResumeState
+    from keras_transformer.workdir import Workdir
+
+    dataset = prepared_dataset(Workdir.of(config).prepared, config.data, verbose=False)
+    before = _bytes_read()
+    if skip:
+        iterator = iter(dataset.skip(position))
+    else:
+        iterator = iter(dataset)
+        assert ResumeState(model, backup, 1, 1, iterator=iterator).restore() == position
+    first = next(iterator)
+    read = _bytes_read() - before
+    return read, [first, next(iterator), next(iterator)]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/io")
+def test_resume_state_holds_the_data_iterator_restart_reads_do_not_grow(tmp_path):
+    """The data position restored from the resume state's iterator: the next batches are those
+    of the uninterrupted iterator, and a restart at batch 600 reads as many bytes as one at
+    batch 5 (skipping reads every batch before the position)."""
+    import keras
+    from training_helpers import tiny_config
+
+    from keras_transformer.data import prepare, prepared_dataset
+    from keras_transformer.models import build_transformer
+    from keras_transformer.training import compile_model
+    from keras_transformer.training.callbacks import ResumeState
+    from keras_transformer.workdir import Workdir
+
+    config = tiny_config(tmp_path / "work", data=dict(tokens_per_batch=96, shuffle_buffer=64))
+    prepare(config, verbose=False)
+    model = compile_model(build_transformer(config.model, 200), config)
+    model.optimizer.build(model.trainable_variables)
+    reads = {}
+    for position in (5, 600):
+        backup = str(tmp_path / f"backup{position}")
+        dataset = prepared_dataset(Workdir.of(config).prepared, config.data, verbose=False)
+        iterator = iter(dataset)
+        state = ResumeState(model, backup, 1, 1, iterator=iterator)
+        for _ in range(position):
+            next(iterator)
+            state.batches += 1
+        model.optimizer.iterations.assign(position)
+        state.save()
+        expected = [next(iterator) for _ in range(3)]  # the uninterrupted run's next batches
+        reads[position], got = _restart(config, model, backup, position)
+        for a, b in zip(keras.tree.flatten(got), keras.tree.flatten(expected), strict=True):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+    skipped, got = _restart(config, model, str(tmp_path / "backup600"), 600, skip=True)
+    for a, b in zip(keras.tree.flatten(got), keras.tree.flatten(expected), strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())  # skipping finds the same place
+    skipped_early, _ = _restart(config, model, str(tmp_path / "backup5"), 5, skip=True)
+    # Skipping reads more the further it goes (the measure sees the reading) ...
+    assert skipped - skipped_early > 50_000, (skipped, skipped_early)
+    # ... the resume state's iterator does not: the same bytes at batch 600 as at batch 5.
+    assert abs(reads[600] - reads[5]) < 0.05 * (skipped - skipped_early), (reads, skipped)

@@ -130,6 +130,10 @@ class ResumeState(keras.callbacks.Callback):
         clock: a scalar variable saved and restored with the state: the seconds trained so far
             (`StopAtStep` advances it; put it before this callback), so a time budget and a
             budget schedule continue.
+        iterator: the `tf.data` iterator `fit` draws batches from, saved with the state (its
+            position, shuffle buffer and partial buckets: TensorFlow's iterator checkpointing),
+            so a resume finds its place in the data without reading the batches before it;
+            None: the data position alone is saved (the trainer then skips that many batches).
 
     Example:
     ```python
@@ -139,7 +143,9 @@ class ResumeState(keras.callbacks.Callback):
     ```
     """
 
-    def __init__(self, model, directory, every, keep, write_directory=None, clock=None):
+    def __init__(
+        self, model, directory, every, keep, write_directory=None, clock=None, iterator=None
+    ):
         super().__init__()
         import tensorflow as tf
 
@@ -156,6 +162,9 @@ class ResumeState(keras.callbacks.Callback):
         )
         if clock is not None:
             self._checkpoint.training_seconds = _tf_variable(clock)
+        if iterator is not None:
+            self._checkpoint.data_iterator = iterator
+        self.iterator_restored = False
         self._manager = tf.train.CheckpointManager(
             self._checkpoint, write_directory or directory, max_to_keep=int(keep)
         )
@@ -168,11 +177,32 @@ class ResumeState(keras.callbacks.Callback):
         latest = tf.train.latest_checkpoint(self.directory)
         if latest is None:
             return 0
-        self._checkpoint.restore(latest).assert_existing_objects_matched()
+        checkpoint = self._checkpoint
+        self.iterator_restored = "data_iterator" in checkpoint._trackable_children()
+        if self.iterator_restored and not self.holds_iterator(latest):
+            # A state saved without the iterator (another strategy, an older version): restore
+            # the rest; the caller skips to the data position.
+            parts = dict(checkpoint._trackable_children())
+            parts.pop("data_iterator")
+            parts.pop("save_counter", None)
+            checkpoint = tf.train.Checkpoint(**parts)
+            self.iterator_restored = False
+        checkpoint.restore(latest).assert_existing_objects_matched()
         self.batches = int(self._position.numpy())
         self._last_saved = optimizer_step(self.model)
         print(f"resuming from step {self._last_saved} (restored from {latest})", flush=True)
         return self.batches
+
+    def track_iterator(self, iterator):
+        """Saves `iterator` with the state from now on (in place of the one given before)."""
+        self._checkpoint.data_iterator = iterator
+
+    @staticmethod
+    def holds_iterator(path):
+        """True when the state at `path` holds a `tf.data` iterator's state."""
+        import tensorflow as tf
+
+        return any(name.startswith("data_iterator/") for name, _ in tf.train.list_variables(path))
 
     def set_model(self, model):
         super().set_model(model)

@@ -435,11 +435,12 @@ def _fit(run, model, data):
     """Restores the last resume state, then fits from there until `train.steps` (or the time
     budget); returns the `StopAtStep` callback (which knows why training stopped).
 
-    Exact resume: the dataset is deterministic, so skipping the batches the killed run consumed
-    gives the batches the uninterrupted run would have seen next (Keras's `fit` draws all
-    epochs from one iterator when `steps_per_epoch` is set). Skipping reads through those
-    batches once (seconds per thousand steps on CPUs), far cheaper than checkpointing the
-    pipeline's shuffle buffer and cache.
+    Exact resume: Keras's `fit` draws all epochs from one iterator when `steps_per_epoch` is
+    set. Under the default strategy that iterator's state (file offsets, shuffle buffer, partial
+    buckets) is saved with the resume state, so a resume continues where the killed run was at
+    a cost that does not grow with the step. Under other strategies the dataset is
+    deterministic, so skipping the batches the killed run consumed gives the batches the
+    uninterrupted run would have seen next (reading through them once).
     """
     config, layout, chief = run.config, run.layout, run.chief
     t = config.train
@@ -447,6 +448,7 @@ def _fit(run, model, data):
     # Seconds trained so far, across resumes (the time budget and a budget schedule use it).
     clock = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="training_seconds")
     with WorkerTempDir(chief, layout.backup) as backup_dir:
+        dataset, iterator = _iterated_data(run, data)
         resume = ResumeState(
             model,
             layout.backup,
@@ -454,8 +456,10 @@ def _fit(run, model, data):
             t.keep_backups,
             write_directory=backup_dir,
             clock=clock,
+            iterator=iterator,
         )
         position = resume.restore()
+        batches = _resumed_batches(data, dataset, iterator, position, resume)
         step = optimizer_step(model)
         stopper = StopAtStep(
             t.steps,
@@ -492,7 +496,7 @@ def _fit(run, model, data):
         try:
             with signals:
                 model.fit(
-                    data.batches(position),
+                    batches,
                     initial_epoch=initial_epoch,
                     epochs=epochs,
                     steps_per_epoch=t.steps_per_epoch,
@@ -514,6 +518,37 @@ def _fit(run, model, data):
     if step < t.steps and not stopper.out_of_time:
         raise RuntimeError(f"training stopped at step {step} of {t.steps} (NaN loss?)")
     return stopper
+
+
+def _iterated_data(run, data):
+    """`(dataset, iterator)`: the training batches and the iterator `fit` will draw them from,
+    whose state the resume state saves (so a resume costs the same at any step); `(None, None)`
+    where `fit` must make its own iterator (under a tf.distribute strategy other than the
+    default one: the data position is then found by skipping, which reads the batches before)."""
+    if run.strategy is not tf.distribute.get_strategy():
+        return None, None
+    dataset = data.batches(0)
+    return dataset, iter(dataset)
+
+
+def _resumed_batches(data, dataset, iterator, position, resume):
+    """What `fit` trains on from the restored data position: the restored iterator, or (a state
+    without one) the batches from `position` on."""
+    if iterator is None:
+        return data.batches(position)
+    if position and not resume.iterator_restored:
+        dataset = data.batches(position)
+        iterator = iter(dataset)
+        resume.track_iterator(iterator)
+
+    class Resumed(type(dataset)):
+        """The dataset, iterated from `iterator` (Keras's `fit` calls `iter` once)."""
+
+        def __iter__(self):
+            return iterator
+
+    dataset.__class__ = Resumed
+    return dataset
 
 
 def _is_peer_failure(error):
