@@ -1,10 +1,12 @@
 """Training where cluster users train: a workdir and an export on a filesystem that is not the
 local disk (TensorFlow's `ram://`), with nothing written locally."""
 
+import importlib
 import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -267,3 +269,73 @@ def test_resume_state_holds_the_data_iterator_restart_reads_do_not_grow(tmp_path
     assert skipped - skipped_early > 50_000, (skipped, skipped_early)
     # ... the resume state's iterator does not: the same bytes at batch 600 as at batch 5.
     assert abs(reads[600] - reads[5]) < 0.05 * (skipped - skipped_early), (reads, skipped)
+
+
+def _shards(workdir):
+    prepared = workdir / "prepared"
+    return {p.name: p.read_bytes() for p in sorted(prepared.iterdir()) if p.suffix == ".tfrecord"}
+
+
+# Not with data.subword_samples: SentencePiece's samples differ between processes, seeded or not.
+@pytest.mark.parametrize("data", [{}, dict(both_directions=True)])
+def test_prepare_with_two_workers_writes_the_same_shards_as_one(tmp_path, monkeypatch, data):
+    from training_helpers import tiny_config
+
+    # The module (the package's `prepare` is the function).
+    prepare_module = importlib.import_module("keras_transformer.data.prepare")
+    monkeypatch.setattr(prepare_module, "_CHUNK", 64)  # several chunks for the workers
+    manifests = {}
+    for workers in (1, 2):
+        config = tiny_config(
+            tmp_path / f"w{workers}",
+            data=dict(data, prepare_workers=workers, train="synthetic:split=train,size=700"),
+        )
+        manifests[workers] = prepare_module.prepare(config, verbose=False)
+    for key in ("vocabulary", "counts", "shards", "tokens"):
+        assert manifests[1][key] == manifests[2][key], key
+    one, two = _shards(tmp_path / "w1"), _shards(tmp_path / "w2")
+    assert one and one == two
+    counts = manifests[1]["counts"]
+    assert counts["written"] > 100 and counts["records"] == counts["written"] * (2 if data else 1)
+
+
+def test_a_waiting_worker_sees_the_chief_alive_then_fails_soon_after_it_dies(
+    tmp_path, monkeypatch, capsys
+):
+    from training_helpers import subprocess_env
+
+    from keras_transformer.errors import WorkerError
+    from keras_transformer.training import distribute
+
+    monkeypatch.setattr(distribute, "WAITING_LINE_SECONDS", 0.5)
+    beat = tmp_path / "prepare.heartbeat"
+    chief = subprocess.Popen(
+        [
+            sys.executable, "-c",
+            "import sys, time\nfrom keras_transformer.training.distribute import Heartbeat\n"
+            "Heartbeat(sys.argv[1], interval=0.2).__enter__()\ntime.sleep(600)",
+            str(beat),
+        ],
+        env=subprocess_env(),
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 120
+        while not beat.exists():
+            assert time.time() < deadline and chief.poll() is None
+            time.sleep(0.05)
+        killer = threading.Timer(2.0, chief.kill)
+        killer.start()
+        started = time.time()
+        with pytest.raises(WorkerError) as error:
+            distribute.wait_for_path(
+                str(tmp_path / "prepared" / "manifest.json"), 600, "prepared data",
+                heartbeat=str(beat), heartbeat_timeout=2.0,
+            )  # fmt: skip
+        waited = time.time() - started
+    finally:
+        chief.kill()
+        chief.wait(timeout=30)
+    assert 2.0 < waited < 15, waited  # not runtime.wait_seconds (600 here)
+    message = str(error.value)
+    assert "\n" not in message and "the chief stopped: no heartbeat" in message
+    assert "chief alive, last heartbeat" in capsys.readouterr().out

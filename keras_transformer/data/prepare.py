@@ -39,7 +39,9 @@ keeps them whole in the shards (the pipeline cuts them, EOS kept) and counts the
 Parallel: `data.prepare_workers` processes (default: the machine's cores) turn chunks of pairs
 into records (SentencePiece encoding, length filter, packing) while the main process reads the
 corpus and writes the shards in the corpus's order: the shards are byte-identical whatever the
-number of workers (sampled segmentations are seeded per chunk, not per process).
+number of workers. (Except the sampled segmentations of `data.subword_samples`: SentencePiece
+seeds them, per chunk here, but its samples still differ from one process to the next, so those
+vary between preparations whatever the number of workers.)
 """
 
 import collections
@@ -717,7 +719,6 @@ def prepare(config, verbose=True):
                 max_sentences=max(1, sampled),
                 seed=d.seed,
                 verbose=verbose,
-                num_threads=_workers(d),
             )
             del sample
             trained = True

@@ -5,6 +5,7 @@ build the model, fit (resuming exactly where a killed run stopped), average chec
 and export. Under several workers only the chief writes anything shared (see `_Run`).
 """
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -28,6 +29,7 @@ from keras_transformer.training.callbacks import (
     optimizer_step,
 )
 from keras_transformer.training.distribute import (
+    Heartbeat,
     WorkerTempDir,
     get_strategy,
     is_chief,
@@ -50,6 +52,8 @@ from keras_transformer.workdir import (
     write_atomically,
 )
 
+# The chief's heartbeat file in the workdir while it prepares the data (multi-worker).
+PREPARE_HEARTBEAT = "prepare.heartbeat"
 # Variable names kept out of weight decay: Dense/EinsumDense biases, LayerNorm scale and offset.
 _NOT_DECAYED = ("bias", "gamma", "beta")
 
@@ -327,13 +331,19 @@ def _prepare_data(run):
     from keras_transformer.data.prepare import MANIFEST, VOCABULARY, check_prepared, read_manifest
 
     config, layout = run.config, run.layout
+    heartbeat = os.path.join(layout.root, PREPARE_HEARTBEAT)
     if run.chief:
         tf.io.gfile.makedirs(layout.root)
-        manifest = prepare(config)
+        # Workers waiting for the prepared data see that the chief is alive.
+        with Heartbeat(heartbeat) if is_multi_worker(run.strategy) else contextlib.nullcontext():
+            manifest = prepare(config)
         save_config(config, layout.config)
     else:
         wait_for_path(
-            os.path.join(layout.prepared, MANIFEST), config.runtime.wait_seconds, "prepared data"
+            os.path.join(layout.prepared, MANIFEST),
+            config.runtime.wait_seconds,
+            "prepared data",
+            heartbeat=heartbeat,
         )
         manifest = check_prepared(config, read_manifest(layout.prepared), repair=False)
     tokenizer = Tokenizer(os.path.join(layout.prepared, VOCABULARY))
