@@ -12,9 +12,12 @@ WORKDIR/
   checkpoints/         ckpt-<step>.weights.h5: the model's weights (only) every
                        train.checkpoint_every steps, the last train.keep_checkpoints kept
   backup/              resume state (tf.train.Checkpoint: weights, optimizer, step, dropout RNG,
-                       data position), the last train.keep_backups kept
+                       data position and, under the default strategy, the tf.data iterator),
+                       the last train.keep_backups kept
   logs/                TensorBoard
   result.json          the final summary
+  prepare.heartbeat    while the chief of a multi-worker job prepares the data: its heartbeat,
+                       which the waiting workers watch (training/distribute.py)
 ```
 
 Every path may be on any TensorFlow filesystem (`gs://bucket/run`, `ram://` in tests, a local
