@@ -791,7 +791,8 @@ def prepared_examples(
     vectors (no BOS/EOS): the input of `pipeline.batch_examples`.
 
     Deterministic: for a given seed (and input context) the dataset yields the same elements in
-    the same order every time it is built, so `dataset.skip(n)` finds a stream position again.
+    the same order every time it is built or iterated (each epoch's order is a function of the
+    seed and the epoch alone), so `dataset.skip(n)` finds a stream position again.
 
     Args:
         directory: `WORKDIR/prepared`.
@@ -826,10 +827,40 @@ def prepared_examples(
             )
         dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
     if training:
-        dataset = dataset.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-    dataset = dataset.interleave(
+        files_dataset, first_seed = dataset, tf.constant(seed, tf.int64)
+
+        def epoch(index):
+            # Each epoch's order depends on the seed and the epoch's index alone: iterators of
+            # one dataset share no shuffle state (Keras iterates a distributed dataset twice,
+            # and a shared reshuffling seed would make the orders depend on timing).
+            epoch_seed = first_seed + 2 * index
+            order = files_dataset.shuffle(
+                len(files), seed=epoch_seed, reshuffle_each_iteration=False
+            )
+            return _read_records(order, len(files), dtype).shuffle(
+                max(1, shuffle_buffer), seed=epoch_seed + 1, reshuffle_each_iteration=False
+            )
+
+        # Endless: a new order every epoch.
+        dataset = tf.data.Dataset.range(1 << 62).flat_map(epoch)
+    else:
+        dataset = _read_records(dataset, len(files), dtype)
+    options = tf.data.Options()
+    options.deterministic = True
+    policy = tf.data.experimental.AutoShardPolicy
+    if input_context is not None:
+        auto_shard_policy = policy.OFF  # sharded by hand above
+    options.experimental_distribute.auto_shard_policy = auto_shard_policy or policy.FILE
+    return dataset.with_options(options)
+
+
+def _read_records(files, count, dtype):
+    """`(source_pieces, target_pieces)` of the records of a dataset of `count` shard paths."""
+    import tensorflow as tf
+
+    dataset = files.interleave(
         lambda path: tf.data.TFRecordDataset(path, buffer_size=1 << 20),
-        cycle_length=min(len(files), 16),
+        cycle_length=min(count, 16),
         block_length=1,
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=True,
@@ -840,17 +871,7 @@ def prepared_examples(
         length = values[0]
         return values[1 : 1 + length], values[1 + length :]
 
-    dataset = dataset.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    if training:
-        dataset = dataset.shuffle(max(1, shuffle_buffer), seed=seed + 1)
-        dataset = dataset.repeat()
-    options = tf.data.Options()
-    options.deterministic = True
-    policy = tf.data.experimental.AutoShardPolicy
-    if input_context is not None:
-        auto_shard_policy = policy.OFF  # sharded by hand above
-    options.experimental_distribute.auto_shard_policy = auto_shard_policy or policy.FILE
-    return dataset.with_options(options)
+    return dataset.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
 def prepared_dataset(
