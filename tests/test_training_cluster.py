@@ -143,12 +143,26 @@ def test_sigterm_saves_exits_75_and_the_same_command_resumes_exactly(tmp_path):
 
 
 @pytest.mark.slow
-def test_sigterm_to_one_of_two_workers_stops_both_after_one_step_and_they_resume(tmp_path):
+def test_sigterm_to_one_of_two_workers_stops_both_after_one_step_and_they_resume_exactly(
+    tmp_path,
+):
     """MultiWorkerMirroredStrategy: SIGTERM to the second worker only; both save after the same
-    step and exit 75 with one line each; the same two commands resume from that step and finish
-    with identical replicas. (Not compared with an uninterrupted pair: a multi-worker resume
-    from a backup does not give its weights yet, signal or not; see docs/_incoming/cluster.md.)"""
+    step and exit 75 with one line each; the same two commands resume from that step to the
+    weights of an uninterrupted pair."""
     from test_training_multi_worker import Workers, _assert_finished_alike, _config
+    from training_helpers import load_npz_weights
+
+    reference_root = tmp_path / "reference"
+    reference_root.mkdir()
+    reference = Workers(
+        reference_root, _config(reference_root, reference_root / "work", dev=False, steps=12),
+        reference_root / "work",
+    )  # fmt: skip
+    try:
+        reference.start()
+        _assert_finished_alike(reference, reference.wait())
+    finally:
+        reference.kill_all()
 
     workdir = tmp_path / "work"
     workers = Workers(tmp_path, _config(tmp_path, workdir, dev=False, steps=12), workdir)
@@ -178,6 +192,10 @@ def test_sigterm_to_one_of_two_workers_stops_both_after_one_step_and_they_resume
         workers.kill_all()
     assert _assert_finished_alike(workers, outputs) == 12
     assert f"resuming from step {steps[0]} " in outputs[0][1]
+    got, _ = load_npz_weights(workers.dump(0))
+    expected, _ = load_npz_weights(reference.dump(0))
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-4)
 
 
 def _bytes_read():

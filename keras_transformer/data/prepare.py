@@ -847,6 +847,10 @@ def prepared_examples(
         dataset = _read_records(dataset, len(files), dtype)
     options = tf.data.Options()
     options.deterministic = True
+    # The epochs' shuffles hold a seed resource without state (DummySeedGenerator, as with any
+    # reshuffle_each_iteration=False) that iterator checkpointing would refuse as "stateful":
+    # nothing of it needs saving (see `ResumeState`).
+    options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
     policy = tf.data.experimental.AutoShardPolicy
     if input_context is not None:
         auto_shard_policy = policy.OFF  # sharded by hand above
