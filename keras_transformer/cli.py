@@ -10,7 +10,12 @@ import argparse
 import sys
 
 from keras_transformer import commands
-from keras_transformer.errors import KerasTransformerError, disk_full
+from keras_transformer.errors import (
+    PREEMPTED_EXIT_CODE,
+    KerasTransformerError,
+    Preempted,
+    disk_full,
+)
 
 QUANTIZATIONS = (
     "int8",
@@ -63,7 +68,16 @@ def build_parser():
 def _add_training_commands(sub, common):
     """`train` and `prepare`: from a config to a workdir."""
     p = sub.add_parser(
-        "train", parents=[common], help="train, evaluate on the dev set and export a SavedModel"
+        "train",
+        parents=[common],
+        help="train, evaluate on the dev set and export a SavedModel",
+        epilog=(
+            "On SIGTERM or SIGINT (a preemption, Ctrl-C) training finishes its step, saves its "
+            "resume state and a step checkpoint and exits with code "
+            f"{PREEMPTED_EXIT_CODE} (EX_TEMPFAIL): run the same command again to resume exactly. "
+            "Other exit codes: 0 done, 2 bad input. The workdir may be on any TensorFlow "
+            "filesystem (gs://bucket/run)."
+        ),
     )
     _add_config_arguments(p, "train.steps=200")
     p.set_defaults(func=commands.train_command)
@@ -186,6 +200,9 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
         args.func(args)
+    except Preempted as e:
+        print(f"keras-transformer {args.command}: {e}", file=sys.stderr, flush=True)
+        return PREEMPTED_EXIT_CODE
     except Exception as e:
         # A full disk, whichever writer met it, is the user's to fix: one line, not a traceback.
         error = e if isinstance(e, (KerasTransformerError, FileNotFoundError)) else disk_full(e)

@@ -375,16 +375,18 @@ def load_workdir_model(workdir, average=None):
     Returns `(config, model, spm_model_bytes, steps)`.
     """
     import sentencepiece as spm
+    import tensorflow as tf
 
     from keras_transformer.config import load_config
     from keras_transformer.models import build_transformer
 
-    if not os.path.isdir(workdir):
+    gfile = tf.io.gfile  # the workdir may be on any TensorFlow filesystem (gs://...)
+    if not gfile.isdir(workdir):
         raise UsageError(f"workdir not found: {workdir}")
     layout = Workdir(workdir)
     config_path, spm_path = layout.config, layout.spm
     for path, what in ((config_path, "resolved config"), (spm_path, "SentencePiece model")):
-        if not os.path.isfile(path):
+        if not gfile.exists(path) or gfile.isdir(path):
             raise UsageError(f"{workdir} is not a training workdir: no {what} {path}")
     config = load_config(config_path)
     average = config.export.average_checkpoints if average is None else average
@@ -401,7 +403,7 @@ def load_workdir_model(workdir, average=None):
             f"cannot average {average} checkpoints: {workdir}/checkpoints has "
             f"{len(checkpoints)} complete"
         )
-    with open(spm_path, "rb") as f:
+    with gfile.GFile(spm_path, "rb") as f:
         spm_bytes = f.read()
     try:
         vocab_size = spm.SentencePieceProcessor(model_proto=spm_bytes).get_piece_size()

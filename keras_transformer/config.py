@@ -188,6 +188,12 @@ class DataConfig:
     seed: int = _field(
         1234, "seed for the synthetic corpus, shuffling and the vocabulary", valid=_SEEDS
     )
+    prepare_workers: Optional[int] = _field(
+        None,
+        "processes that tokenize the corpus in prepare (null: the machine's cores); the "
+        "prepared data is the same whatever the number",
+        valid="[1, 1024]",
+    )
 
 
 @dataclasses.dataclass
@@ -467,11 +473,9 @@ def load_config(path=None, overrides=None):
     """
     values, name = {}, None
     if path is not None:
-        if not os.path.isfile(path):
-            raise ConfigError(f"config file not found: {path}")
+        text = _read_config_text(path)
         try:
-            with open(path, encoding="utf-8") as f:
-                values = yaml.safe_load(f) or {}
+            values = yaml.safe_load(text) or {}
         except yaml.YAMLError as e:
             raise ConfigError(f"{path}: invalid YAML ({str(e).splitlines()[0]})") from None
         if not isinstance(values, dict):
@@ -480,10 +484,28 @@ def load_config(path=None, overrides=None):
     return from_dict(apply_overrides(values, overrides), name=name)
 
 
+def _read_config_text(path):
+    """The text of a config file: a local path, or any TensorFlow filesystem's (`gs://...`,
+    TensorFlow loads only then)."""
+    if "://" not in str(path):
+        if not os.path.isfile(path):
+            raise ConfigError(f"config file not found: {path}")
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    from keras_transformer.workdir import read_text
+
+    try:
+        return read_text(path)
+    except OSError:
+        raise ConfigError(f"config file not found: {path}") from None
+
+
 def save_config(config, path):
-    """Writes the resolved config as YAML (what `load_config` reads back)."""
-    with open(path, "w", encoding="utf-8") as f:
-        yaml.safe_dump(config.to_dict(), f, sort_keys=False)
+    """Writes the resolved config as YAML (what `load_config` reads back) to `path`, on any
+    TensorFlow filesystem (`gs://...`), appearing whole."""
+    from keras_transformer.workdir import write_atomically
+
+    write_atomically(path, yaml.safe_dump(config.to_dict(), sort_keys=False))
 
 
 def validate(config):

@@ -92,3 +92,27 @@ def disk_full(error):
             )
         error = error.__cause__ or error.__context__
     return None
+
+
+# The exit code of `keras-transformer train` stopped by SIGTERM or SIGINT after saving its resume
+# state and a step checkpoint: sysexits.h's EX_TEMPFAIL ("a temporary failure; the user is
+# invited to retry"). A job scheduler should run the same command again (which resumes exactly),
+# and not count it as a failure: it is neither 0 (done), 1 (a crash), 2 (bad input) nor 128+N
+# (killed by signal N before anything was saved).
+PREEMPTED_EXIT_CODE = 75
+
+
+class Preempted(Exception):
+    """Training stopped on a signal (SIGTERM or SIGINT, to this process or, under several
+    workers, to any of them) after finishing its step and saving its resume state and a step
+    checkpoint; running the same command again resumes exactly. `keras-transformer train`
+    prints the message and exits with `PREEMPTED_EXIT_CODE`.
+
+    Args:
+        message: the one line to print.
+        step: the optimizer step saved.
+    """
+
+    def __init__(self, message, step):
+        super().__init__(message)
+        self.step = step

@@ -2,7 +2,7 @@
 
 What a long run meets on disk: a full disk mid-write, a machine that dies while a file is half
 written, a sync tool that truncates one. The writers keep their output invisible until complete
-(written beside, then renamed: `atomic_write`), and the readers check what they load:
+(written beside, then renamed: `write_atomically`), and the readers check what they load:
 
 - step checkpoints (`ckpt-<step>.weights.h5`) get a checksum file beside them, written after the
   checkpoint (`write_checksum`); `checkpoint_problem` compares size and sha256 with it and opens
@@ -46,20 +46,35 @@ def file_digest(path):
     return size, digest.hexdigest()
 
 
-def atomic_write(path, data):
-    """Writes `data` (str or bytes) to `path` so that readers see the old file or the whole new
-    one, never a part: written to a hidden sibling, then renamed over `path`. On failure (a full
-    disk) the sibling is removed and the error raised."""
+def is_local(path):
+    """True for a path on the local disk (no `scheme://`, or `file://`)."""
+    path = os.fspath(path)
+    return "://" not in path or path.startswith("file://")
+
+
+def write_atomically(path, data):
+    """Writes `data` (str or bytes) to `path` so that it appears whole or not at all: on the
+    local disk beside it (fsynced) and renamed over it; elsewhere in one upload (an object
+    store shows an object only when complete). On failure (a full disk) nothing is left."""
     gfile, path = _gfile(), os.fspath(path)
-    directory, name = os.path.split(path)
-    temporary = os.path.join(directory, f".tmp-{uuid.uuid4().hex[:8]}-{name}")
+    directory = os.path.dirname(path)
+    if directory:
+        gfile.makedirs(directory)
+    mode = "wb" if isinstance(data, bytes) else "w"
+    if not is_local(path):
+        with gfile.GFile(path, mode) as f:
+            f.write(data)
+        return path
+    temporary = os.path.join(directory, f".tmp-{uuid.uuid4().hex[:8]}-{os.path.basename(path)}")
     try:
-        with gfile.GFile(temporary, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
-        gfile.rename(temporary, path, overwrite=True)
+        with open(temporary, mode) as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
     except BaseException:
-        if gfile.exists(temporary):
-            gfile.remove(temporary)
+        if os.path.exists(temporary):
+            os.remove(temporary)
         raise
     return path
 
@@ -75,7 +90,7 @@ def write_checksum(path):
     Written after the file: a file without one (a kill in between, or a workdir from before
     checksums) is checked by its format only."""
     size, sha256 = file_digest(path)
-    atomic_write(checksum_path(path), json.dumps({"bytes": size, "sha256": sha256}))
+    write_atomically(checksum_path(path), json.dumps({"bytes": size, "sha256": sha256}))
     return sha256
 
 

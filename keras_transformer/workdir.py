@@ -12,22 +12,49 @@ WORKDIR/
   checkpoints/         ckpt-<step>.weights.h5: the model's weights (only) every
                        train.checkpoint_every steps, the last train.keep_checkpoints kept
   backup/              resume state (tf.train.Checkpoint: weights, optimizer, step, dropout RNG,
-                       data position), the last train.keep_backups kept
+                       data position and, under the default strategy, the tf.data iterator),
+                       the last train.keep_backups kept
   logs/                TensorBoard
   result.json          the final summary
   lock.json            who runs `train` or `prepare` here now (see `keras_transformer.lock`)
+  prepare.heartbeat    while the chief of a multi-worker job prepares the data: its heartbeat,
+                       which the waiting workers watch (training/distribute.py)
 ```
+
+Every path may be on any TensorFlow filesystem (`gs://bucket/run`, `ram://` in tests, a local
+directory): all reads and writes go through `tf.io.gfile` or through TensorFlow APIs that take
+such paths (`tf.train.CheckpointManager`, summary writers, TFRecord files, SavedModel). What
+only writes local files (Keras's `.weights.h5`, CTranslate2, SentencePiece's trainer) writes into
+a local temporary file that is then copied (the helpers below).
+
+Atomicity, where it holds:
+- local disk (a POSIX rename): a file appears whole or not at all (written beside, then
+  `rename`d); a directory too (`prepared/`, an export version);
+- object stores (`gs://`, `s3://`) and any other filesystem: one file (object) appears whole
+  when its upload ends, so single files keep the guarantee; a directory has no atomic rename, so
+  its files are written in place with a completion marker last (`prepared/manifest.json`, an
+  export's `saved_model.pb`, a CTranslate2 model's `model.bin`, `backup/checkpoint`), and
+  readers look for the marker. A kill midway leaves a directory without its marker, which the
+  next run removes or ignores.
 
 This module sits at the bottom of the package (it imports nothing of ours), so the data, training
 and command modules can all use it.
 """
 
+import contextlib
 import dataclasses
 import os
 import re
+import shutil
+import tempfile
 import warnings
 
-from keras_transformer.integrity import checkpoint_problem, write_checksum
+from keras_transformer.integrity import (
+    checkpoint_problem,
+    is_local,
+    write_atomically,
+    write_checksum,
+)
 
 CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
 
@@ -55,7 +82,7 @@ class Workdir:
         return cls(config.runtime.workdir or os.path.join("workdirs", config.name))
 
     def _join(self, *parts):
-        return os.path.join(self.root, *parts)
+        return join(self.root, *parts)
 
     @property
     def config(self):
@@ -105,22 +132,127 @@ class Workdir:
         return list_checkpoints(self.checkpoints)
 
 
+def _gfile():
+    import tensorflow as tf  # lazily: config errors come before TensorFlow loads
+
+    return tf.io.gfile
+
+
+def join(*parts):
+    """`os.path.join` that keeps URLs (`gs://bucket/run` + `a` -> `gs://bucket/run/a`)."""
+    parts = [os.fspath(p) for p in parts]
+    if is_local(parts[0]):
+        return os.path.join(*parts)
+    return "/".join([parts[0].rstrip("/")] + [p.strip("/") for p in parts[1:]])
+
+
+def read_text(path):
+    """The text of `path` (any filesystem). Raises OSError subclasses when missing."""
+    try:
+        with _gfile().GFile(os.fspath(path), "r") as f:
+            return f.read()
+    except _not_found_errors() as e:
+        raise FileNotFoundError(f"{path}: {e}") from None
+
+
+def _not_found_errors():
+    import tensorflow as tf
+
+    return (tf.errors.NotFoundError, tf.errors.PermissionDeniedError)
+
+
+def copy_atomically(local_path, path):
+    """Copies the local file `local_path` to `path` (any filesystem), appearing whole."""
+    gfile, path = _gfile(), os.fspath(path)
+    if is_local(path):
+        temporary = f"{path}.tmp-{os.getpid()}"
+        try:
+            shutil.copyfile(local_path, temporary)
+        except BaseException:  # a full disk: leave nothing behind
+            if os.path.exists(temporary):
+                os.remove(temporary)
+            raise
+        os.replace(temporary, path)
+    else:
+        gfile.copy(local_path, path, overwrite=True)
+    return path
+
+
+@contextlib.contextmanager
+def local_file(path):
+    """A local path holding the contents of `path`: itself when local, else a temporary copy
+    (deleted afterwards), for libraries that read local files only (h5py)."""
+    path = os.fspath(path)
+    if is_local(path):
+        yield path
+        return
+    directory = tempfile.mkdtemp(prefix="keras-transformer-")
+    try:
+        local = os.path.join(directory, os.path.basename(path))
+        _gfile().copy(path, local, overwrite=True)
+        yield local
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def local_directory():
+    """A local temporary directory, removed afterwards: where local-only writers write before
+    their files are copied to any filesystem (`copy_tree`)."""
+    directory = tempfile.mkdtemp(prefix="keras-transformer-")
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def copy_tree(local_dir, destination, last=None):
+    """Copies the files of the local directory `local_dir` into `destination` (any filesystem),
+    the file named `last` (relative path: the completion marker readers look for) last."""
+    gfile = _gfile()
+    files = []
+    for directory, _, names in os.walk(local_dir):
+        files += [os.path.relpath(os.path.join(directory, n), local_dir) for n in names]
+    files.sort(key=lambda name: (name == last, name))
+    for name in files:
+        target = join(destination, *name.split(os.sep))
+        gfile.makedirs(os.path.dirname(target) if is_local(target) else target.rsplit("/", 1)[0])
+        gfile.copy(os.path.join(local_dir, name), target, overwrite=True)
+    return destination
+
+
+def remove_tree(path):
+    """Removes a directory and everything under it, if it exists (any filesystem)."""
+    gfile, path = _gfile(), os.fspath(path)
+    if is_local(path):
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    if not gfile.exists(path):
+        return
+    # Some filesystems (ram://) remove only files reliably: delete them, then the directories.
+    for directory, _, names in list(gfile.walk(path, topdown=False)):
+        for name in names:
+            gfile.remove(join(directory, name))
+    with contextlib.suppress(Exception):
+        gfile.rmtree(path)
+
+
 def checkpoint_path(directory, step):
     """`directory/ckpt-<step>.weights.h5`."""
-    return os.path.join(os.fspath(directory), f"ckpt-{int(step)}.weights.h5")
+    return join(os.fspath(directory), f"ckpt-{int(step)}.weights.h5")
 
 
 def list_checkpoints(directory):
     """`[(step, path), ...]` of the `ckpt-<step>.weights.h5` files in `directory`, oldest first
     (an empty list when the directory does not exist)."""
-    directory = os.fspath(directory)
-    if not os.path.isdir(directory):
+    gfile, directory = _gfile(), os.fspath(directory)
+    if not gfile.isdir(directory):
         return []
     found = []
-    for entry in os.listdir(directory):
-        match = CHECKPOINT_PATTERN.match(entry)
+    for entry in gfile.listdir(directory):
+        match = CHECKPOINT_PATTERN.match(entry.rstrip("/"))
         if match:
-            found.append((int(match.group(1)), os.path.join(directory, entry)))
+            found.append((int(match.group(1)), join(directory, entry.rstrip("/"))))
     return sorted(found)
 
 
@@ -132,7 +264,9 @@ def save_model_weights(model, path):
     the weights only. The file appears atomically (written beside, then renamed), so a kill
     mid-write never leaves a broken checkpoint (a failed write, e.g. a full disk, leaves
     nothing); then `path.sha256` records its size and checksum, which `complete_checkpoints`
-    checks. `model.load_weights` reads it back.
+    checks. `model.load_weights` reads it back. Keras writes h5 files to local paths only: the
+    file is written in a local temporary directory and copied to `path` (any filesystem, see
+    `copy_atomically`).
 
     Example:
     ```python
@@ -142,18 +276,13 @@ def save_model_weights(model, path):
     from keras.src.saving import saving_lib  # save_weights_only is not exported by Keras
 
     path = os.fspath(path)
-    directory, name = os.path.split(path)
-    tmp = os.path.join(directory, f".tmp-{name}")
     optimizer = getattr(model, "optimizer", None)
-    try:
+    with local_directory() as directory:
+        local = os.path.join(directory, os.path.basename(path))
         saving_lib.save_weights_only(
-            model, tmp, objects_to_skip=[optimizer] if optimizer is not None else None
+            model, local, objects_to_skip=[optimizer] if optimizer is not None else None
         )
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    os.replace(tmp, path)
+        copy_atomically(local, path)
     write_checksum(path)
     return path
 
@@ -163,7 +292,8 @@ def load_model_weights(model, path):
     checkpoints hold no optimizer state; Keras would warn that it has none)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Skipping variable loading for optimizer")
-        model.load_weights(os.fspath(path))
+        with local_file(path) as local:
+            model.load_weights(local)
     return model
 
 

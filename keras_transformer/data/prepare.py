@@ -16,10 +16,13 @@ WORKDIR/
     train-00000-of-00016.tfrecord ...
 ```
 
-Atomicity: everything of one preparation is written into a temporary sibling directory
-(`WORKDIR/prepared.tmp-*`) that is renamed to `WORKDIR/prepared` in one step once complete, so a
-preparation killed midway leaves no `prepared/manifest.json` and is never taken as done (the next
-run removes the leftover and starts again). `WORKDIR/spm.model` is installed after the rename; a
+Atomicity: on the local disk everything of one preparation is written into a temporary sibling
+directory (`WORKDIR/prepared.tmp-*`) that is renamed to `WORKDIR/prepared` in one step once
+complete; on other filesystems (`gs://...`: no atomic directory rename) the files are written
+into `WORKDIR/prepared` itself, `manifest.json` last. Either way a preparation killed midway
+leaves no `prepared/manifest.json` and is never taken as done (the next run removes the leftover
+and starts again). Every path goes through `tf.io.gfile` (any TensorFlow filesystem).
+`WORKDIR/spm.model` is installed after the rename; a
 kill between the two is repaired by `check_prepared`, which restores it from `prepared/spm.model`
 and refuses a `spm.model` whose sha256 differs from the manifest's.
 
@@ -32,15 +35,22 @@ Overlong pairs (`data.long_pairs`): `drop` (the default, the paper's recipe of f
 length) leaves out the pairs whose source or target, with EOS, is longer than
 `data.max_source_length` / `data.max_target_length` and counts them as `too_long`; `truncate`
 keeps them whole in the shards (the pipeline cuts them, EOS kept) and counts them as `truncated`.
+
+Parallel: `data.prepare_workers` processes (default: the machine's cores) turn chunks of pairs
+into records (SentencePiece encoding, length filter, packing) while the main process reads the
+corpus and writes the shards in the corpus's order: the shards are byte-identical whatever the
+number of workers. (Except the sampled segmentations of `data.subword_samples`: SentencePiece
+seeds them, per chunk here, but its samples still differ from one process to the next, so those
+vary between preparations whatever the number of workers.)
 """
 
-import glob
+import collections
+import dataclasses
 import hashlib
 import json
 import math
 import os
 import random
-import shutil
 import sys
 import tempfile
 import time
@@ -49,7 +59,13 @@ from array import array
 from keras_transformer.data import corpora
 from keras_transformer.errors import DataError
 from keras_transformer.integrity import file_digest, file_problem
-from keras_transformer.workdir import Workdir
+from keras_transformer.workdir import (
+    Workdir,
+    is_local,
+    read_text,
+    remove_tree,
+    write_atomically,
+)
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -75,9 +91,15 @@ def _log(message, verbose):
         print(message, file=sys.stderr, flush=True)
 
 
+def _gfile():
+    import tensorflow as tf
+
+    return tf.io.gfile
+
+
 def _sha256(path):
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with _gfile().GFile(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
@@ -128,23 +150,22 @@ def read_manifest(directory):
         prepared, or a preparation that did not finish: the manifest is its last file).
     """
     path = os.path.join(directory, MANIFEST)
-    if not os.path.exists(path):
+    if not _gfile().exists(path):
         return None
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        return json.loads(read_text(path))
     except (OSError, ValueError) as e:
         raise DataError(f"cannot read {path}: {e}; delete {directory} to prepare again") from None
 
 
 def _install_vocabulary(source, destination):
-    """Copies `source` to `destination` atomically (write beside it, then rename)."""
-    temporary = f"{destination}.tmp-{os.getpid()}"
-    shutil.copyfile(source, temporary)
-    os.replace(temporary, destination)
+    """Copies `source` to `destination` atomically (see `workdir.write_atomically`)."""
+    gfile = _gfile()
+    with gfile.GFile(source, "rb") as f:
+        write_atomically(destination, f.read())
     vocab = source[: -len(".model")] + ".vocab"
-    if os.path.exists(vocab):
-        shutil.copyfile(vocab, destination[: -len(".model")] + ".vocab")
+    if gfile.exists(vocab):
+        gfile.copy(vocab, destination[: -len(".model")] + ".vocab", overwrite=True)
 
 
 def check_prepared(config, manifest=None, repair=True):
@@ -191,7 +212,7 @@ def check_prepared(config, manifest=None, repair=True):
                 "to prepare again, or use another --workdir"
             )
     sha256 = manifest["vocabulary"]["sha256"]
-    if not os.path.exists(layout.spm):
+    if not _gfile().exists(layout.spm):
         if repair:
             _install_vocabulary(os.path.join(layout.prepared, VOCABULARY), layout.spm)
     elif _sha256(layout.spm) != sha256:
@@ -364,142 +385,248 @@ class _WordCachedEncoder:
         return encoded
 
 
-def _write_shards(config, vocabulary_path, directory, total, verbose):
+@dataclasses.dataclass(frozen=True)
+class _Encoding:
+    """What turning a chunk of pairs into records needs (sent to the worker processes)."""
+
+    model_proto: bytes
+    limit_source: int  # longest stored source without EOS
+    limit_target: int
+    drop: bool  # data.long_pairs == "drop"
+    both_directions: bool
+    subword_samples: int
+    subword_alpha: float
+    seed: int
+    threads: int  # sentencepiece threads per encode call
+
+
+@dataclasses.dataclass
+class _Chunk:
+    """The records of one chunk of pairs and what the manifest counts of them."""
+
+    reading: int = 0  # the pass over the corpus (data.subword_samples)
+    records: list = dataclasses.field(default_factory=list)  # bytes, in the corpus's order
+    too_long: int = 0
+    truncated: int = 0
+    written: int = 0
+    source_tokens: int = 0
+    target_tokens: int = 0
+    source_hist: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    target_hist: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    longer_hist: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+
+class _ChunkEncoder:
+    """Pairs -> packed records (see the module docstring), the same in any process: the encoding
+    of a chunk depends on the chunk alone (sampling is seeded by the reading and chunk index)."""
+
+    def __init__(self, encoding):
+        import sentencepiece as spm
+
+        self.e = encoding
+        self.processor = spm.SentencePieceProcessor(model_proto=encoding.model_proto)
+        self.typecode = "H" if self.processor.get_piece_size() <= 65_536 else "i"
+        self.cached = _WordCachedEncoder(self.processor, threads=encoding.threads)
+        self.tag = [self.processor.bos_id()]
+
+    def _encode(self, sentences, seed):
+        if not self.e.subword_samples:
+            return self.cached.encode(sentences)
+        import sentencepiece as spm
+
+        spm.set_random_generator_seed(seed)
+        return self.processor.encode(
+            sentences, enable_sampling=True, alpha=self.e.subword_alpha, nbest_size=-1,
+            num_threads=1,
+        )  # fmt: skip
+
+    def _too_long(self, source, target):
+        e = self.e
+        if len(source) > e.limit_source or len(target) > e.limit_target:
+            return True
+        # The reversed record: the tag and the target as its source, the source as its target.
+        return e.both_directions and (
+            len(target) + 1 > e.limit_source or len(source) > e.limit_target
+        )
+
+    def _add(self, out, source, target):
+        source, target = source[:_MAX_STORED], target[:_MAX_STORED]
+        record = array(self.typecode, [len(source)])
+        record.extend(source)
+        record.extend(target)
+        if sys.byteorder == "big":
+            record.byteswap()
+        out.records.append(record.tobytes())
+        n_source, n_target = len(source) + 1, len(target) + 1  # with EOS, as the model sees
+        out.source_tokens += n_source
+        out.target_tokens += n_target
+        out.source_hist[n_source] += 1
+        out.target_hist[n_target] += 1
+        out.longer_hist[max(n_source, n_target)] += 1  # the length that picks the bucket
+
+    def __call__(self, reading, index, pairs):
+        seed = (self.e.seed * 1_000_003 + reading) * 1_000_003 + 2 * index
+        sources = self._encode([s for s, _ in pairs], seed % (1 << 31))
+        targets = self._encode([t for _, t in pairs], (seed + 1) % (1 << 31))
+        out = _Chunk(reading)
+        for pair, source, target in zip(pairs, sources, targets):
+            if self.e.subword_samples and self._too_long(source, target):
+                # A sample longer than the limits: the best segmentation instead, so that a pair
+                # is kept or dropped whatever its samples.
+                source, target = self.processor.encode(list(pair))
+            if self._too_long(source, target):
+                if self.e.drop:
+                    out.too_long += 1
+                    continue
+                out.truncated += 1
+            self._add(out, source, target)  # truncated pairs are stored whole
+            if self.e.both_directions:
+                self._add(out, self.tag + target, source)
+            out.written += 1
+        return out
+
+
+_WORKER_ENCODER = None  # the _ChunkEncoder of a worker process
+
+
+def _start_worker(encoding):
+    global _WORKER_ENCODER
+    _WORKER_ENCODER = _ChunkEncoder(encoding)
+
+
+def _encode_in_worker(reading, index, pairs):
+    return _WORKER_ENCODER(reading, index, pairs)
+
+
+def _chunks(spec, counter, reading):
+    """`(reading, index, pairs)` jobs of `_CHUNK` pairs, streamed."""
+    chunk, index = [], 0
+    for pair in corpora.iter_pairs(spec, counter, verbose=False):
+        chunk.append(pair)
+        if len(chunk) == _CHUNK:
+            yield reading, index, chunk
+            chunk, index = [], index + 1
+    if chunk:
+        yield reading, index, chunk
+
+
+def _encoded_chunks(jobs, encoding, workers):
+    """The `_Chunk`s of `jobs`, in order: encoded here (one worker) or in `workers` processes,
+    at most two chunks per worker in flight (memory stays bounded)."""
+    if workers <= 1:
+        encoder = _ChunkEncoder(encoding)
+        for job in jobs:
+            yield encoder(*job)
+        return
+    import multiprocessing
+
+    # spawn: the parent may run TensorFlow's threads, which a fork would copy half-locked.
+    context = multiprocessing.get_context("spawn")
+    encoding = dataclasses.replace(encoding, threads=1)
+    with context.Pool(workers, initializer=_start_worker, initargs=(encoding,)) as pool:
+        pending = collections.deque()
+        for job in jobs:
+            pending.append(pool.apply_async(_encode_in_worker, job))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+
+def _write_shards(config, model_proto, directory, total, verbose):
     """Pass 2: tokenize the stream and write the shards; returns the manifest's counts part.
 
     With `data.subword_samples` K > 0 the corpus is read K times and each reading writes one
     sampled segmentation of every pair (SentencePiece's `enable_sampling`, seeded by
-    `data.seed` and the reading, on one thread so that it is reproducible); one reading after
-    the other, so the copies of a pair lie a whole corpus apart in the stream.
+    `data.seed`, the reading and the chunk); one reading after the other, so the copies of a
+    pair lie a whole corpus apart in the stream.
 
     With `data.both_directions` every pair (source, target) is followed by a second record
     (BOS + target, source): the pair reversed, its source tagged with the BOS id, which no
     forward source contains (Johnson et al. 2017 tag the target language the same way; here
     only the reversed direction is tagged, so forward inputs stay as they are at inference).
     A pair is kept only when both of its records fit the max lengths (`long_pairs: drop`).
+
+    The chunks are encoded in `data.prepare_workers` processes (see the module docstring) and
+    written here round robin, so the shards do not depend on the number of workers.
     """
-    import sentencepiece as spm
     import tensorflow as tf
 
     d = config.data
-    processor = spm.SentencePieceProcessor(model_file=vocabulary_path)
-    typecode = "H" if processor.get_piece_size() <= 65_536 else "i"
-    big_endian = sys.byteorder == "big"
+    encoding = _Encoding(
+        model_proto, d.max_source_length - 1, d.max_target_length - 1, d.long_pairs == "drop",
+        d.both_directions, d.subword_samples, d.subword_alpha, d.seed,
+        threads=max(1, os.cpu_count() or 1),
+    )  # fmt: skip
     readings = max(1, d.subword_samples)
-    if d.subword_samples:
-
-        def encode(sentences):
-            return processor.encode(
-                sentences,
-                enable_sampling=True,
-                alpha=d.subword_alpha,
-                nbest_size=-1,
-                num_threads=1,
-            )
-
-    else:
-        encode = _WordCachedEncoder(processor, threads=max(1, os.cpu_count() or 1)).encode
     num_shards = num_shards_for(max(total, 1) * readings)
+    # Small corpora are not worth starting processes for (the result is the same).
+    workers = min(_workers(d), math.ceil(max(total, 1) * readings / _CHUNK))
     names = [f"train-{i:05d}-of-{num_shards:05d}.tfrecord" for i in range(num_shards)]
     writers = [tf.io.TFRecordWriter(os.path.join(directory, name)) for name in names]
     shard_pairs = [0] * num_shards
-    counter = None
-    too_long = truncated = written = records = lines = 0
-    source_tokens = target_tokens = 0
-    source_hist, target_hist, longer_hist = {}, {}, {}
+    counters = [corpora.Counter(d.train) for _ in range(readings)]
+    total_chunk = _Chunk()
     what = "records written" if d.subword_samples else "pairs written"
     progress = _Progress(total * readings if total else None, verbose, what)
-    limit_source, limit_target = d.max_source_length - 1, d.max_target_length - 1
-    drop = d.long_pairs == "drop"
-    first = True  # the first reading counts the corpus's pairs
-    tag = [processor.bos_id()]
-
-    def too_long_for_limits(source, target):
-        if len(source) > limit_source or len(target) > limit_target:
-            return True
-        # The reversed record: the tag and the target as its source, the source as its target.
-        return d.both_directions and (len(target) + 1 > limit_source or len(source) > limit_target)
-
-    def write(source, target):
-        nonlocal records, source_tokens, target_tokens
-        source, target = source[:_MAX_STORED], target[:_MAX_STORED]
-        record = array(typecode, [len(source)])
-        record.extend(source)
-        record.extend(target)
-        if big_endian:
-            record.byteswap()
-        # Round robin: every shard is a uniform slice of the corpus (WMT corpora are
-        # concatenations of very different sources), and shard sizes differ by one at most.
-        shard = records % num_shards
-        writers[shard].write(record.tobytes())
-        shard_pairs[shard] += 1
-        records += 1
-        # With EOS, as the model sees them.
-        n_source, n_target = len(source) + 1, len(target) + 1
-        source_tokens += n_source
-        target_tokens += n_target
-        source_hist[n_source] = source_hist.get(n_source, 0) + 1
-        target_hist[n_target] = target_hist.get(n_target, 0) + 1
-        longer = max(n_source, n_target)  # the length that picks the bucket
-        longer_hist[longer] = longer_hist.get(longer, 0) + 1
-
-    def flush(chunk):
-        nonlocal too_long, truncated, written
-        sources = encode([s for s, _ in chunk])
-        targets = encode([t for _, t in chunk])
-        for pair, source, target in zip(chunk, sources, targets):
-            if d.subword_samples and too_long_for_limits(source, target):
-                # A sample longer than the limits: the best segmentation instead, so that a pair
-                # is kept or dropped whatever its samples.
-                source, target = processor.encode(list(pair))
-            if too_long_for_limits(source, target):
-                if drop:
-                    too_long += first
-                    continue
-                truncated += first
-            write(source, target)  # truncated pairs are stored whole; the pipeline cuts them
-            if d.both_directions:
-                write(tag + target, source)
-            written += first
-
-    for reading in range(readings):
-        if d.subword_samples:
-            spm.set_random_generator_seed(d.seed * readings + reading)
-        first = reading == 0
-        reading_counter = corpora.Counter(d.train)
-        if first:
-            counter = reading_counter
-        chunk = []
-        for pair in corpora.iter_pairs(d.train, reading_counter, verbose=False):
-            chunk.append(pair)
-            if len(chunk) == _CHUNK:
-                flush(chunk)
-                chunk = []
-                progress.update(lines + reading_counter.lines, records)
-        if chunk:
-            flush(chunk)
-        lines += reading_counter.lines
+    jobs = (job for r in range(readings) for job in _chunks(d.train, counters[r], r))
+    records = 0
+    for reading_chunk in _encoded_chunks(jobs, encoding, workers):
+        for record in reading_chunk.records:
+            # Round robin: every shard is a uniform slice of the corpus (WMT corpora are
+            # concatenations of very different sources), and shard sizes differ by one at most.
+            writers[records % num_shards].write(record)
+            shard_pairs[records % num_shards] += 1
+            records += 1
+        _merge(total_chunk, reading_chunk)
+        progress.update(sum(c.lines for c in counters), records)
     for writer in writers:
         writer.close()
-    progress.update(lines, records, force=True)
-    if not written:
+    manifest = _shards_manifest(
+        config, directory, names, shard_pairs, counters, total_chunk, records, readings, progress
+    )
+    pieces = _ChunkEncoder(encoding).processor.get_piece_size()
+    manifest["record_dtype"] = "uint16" if pieces <= 65_536 else "int32"
+    return manifest
+
+
+def _merge(total, chunk):
+    """Adds a chunk's counts to `total` (pairs are counted in the first reading only)."""
+    if chunk.reading == 0:
+        total.too_long += chunk.too_long
+        total.truncated += chunk.truncated
+        total.written += chunk.written
+    total.source_tokens += chunk.source_tokens
+    total.target_tokens += chunk.target_tokens
+    total.source_hist.update(chunk.source_hist)
+    total.target_hist.update(chunk.target_hist)
+    total.longer_hist.update(chunk.longer_hist)
+
+
+def _shards_manifest(
+    config, directory, names, shard_pairs, counters, total, records, readings, progress
+):
+    """The manifest's parts that `_write_shards` measured."""
+    d, counter = config.data, counters[0]
+    progress.update(sum(c.lines for c in counters), records, force=True)
+    if not total.written:
         raise DataError(f"{d.train}: no pair left to train on ({counter.lines} lines read)")
     skipped = counter.skipped_by_reason()
-    skipped["too_long"] = too_long
+    skipped["too_long"] = total.too_long
     shards = [
         {
             "file": name,
             "pairs": count,
-            "bytes": os.path.getsize(os.path.join(directory, name)),
+            "bytes": _gfile().stat(os.path.join(directory, name)).length,
         }
         for name, count in zip(names, shard_pairs)
     ]
     return {
         "counts": {
             "lines": counter.lines,
-            "written": written,
+            "written": total.written,
             "skipped": skipped,
-            "truncated": truncated,
+            "truncated": total.truncated,
             # Records in the shards: `written` times the segmentations times the directions. (A
             # sample longer than the max lengths is replaced by the pair's best segmentation.)
             "segmentations": readings,
@@ -507,26 +634,41 @@ def _write_shards(config, vocabulary_path, directory, total, verbose):
             "records": records,
         },
         "shards": shards,
-        "record_dtype": "uint16" if typecode == "H" else "int32",
         "tokens": {
             # Over all records (every segmentation), with EOS.
-            "source": source_tokens,
-            "target": target_tokens,
-            "source_length": _length_stats(source_hist),
-            "target_length": _length_stats(target_hist),
+            "source": total.source_tokens,
+            "target": total.target_tokens,
+            "source_length": _length_stats(total.source_hist),
+            "target_length": _length_stats(total.target_hist),
             # Pairs per length of their longer side (EOS included): for choosing buckets.
-            "longer_side_histogram": {str(k): v for k, v in sorted(longer_hist.items())},
+            "longer_side_histogram": {str(k): v for k, v in sorted(total.longer_hist.items())},
         },
     }
 
 
 def _remove_leftovers(layout):
     """Removes temporary directories of preparations that were killed midway."""
-    for path in glob.glob(os.path.join(layout.root, "prepared.tmp-*")):
-        shutil.rmtree(path, ignore_errors=True)
+    gfile = _gfile()
+    for path in gfile.glob(os.path.join(layout.root, "prepared.tmp-*")):
+        remove_tree(path)
     prepared = layout.prepared
-    if os.path.isdir(prepared) and not os.path.exists(os.path.join(prepared, MANIFEST)):
-        shutil.rmtree(prepared, ignore_errors=True)
+    if gfile.isdir(prepared) and not gfile.exists(os.path.join(prepared, MANIFEST)):
+        remove_tree(prepared)
+
+
+def _temporary_directory(layout):
+    """Where a preparation is written: a temporary sibling of `prepared/` renamed once complete
+    on the local disk; `prepared/` itself elsewhere (no atomic directory rename: the manifest,
+    written last, marks it complete)."""
+    if is_local(layout.root):
+        return tempfile.mkdtemp(prefix="prepared.tmp-", dir=layout.root)
+    _gfile().makedirs(layout.prepared)
+    return layout.prepared
+
+
+def _workers(data_config):
+    """`data.prepare_workers`, or the machine's cores when it is null."""
+    return int(data_config.prepare_workers or max(1, os.cpu_count() or 1))
 
 
 def prepare(config, verbose=True):
@@ -575,15 +717,15 @@ def prepare(config, verbose=True):
             verbose,
         )
         return existing
-    os.makedirs(layout.root, exist_ok=True)
+    _gfile().makedirs(layout.root)
     _remove_leftovers(layout)
     d = config.data
     started = time.time()
-    temporary = tempfile.mkdtemp(prefix="prepared.tmp-", dir=layout.root)
+    temporary = _temporary_directory(layout)
     try:
         vocabulary = os.path.join(temporary, VOCABULARY)
         total = _known_size(d.train)
-        if os.path.exists(layout.spm):
+        if _gfile().exists(layout.spm):
             _log(f"preparing {d.train} with the existing vocabulary {layout.spm}", verbose)
             _install_vocabulary(layout.spm, vocabulary)
             trained, sampled = False, 0
@@ -614,33 +756,34 @@ def prepare(config, verbose=True):
         if total is None:  # a file corpus with an existing vocabulary: count it for the shards
             counter = corpora.Counter(d.train)
             total = sum(1 for _ in corpora.iter_pairs(d.train, counter, verbose=False))
-        _log(f"tokenizing {total:,} pairs into shards ...", verbose)
+        _log(f"tokenizing {total:,} pairs into shards ({_workers(d)} workers) ...", verbose)
         import sentencepiece as spm
 
+        with _gfile().GFile(vocabulary, "rb") as f:
+            proto = f.read()
         manifest = {
             "format_version": FORMAT_VERSION,
             "settings": _settings(d),
             "vocabulary": {
                 "file": VOCABULARY,
-                "sha256": _sha256(vocabulary),
-                "pieces": spm.SentencePieceProcessor(model_file=vocabulary).get_piece_size(),
+                "sha256": hashlib.sha256(proto).hexdigest(),
+                "pieces": spm.SentencePieceProcessor(model_proto=proto).get_piece_size(),
                 "trained": trained,
                 "sample_sentences": sampled,
             },
         }
-        manifest.update(_write_shards(config, vocabulary, temporary, total, verbose))
+        manifest.update(_write_shards(config, proto, temporary, total, verbose))
         add_shard_checksums(manifest, temporary)
         manifest["seconds"] = round(time.time() - started, 1)
         manifest["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         # The manifest is the last file written: its presence means complete.
-        with open(os.path.join(temporary, MANIFEST), "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(temporary, layout.prepared)
+        write_atomically(os.path.join(temporary, MANIFEST), json.dumps(manifest, indent=1))
+        if temporary != layout.prepared:
+            os.rename(temporary, layout.prepared)
     finally:
-        shutil.rmtree(temporary, ignore_errors=True)
-    if not os.path.exists(layout.spm):
+        if temporary != layout.prepared:
+            remove_tree(temporary)
+    if not _gfile().exists(layout.spm):
         _install_vocabulary(os.path.join(layout.prepared, VOCABULARY), layout.spm)
     _summary(manifest, layout, verbose)
     return manifest
@@ -680,7 +823,8 @@ def prepared_examples(
     vectors (no BOS/EOS): the input of `pipeline.batch_examples`.
 
     Deterministic: for a given seed (and input context) the dataset yields the same elements in
-    the same order every time it is built, so `dataset.skip(n)` finds a stream position again.
+    the same order every time it is built or iterated (each epoch's order is a function of the
+    seed and the epoch alone), so `dataset.skip(n)` finds a stream position again.
 
     Args:
         directory: `WORKDIR/prepared`.
@@ -715,10 +859,44 @@ def prepared_examples(
             )
         dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
     if training:
-        dataset = dataset.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-    dataset = dataset.interleave(
+        files_dataset, first_seed = dataset, tf.constant(seed, tf.int64)
+
+        def epoch(index):
+            # Each epoch's order depends on the seed and the epoch's index alone: iterators of
+            # one dataset share no shuffle state (Keras iterates a distributed dataset twice,
+            # and a shared reshuffling seed would make the orders depend on timing).
+            epoch_seed = first_seed + 2 * index
+            order = files_dataset.shuffle(
+                len(files), seed=epoch_seed, reshuffle_each_iteration=False
+            )
+            return _read_records(order, len(files), dtype).shuffle(
+                max(1, shuffle_buffer), seed=epoch_seed + 1, reshuffle_each_iteration=False
+            )
+
+        # Endless: a new order every epoch.
+        dataset = tf.data.Dataset.range(1 << 62).flat_map(epoch)
+    else:
+        dataset = _read_records(dataset, len(files), dtype)
+    options = tf.data.Options()
+    options.deterministic = True
+    # The epochs' shuffles hold a seed resource without state (DummySeedGenerator, as with any
+    # reshuffle_each_iteration=False) that iterator checkpointing would refuse as "stateful":
+    # nothing of it needs saving (see `ResumeState`).
+    options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
+    policy = tf.data.experimental.AutoShardPolicy
+    if input_context is not None:
+        auto_shard_policy = policy.OFF  # sharded by hand above
+    options.experimental_distribute.auto_shard_policy = auto_shard_policy or policy.FILE
+    return dataset.with_options(options)
+
+
+def _read_records(files, count, dtype):
+    """`(source_pieces, target_pieces)` of the records of a dataset of `count` shard paths."""
+    import tensorflow as tf
+
+    dataset = files.interleave(
         lambda path: tf.data.TFRecordDataset(path, buffer_size=1 << 20),
-        cycle_length=min(len(files), 16),
+        cycle_length=min(count, 16),
         block_length=1,
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=True,
@@ -729,17 +907,7 @@ def prepared_examples(
         length = values[0]
         return values[1 : 1 + length], values[1 + length :]
 
-    dataset = dataset.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    if training:
-        dataset = dataset.shuffle(max(1, shuffle_buffer), seed=seed + 1)
-        dataset = dataset.repeat()
-    options = tf.data.Options()
-    options.deterministic = True
-    policy = tf.data.experimental.AutoShardPolicy
-    if input_context is not None:
-        auto_shard_policy = policy.OFF  # sharded by hand above
-    options.experimental_distribute.auto_shard_policy = auto_shard_policy or policy.FILE
-    return dataset.with_options(options)
+    return dataset.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
 def prepared_dataset(

@@ -135,17 +135,25 @@ def render_markdown(card):
 
 
 def write_card(export_dir, card):
-    """Writes `assets.extra/model_card.json` and `model_card.md` under `export_dir`."""
+    """Writes `assets.extra/model_card.json` and `model_card.md` under `export_dir` (any
+    TensorFlow filesystem)."""
+    import tensorflow as tf
+
     extra = os.path.join(export_dir, "assets.extra")
-    os.makedirs(extra, exist_ok=True)
-    with open(os.path.join(extra, CARD_JSON), "w", encoding="utf-8") as f:
-        json.dump(card, f, indent=2, default=str)
-    with open(os.path.join(extra, CARD_MARKDOWN), "w", encoding="utf-8") as f:
+    tf.io.gfile.makedirs(extra)
+    with tf.io.gfile.GFile(os.path.join(extra, CARD_JSON), "w") as f:
+        f.write(json.dumps(card, indent=2, default=str))
+    with tf.io.gfile.GFile(os.path.join(extra, CARD_MARKDOWN), "w") as f:
         f.write(render_markdown(card))
 
 
 def read_card_markdown(model_dir):
-    """The Markdown card of the SavedModel in `model_dir`. Raises FileNotFoundError."""
+    """The Markdown card of the SavedModel in `model_dir` (any TensorFlow filesystem). Raises
+    FileNotFoundError."""
+    import tensorflow as tf
+
     path = os.path.join(model_dir, "assets.extra", CARD_MARKDOWN)
-    with open(path, encoding="utf-8") as f:
+    if not tf.io.gfile.exists(path):
+        raise FileNotFoundError(f"no model card at {path}")
+    with tf.io.gfile.GFile(path, "r") as f:
         return f.read()

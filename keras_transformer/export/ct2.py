@@ -26,6 +26,7 @@ import numpy as np
 
 from keras_transformer.errors import UsageError
 from keras_transformer.layers.embedding import positional_encoding
+from keras_transformer.workdir import copy_tree, is_local, local_directory
 
 INSTALL_HINT = 'pip install "keras-transformer[ctranslate2]" (or pip install "ctranslate2>=4.5,<5")'
 METADATA_FILE = "keras_transformer.json"
@@ -194,30 +195,27 @@ def export_ctranslate2(model, tokenizer, output_dir, quantization=None, data_con
     from keras_transformer.export.translator import _model_proto
 
     spm_bytes = _model_proto(tokenizer)
-    if os.path.isdir(output_dir) and os.listdir(output_dir):
+    import tensorflow as tf
+
+    gfile = tf.io.gfile
+    if gfile.isdir(output_dir) and gfile.listdir(output_dir):
         raise UsageError(f"{output_dir} already exists and is not empty: choose another --output")
     max_source = int(_get(data_config, "max_source_length", 128))
     max_target = int(_get(data_config, "max_target_length", 128))
     # Room for any source and any output CTranslate2 is asked for by default (256 tokens).
     spec = transformer_spec(model, spm_bytes, num_positions=max(1024, max_source, max_target))
     spec.optimize(quantization=quantization)
+    if not is_local(output_dir):
+        # No atomic directory rename there: written locally, copied with model.bin last.
+        with local_directory() as local:
+            _write_ct2(spec, spm_bytes, local, quantization, max_source, max_target, model)
+            copy_tree(local, output_dir, last="model.bin")
+        return output_dir
     parent = os.path.dirname(os.path.abspath(output_dir))
     os.makedirs(parent, exist_ok=True)
     tmp_dir = tempfile.mkdtemp(prefix=".ct2-", dir=parent)
     try:
-        spec.save(tmp_dir)
-        with open(os.path.join(tmp_dir, SPM_FILE), "wb") as f:
-            f.write(spm_bytes)
-        metadata = {
-            "format": "ctranslate2",
-            "quantization": quantization or "float32",
-            "max_source_length": max_source,
-            "max_target_length": max_target,
-            "norm_first": model.norm_first,
-            "source": "pieces of spm.model truncated to max_source_length - 1; EOS is added",
-        }
-        with open(os.path.join(tmp_dir, METADATA_FILE), "w", encoding="utf-8") as f:
-            json.dump(metadata, f, indent=2)
+        _write_ct2(spec, spm_bytes, tmp_dir, quantization, max_source, max_target, model)
         if os.path.isdir(output_dir):
             os.rmdir(output_dir)  # empty: checked above
         os.rename(tmp_dir, output_dir)
@@ -225,6 +223,23 @@ def export_ctranslate2(model, tokenizer, output_dir, quantization=None, data_con
         shutil.rmtree(tmp_dir, ignore_errors=True)
         raise
     return output_dir
+
+
+def _write_ct2(spec, spm_bytes, directory, quantization, max_source, max_target, model):
+    """The CTranslate2 model's files in the local `directory`."""
+    spec.save(directory)
+    with open(os.path.join(directory, SPM_FILE), "wb") as f:
+        f.write(spm_bytes)
+    metadata = {
+        "format": "ctranslate2",
+        "quantization": quantization or "float32",
+        "max_source_length": max_source,
+        "max_target_length": max_target,
+        "norm_first": model.norm_first,
+        "source": "pieces of spm.model truncated to max_source_length - 1; EOS is added",
+    }
+    with open(os.path.join(directory, METADATA_FILE), "w", encoding="utf-8") as f:
+        json.dump(metadata, f, indent=2)
 
 
 def _get(config, key, default):

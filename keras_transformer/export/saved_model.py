@@ -20,6 +20,7 @@ from keras_transformer.export.warmup import (
     warmup_requests,
     write_warmup,
 )
+from keras_transformer.workdir import copy_tree, is_local, local_directory, write_atomically
 
 SIGNATURE_KEY = "serving_default"
 METADATA_FILE = "keras_transformer.json"
@@ -27,12 +28,14 @@ METADATA_FILE = "keras_transformer.json"
 
 def list_versions(model_dir):
     """Integer version numbers under `model_dir`, ascending (other names are ignored, as TF
-    Serving does)."""
-    if not os.path.isdir(model_dir):
+    Serving does). `model_dir` may be on any TensorFlow filesystem."""
+    gfile = tf.io.gfile
+    if not gfile.isdir(model_dir):
         return []
     versions = []
-    for entry in os.listdir(model_dir):
-        if entry.isdigit() and os.path.isdir(os.path.join(model_dir, entry)):
+    for entry in gfile.listdir(model_dir):
+        entry = entry.rstrip("/")
+        if entry.isdigit() and gfile.isdir(os.path.join(model_dir, entry)):
             versions.append(int(entry))
     return sorted(versions)
 
@@ -40,13 +43,14 @@ def list_versions(model_dir):
 def resolve_model_dir(path):
     """A SavedModel directory from `path`: itself when it holds `saved_model.pb`, else its
     highest integer version (TF Serving's model base path). Raises FileNotFoundError."""
-    if os.path.isfile(os.path.join(path, "saved_model.pb")):
+    gfile = tf.io.gfile
+    if gfile.exists(os.path.join(path, "saved_model.pb")):
         return path
-    if not os.path.isdir(path):
+    if not gfile.isdir(path):
         raise FileNotFoundError(f"model directory not found: {path}")
     for version in reversed(list_versions(path)):
         candidate = os.path.join(path, str(version))
-        if os.path.isfile(os.path.join(candidate, "saved_model.pb")):
+        if gfile.exists(os.path.join(candidate, "saved_model.pb")):
             return candidate
     raise FileNotFoundError(f"no SavedModel (saved_model.pb or numbered versions) in {path}")
 
@@ -141,7 +145,19 @@ def export_saved_model(
         raise ValueError(f"invalid model name {name!r}")
     translator = export_translator(model, tokenizer, decode_config, data_config)
     calibration, speed = _calibrate(translator, dev_pairs)
+
+    def write_assets(export_dir):
+        metadata = _write_metadata(export_dir, translator, name)
+        decoding = {key: metadata[key] for key in DECODING_KEYS}
+        facts = dict(card_facts or facts_of_workdir(vocab_size=translator.model.vocab_size))
+        facts.setdefault("vocabulary", {"size": translator.model.vocab_size})
+        card = build_card(facts, name, decoding, calibration, speed, metadata["signatures"])
+        write_card(export_dir, card)
+        _write_warmup(export_dir, translator, metadata["signatures"], data_config)
+
     model_dir = os.path.join(base_dir, str(name))
+    if not is_local(model_dir):
+        return _export_elsewhere(translator, model_dir, write_assets)
     created_model_dir = not os.path.isdir(model_dir)
     os.makedirs(model_dir, exist_ok=True)
     # Same parent as the versions, so the final rename is atomic; the dot keeps it out of
@@ -149,13 +165,7 @@ def export_saved_model(
     tmp_dir = tempfile.mkdtemp(prefix=".export-", dir=model_dir)
     try:
         tf.saved_model.save(translator, tmp_dir, signatures=translator.signatures)
-        metadata = _write_metadata(tmp_dir, translator, name)
-        decoding = {key: metadata[key] for key in DECODING_KEYS}
-        facts = dict(card_facts or facts_of_workdir(vocab_size=translator.model.vocab_size))
-        facts.setdefault("vocabulary", {"size": translator.model.vocab_size})
-        card = build_card(facts, name, decoding, calibration, speed, metadata["signatures"])
-        write_card(tmp_dir, card)
-        _write_warmup(tmp_dir, translator, metadata["signatures"], data_config)
+        write_assets(tmp_dir)
         version_dir = _rename_to_next_version(tmp_dir, model_dir)
     except BaseException:
         shutil.rmtree(tmp_dir, ignore_errors=True)
@@ -240,10 +250,25 @@ def _write_warmup(export_dir, translator, signatures, data_config):
     return write_warmup(export_dir, warmup_requests(inputs, texts))
 
 
+def _export_elsewhere(translator, model_dir, write_assets):
+    """An export to a filesystem without atomic directory renames (`gs://...`): written in a
+    local temporary directory, then copied into the next version with `saved_model.pb` last
+    (a version without it is no SavedModel: loaders and `resolve_model_dir` skip it)."""
+    with local_directory() as local:
+        tf.saved_model.save(translator, local, signatures=translator.signatures)
+        write_assets(local)
+        version = (list_versions(model_dir) or [0])[-1] + 1
+        while tf.io.gfile.exists(os.path.join(model_dir, str(version))):
+            version += 1
+        target = os.path.join(model_dir, str(version))
+        copy_tree(local, target, last="saved_model.pb")
+    return target
+
+
 def _write_metadata(export_dir, translator, name):
     # assets.extra/ travels with the SavedModel and is ignored by the loaders.
     extra = os.path.join(export_dir, "assets.extra")
-    os.makedirs(extra, exist_ok=True)
+    tf.io.gfile.makedirs(extra)
     k = translator.n_best
     metadata = {
         "name": str(name),
@@ -287,8 +312,7 @@ def _write_metadata(export_dir, translator, name):
         "max_length": translator.max_length,
         "vocab_size": translator.model.vocab_size,
     }
-    with open(os.path.join(extra, METADATA_FILE), "w", encoding="utf-8") as f:
-        json.dump(metadata, f, indent=2)
+    write_atomically(os.path.join(extra, METADATA_FILE), json.dumps(metadata, indent=2))
     return metadata
 
 

@@ -79,16 +79,28 @@ class StepCheckpoint(keras.callbacks.Callback):
         self.enabled = enabled
         self._last_saved = None
 
-    def _save(self, step):
+    def _save(self, step, prune=True):
         if not self.enabled or step == self._last_saved or step == 0:
             return
-        os.makedirs(self.directory, exist_ok=True)
+        tf.io.gfile.makedirs(self.directory)
         # Atomic (written beside, then renamed): a kill mid-write leaves no broken ckpt.
         with averaged_weights(self.model):
             save_model_weights(self.model, checkpoint_path(self.directory, step))
         self._last_saved = step
-        for _, old in list_checkpoints(self.directory)[: -self.keep]:
+        if not prune:
+            return
+        found = list_checkpoints(self.directory)
+        # A preempted run's last checkpoint is off the schedule: once training goes on, it goes,
+        # so the checkpoints kept (and averaged) are those of an uninterrupted run.
+        for old_step, old in found:
+            if old_step % self.every and old_step != step:
+                remove_with_checksum(old)
+        for _, old in [c for c in found if c[0] % self.every == 0 or c[0] == step][: -self.keep]:
             remove_with_checksum(old)
+
+    def save_now(self, step):
+        """Saves the checkpoint of `step` (a preemption's last), deleting none."""
+        self._save(step, prune=False)
 
     def on_train_batch_end(self, batch, logs=None):
         step = optimizer_step(self.model)
@@ -122,6 +134,10 @@ class ResumeState(keras.callbacks.Callback):
         clock: a scalar variable saved and restored with the state: the seconds trained so far
             (`StopAtStep` advances it; put it before this callback), so a time budget and a
             budget schedule continue.
+        iterator: the `tf.data` iterator `fit` draws batches from, saved with the state (its
+            position, shuffle buffer and partial buckets: TensorFlow's iterator checkpointing),
+            so a resume finds its place in the data without reading the batches before it;
+            None: the data position alone is saved (the trainer then skips that many batches).
 
     Example:
     ```python
@@ -131,7 +147,9 @@ class ResumeState(keras.callbacks.Callback):
     ```
     """
 
-    def __init__(self, model, directory, every, keep, write_directory=None, clock=None):
+    def __init__(
+        self, model, directory, every, keep, write_directory=None, clock=None, iterator=None
+    ):
         super().__init__()
         self.directory = directory
         self.every = int(every)
@@ -146,6 +164,9 @@ class ResumeState(keras.callbacks.Callback):
         )
         if clock is not None:
             self._checkpoint.training_seconds = _tf_variable(clock)
+        if iterator is not None:
+            self._checkpoint.data_iterator = iterator
+        self.iterator_restored = False
         self._manager = tf.train.CheckpointManager(
             self._checkpoint, write_directory or directory, max_to_keep=int(keep)
         )
@@ -162,7 +183,7 @@ class ResumeState(keras.callbacks.Callback):
         latest, problems = None, []
         for path in candidates:
             try:
-                self._checkpoint.restore(path).assert_existing_objects_matched()
+                self._checkpoint_for(path).restore(path).assert_existing_objects_matched()
             except Exception as e:  # torn, corrupted, or another model's
                 problems.append(_first_line(e))
                 print(f"skipping the torn or unreadable resume state {path} ({problems[-1]})")
@@ -180,6 +201,29 @@ class ResumeState(keras.callbacks.Callback):
         self._last_saved = optimizer_step(self.model)
         print(f"resuming from step {self._last_saved} (restored from {latest})", flush=True)
         return self.batches
+
+    def _checkpoint_for(self, path):
+        """The checkpoint that restores the state at `path`: without the data iterator when that
+        state holds none (another strategy, an older version), and the caller then skips to the
+        data position (`iterator_restored` says which)."""
+        checkpoint = self._checkpoint
+        self.iterator_restored = "data_iterator" in checkpoint._trackable_children()
+        if self.iterator_restored and not self.holds_iterator(path):
+            parts = dict(checkpoint._trackable_children())
+            parts.pop("data_iterator")
+            parts.pop("save_counter", None)
+            checkpoint = tf.train.Checkpoint(**parts)
+            self.iterator_restored = False
+        return checkpoint
+
+    def track_iterator(self, iterator):
+        """Saves `iterator` with the state from now on (in place of the one given before)."""
+        self._checkpoint.data_iterator = iterator
+
+    @staticmethod
+    def holds_iterator(path):
+        """True when the state at `path` holds a `tf.data` iterator's state."""
+        return any(name.startswith("data_iterator/") for name, _ in tf.train.list_variables(path))
 
     def set_model(self, model):
         super().set_model(model)

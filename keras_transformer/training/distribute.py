@@ -127,36 +127,127 @@ def is_multi_worker(strategy):
     return _is_multi_worker(strategy)
 
 
-def wait_for_path(path, seconds, what="file", poll=0.5):
+# The chief's heartbeat while it prepares: a beat every HEARTBEAT_SECONDS; a waiting worker that
+# sees no new beat for HEARTBEAT_TIMEOUT seconds takes the chief for dead (within a minute).
+HEARTBEAT_SECONDS = 5.0
+HEARTBEAT_TIMEOUT = 45.0
+# Seconds between a waiting worker's "still waiting" lines.
+WAITING_LINE_SECONDS = 30.0
+
+
+class Heartbeat:
+    """A background thread that rewrites `path` (any filesystem) every `interval` seconds with
+    a growing beat count while the block runs (the chief's `prepare`), then removes it: workers
+    waiting for the chief's files see that it is alive (`wait_for_path(heartbeat=...)`). Beats
+    are compared by content, not by clock, so machines' clocks need not agree.
+
+    Example:
+    ```python
+    with Heartbeat(os.path.join(workdir, "prepare.heartbeat")):
+        prepare(config)
+    ```
+    """
+
+    def __init__(self, path, interval=HEARTBEAT_SECONDS):
+        import threading
+
+        self.path, self.interval = path, float(interval)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+
+    def _beat(self, count):
+        record = {"beat": count, "pid": os.getpid(), "host": os.uname().nodename}
+        with tf.io.gfile.GFile(self.path, "w") as f:
+            f.write(json.dumps(record))
+
+    def _run(self):
+        count = 1
+        while not self._stop.wait(self.interval):
+            count += 1
+            try:
+                self._beat(count)
+            except (OSError, tf.errors.OpError):
+                pass  # a missed beat; the next one may pass
+
+    def __enter__(self):
+        self._beat(1)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        try:
+            tf.io.gfile.remove(self.path)
+        except tf.errors.OpError:
+            pass
+        return False
+
+
+def _read_beat(path):
+    try:
+        with tf.io.gfile.GFile(path, "r") as f:
+            return f.read()
+    except tf.errors.OpError:
+        return None
+
+
+def wait_for_path(
+    path, seconds, what="file", poll=0.5, heartbeat=None, heartbeat_timeout=HEARTBEAT_TIMEOUT
+):
     """Waits until `path` exists (the chief writes it atomically); bounded.
 
     Non-chief workers read what the chief makes (the vocabulary, a prepared dataset's manifest)
-    instead of making it themselves.
+    instead of making it themselves. With `heartbeat` (the file of the chief's `Heartbeat`) it
+    prints a line every 30 s saying how the chief is, and gives up as soon as no new beat came
+    for `heartbeat_timeout` seconds (a dead chief fails the worker within a minute, not after
+    `seconds`).
 
     Args:
         path: the file or directory to wait for.
         seconds: give up after this long.
         what: what the path is, for the error message.
         poll: seconds between looks.
+        heartbeat: the chief's heartbeat file, or None.
+        heartbeat_timeout: seconds without a new beat after which the chief is taken for dead.
 
     Returns:
         `path`.
 
     Raises:
-        WorkerError: `path` did not appear within `seconds` (one line, naming it).
+        WorkerError: `path` did not appear within `seconds`, or the chief's heartbeat stopped
+            (one line, naming it).
 
     Example:
     ```python
     wait_for_path(Workdir(root).spm, config.runtime.wait_seconds, "vocabulary")
     ```
     """
-    deadline = time.monotonic() + float(seconds)
+    started = last_line = last_change = time.monotonic()
+    deadline, beat = started + float(seconds), None
     while not tf.io.gfile.exists(path):
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if now >= deadline:
             raise WorkerError(
                 f"waited {float(seconds):g} s for the chief's {what} {path}, which never came "
                 "(is the chief running? runtime.wait_seconds sets the wait)"
             )
+        if heartbeat is not None:
+            current = _read_beat(heartbeat)
+            if current != beat:
+                beat, last_change = current, now
+            if now - last_change >= heartbeat_timeout:
+                raise WorkerError(
+                    f"the chief stopped: no heartbeat in {heartbeat} for {heartbeat_timeout:g} s "
+                    f"while waiting for its {what}; restart every worker with the same command"
+                )
+            if now - last_line >= WAITING_LINE_SECONDS:
+                last_line = now
+                print(
+                    f"waiting for the chief's {what} ({now - started:.0f} s; chief alive, last "
+                    f"heartbeat {now - last_change:.0f} s ago)",
+                    flush=True,
+                )
         time.sleep(poll)
     return path
 

@@ -21,6 +21,7 @@ import time
 import tensorflow as tf
 
 from keras_transformer.training.distribute import device_kind
+from keras_transformer.workdir import read_text, write_atomically
 
 CHOICE_FILE = "precision.json"
 #: bfloat16 must be at least this much faster than float32 to be chosen (timing noise, and
@@ -145,16 +146,11 @@ def _describe(record):
 
 def _read(path):
     try:
-        with open(path, encoding="utf-8") as f:
-            record = json.load(f)
+        record = json.loads(read_text(path))
     except (OSError, ValueError):
         return None
     return record if record.get("precision") in _CODES else None
 
 
 def _write(path, record):
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    temporary = path + ".tmp"
-    with open(temporary, "w", encoding="utf-8") as f:
-        json.dump(record, f, indent=2)
-    os.replace(temporary, path)
+    write_atomically(path, json.dumps(record, indent=2))

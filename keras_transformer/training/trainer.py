@@ -5,6 +5,7 @@ build the model, fit (resuming exactly where a killed run stopped), average chec
 and export. Under several workers only the chief writes anything shared (see `_Run`).
 """
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -17,7 +18,6 @@ import tensorflow as tf
 
 from keras_transformer.config import save_config
 from keras_transformer.errors import WorkerError
-from keras_transformer.integrity import atomic_write
 from keras_transformer.models import build_transformer
 from keras_transformer.training.callbacks import (
     DevEvaluator,
@@ -29,6 +29,7 @@ from keras_transformer.training.callbacks import (
     optimizer_step,
 )
 from keras_transformer.training.distribute import (
+    Heartbeat,
     WorkerTempDir,
     get_strategy,
     is_chief,
@@ -40,9 +41,19 @@ from keras_transformer.training.distribute import (
 from keras_transformer.training.losses import MaskedSparseCrossEntropy
 from keras_transformer.training.metrics import MaskedAccuracy, Perplexity, TokenCount
 from keras_transformer.training.optimizers import FusedAdam
+from keras_transformer.training.preemption import CatchSignals, StopOnSignal, make_any_worker
 from keras_transformer.training.schedules import BudgetSchedule, TransformerSchedule
 from keras_transformer.training.visuals import AttentionSummaries, write_hparams
-from keras_transformer.workdir import Workdir, list_checkpoints, load_last_checkpoints
+from keras_transformer.workdir import (
+    Workdir,
+    list_checkpoints,
+    load_last_checkpoints,
+    read_text,
+    write_atomically,
+)
+
+# The chief's heartbeat file in the workdir while it prepares the data (multi-worker).
+PREPARE_HEARTBEAT = "prepare.heartbeat"
 
 
 def make_optimizer(config, d_model=None):
@@ -134,8 +145,7 @@ def resolve_workdir(config):
 
 def _read_result(path):
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        return json.loads(read_text(path))
     except (OSError, ValueError):
         return None
 
@@ -249,8 +259,16 @@ def train(config):
     returned). Under `runtime.strategy: multi_worker` every worker runs the same command (with
     its `TF_CONFIG`); the chief writes, the others train and exit.
 
+    On SIGTERM or SIGINT (to any worker) training finishes its step, saves the resume state and
+    a checkpoint of that step, and raises `errors.Preempted` (`keras-transformer train` exits
+    with `errors.PREEMPTED_EXIT_CODE`, 75); running it again resumes exactly. Every path
+    (workdir, export) may be on any TensorFlow filesystem (`gs://...`).
+
     Returns:
         The result dict written to `result.json` (a non-chief worker returns a short one).
+
+    Raises:
+        Preempted: stopped by a signal, everything saved.
 
     Example:
     ```python
@@ -312,19 +330,27 @@ def _prepare_data(run):
     of `data.tokens_per_batch` x replicas x `train.gradient_accumulation_steps` tokens (batch
     sizes a multiple of replicas x accumulation: each replica's share splits into the
     micro-batches), in the same order on every run with the same seed, so `_fit` can resume by
-    skipping the batches already consumed.
+    restoring the saved iterator (default strategy) or skipping the batches already consumed.
+    A waiting worker sees the chief's heartbeat (`distribute.Heartbeat`) and fails within a
+    minute when it stops.
     """
     from keras_transformer.data import Tokenizer, prepare, prepared_dataset
     from keras_transformer.data.prepare import MANIFEST, VOCABULARY, check_prepared, read_manifest
 
     config, layout = run.config, run.layout
+    heartbeat = os.path.join(layout.root, PREPARE_HEARTBEAT)
     if run.chief:
-        os.makedirs(layout.root, exist_ok=True)
-        manifest = prepare(config)
+        tf.io.gfile.makedirs(layout.root)
+        # Workers waiting for the prepared data see that the chief is alive.
+        with Heartbeat(heartbeat) if is_multi_worker(run.strategy) else contextlib.nullcontext():
+            manifest = prepare(config)
         save_config(config, layout.config)
     else:
         wait_for_path(
-            os.path.join(layout.prepared, MANIFEST), config.runtime.wait_seconds, "prepared data"
+            os.path.join(layout.prepared, MANIFEST),
+            config.runtime.wait_seconds,
+            "prepared data",
+            heartbeat=heartbeat,
         )
         manifest = check_prepared(config, read_manifest(layout.prepared), repair=False)
     tokenizer = Tokenizer(os.path.join(layout.prepared, VOCABULARY))
@@ -426,11 +452,12 @@ def _fit(run, model, data):
     """Restores the last resume state, then fits from there until `train.steps` (or the time
     budget); returns the `StopAtStep` callback (which knows why training stopped).
 
-    Exact resume: the dataset is deterministic, so skipping the batches the killed run consumed
-    gives the batches the uninterrupted run would have seen next (Keras's `fit` draws all
-    epochs from one iterator when `steps_per_epoch` is set). Skipping reads through those
-    batches once (seconds per thousand steps on CPUs), far cheaper than checkpointing the
-    pipeline's shuffle buffer and cache.
+    Exact resume: Keras's `fit` draws all epochs from one iterator when `steps_per_epoch` is
+    set. Under the default strategy that iterator's state (file offsets, shuffle buffer, partial
+    buckets) is saved with the resume state, so a resume continues where the killed run was at
+    a cost that does not grow with the step. Under other strategies the dataset is
+    deterministic, so skipping the batches the killed run consumed gives the batches the
+    uninterrupted run would have seen next (reading through them once).
     """
     config, layout, chief = run.config, run.layout, run.chief
     t = config.train
@@ -438,6 +465,7 @@ def _fit(run, model, data):
     # Seconds trained so far, across resumes (the time budget and a budget schedule use it).
     clock = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="training_seconds")
     with WorkerTempDir(chief, layout.backup) as backup_dir:
+        dataset, iterator = _iterated_data(run, data)
         resume = ResumeState(
             model,
             layout.backup,
@@ -445,8 +473,10 @@ def _fit(run, model, data):
             t.keep_backups,
             write_directory=backup_dir,
             clock=clock,
+            iterator=iterator,
         )
         position = resume.restore()
+        batches = _resumed_batches(data, dataset, iterator, position, resume)
         step = optimizer_step(model)
         stopper = StopAtStep(
             t.steps,
@@ -460,9 +490,20 @@ def _fit(run, model, data):
         callbacks += _chief_callbacks(run, model, data) if chief else []
         # TrainingSummaries reads the metrics on every worker (a collective under several).
         tty = sys.stdout.isatty()
+        summaries = TrainingSummaries(
+            layout.logs, t.log_every, chief, total_steps=t.steps, print_lines=chief and not tty
+        )
+        callbacks.append(summaries)
+        # Last: on SIGTERM/SIGINT, saves after the step that every other callback has seen.
+        checkpoint = next((c for c in callbacks if isinstance(c, StepCheckpoint)), None)
+        signals = CatchSignals()
         callbacks.append(
-            TrainingSummaries(
-                layout.logs, t.log_every, chief, total_steps=t.steps, print_lines=chief and not tty
+            StopOnSignal(
+                signals,
+                resume,
+                checkpoint,
+                any_worker=make_any_worker(run.strategy),
+                flush=[lambda: summaries.on_train_end()],
             )
         )
         # Epochs count from the restored step: evaluations stay at multiples of
@@ -470,17 +511,18 @@ def _fit(run, model, data):
         initial_epoch = step // t.steps_per_epoch
         epochs = initial_epoch + math.ceil(max(0, t.steps - step) / t.steps_per_epoch)
         try:
-            model.fit(
-                data.batches(position),
-                initial_epoch=initial_epoch,
-                epochs=epochs,
-                steps_per_epoch=t.steps_per_epoch,
-                callbacks=callbacks,
-                # A live progress bar in a terminal; in logs, one line per epoch (and
-                # TrainingSummaries' lines every log_every steps).
-                verbose=1 if tty else 2,
-                shuffle=False,  # prepared_dataset shuffles (seeded, so a resume skips exactly)
-            )
+            with signals:
+                model.fit(
+                    batches,
+                    initial_epoch=initial_epoch,
+                    epochs=epochs,
+                    steps_per_epoch=t.steps_per_epoch,
+                    callbacks=callbacks,
+                    # A live progress bar in a terminal; in logs, one line per epoch (and
+                    # TrainingSummaries' lines every log_every steps).
+                    verbose=1 if tty else 2,
+                    shuffle=False,  # prepared_dataset shuffles (seeded, so a resume skips exactly)
+                )
         except tf.errors.OpError as e:
             if multi_worker and _is_peer_failure(e):
                 raise WorkerError(
@@ -493,6 +535,37 @@ def _fit(run, model, data):
     if step < t.steps and not stopper.out_of_time:
         raise RuntimeError(f"training stopped at step {step} of {t.steps} (NaN loss?)")
     return stopper
+
+
+def _iterated_data(run, data):
+    """`(dataset, iterator)`: the training batches and the iterator `fit` will draw them from,
+    whose state the resume state saves (so a resume costs the same at any step); `(None, None)`
+    where `fit` must make its own iterator (under a tf.distribute strategy other than the
+    default one: the data position is then found by skipping, which reads the batches before)."""
+    if run.strategy is not tf.distribute.get_strategy():
+        return None, None
+    dataset = data.batches(0)
+    return dataset, iter(dataset)
+
+
+def _resumed_batches(data, dataset, iterator, position, resume):
+    """What `fit` trains on from the restored data position: the restored iterator, or (a state
+    without one) the batches from `position` on."""
+    if iterator is None:
+        return data.batches(position)
+    if position and not resume.iterator_restored:
+        dataset = data.batches(position)
+        iterator = iter(dataset)
+        resume.track_iterator(iterator)
+
+    class Resumed(type(dataset)):
+        """The dataset, iterated from `iterator` (Keras's `fit` calls `iter` once)."""
+
+        def __iter__(self):
+            return iterator
+
+    dataset.__class__ = Resumed
+    return dataset
 
 
 def _is_peer_failure(error):
@@ -607,6 +680,6 @@ def _score(run, model, tokenizer, step, stopper, averaged):
 def _finish(run, result):
     result["total_seconds"] = round(time.time() - run.started, 1)
     # Whole or absent (a full disk leaves no torn result.json that would end the next run).
-    atomic_write(run.layout.result, json.dumps(result, indent=2))
+    write_atomically(run.layout.result, json.dumps(result, indent=2))
     _print_summary(result)
     return result

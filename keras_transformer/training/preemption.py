@@ -1,0 +1,124 @@
+"""Preemption: SIGTERM and SIGINT stop training after the step in progress, with everything saved.
+
+Spot and preemptible machines, TPU maintenance events and Kubernetes evictions send SIGTERM,
+then SIGKILL after a grace period. While `train()` fits, `CatchSignals` turns SIGTERM and SIGINT
+into a flag; `StopOnSignal` (a callback) looks at it after every step. Under several workers
+they agree in one all-reduce per step whether any worker got a signal, so all of them stop after
+the same step. Then each saves its resume state (the chief also a step checkpoint, and flushes
+TensorBoard) and `Preempted` is raised: `keras-transformer train` prints its one line and exits
+with `errors.PREEMPTED_EXIT_CODE` (75); the same command resumes exactly.
+
+TensorFlow's `tf.distribute.experimental.PreemptionCheckpointHandler` does the same for custom
+training loops (`handler.run(step_fn)`), saving with its own checkpoint counter and ending the
+process itself; Keras 3's `model.fit` has no place for it, so this module does the same (one
+all-reduce per step, then a save and an exit) as a Keras callback, saving the state `ResumeState`
+already defines (which also holds the data position and the training clock).
+"""
+
+import signal
+import threading
+
+import keras
+import tensorflow as tf
+
+from keras_transformer.errors import Preempted
+from keras_transformer.training.callbacks import optimizer_step
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class CatchSignals:
+    """A context in which SIGTERM and SIGINT set `received` (the signal's number) instead of
+    ending the process; a second SIGINT (Ctrl-C twice) interrupts at once. The previous handlers
+    come back on exit. Outside the main thread (where Python cannot install handlers) it does
+    nothing.
+
+    Example:
+    ```python
+    with CatchSignals() as signals:
+        model.fit(..., callbacks=[StopOnSignal(signals, resume_state)])
+    ```
+    """
+
+    def __init__(self):
+        self.received = None
+        self._previous = {}
+
+    def _handle(self, signum, frame):
+        if signum == signal.SIGINT and self.received == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.received = signum
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for signum in SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+        return False
+
+
+def make_any_worker(strategy):
+    """A function `flag -> bool` that every worker calls after each step: True on all of them
+    when any worker's flag is True (an all-reduce); under one process, the flag itself."""
+    from keras_transformer.training.distribute import is_multi_worker
+
+    if not is_multi_worker(strategy):
+        return bool
+
+    @tf.function
+    def total(flag):
+        def replica_fn():
+            context = tf.distribute.get_replica_context()
+            return context.all_reduce(tf.distribute.ReduceOp.SUM, tf.identity(flag))
+
+        return strategy.run(replica_fn)
+
+    def any_worker(flag):
+        summed = total(tf.constant(1.0 if flag else 0.0, tf.float32))
+        return float(strategy.experimental_local_results(summed)[0]) > 0
+
+    return any_worker
+
+
+class StopOnSignal(keras.callbacks.Callback):
+    """After each step: when a signal came (to this worker or, with `any_worker`, to any),
+    saves `resume` (a `ResumeState`) and `checkpoint` (a `StepCheckpoint`, or None), calls
+    `flush` (e.g. TensorBoard writers) and raises `Preempted`. Put it after `resume` in the
+    callbacks, which counts the batch just consumed.
+
+    Args:
+        signals: a `CatchSignals`.
+        resume: the `ResumeState` callback.
+        checkpoint: the chief's `StepCheckpoint`; None on the other workers.
+        any_worker: `flag -> bool`, `make_any_worker(strategy)`; None: this process alone.
+        flush: callables run before raising.
+    """
+
+    def __init__(self, signals, resume, checkpoint=None, any_worker=None, flush=()):
+        super().__init__()
+        self.signals, self.resume, self.checkpoint = signals, resume, checkpoint
+        self.any_worker = any_worker or bool
+        self.flush = list(flush)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self.any_worker(self.signals.received is not None):
+            return
+        step = optimizer_step(self.model)
+        self.resume.save()
+        if self.checkpoint is not None:
+            self.checkpoint.save_now(step)
+        for flush in self.flush:
+            flush()
+        received = self.signals.received
+        cause = signal.Signals(received).name if received else "a signal to another worker"
+        raise Preempted(
+            f"stopped by {cause} after step {step}: saved the resume state"
+            + (" and a step checkpoint" if self.checkpoint is not None else "")
+            + "; run the same command again to resume",
+            step,
+        )

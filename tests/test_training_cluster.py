@@ -1,0 +1,336 @@
+"""Training where cluster users train: a workdir and an export on a filesystem that is not the
+local disk (TensorFlow's `ram://`), with nothing written locally."""
+
+import importlib
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from training_helpers import RUNNER, files_under, subprocess_env
+
+
+@pytest.mark.slow
+def test_train_and_export_on_ram_filesystem_write_nothing_locally(tmp_path):
+    cwd, tmp, home = tmp_path / "cwd", tmp_path / "tmp", tmp_path / "home"
+    for directory in (cwd, tmp, home):
+        directory.mkdir()
+    report = tmp_path / "report.json"
+    command = [sys.executable, RUNNER, "--call", "cluster_runs:train_on_ram", str(report)]
+    run = subprocess.run(
+        command,
+        cwd=cwd,
+        env=subprocess_env(
+            TMPDIR=str(tmp),
+            HOME=str(home),
+            # Caches of libraries (not ours) that would otherwise go under HOME.
+            KERAS_HOME=str(tmp_path / "keras"),
+            MPLCONFIGDIR=str(tmp_path / "matplotlib"),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    with open(report) as f:
+        found = json.load(f)
+    result, written = found["result"], found["written"]
+    assert result["step"] == 8 and result["saved_model"].startswith("ram://cluster/saved_models/")
+    assert result["test"]["sentences"] == 4
+    work = "ram://cluster/work"
+    for name in ("config.yaml", "spm.model", "result.json", "prepared/manifest.json"):
+        assert f"{work}/{name}" in written, written
+    assert any(p.startswith(f"{work}/prepared/train-") for p in written), written
+    assert f"{work}/checkpoints/ckpt-8.weights.h5" in written, written
+    assert f"{work}/backup/checkpoint" in written, written
+    assert any(p.startswith(f"{work}/logs/train/events.out.tfevents") for p in written), written
+    assert f"{result['saved_model']}/saved_model.pb" in written, written
+    assert isinstance(found["translation"], str)
+    assert "ram://cluster/exports/tiny/1/saved_model.pb" in written, written
+    assert "ram://cluster/ct2/model.bin" in written and "ram://cluster/ct2/spm.model" in written
+    # Nothing on the local disk: the process's cwd, TMPDIR and HOME stay empty.
+    assert files_under(cwd) == [] and files_under(tmp) == [] and files_under(home) == []
+
+
+def _resume_config(tmp_path):
+    from test_cli_train import TINY, _write_config
+
+    values = {
+        **TINY,
+        "model": {**TINY["model"], "dropout": 0.1},
+        "train": dict(
+            TINY["train"], steps=16, steps_per_epoch=10, checkpoint_every=4, keep_checkpoints=3
+        ),
+    }
+    return _write_config(tmp_path / "tiny.yaml", values)
+
+
+def _reference_run(config_path, workdir):
+    from keras_transformer.config import load_config
+    from keras_transformer.training import train
+
+    reference = load_config(str(config_path))
+    reference.runtime.workdir = str(workdir)
+    assert train(reference)["step"] == 16
+
+
+def _assert_same_weights(path, reference_path):
+    from test_cli_train import _h5_arrays
+
+    final, expected = _h5_arrays(path), _h5_arrays(reference_path)
+    assert final.keys() == expected.keys() and final
+    for name, value in final.items():
+        np.testing.assert_allclose(value, expected[name], atol=1e-4, err_msg=name)
+
+
+@pytest.mark.slow
+def test_sigterm_saves_exits_75_and_the_same_command_resumes_exactly(tmp_path):
+    """SIGTERM mid-run: the step in progress ends, the resume state and a checkpoint of that
+    step are saved, one line, exit code 75; the same command resumes to the uninterrupted
+    run's losses and weights."""
+    from test_cli_train import _env, _losses_by_step, _train_command
+
+    from keras_transformer.errors import PREEMPTED_EXIT_CODE
+
+    config = _resume_config(tmp_path)
+    _reference_run(config, tmp_path / "reference")
+    workdir = tmp_path / "work"
+    command = _train_command(config, workdir)
+    process = subprocess.Popen(
+        command, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.time() + 240
+        while not (workdir / "backup" / "checkpoint").exists():  # the first backup: step 4
+            assert time.time() < deadline and process.poll() is None, "no backup was written"
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == PREEMPTED_EXIT_CODE == 75, err[-3000:]
+    lines = [line for line in err.splitlines() if "stopped by SIGTERM" in line]
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    step = int(lines[0].split("after step ")[1].split(":")[0])
+    assert 4 <= step < 16
+    # The resume state and the checkpoint are those of the step it stopped at.
+    assert tf.train.latest_checkpoint(str(workdir / "backup")).endswith(f"ckpt-{step}")
+    assert (workdir / "checkpoints" / f"ckpt-{step}.weights.h5").exists()
+    assert not (workdir / "result.json").exists()
+
+    resumed = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming from step {step} " in resumed.stdout, resumed.stdout[-2000:]
+    expected = _losses_by_step(tmp_path / "reference" / "logs")
+    got = {s: v for s, v in _losses_by_step(workdir / "logs").items() if s > step}
+    assert sorted(got) == list(range(step + 1, 17))
+    for s in got:
+        np.testing.assert_allclose(got[s], expected[s], atol=1e-4, err_msg=f"step {s}")
+    _assert_same_weights(
+        workdir / "checkpoints" / "ckpt-16.weights.h5",
+        tmp_path / "reference" / "checkpoints" / "ckpt-16.weights.h5",
+    )
+    # The preemption's off-schedule checkpoint went once training went on: the checkpoints kept
+    # (and averaged into the export) are the uninterrupted run's.
+    kept = sorted(p.name for p in (workdir / "checkpoints").iterdir())
+    assert kept == sorted(p.name for p in (tmp_path / "reference" / "checkpoints").iterdir())
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_of_two_workers_stops_both_after_one_step_and_they_resume_exactly(
+    tmp_path,
+):
+    """MultiWorkerMirroredStrategy: SIGTERM to the second worker only; both save after the same
+    step and exit 75 with one line each; the same two commands resume from that step to the
+    weights of an uninterrupted pair."""
+    from test_training_multi_worker import Workers, _assert_finished_alike, _config
+    from training_helpers import load_npz_weights
+
+    reference_root = tmp_path / "reference"
+    reference_root.mkdir()
+    reference = Workers(
+        reference_root, _config(reference_root, reference_root / "work", dev=False, steps=12),
+        reference_root / "work",
+    )  # fmt: skip
+    try:
+        reference.start()
+        _assert_finished_alike(reference, reference.wait())
+    finally:
+        reference.kill_all()
+
+    workdir = tmp_path / "work"
+    workers = Workers(tmp_path, _config(tmp_path, workdir, dev=False, steps=12), workdir)
+    try:
+        chief, worker = workers.start()
+        deadline = time.time() + 300
+        while not (workdir / "backup" / "checkpoint").exists():  # the first backup: step 5
+            assert time.time() < deadline and chief.poll() is None and worker.poll() is None
+            time.sleep(0.05)
+        worker.send_signal(signal.SIGTERM)
+        stopped = workers.wait(timeout=120)
+        steps = []
+        for code, output in stopped:
+            assert code == 75, output[-3000:]
+            lines = [line for line in output.splitlines() if "keras-transformer train: " in line]
+            assert len(lines) == 1 and "Traceback" not in output, output[-3000:]
+            steps.append(int(lines[0].split("after step ")[1].split(":")[0]))
+        assert steps[0] == steps[1] and 5 <= steps[0] < 12
+        assert "stopped by a signal to another worker" in stopped[0][1]
+        assert "stopped by SIGTERM" in stopped[1][1]
+        assert tf.train.latest_checkpoint(str(workdir / "backup")).endswith(f"ckpt-{steps[0]}")
+        assert (workdir / "checkpoints" / f"ckpt-{steps[0]}.weights.h5").exists()
+
+        workers.start()
+        outputs = workers.wait()
+    finally:
+        workers.kill_all()
+    assert _assert_finished_alike(workers, outputs) == 12
+    assert f"resuming from step {steps[0]} " in outputs[0][1]
+    got, _ = load_npz_weights(workers.dump(0))
+    expected, _ = load_npz_weights(reference.dump(0))
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-4)
+
+
+def _bytes_read():
+    """Bytes this process has read so far (Linux: all its threads, page cache included)."""
+    with open("/proc/self/io") as f:
+        return int(next(line for line in f if line.startswith("rchar:")).split()[1])
+
+
+def _restart(config, model, backup, position, skip=False):
+    """A fresh dataset and iterator positioned at `position` as a restart finds it: from the
+    resume state (or by skipping); returns (bytes read until the first batch, next 3 batches)."""
+    from keras_transformer.data import prepared_dataset
+    from keras_transformer.training.callbacks import ResumeState
+    from keras_transformer.workdir import Workdir
+
+    dataset = prepared_dataset(Workdir.of(config).prepared, config.data, verbose=False)
+    before = _bytes_read()
+    if skip:
+        iterator = iter(dataset.skip(position))
+    else:
+        iterator = iter(dataset)
+        assert ResumeState(model, backup, 1, 1, iterator=iterator).restore() == position
+    first = next(iterator)
+    read = _bytes_read() - before
+    return read, [first, next(iterator), next(iterator)]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/io")
+def test_resume_state_holds_the_data_iterator_restart_reads_do_not_grow(tmp_path):
+    """The data position restored from the resume state's iterator: the next batches are those
+    of the uninterrupted iterator, and a restart at batch 600 reads as many bytes as one at
+    batch 5 (skipping reads every batch before the position)."""
+    import keras
+    from training_helpers import tiny_config
+
+    from keras_transformer.data import prepare, prepared_dataset
+    from keras_transformer.models import build_transformer
+    from keras_transformer.training import compile_model
+    from keras_transformer.training.callbacks import ResumeState
+    from keras_transformer.workdir import Workdir
+
+    config = tiny_config(tmp_path / "work", data=dict(tokens_per_batch=96, shuffle_buffer=64))
+    prepare(config, verbose=False)
+    model = compile_model(build_transformer(config.model, 200), config)
+    model.optimizer.build(model.trainable_variables)
+    reads = {}
+    for position in (5, 600):
+        backup = str(tmp_path / f"backup{position}")
+        dataset = prepared_dataset(Workdir.of(config).prepared, config.data, verbose=False)
+        iterator = iter(dataset)
+        state = ResumeState(model, backup, 1, 1, iterator=iterator)
+        for _ in range(position):
+            next(iterator)
+            state.batches += 1
+        model.optimizer.iterations.assign(position)
+        state.save()
+        expected = [next(iterator) for _ in range(3)]  # the uninterrupted run's next batches
+        reads[position], got = _restart(config, model, backup, position)
+        for a, b in zip(keras.tree.flatten(got), keras.tree.flatten(expected), strict=True):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+    skipped, got = _restart(config, model, str(tmp_path / "backup600"), 600, skip=True)
+    for a, b in zip(keras.tree.flatten(got), keras.tree.flatten(expected), strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())  # skipping finds the same place
+    skipped_early, _ = _restart(config, model, str(tmp_path / "backup5"), 5, skip=True)
+    # Skipping reads more the further it goes (the measure sees the reading) ...
+    assert skipped - skipped_early > 50_000, (skipped, skipped_early)
+    # ... the resume state's iterator does not: the same bytes at batch 600 as at batch 5.
+    assert abs(reads[600] - reads[5]) < 0.05 * (skipped - skipped_early), (reads, skipped)
+
+
+def _shards(workdir):
+    prepared = workdir / "prepared"
+    return {p.name: p.read_bytes() for p in sorted(prepared.iterdir()) if p.suffix == ".tfrecord"}
+
+
+# Not with data.subword_samples: SentencePiece's samples differ between processes, seeded or not.
+@pytest.mark.parametrize("data", [{}, dict(both_directions=True)])
+def test_prepare_with_two_workers_writes_the_same_shards_as_one(tmp_path, monkeypatch, data):
+    from training_helpers import tiny_config
+
+    # The module (the package's `prepare` is the function).
+    prepare_module = importlib.import_module("keras_transformer.data.prepare")
+    monkeypatch.setattr(prepare_module, "_CHUNK", 64)  # several chunks for the workers
+    manifests = {}
+    for workers in (1, 2):
+        config = tiny_config(
+            tmp_path / f"w{workers}",
+            data=dict(data, prepare_workers=workers, train="synthetic:split=train,size=700"),
+        )
+        manifests[workers] = prepare_module.prepare(config, verbose=False)
+    for key in ("vocabulary", "counts", "shards", "tokens"):
+        assert manifests[1][key] == manifests[2][key], key
+    one, two = _shards(tmp_path / "w1"), _shards(tmp_path / "w2")
+    assert one and one == two
+    counts = manifests[1]["counts"]
+    assert counts["written"] > 100 and counts["records"] == counts["written"] * (2 if data else 1)
+
+
+def test_a_waiting_worker_sees_the_chief_alive_then_fails_soon_after_it_dies(
+    tmp_path, monkeypatch, capsys
+):
+    from training_helpers import subprocess_env
+
+    from keras_transformer.errors import WorkerError
+    from keras_transformer.training import distribute
+
+    monkeypatch.setattr(distribute, "WAITING_LINE_SECONDS", 0.5)
+    beat = tmp_path / "prepare.heartbeat"
+    chief = subprocess.Popen(
+        [
+            sys.executable, "-c",
+            "import sys, time\nfrom keras_transformer.training.distribute import Heartbeat\n"
+            "Heartbeat(sys.argv[1], interval=0.2).__enter__()\ntime.sleep(600)",
+            str(beat),
+        ],
+        env=subprocess_env(),
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 120
+        while not beat.exists():
+            assert time.time() < deadline and chief.poll() is None
+            time.sleep(0.05)
+        killer = threading.Timer(2.0, chief.kill)
+        killer.start()
+        started = time.time()
+        with pytest.raises(WorkerError) as error:
+            distribute.wait_for_path(
+                str(tmp_path / "prepared" / "manifest.json"), 600, "prepared data",
+                heartbeat=str(beat), heartbeat_timeout=2.0,
+            )  # fmt: skip
+        waited = time.time() - started
+    finally:
+        chief.kill()
+        chief.wait(timeout=30)
+    assert 2.0 < waited < 15, waited  # not runtime.wait_seconds (600 here)
+    message = str(error.value)
+    assert "\n" not in message and "the chief stopped: no heartbeat" in message
+    assert "chief alive, last heartbeat" in capsys.readouterr().out
