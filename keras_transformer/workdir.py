@@ -52,8 +52,10 @@ import warnings
 from keras_transformer.integrity import (
     checkpoint_problem,
     is_local,
-    write_atomically,
     write_checksum,
+)
+from keras_transformer.integrity import (
+    write_atomically as write_atomically,  # re-exported: the writers import it from here
 )
 
 CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
