@@ -1,5 +1,6 @@
 """Decoding: greedy and beam search over a next-token function; `translate_ids` for the model."""
 
+from keras_transformer.config import DecodingSettings
 from keras_transformer.decoding.search import (
     beam_search,
     expand_to_beams,
@@ -12,6 +13,7 @@ from keras_transformer.decoding.search import (
 )
 
 __all__ = [
+    "DecodingSettings",
     "beam_search",
     "expand_to_beams",
     "flatten_beams",
