@@ -393,8 +393,8 @@ class DecodingSettings:
             value = getattr(self, f.name)
             if value is not None:
                 object.__setattr__(self, f.name, float(value) if f.type is float else int(value))
-        if self.beam_size < 1:
-            raise ValueError(f"beam_size must be at least 1, got {self.beam_size}")
+        if self.beam_size < 1 or self.batch_size < 1:
+            raise ValueError(f"beam_size and batch_size must be >= 1: {self}")
         if self.n_best is not None and not 1 <= self.n_best <= self.beam_size:
             raise ValueError(
                 f"n_best must be between 1 and the beam size ({self.beam_size}), got {self.n_best}"

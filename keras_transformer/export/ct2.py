@@ -24,6 +24,7 @@ import tempfile
 
 import numpy as np
 
+from keras_transformer.config import DecodingSettings
 from keras_transformer.errors import UsageError
 from keras_transformer.layers.embedding import positional_encoding
 
@@ -98,14 +99,15 @@ def _check_supported(model):
         raise UsageError("cannot convert to CTranslate2: " + ", ".join(unsupported))
 
 
-def transformer_spec(model, spm_bytes, num_positions=1024, bos_id=2, pad_id=0):
+def transformer_spec(model, spm_bytes, num_positions=1024, settings=None):
     """A `ctranslate2.specs.TransformerSpec` holding `model`'s weights and vocabulary.
 
     Args:
         model: a trained `keras_transformer.models.Transformer` (shared, tied embeddings, ReLU).
         spm_bytes: the SentencePiece model (its pieces, in id order, are the vocabulary).
         num_positions: rows of the position table (the longest source or output it serves).
-        bos_id, pad_id: ids that must never be generated (as in our search).
+        settings: the `DecodingSettings` (None: the defaults) whose `pad_id` and `bos_id` must
+            never be generated (as in our search).
 
     Returns:
         The spec, validated, not yet optimized (quantized) or saved.
@@ -135,7 +137,8 @@ def transformer_spec(model, spm_bytes, num_positions=1024, bos_id=2, pad_id=0):
     spec.decoder.embeddings.weight = embeddings
     spec.decoder.projection.weight = embeddings
     bias = np.zeros(embeddings.shape[0], np.float32)
-    bias[[pad_id, bos_id]] = BANNED_LOGIT_BIAS
+    settings = DecodingSettings() if settings is None else settings
+    bias[[settings.pad_id, settings.bos_id]] = BANNED_LOGIT_BIAS
     spec.decoder.projection.bias = bias
     spec.encoder.scale_embeddings = True
     spec.decoder.scale_embeddings = True
@@ -166,7 +169,9 @@ def transformer_spec(model, spm_bytes, num_positions=1024, bos_id=2, pad_id=0):
     return spec
 
 
-def export_ctranslate2(model, tokenizer, output_dir, quantization=None, data_config=None):
+def export_ctranslate2(
+    model, tokenizer, output_dir, quantization=None, data_config=None, settings=None
+):
     """Converts `model` into a CTranslate2 model directory with its SentencePiece model.
 
     The directory holds CTranslate2's `model.bin`, `config.json` and vocabularies, plus
@@ -181,6 +186,9 @@ def export_ctranslate2(model, tokenizer, output_dir, quantization=None, data_con
         quantization: CTranslate2 weight type (`int8`, `int8_float32`, `float16`, ...); None
             keeps float32 (CTranslate2 can still quantize when loading, `compute_type=`).
         data_config: `DataConfig` (or dict) for `max_source_length` / `max_target_length`.
+        settings: the `DecodingSettings` (`config.decoding_settings(config, export=True)`; None:
+            the defaults): the special ids, and the beam size, length penalty and extra length
+            recorded in `keras_transformer.json` for CTranslate2's `translate_batch`.
 
     Returns:
         `output_dir`.
@@ -199,7 +207,8 @@ def export_ctranslate2(model, tokenizer, output_dir, quantization=None, data_con
     max_source = int(_get(data_config, "max_source_length", 128))
     max_target = int(_get(data_config, "max_target_length", 128))
     # Room for any source and any output CTranslate2 is asked for by default (256 tokens).
-    spec = transformer_spec(model, spm_bytes, num_positions=max(1024, max_source, max_target))
+    settings = DecodingSettings() if settings is None else settings
+    spec = transformer_spec(model, spm_bytes, max(1024, max_source, max_target), settings)
     spec.optimize(quantization=quantization)
     parent = os.path.dirname(os.path.abspath(output_dir))
     os.makedirs(parent, exist_ok=True)
@@ -215,6 +224,11 @@ def export_ctranslate2(model, tokenizer, output_dir, quantization=None, data_con
             "max_target_length": max_target,
             "norm_first": model.norm_first,
             "source": "pieces of spm.model truncated to max_source_length - 1; EOS is added",
+            "decoding": {
+                "beam_size": settings.beam_size,
+                "alpha": settings.alpha,
+                "max_extra_length": settings.max_extra_length,
+            },
         }
         with open(os.path.join(tmp_dir, METADATA_FILE), "w", encoding="utf-8") as f:
             json.dump(metadata, f, indent=2)
