@@ -92,6 +92,10 @@ def build_parser():
         help="every translation starts with TEXT, the search continuing after it "
         "(translate_prefix signature)",
     )
+    _sampling_flags(p, "must equal the exported value")
+    p.add_argument(
+        "--seed", type=int, help="sampling: seed of the run (default 0); same seed, same output"
+    )
     p.add_argument("text", nargs="*", help="sentences; stdin lines when none are given")
     p.set_defaults(func=commands.translate_command)
 
@@ -133,6 +137,7 @@ def build_parser():
         "--n-best", type=int, help="hypotheses per input of translate_nbest (<= beam size)"
     )
     p.add_argument("--max-extra-length", type=int, help="outputs stop at source length + this")
+    _sampling_flags(p, "adds the translate_sample signature; default decode.sampling_*")
     p.add_argument(
         "--format",
         choices=("saved_model", "ctranslate2"),
@@ -168,3 +173,19 @@ def main(argv=None):
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _sampling_flags(parser, note):
+    """`--sampling-topk`, `--temperature`, `--top-p` (the `decode.sampling_*` settings)."""
+    parser.add_argument(
+        "--sampling-topk", type=int, metavar="K",
+        help=f"sample among the K most likely tokens (translate_sample signature; {note})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--temperature", dest="sampling_temperature", type=float, metavar="T",
+        help="sampling: logits divided by T",
+    )  # fmt: skip
+    parser.add_argument(
+        "--top-p", dest="sampling_topp", type=float, metavar="P",
+        help="sampling: only the most likely tokens holding probability P",
+    )  # fmt: skip

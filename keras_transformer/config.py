@@ -414,6 +414,10 @@ class DecodingSettings:
         """True when tokens are sampled (`sampling_topk > 0`) instead of searched."""
         return self.sampling_topk > 0
 
+    def without_sampling(self):
+        """These settings with sampling off: the beam (or greedy) search."""
+        return dataclasses.replace(self, sampling_topk=0)
+
 
 @dataclasses.dataclass
 class ExperimentConfig:

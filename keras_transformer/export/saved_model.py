@@ -94,8 +94,8 @@ def export_saved_model(
 ):
     """Exports `Translator(model, tokenizer)` as the next version of `base_dir/name`.
 
-    The SavedModel has four signatures (five with sampling, see `Translator`): `serving_default` (text ->
-    translation, score, token_scores, confidence), `translate_nbest` (text -> translations,
+    The SavedModel has four signatures (five with sampling; see `Translator`): `serving_default`
+    (text -> translation, score, token_scores, confidence), `translate_nbest` (text -> translations,
     scores, token_scores, confidence, `[batch, n_best, ...]`), `translate_prefix` (text, prefix
     -> translation, score) and `score` (source, target -> log_probability, length).
     `assets.extra/` holds `keras_transformer.json` (the signatures and decoding settings),

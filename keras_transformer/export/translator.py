@@ -225,9 +225,8 @@ class Translator(tf.Module):
         """Ragged int32 `[c, (tokens)]` (and prefixes, or int64 `[c]` sampling seeds) ->
         (int32 `[c, K, T]` hypotheses, EOS then padding, float32 `[c, K]` scores), best first;
         `K` = the beam size (1 when sampling)."""
-        settings = self.settings
-        if seeds is None:  # the search signatures never sample
-            settings = dataclasses.replace(settings, sampling_topk=0)
+        # Only `translate_sample` samples; the other signatures search.
+        settings = self.settings if seeds is not None else self.settings.without_sampling()
         ids, scores = translate_ids(
             self.model,
             source.to_tensor(default_value=settings.pad_id),  # [c, s_len]
@@ -244,17 +243,17 @@ class Translator(tf.Module):
         `[c, k, T]` -> float32 `[c, k, T]` log p of each output token (EOS included, 0 after)."""
         c, k, width = tf.shape(ids)[0], tf.shape(ids)[1], tf.shape(ids)[2]
         flat = tf.reshape(ids, [-1, width])  # [c * k, T]
-        bos = tf.fill([c * k, 1], self.settings.bos_id)
+        bos, pad_id = tf.fill([c * k, 1], self.settings.bos_id), self.settings.pad_id
         logits = self.model(
             {
-                "source_ids": tf.repeat(source.to_tensor(default_value=self.settings.pad_id), k, axis=0),
+                "source_ids": tf.repeat(source.to_tensor(default_value=pad_id), k, axis=0),
                 "target_ids": tf.concat([bos, flat[:, :-1]], axis=1),
             },
             training=False,
         )  # [c * k, T, vocab]
         log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1)
         picked = tf.gather(log_probs, flat, axis=2, batch_dims=2)  # [c * k, T]
-        picked = tf.where(tf.not_equal(flat, self.settings.pad_id), picked, 0.0)
+        picked = tf.where(tf.not_equal(flat, pad_id), picked, 0.0)
         return tf.reshape(picked, [c, k, width])
 
     def _margins(self, scores, keep):
@@ -292,7 +291,8 @@ class Translator(tf.Module):
         token_scores = tf.pad(token_scores, [[0, 0], [0, 0], [0, width - tf.shape(ids)[2]]])
         # Outputs hold tokens, EOS, then padding; only the tokens are text.
         flat = tf.reshape(ids, [-1, tf.shape(ids)[-1]])  # [c * keep, T]
-        is_text = tf.logical_and(tf.not_equal(flat, self.settings.pad_id), tf.not_equal(flat, self.settings.eos_id))
+        special = (self.settings.pad_id, self.settings.eos_id)
+        is_text = tf.logical_and(tf.not_equal(flat, special[0]), tf.not_equal(flat, special[1]))
         text = tf.reshape(tokenizer.detokenize(tf.ragged.boolean_mask(flat, is_text)), [-1, keep])
         return text, scores[:, :keep], token_scores, self._margins(scores, keep), lengths
 
