@@ -594,9 +594,7 @@ def _score(run, model, tokenizer, step, stopper, averaged):
         pairs = _read_split(spec)
         if not pairs:
             continue
-        scores, _ = evaluate_bleu(
-            model, tokenizer, pairs, config.data, settings, _cache=cache
-        )
+        scores, _ = evaluate_bleu(model, tokenizer, pairs, config.data, settings, _cache=cache)
         result[split] = scores
         writer = tf.summary.create_file_writer(os.path.join(layout.logs, split))
         with writer.as_default(step=step):
