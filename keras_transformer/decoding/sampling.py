@@ -48,7 +48,7 @@ def _keep_mask(log_probs, topk, topp):
     vocab = log_probs.shape[-1]
     k = int(topk) if vocab is None else min(int(topk), int(vocab))
     values, _ = ops.top_k(log_probs, k)  # [rows, k] best first
-    probs = ops.softmax(values, axis=-1)  # renormalised over the top k
+    probs = ops.exp(values - ops.logsumexp(values, axis=-1, keepdims=True))  # over the top k
     mass_before = ops.cumsum(probs, axis=-1) - probs  # [rows, k]
     kept = ops.logical_and(ops.less(mass_before, topp), ops.greater(values, _IMPOSSIBLE))
     kept = ops.logical_or(kept, ops.equal(ops.arange(k), 0))  # the best token always stays
