@@ -57,6 +57,24 @@ def test_samples_follow_the_reference_distribution(topk, temperature, topp):
     np.testing.assert_allclose(frequencies, expected, atol=0.015)
 
 
+def _lowbias32(x):
+    """The hash in unsigned 32-bit numpy arithmetic (the reference of the int32 ops version)."""
+    x = x.astype(np.uint32)
+    x ^= x >> 16
+    x *= np.uint32(0x7FEB352D)
+    x ^= x >> 15
+    x *= np.uint32(0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def test_noise_is_the_reference_hash():
+    seeds = (np.arange(8) * 977 - 5).astype(np.int32)  # negative seeds too
+    step = _lowbias32(_lowbias32(seeds.view(np.uint32)) ^ np.uint32(3))
+    bits = _lowbias32(step[:, None] ^ np.arange(50, dtype=np.uint32)[None])
+    expected = ((bits >> 8).astype(np.float32) + 0.5) / 2**24
+    np.testing.assert_array_equal(uniform_noise(seeds, 3, 50), expected)
+
+
 def test_noise_is_uniform_and_depends_on_seed_step_and_token():
     u = np.asarray(uniform_noise(np.arange(64, dtype="int32"), 5, 1000))  # [64, 1000]
     assert 0 < u.min() and u.max() < 1
