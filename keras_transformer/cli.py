@@ -43,6 +43,22 @@ def _add_config_arguments(parser, set_example):
     )
 
 
+def _sampling_flags(parser, note):
+    """`--sampling-topk`, `--temperature`, `--top-p` (the `decode.sampling_*` settings)."""
+    parser.add_argument(
+        "--sampling-topk", type=int, metavar="K",
+        help=f"sample among the K most likely tokens (translate_sample signature; {note})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--temperature", dest="sampling_temperature", type=float, metavar="T",
+        help="sampling: logits divided by T",
+    )  # fmt: skip
+    parser.add_argument(
+        "--top-p", dest="sampling_topp", type=float, metavar="P",
+        help="sampling: only the most likely tokens holding probability P",
+    )  # fmt: skip
+
+
 def build_parser():
     parser = _Parser(
         prog="keras-transformer",
@@ -173,19 +189,3 @@ def main(argv=None):
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def _sampling_flags(parser, note):
-    """`--sampling-topk`, `--temperature`, `--top-p` (the `decode.sampling_*` settings)."""
-    parser.add_argument(
-        "--sampling-topk", type=int, metavar="K",
-        help=f"sample among the K most likely tokens (translate_sample signature; {note})",
-    )  # fmt: skip
-    parser.add_argument(
-        "--temperature", dest="sampling_temperature", type=float, metavar="T",
-        help="sampling: logits divided by T",
-    )  # fmt: skip
-    parser.add_argument(
-        "--top-p", dest="sampling_topp", type=float, metavar="P",
-        help="sampling: only the most likely tokens holding probability P",
-    )  # fmt: skip
