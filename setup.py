@@ -44,6 +44,9 @@ setup(
             "ipykernel>=6",
             # The CTranslate2 conversion tests run in CI too.
             "ctranslate2>=4.5,<5",
+            # Our layers pass KerasHub's own layer test (its TestCase imports grain).
+            "keras-hub>=0.32",
+            "grain>=0.2",
         ],
         # The documentation site: `mkdocs build --strict` (CI) or `mkdocs serve`. MkDocs reads
         # the Markdown the guides are written in; mkdocstrings renders the API reference from

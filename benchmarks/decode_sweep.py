@@ -43,7 +43,7 @@ def main():
     from keras_transformer.commands import load_workdir_model, read_lines
     from keras_transformer.config import decoding_settings
     from keras_transformer.evaluation import score_translations
-    from keras_transformer.export import export_translator
+    from keras_transformer.export.saved_model import export_translator
 
     sources = read_lines(args.source, "source")
     references = read_lines(args.reference, "reference")

@@ -70,7 +70,14 @@ def build_parser():
         "--verbose", action="store_true", help="show TensorFlow's start-up and device logs"
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_training_commands(sub, common)
+    _add_model_commands(sub, common)
+    _add_export_command(sub, common)
+    return parser
 
+
+def _add_training_commands(sub, common):
+    """`train` and `prepare`: from a config to a workdir."""
     p = sub.add_parser(
         "train", parents=[common], help="train, evaluate on the dev set and export a SavedModel"
     )
@@ -88,8 +95,13 @@ def build_parser():
     _add_config_arguments(p, "data.train=text:train.en,train.de")
     p.set_defaults(func=commands.prepare_command)
 
+
+def _add_translate_command(sub, common):
+    """`translate`: TEXT arguments, stdin lines or a file through an exported SavedModel."""
     p = sub.add_parser(
-        "translate", parents=[common], help="translate TEXT arguments or stdin lines"
+        "translate",
+        parents=[common],
+        help="translate TEXT arguments, stdin lines or an --input file",
     )
     p.add_argument("--model", required=True, help="SavedModel directory (or its parent)")
     p.add_argument("--batch-size", type=int, default=32, help="sentences per call (default 32)")
@@ -100,6 +112,21 @@ def build_parser():
         metavar="K",
         help="K lines 'SCORE<TAB>TRANSLATION' per input, best first (translate_nbest signature; "
         "K at most the exported n-best)",
+    )
+    p.add_argument("--input", metavar="FILE", help="translate this file (streamed) into --output")
+    p.add_argument(
+        "--output",
+        metavar="FILE",
+        help="with --input: the translations, written as it goes; run the same command again "
+        "after a kill to continue (progress in FILE.progress until it is complete)",
+    )
+    p.add_argument(
+        "--chunk-lines",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --input: lines read, translated (length-sorted) and saved at a time "
+        "(default 4096)",
     )
     p.add_argument(
         "--prefix",
@@ -115,6 +142,11 @@ def build_parser():
     p.add_argument("text", nargs="*", help="sentences; stdin lines when none are given")
     p.set_defaults(func=commands.translate_command)
 
+
+def _add_model_commands(sub, common):
+    """`translate`, `evaluate`, `score` and `info`: an exported SavedModel through its
+    signatures and its model card."""
+    _add_translate_command(sub, common)
     p = sub.add_parser(
         "evaluate", parents=[common], help="sacreBLEU and chrF of a SavedModel on a test set"
     )
@@ -137,6 +169,9 @@ def build_parser():
     p.add_argument("--model", required=True, help="SavedModel directory (or its parent)")
     p.set_defaults(func=commands.info_command)
 
+
+def _add_export_command(sub, common):
+    """`export`: a training workdir to a SavedModel or a CTranslate2 model."""
     p = sub.add_parser(
         "export", parents=[common], help="export a SavedModel from a training workdir"
     )
@@ -166,7 +201,6 @@ def build_parser():
         help="CTranslate2 weight type (default: float32 as trained)",
     )
     p.set_defaults(func=commands.export_command)
-    return parser
 
 
 def main(argv=None):

@@ -9,6 +9,7 @@ are raised as `UsageError` (or another `keras_transformer.errors.KerasTransforme
 """
 
 import contextlib
+import hashlib
 import itertools
 import json
 import os
@@ -181,10 +182,18 @@ def sampling_request(args):
     return asked
 
 
+def _line_seed(seed, text):
+    """A line's int64 seed: a hash of `--seed` and the line's text, so that a line's sample
+    depends on neither its position nor its batch (file translation sorts and resumes)."""
+    digest = hashlib.blake2b(f"{seed}\0{text}".encode("utf-8", "replace"), digest_size=8)
+    return int.from_bytes(digest.digest(), "little") >> 1
+
+
 def load_sample_function(model_path, asked):
-    """`texts -> (translations, scores)` through the `translate_sample` signature; the `i`-th
-    line of the whole run gets its own seed from `--seed` and `i`, so a run repeats exactly.
-    The sampling settings are fixed at export: `asked` must name the exported ones."""
+    """`texts -> (translations, scores)` through the `translate_sample` signature; each line's
+    seed is a hash of `--seed` and its text, so a run repeats exactly (the same line twice in
+    a run gets the same sample). The sampling settings are fixed at export: `asked` must name
+    the exported ones."""
     import tensorflow as tf
 
     loaded, path, signatures = load_signatures(model_path, required=())
@@ -199,12 +208,10 @@ def load_sample_function(model_path, asked):
                 f"{flag} {asked[key]}: {path} samples with {flag} {exported[key]} (fixed at "
                 f"export; export again with {flag} {asked[key]})"
             )
-    # Line i's seed: a 64-bit mix of --seed and i (Knuth's multiplicative constant).
-    base, done = asked.get("seed", 0) * 0x9E3779B97F4A7C15 % 2**63, [0]
+    seed = asked.get("seed", 0)
 
     def translate(texts):
-        seeds = [(base + done[0] + i) % 2**63 for i in range(len(texts))]
-        done[0] += len(texts)
+        seeds = [_line_seed(seed, text) for text in texts]
         outputs = signature(
             text=tf.constant(texts, dtype=tf.string), seed=tf.constant(seeds, tf.int64)
         )
@@ -257,7 +264,8 @@ def translate_command(args):
     translation per line; with `--n-best K`, K lines `SCORE<TAB>TRANSLATION` per input, best
     first; with `--prefix`, translations that start with TEXT (`translate_prefix` signature);
     with `--sampling-topk/--temperature/--top-p/--seed`, sampled translations
-    (`translate_sample` signature)."""
+    (`translate_sample` signature). With `--input FILE --output FILE`:
+    `translate_file_command`."""
     batch_size = _batch_size(args)
     n_best = getattr(args, "n_best", None)
     prefix = getattr(args, "prefix", None)
@@ -266,6 +274,8 @@ def translate_command(args):
     if n_best is not None and prefix is not None:
         raise UsageError("--prefix and --n-best cannot be combined")
     sampling = sampling_request(args)
+    if getattr(args, "input", None) is not None or getattr(args, "output", None) is not None:
+        return translate_file_command(args, batch_size, n_best)
     import_tensorflow(getattr(args, "verbose", False))
     if sampling is not None:
         translate = load_sample_function(args.model, sampling)
@@ -303,6 +313,53 @@ def translate_command(args):
         for line in output_lines(batch, batch_size):
             print(line)
         sys.stdout.flush()
+
+
+def translate_file_command(args, batch_size, n_best=None):
+    """`keras-transformer translate --model DIR --input FILE --output FILE [--n-best K]
+    [--chunk-lines N]`: streams FILE through the model into the output (K lines
+    `SCORE<TAB>TRANSLATION` per input with `--n-best`), with progress on stderr and one summary
+    line; run again after a kill, it continues (`keras_transformer.file_translation`)."""
+    from keras_transformer.file_translation import CHUNK_LINES, check_paths, translate_file
+
+    if args.input is None or args.output is None:
+        raise UsageError("--input and --output go together (translate a file into a file)")
+    if args.text:
+        raise UsageError("--input translates a file: give no TEXT arguments with it")
+    if getattr(args, "prefix", None) is not None:
+        raise UsageError("--prefix applies to TEXT arguments and stdin, not to --input")
+    chunk_lines = CHUNK_LINES if args.chunk_lines is None else args.chunk_lines
+    if chunk_lines < 1:
+        raise UsageError(f"--chunk-lines must be a positive integer, got {chunk_lines}")
+    import_tensorflow(getattr(args, "verbose", False))
+    check_paths(args.input, args.output)  # before the model loads: a typo fails at once
+    from keras_transformer.export.saved_model import resolve_model_dir
+
+    sampling = sampling_request(args)
+    if n_best is None:
+        if sampling is None:
+            serve = load_serving_function(args.model)
+        else:
+            serve = load_sample_function(args.model, sampling)
+
+        def translate(texts):
+            return [[translation] for translation in serve(texts)[0]]
+    else:
+        serve = load_nbest_function(args.model, n_best)
+
+        def translate(texts):
+            return [[f"{s:.6f}\t{t}" for s, t in hypotheses] for hypotheses in serve(texts)]
+
+    model = os.path.realpath(resolve_model_dir(args.model))
+    result = translate_file(
+        translate, args.input, args.output, batch_size, chunk_lines, model, n_best or 1
+    )
+    resumed = f" ({result['resumed_after']:,} done before)" if result["resumed_after"] else ""
+    rate = result["translated"] / max(result["seconds"], 1e-9)
+    print(
+        f"{args.output}: {result['lines']:,} lines{resumed}; {result['translated']:,} "
+        f"translated in {result['seconds']:.1f} s ({rate:,.1f} lines/s)"
+    )
 
 
 # --------------------------------------------------------------------------- evaluate
@@ -513,11 +570,7 @@ def export_command(args):
 
 def prepare_command(args):
     """`keras-transformer prepare --config FILE [--workdir DIR] [--set KEY=VALUE ...]`."""
-    from keras_transformer.config import load_config
-
-    config = load_config(args.config, overrides=args.set)
-    if args.workdir:
-        config.runtime.workdir = args.workdir
+    config = load_command_config(args)
     from keras_transformer.data.prepare import prepare
 
     import_tensorflow(getattr(args, "verbose", False))  # the lock is written with tf.io.gfile
@@ -536,18 +589,27 @@ def prepare_command(args):
 
 def train_command(args):
     """`keras-transformer train --config FILE [--workdir DIR] [--set KEY=VALUE ...]`."""
-    from keras_transformer.config import load_config
-
     # The config is checked before TensorFlow is imported: config mistakes fail in a blink.
-    config = load_config(args.config, overrides=args.set)
-    if args.workdir:
-        config.runtime.workdir = args.workdir
+    config = load_command_config(args)
     import_tensorflow(getattr(args, "verbose", False))
-    from keras_transformer.training import is_chief, train
+    from keras_transformer.training import train
+    from keras_transformer.training.distribute import is_chief
 
     # The workers of a multi-worker job share the chief's lock.
     with workdir_lock(config, "train") if is_chief() else contextlib.nullcontext():
         train(config)
+
+
+def load_command_config(args):
+    """The config of `train` and `prepare`: `--config` with each `--set`, then `--workdir` as
+    the last override of `runtime.workdir`; validated as a whole, never changed after."""
+    from keras_transformer.config import load_config
+
+    config = load_config(args.config, overrides=args.set)  # every --set value is checked
+    if args.workdir is None:
+        return config
+    # The flag wins over `--set runtime.workdir=...`, as the more specific of the two.
+    return load_config(args.config, overrides=[*args.set, ("runtime.workdir", args.workdir)])
 
 
 def workdir_lock(config, command):

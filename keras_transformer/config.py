@@ -504,6 +504,8 @@ def from_dict(values, name=None):
 
 
 def _parse_override(text):
+    if isinstance(text, tuple):  # `(key, value)`: a command-line flag's value, taken as is
+        return text
     if "=" not in text:
         raise ConfigError(f"override '{text}' must look like section.key=value")
     key, raw = text.split("=", 1)
@@ -518,7 +520,10 @@ def _parse_override(text):
 
 
 def apply_overrides(values, overrides):
-    """Applies `["section.key=value", ...]` (values parsed as YAML scalars) to a config dict."""
+    """Applies `["section.key=value", ...]` (values parsed as YAML scalars) to a config dict.
+
+    An override may also be a `("section.key", value)` pair, its value taken as it is (the
+    string of a flag such as `--workdir`, which YAML would read as a number or null)."""
     values = {k: (dict(v) if isinstance(v, dict) else v) for k, v in (values or {}).items()}
     for text in overrides or []:
         key, value = _parse_override(text)

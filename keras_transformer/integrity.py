@@ -33,8 +33,7 @@ def _gfile():
 def file_digest(path):
     """`(size in bytes, sha256 hex digest)` of the file at `path` (any TensorFlow filesystem).
 
-    Reading is the cost: about a second per GB on a local disk (sha256 itself runs at 0.5 to 2
-    GB/s per core, depending on the CPU).
+    Reading is the cost (sha256 itself keeps up with a local disk).
     """
     digest, size = hashlib.sha256(), 0
     with _gfile().GFile(os.fspath(path), "rb") as f:

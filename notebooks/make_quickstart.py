@@ -105,7 +105,8 @@ for (source, reference), translation, score in zip(
         """from keras_transformer.config import decoding_settings
 from keras_transformer.data import Tokenizer
 from keras_transformer.models import build_transformer
-from keras_transformer.training import list_checkpoints, translate_sentences
+from keras_transformer.training.callbacks import translate_sentences
+from keras_transformer.workdir import list_checkpoints
 
 tokenizer = Tokenizer(str(WORKDIR / "spm.model"))
 model = build_transformer(config.model, tokenizer.vocab_size)
@@ -128,7 +129,7 @@ pair of dimensions is a sinusoid whose wavelength grows geometrically from 2π t
         """import keras
 from matplotlib.figure import Figure
 
-from keras_transformer.layers import positional_encoding
+from keras_transformer.layers.embedding import positional_encoding
 
 length, depth = 100, config.model.d_model
 pe = keras.ops.convert_to_numpy(positional_encoding(keras.ops.arange(length), depth))
@@ -156,7 +157,7 @@ model (d_model 512, 4000 warm-up steps).""",
     ),
     (
         "code",
-        """from keras_transformer.training import TransformerSchedule
+        """from keras_transformer.training.schedules import TransformerSchedule
 
 figure = Figure(figsize=(11, 3.5))
 for ax, (title, d_model, warmup, scale, steps) in zip(

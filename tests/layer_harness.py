@@ -3,7 +3,10 @@
 
 import keras
 import numpy as np
-from keras import ops
+from keras import ops, tree
+
+# Every dtype policy a layer may run under: its output spec must agree with its call in each.
+POLICIES = ("float32", "mixed_float16", "mixed_bfloat16", "bfloat16")
 
 
 def _np(x):
@@ -28,7 +31,9 @@ def run_layer_test(
     4. symbolic call on a `keras.Input`: the output shape;
     5. `.keras` save and load of a functional model around the layer: the same outputs;
     6. one SGD step of that model: every trainable weight receives a gradient (changes);
-    7. `mixed_bfloat16`: bfloat16 outputs, float32 weights.
+    7. `mixed_bfloat16`: bfloat16 outputs, float32 weights;
+    8. under every dtype policy, `compute_output_spec` on arrays, tensors and `KerasTensor`s, and
+       `compute_output_shape`, agree with the call's output (`check_output_spec`).
     """
     layer = make()
     output = layer(input_data)
@@ -74,3 +79,41 @@ def run_layer_test(
         assert all(keras.backend.standardize_dtype(w.dtype) == "float32" for w in half.weights)
     finally:
         keras.config.set_dtype_policy(policy)
+
+    for dtype in POLICIES:
+        check_output_spec(make, (input_data,), {}, dtype, shape_check=True)
+
+
+def _spec(x):
+    return tuple(x.shape), keras.backend.standardize_dtype(x.dtype)
+
+
+def check_output_spec(make, args, kwargs, dtype_policy, shape_check=False):
+    """Under `dtype_policy`, `make()`'s `compute_output_spec(*args, **kwargs)` has the structure,
+    shapes and dtypes of its eager call, whether the tensor arguments are numpy arrays, backend
+    tensors or `KerasTensor`s; calling it on `KerasTensor`s gives the same; with `shape_check`,
+    `compute_output_shape` of the first argument's shape gives the output's shape too."""
+    policy = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(dtype_policy)
+    try:
+        _check_output_spec(make, args, kwargs, shape_check)
+    finally:
+        keras.config.set_dtype_policy(policy)
+
+
+def _check_output_spec(make, args, kwargs, shape_check):
+    layer = make()
+    output = layer(*args, **kwargs)
+    expected = tree.map_structure(_spec, output)
+    is_array = lambda x: isinstance(x, np.ndarray)  # noqa: E731
+    as_tensor = lambda x: ops.convert_to_tensor(x) if is_array(x) else x  # noqa: E731
+    as_symbolic = lambda x: keras.KerasTensor(x.shape, x.dtype) if is_array(x) else x  # noqa: E731
+    for convert in (lambda x: x, as_tensor, as_symbolic):
+        spec_args, spec_kwargs = tree.map_structure(convert, (args, kwargs))
+        spec = layer.compute_output_spec(*spec_args, **spec_kwargs)
+        assert tree.map_structure(_spec, spec) == expected, (convert, spec, expected)
+    symbolic_args, symbolic_kwargs = tree.map_structure(as_symbolic, (args, kwargs))
+    symbolic = make()(*symbolic_args, **symbolic_kwargs)
+    assert tree.map_structure(_spec, symbolic) == expected
+    if shape_check:
+        assert tuple(layer.compute_output_shape(args[0].shape)) == expected[0]

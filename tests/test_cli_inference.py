@@ -13,7 +13,7 @@ import pytest
 
 from keras_transformer.config import from_dict, save_config
 from keras_transformer.evaluation import score_translations
-from keras_transformer.export import list_versions
+from keras_transformer.export.saved_model import list_versions
 from keras_transformer.workdir import save_model_weights
 
 SENTENCES = ["red apple cat", "dog dog fish bird", "blue", "plum pear white black green"]

@@ -82,6 +82,28 @@ def test_unknown_key_wrong_type_and_missing_config(tmp_path):
     )
 
 
+def test_workdir_is_an_override_validated_with_the_config(tmp_path, monkeypatch, capsys):
+    """`--workdir` is the last override, applied before validation (the config is never changed
+    after): an empty one is refused like `--set runtime.workdir=''` (which is refused beside a
+    `--workdir` too), it wins over `--set runtime.workdir=...`, and a name YAML would read as a
+    number stays a string."""
+    from keras_transformer import cli, commands, training
+
+    loaded = []
+    monkeypatch.setattr(commands, "import_tensorflow", lambda verbose=False: None)
+    monkeypatch.setattr(training, "train", loaded.append)
+    monkeypatch.chdir(tmp_path)
+    argv = ["--config", str(_write_config(tmp_path / "tiny.yaml", TINY))]
+    for command in ("train", "prepare"):
+        for bad in (["--workdir", ""], ["--workdir", "w", "--set", "runtime.workdir=''"]):
+            assert cli.main([command, *argv, *bad]) == 2
+            expected = f"keras-transformer {command}: error: runtime.workdir must not be empty\n"
+            assert capsys.readouterr().err == expected
+    assert cli.main(["train", *argv, "--workdir", "2024"]) == 0
+    assert cli.main(["train", *argv, "--workdir", "w", "--set", "runtime.workdir=elsewhere"]) == 0
+    assert [c.runtime.workdir for c in loaded] == ["2024", "w"]
+
+
 @pytest.mark.slow
 def test_missing_corpus_file_and_mismatched_line_counts(tmp_path):
     config = _write_config(tmp_path / "tiny.yaml", TINY)

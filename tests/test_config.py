@@ -53,6 +53,16 @@ def test_yaml_and_overrides(tmp_path):
     assert config.model.dropout == 0.0 and isinstance(config.model.dropout, float)
 
 
+def test_a_flag_override_keeps_its_string_and_is_validated():
+    """`("section.key", value)` overrides (what `--workdir` gives) are taken as they are, not
+    read as YAML, and validated with the rest: an empty workdir is refused."""
+    config = load_config(overrides=["runtime.workdir=a", ("runtime.workdir", "2024")])
+    assert config.runtime.workdir == "2024"
+    assert load_config(overrides=[("runtime.workdir", "null")]).runtime.workdir == "null"
+    with pytest.raises(ConfigError, match="runtime.workdir must not be empty"):
+        load_config(overrides=[("runtime.workdir", "")])
+
+
 def test_save_and_load_round_trip(tmp_path):
     config = load_config(overrides=["model.d_model=128", "runtime.jit_compile=false"])
     path = str(tmp_path / "resolved.yaml")

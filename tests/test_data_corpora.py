@@ -4,8 +4,9 @@ import warnings
 
 import pytest
 
-from keras_transformer.data import DataError, DataWarning, parse_spec, read_pairs
-from keras_transformer.errors import KerasTransformerError
+from keras_transformer.data import read_pairs
+from keras_transformer.data.corpora import parse_spec
+from keras_transformer.errors import DataError, DataWarning, KerasTransformerError
 
 
 def _write(path, data):

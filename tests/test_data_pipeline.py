@@ -7,16 +7,10 @@ import numpy as np
 import pytest
 
 from keras_transformer.config import DataConfig
-from keras_transformer.data import (
-    DataWarning,
-    Tokenizer,
-    bucket_batch_sizes,
-    bucket_boundaries,
-    encode_sources,
-    make_dataset,
-    read_pairs,
-    train_sentencepiece,
-)
+from keras_transformer.data import Tokenizer, encode_sources, make_dataset, read_pairs
+from keras_transformer.data.pipeline import bucket_batch_sizes, bucket_boundaries
+from keras_transformer.data.tokenizer import train_sentencepiece
+from keras_transformer.errors import DataWarning
 
 BOS, EOS, PAD = 2, 3, 0
 

@@ -18,19 +18,11 @@ from training_helpers import tiny_config
 
 from keras_transformer import cli
 from keras_transformer.config import save_config
-from keras_transformer.data import (
-    DataError,
-    DataWarning,
-    Tokenizer,
-    bucket_batch_sizes,
-    check_prepared,
-    prepare,
-    prepared_dataset,
-    prepared_examples,
-    read_manifest,
-    read_pairs,
-)
+from keras_transformer.data import Tokenizer, prepare, prepared_dataset, read_pairs
 from keras_transformer.data import tokenizer as tokenizer_module
+from keras_transformer.data.pipeline import bucket_batch_sizes
+from keras_transformer.data.prepare import check_prepared, prepared_examples, read_manifest
+from keras_transformer.errors import DataError, DataWarning
 from keras_transformer.workdir import Workdir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

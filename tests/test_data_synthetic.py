@@ -4,8 +4,9 @@ import collections
 
 import pytest
 
-from keras_transformer.data import DataError, read_pairs, synthetic
+from keras_transformer.data import read_pairs, synthetic
 from keras_transformer.data.synthetic import generate
+from keras_transformer.errors import DataError
 
 
 @pytest.fixture(scope="module")

@@ -8,14 +8,10 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer.config import DataConfig
-from keras_transformer.data import (
-    DataError,
-    DataWarning,
-    Tokenizer,
-    get_or_train_tokenizer,
-    train_sentencepiece,
-)
+from keras_transformer.data import Tokenizer, get_or_train_tokenizer
 from keras_transformer.data import tokenizer as tokenizer_module
+from keras_transformer.data.tokenizer import train_sentencepiece
+from keras_transformer.errors import DataError, DataWarning
 
 SAMPLES = [
     "Grüße aus Köln, schöne Äpfel und Öl für die Straße.",

@@ -12,14 +12,12 @@ import pytest
 import tensorflow as tf
 from keras import ops
 
-from keras_transformer.decoding import (
-    beam_search,
+from keras_transformer.decoding import beam_search, greedy_search, translate_ids
+from keras_transformer.decoding.search import (
     expand_to_beams,
     flatten_beams,
     gather_beams,
-    greedy_search,
     length_penalty,
-    translate_ids,
     unflatten_beams,
 )
 

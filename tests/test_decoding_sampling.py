@@ -177,6 +177,18 @@ def test_cli_translate_samples_with_a_seed(sampling_export, capsys):
     capsys.readouterr()
 
 
+def test_cli_file_mode_samples_each_line_as_text_mode_does(sampling_export, tmp_path, capsys):
+    lines = ["red apple cat", "blue", "dog dog fish bird", "plum pear", "cat"]
+    source = tmp_path / "mono.txt"
+    source.write_text("\n".join(lines) + "\n")
+    output = tmp_path / "out.txt"
+    common = ["translate", "--model", sampling_export, "--seed", "4"]
+    assert cli.main(common + ["--input", str(source), "--output", str(output)]) == 0
+    assert cli.main(common + ["--batch-size", "2", *lines]) == 0
+    # Sorted and batched in the file, two at a time here: each line's sample is the same.
+    assert output.read_text().splitlines() == capsys.readouterr().out.splitlines()
+
+
 def test_cli_refuses_sampling_from_an_export_without_it(exported_copy_model, capsys):
     _, path = exported_copy_model
     assert cli.main(["translate", "--model", path, "--seed", "1", "blue"]) == 2

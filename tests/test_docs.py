@@ -158,6 +158,21 @@ def test_api_reference_has_an_entry_for_every_public_name():
             assert entry in page or f"| `{name}` |" in page, f"{module}.{name} has no entry"
 
 
+def test_the_top_level_names_have_their_page():
+    """`keras_transformer.<name>` (the lazy top-level API) is listed on its page, and each
+    name is one a sub-package documents (rendered on that package's page)."""
+    import keras_transformer
+
+    page = _read(os.path.join(DOCS, "reference", "api", "keras_transformer.md"))
+    names = public_names()
+    for name in keras_transformer.__all__:
+        assert f"| `{name}` |" in page, f"keras_transformer.{name} is not on its page"
+        value = getattr(keras_transformer, name)
+        if name not in PUBLIC_PACKAGES:
+            home = value.__module__.split(".")[1]  # keras_transformer.<home>[.module]
+            assert name in names[home], f"keras_transformer.{name} is not public in {home}"
+
+
 def test_every_public_callable_has_a_docstring():
     import importlib
     import inspect
@@ -260,13 +275,30 @@ def _signature(path):
     return tf.saved_model.load(path).signatures["serving_default"]
 
 
-def _rest_bodies():
-    """The JSON bodies of the curl requests in the README and the documentation."""
-    bodies = []
-    for _, block in _blocks(_all_docs(), "bash"):
-        for match in re.finditer(r"-d '(\{.*?\})'", block):
-            bodies.append(json.loads(match.group(1)))
-    return bodies
+def _rest_examples(text):
+    """`[(body, documented response or None)]`: the JSON bodies of the curl requests in `text`
+    (on one line or several), each with the ```` ```json ````
+    block that directly follows its ```` ```bash ```` block, if any."""
+    pattern = re.compile(r"```bash\n(.*?)```(?:\n```json\n(.*?)```)?", re.S)
+    examples = []
+    for match in pattern.finditer(text):
+        bodies = re.findall(r"-d '(\{.*?\})'", match.group(1), re.S)
+        for i, body in enumerate(bodies):
+            documented = match.group(2) if i == len(bodies) - 1 else None
+            examples.append((json.loads(body), documented and json.loads(documented)))
+    return examples
+
+
+def _check_documented_response(documented, response):
+    """A documented response has the real one's format, output names and rows (not its
+    values: the test's model is untrained)."""
+    assert set(documented) == set(response)
+    if "outputs" in response:
+        assert set(documented["outputs"]) == set(response["outputs"])
+        for name, values in documented["outputs"].items():
+            assert len(values) == len(response["outputs"][name]), name
+    else:
+        assert len(documented["predictions"]) == len(response["predictions"])
 
 
 def _as_json(values):
@@ -293,11 +325,16 @@ def test_rest_requests_match_the_signature(exported_quickstart):
     assert set(outputs) == {"translation", "score", "token_scores", "confidence"}
     assert outputs["translation"].dtype == tf.string and outputs["score"].dtype == tf.float32
 
-    bodies = _rest_bodies()
+    examples = _rest_examples(_all_docs())
+    bodies = [body for body, _ in examples]
     assert any("instances" in b for b in bodies) and any("inputs" in b for b in bodies)
     named = {b.get("signature_name", "serving_default") for b in bodies}
-    assert named == {"serving_default", "translate_nbest", "score"}
-    for body in bodies:
+    assert named == {"serving_default", "translate_nbest", "translate_prefix", "score"}
+    # The README's translate_prefix example shows its response (issue #37).
+    readme = [body for body, _ in _rest_examples(_readme())]
+    assert any(b.get("signature_name") == "translate_prefix" for b in readme)
+    assert any(documented for body, documented in examples if body in readme)
+    for body, documented in examples:
         signature = signatures[body.get("signature_name", "serving_default")]
         _, inputs = signature.structured_input_signature
         if "instances" in body:
@@ -318,6 +355,8 @@ def test_rest_requests_match_the_signature(exported_quickstart):
             assert all(len(v) == rows for v in response["outputs"].values())
         scores = result.get("score", result.get("scores", result.get("log_probability")))
         assert np.all(np.isfinite(scores)) and np.all(np.asarray(scores) <= 0)
+        if documented:
+            _check_documented_response(documented, response)
 
 
 @pytest.mark.slow

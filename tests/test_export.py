@@ -14,12 +14,8 @@ import tensorflow as tf
 from _fresh_process import latin1, run_fresh
 
 from keras_transformer.decoding import translate_ids
-from keras_transformer.export import (
-    Translator,
-    export_saved_model,
-    list_versions,
-    resolve_model_dir,
-)
+from keras_transformer.export import Translator, export_saved_model
+from keras_transformer.export.saved_model import list_versions, resolve_model_dir
 from keras_transformer.models import Transformer
 from keras_transformer.workdir import average_checkpoints
 

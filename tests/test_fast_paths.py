@@ -15,12 +15,9 @@ from keras import ops
 
 from keras_transformer import fast_paths
 from keras_transformer.decoding import translate_ids
-from keras_transformer.layers import (
-    LayerNormalization,
-    MultiHeadAttention,
-    scaled_dot_product_attention,
-)
+from keras_transformer.layers import MultiHeadAttention, scaled_dot_product_attention
 from keras_transformer.layers.attention import write_cache
+from keras_transformer.layers.normalization import LayerNormalization
 from keras_transformer.models import Transformer
 from keras_transformer.training import losses as losses_module
 from keras_transformer.training import metrics as metrics_module

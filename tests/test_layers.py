@@ -10,10 +10,9 @@ import keras
 import numpy as np
 import pytest
 from keras import ops
-from layer_harness import run_layer_test  # noqa: E402
+from layer_harness import POLICIES, check_output_spec, run_layer_test  # noqa: E402
 
 from keras_transformer.layers import (
-    LayerNormalization,
     MultiHeadAttention,
     PositionwiseFeedForward,
     SinusoidalPositionalEncoding,
@@ -24,6 +23,7 @@ from keras_transformer.layers import (
     TransformerEncoderBlock,
     scaled_dot_product_attention,
 )
+from keras_transformer.layers.normalization import LayerNormalization
 
 
 def np_(x):
@@ -319,7 +319,60 @@ def test_layer_by_the_book(name, tmp_path):
     run_layer_test(make, data, shape, weights, tmp_path, input_dtype=dtype)
 
 
+CACHE = (np.zeros((2, 2, 5, 4), "float32"),) * 2  # [batch, heads, max_len, head_dim]
+MEMORY = np.random.default_rng(14).normal(size=(2, 4, 8)).astype("float32")
+
+# Calls beyond the default one: (layer factory, args, kwargs).
+CALL_VARIANTS = {
+    "attention scores": (
+        lambda: MultiHeadAttention(2, 4),
+        (X, MEMORY),
+        dict(return_attention_scores=True),
+    ),
+    "self-attention cache": (
+        lambda: MultiHeadAttention(2, 4),
+        (X[:, :1], X[:, :1]),
+        dict(cache=CACHE, cache_update_index=2, return_attention_scores=True),
+    ),
+    "cross-attention cache": (lambda: MultiHeadAttention(2, 4), (X, None), dict(cache=CACHE)),
+    "positions from an index": (SinusoidalPositionalEncoding, (X,), dict(start_index=3)),
+    "tied output projection": (lambda: TokenEmbedding(20, 8), (X,), dict(reverse=True)),
+    "encoder scores": (
+        lambda: TransformerEncoder(2, 2, 16),
+        (X,),
+        dict(padding_mask=np.ones((2, 3), bool), return_attention_scores=True),
+    ),
+    "decoder block scores": (
+        lambda: TransformerDecoderBlock(2, 16),
+        (X, MEMORY),
+        dict(return_attention_scores=True),
+    ),
+    "decoder cache": (
+        lambda: TransformerDecoder(2, 2, 16, norm_first=True),
+        (X[:, :1], None),
+        dict(
+            self_attention_cache=[CACHE] * 2,
+            cache_update_index=1,
+            cross_attention_cache=[CACHE] * 2,
+            return_attention_scores=True,
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("variant", sorted(CALL_VARIANTS))
+def test_output_spec_agrees_with_call(variant, policy):
+    make, args, kwargs = CALL_VARIANTS[variant]
+    check_output_spec(make, args, kwargs, policy)
+
+
 def test_every_public_layer_is_covered():
+    """Every layer class of the package's layer modules (the public ones and those only
+    importable from their module, such as `LayerNormalization`) has a case above."""
+    import importlib
+    import pkgutil
+
     import keras_transformer.layers as layers
 
     public = {
@@ -328,7 +381,19 @@ def test_every_public_layer_is_covered():
         if isinstance(getattr(layers, name), type)
         and issubclass(getattr(layers, name), keras.layers.Layer)
     }
-    assert public == set(LAYER_CASES)
+    defined = set()
+    for info in pkgutil.iter_modules(layers.__path__):
+        if not info.name.startswith("_"):
+            module = importlib.import_module(f"{layers.__name__}.{info.name}")
+            defined |= {
+                name
+                for name, value in vars(module).items()
+                if isinstance(value, type)
+                and issubclass(value, keras.layers.Layer)
+                and value.__module__ == module.__name__
+            }
+    assert public and public <= defined
+    assert defined == set(LAYER_CASES)
 
 
 def test_bad_arguments_fail_clearly():

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from keras import ops
 
-from keras_transformer.models import PRESETS, Transformer, build_transformer
+from keras_transformer.models import Transformer, build_transformer
+from keras_transformer.models.transformer import PRESETS
 
 VOCAB = 50
 
@@ -194,3 +195,25 @@ def test_token_dropout_zeroes_whole_token_embeddings_in_training_only():
     assert plain.source_token_dropout is None  # 0 adds no layer: older weights load as before
     with pytest.raises(ValueError, match="token_dropout"):
         tiny(token_dropout=1.0)
+
+
+def test_hyper_parameters_are_the_constructor_arguments():
+    """The signature declares them; attributes, config and the `model:` config section follow."""
+    import dataclasses
+    import inspect
+
+    from keras_transformer.config import ModelConfig
+
+    parameters = inspect.signature(Transformer.__init__).parameters
+    names = [name for name in parameters if name not in ("self", "dtype", "kwargs")]
+    given = dict(num_decoder_layers=1, activation="gelu", norm_first=True, token_dropout=0.2)
+    model = tiny(**given)
+    config = model.get_config()
+    assert list(config) == ["name", "trainable", *names, "dtype"]
+    for name in names:
+        assert getattr(model, name) == config[name] == model.hyper_parameters[name]
+    assert {name: config[name] for name in given} == given
+    assert len(model.decoder.blocks) == 1 and model.decoder.blocks[0].norm_first
+    # The config file's `model:` section uses the same names and defaults.
+    for field in dataclasses.fields(ModelConfig):
+        assert field.default == parameters[field.name].default, field.name

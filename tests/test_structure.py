@@ -11,9 +11,13 @@ import pathlib
 
 import pytest
 
+from keras_transformer.config import SECTIONS
+
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "keras_transformer"
 
 LEVELS = {
+    # The package's __init__ holds `__version__` and the lazy top-level API, which imports its
+    # names by string on first use (so no module here depends on it, and it is no import edge).
     "keras_transformer": 0,
     "keras_transformer.errors": 0,
     "keras_transformer.config": 0,
@@ -26,6 +30,7 @@ LEVELS = {
     "keras_transformer.decoding": 2,
     "keras_transformer.export": 3,
     "keras_transformer.evaluation": 3,
+    "keras_transformer.file_translation": 3,
     "keras_transformer.training": 4,
     "keras_transformer.commands": 5,
     "keras_transformer.cli": 6,
@@ -147,15 +152,26 @@ def test_no_module_level_switches(path):
 
 
 def _function_lengths(path):
-    """`[(lines, name)]` of every function in `path`, docstrings not counted."""
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            lines = node.end_lineno - node.lineno + 1
-            first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
-                if isinstance(first.value.value, str):
-                    lines -= first.end_lineno - first.lineno + 1
-            yield lines, f"{path.relative_to(PACKAGE)}:{node.name}"
+    """`[(lines, name)]` of every function in `path`, docstrings not counted; `name` is
+    `file:Class.method` (nested functions: `file:outer.inner`)."""
+
+    def visit(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            qualified = f"{prefix}{getattr(child, 'name', '')}"
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = child.end_lineno - child.lineno + 1
+                first = child.body[0]
+                if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                    if isinstance(first.value.value, str):
+                        lines -= first.end_lineno - first.lineno + 1
+                yield lines, f"{path.relative_to(PACKAGE)}:{qualified}"
+                yield from visit(child, qualified + ".")
+            elif isinstance(child, ast.ClassDef):
+                yield from visit(child, qualified + ".")
+            else:
+                yield from visit(child, prefix)
+
+    yield from visit(ast.parse(path.read_text()), "")
 
 
 @pytest.mark.parametrize("package, limit", [("layers", 50), ("decoding", 80)])
@@ -167,6 +183,75 @@ def test_functions_are_short(package, limit):
     assert lengths and not too_long, too_long
 
 
+MAX_FUNCTION_LINES = 60
+# Today's functions over MAX_FUNCTION_LINES, with their current length: each may only shrink
+# (and leaves the list once it is short enough); no other function may grow past the limit.
+# Their files are being reworked on other branches (issue #33); empty this list when they land.
+LONG_FUNCTIONS = {
+    "data/prepare.py:_write_shards": 141,
+    "models/transformer.py:Transformer.__init__": 131,
+    "data/pipeline.py:batch_examples": 85,
+    "data/prepare.py:prepare": 79,
+    "training/callbacks.py:translate_sentences": 68,
+    "training/trainer.py:_fit": 62,
+}
+
+
+def test_no_function_is_over_sixty_lines():
+    lengths = {}
+    for path in PACKAGE.rglob("*.py"):
+        for lines, name in _function_lengths(path):  # a property's setter shares its name
+            lengths[name] = max(lines, lengths.get(name, 0))
+    too_long = [
+        f"{name}: {lines} lines (limit {LONG_FUNCTIONS.get(name, MAX_FUNCTION_LINES)})"
+        for name, lines in sorted(lengths.items())
+        if lines > LONG_FUNCTIONS.get(name, MAX_FUNCTION_LINES)
+    ]
+    assert not too_long, "\n".join(too_long)
+    # An allow-listed function that got short enough (or was renamed) leaves the list.
+    stale = [name for name in LONG_FUNCTIONS if lengths.get(name, 0) <= MAX_FUNCTION_LINES]
+    assert not stale, f"remove from LONG_FUNCTIONS: {stale}"
+
+
+def _config_assignments(path):
+    """Assignments that change a config after it was validated: `config.<section>.<key> = ...`
+    (on any object named `...config`), `<section>_config.<key> = ...` and `setattr` on either."""
+    sections = set(SECTIONS)
+
+    def name_of(node):
+        return node.id if isinstance(node, ast.Name) else getattr(node, "attr", "")
+
+    def changes_a_section(target):  # `target` is the object whose attribute is set
+        if isinstance(target, ast.Attribute) and target.attr in sections:
+            return name_of(target.value).endswith("config")
+        return name_of(target) in {f"{section}_config" for section in sections}
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            attributes = [
+                t for target in targets for t in ast.walk(target) if isinstance(t, ast.Attribute)
+            ]
+            found += [ast.unparse(t) for t in attributes if changes_a_section(t.value)]
+        elif isinstance(node, ast.Call) and name_of(node.func) == "setattr" and node.args:
+            if changes_a_section(node.args[0]):
+                found.append(ast.unparse(node))
+    return found
+
+
+def test_the_config_is_not_changed_after_validation():
+    """Only config.py builds configs; elsewhere a changed config is a new one
+    (`dataclasses.replace`), so a value in use has passed validation."""
+    found = [
+        f"{path.relative_to(PACKAGE)}: {assignment}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path != PACKAGE / "config.py"
+        for assignment in _config_assignments(path)
+    ]
+    assert not found, "\n".join(found)
+
+
 def test_the_checks_see_what_they_look_for(tmp_path):
     """The checks above find what they are meant to find (so passing means something)."""
     switch = tmp_path / "switchy.py"
@@ -175,6 +260,21 @@ def test_the_checks_see_what_they_look_for(tmp_path):
         "def f():\n    global FUSE\n    FUSE = False\n"
     )
     assert _module_level_switches(switch) == ["FUSE", "_STATE", "global FUSE"]
+    changes = tmp_path / "changes.py"
+    changes.write_text(
+        "def f(config, run, data_config, self):\n"
+        "    config.runtime.workdir = 'w'\n    run.config.train.steps += 1\n"
+        "    data_config.seed = 2\n    setattr(config.model, 'd_ff', 8)\n"
+        "    self.model.stop_training = True\n    config.name = 'x'\n"
+    )
+    assert _config_assignments(changes) == [
+        "config.runtime.workdir",
+        "run.config.train.steps",
+        "data_config.seed",
+        "setattr(config.model, 'd_ff', 8)",
+    ]
+    lengths = {name: lines for lines, name in _function_lengths(PACKAGE / "workdir.py")}
+    assert lengths["workdir.py:Workdir.of"] >= 2
     assert os.path.basename(str(PACKAGE)) == "keras_transformer"
     graph = _graph()
     assert "keras_transformer.errors" in graph["keras_transformer.cli"]

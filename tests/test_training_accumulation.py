@@ -13,12 +13,8 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer.models import Transformer
-from keras_transformer.training import (
-    MaskedAccuracy,
-    MaskedSparseCrossEntropy,
-    Perplexity,
-    TokenCount,
-)
+from keras_transformer.training.losses import MaskedSparseCrossEntropy
+from keras_transformer.training.metrics import MaskedAccuracy, Perplexity, TokenCount
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)

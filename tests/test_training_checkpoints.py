@@ -12,13 +12,9 @@ import pytest
 
 from keras_transformer.config import from_dict
 from keras_transformer.models import build_transformer
-from keras_transformer.training import (
-    ResumeState,
-    StepCheckpoint,
-    averaged_weights,
-    compile_model,
-    make_optimizer,
-)
+from keras_transformer.training import compile_model
+from keras_transformer.training.callbacks import ResumeState, StepCheckpoint, averaged_weights
+from keras_transformer.training.trainer import make_optimizer
 from keras_transformer.workdir import average_checkpoints, list_checkpoints, load_last_checkpoints
 
 TOY_MODEL = dict(num_layers=1, d_model=16, num_heads=2, d_ff=32, dropout=0.1)
@@ -198,3 +194,14 @@ def test_weight_decay_shrinks_all_weights_but_biases_and_layer_norms_by_the_form
     assert kept and all(path.rsplit("/", 1)[-1] in excluded for path in kept)
     assert not any(path.rsplit("/", 1)[-1] in excluded for path in decayed)
     assert make_optimizer(from_dict({})).weight_decay is None  # the paper's: off
+
+
+def test_weight_decay_goes_by_rank_not_by_name():
+    """Matrices decay whatever their names; vectors never do (a renamed bias stays undecayed)."""
+    optimizer = make_optimizer(from_dict({"train": dict(warmup_steps=2, weight_decay=0.1)}))
+    matrix = keras.Variable(np.ones((3, 2), "float32"), name="bias")  # a matrix named like a bias
+    vector = keras.Variable(np.ones((3,), "float32"), name="offset")  # a vector named otherwise
+    learning_rate = float(optimizer.learning_rate)
+    optimizer.apply([keras.ops.zeros_like(matrix), keras.ops.zeros_like(vector)], [matrix, vector])
+    np.testing.assert_allclose(np.array(matrix), 1 - learning_rate * 0.1, rtol=1e-6)
+    np.testing.assert_array_equal(np.array(vector), 1.0)

@@ -10,7 +10,8 @@ from training_helpers import read_scalars, tiny_config
 
 from keras_transformer.config import from_dict
 from keras_transformer.models import build_transformer
-from keras_transformer.training import compile_model, list_checkpoints, train
+from keras_transformer.training import compile_model, train
+from keras_transformer.workdir import list_checkpoints
 
 
 @pytest.mark.slow

@@ -10,7 +10,10 @@ import pytest
 from training_helpers import read_scalars, tiny_config
 
 from keras_transformer.config import ConfigError, load_config
-from keras_transformer.training import BudgetSchedule, FusedAdam, ResumeState, StopAtStep, train
+from keras_transformer.training import train
+from keras_transformer.training.callbacks import ResumeState, StopAtStep
+from keras_transformer.training.optimizers import FusedAdam
+from keras_transformer.training.schedules import BudgetSchedule
 from keras_transformer.training.trainer import make_optimizer
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")

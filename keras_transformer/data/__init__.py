@@ -13,62 +13,23 @@ Corpora of any size (WMT): prepare once, stream always.
 manifest = data.prepare(config)  # WORKDIR/spm.model and WORKDIR/prepared/ (shards, manifest)
 dataset = data.prepared_dataset(Workdir.of(config).prepared, config.data)
 ```
+
+The rest is importable from the modules: corpus specs (`data.corpora`), batching
+(`data.pipeline`), shards and their manifest (`data.prepare`), the special ids `PAD_ID`,
+`UNK_ID`, `BOS_ID`, `EOS_ID` (`data.tokenizer`), the synthetic corpus (`data.synthetic`).
 """
 
-from keras_transformer.data.corpora import (
-    DataError,
-    DataWarning,
-    iter_pairs,
-    parse_spec,
-    read_pairs,
-)
-from keras_transformer.data.pipeline import (
-    batch_examples,
-    bucket_batch_sizes,
-    bucket_boundaries,
-    encode_sources,
-    make_dataset,
-)
-from keras_transformer.data.prepare import (
-    check_prepared,
-    prepare,
-    prepared_dataset,
-    prepared_examples,
-    read_manifest,
-)
-from keras_transformer.data.synthetic import generate as generate_synthetic
-from keras_transformer.data.tokenizer import (
-    BOS_ID,
-    EOS_ID,
-    PAD_ID,
-    UNK_ID,
-    Tokenizer,
-    get_or_train_tokenizer,
-    train_sentencepiece,
-)
+from keras_transformer.data.corpora import read_pairs
+from keras_transformer.data.pipeline import encode_sources, make_dataset
+from keras_transformer.data.prepare import prepare, prepared_dataset
+from keras_transformer.data.tokenizer import Tokenizer, get_or_train_tokenizer
 
 __all__ = [
-    "BOS_ID",
-    "EOS_ID",
-    "PAD_ID",
-    "UNK_ID",
-    "DataError",
-    "DataWarning",
     "Tokenizer",
-    "batch_examples",
-    "bucket_batch_sizes",
-    "check_prepared",
-    "bucket_boundaries",
     "encode_sources",
-    "generate_synthetic",
     "get_or_train_tokenizer",
-    "iter_pairs",
     "make_dataset",
-    "parse_spec",
     "prepare",
     "prepared_dataset",
-    "prepared_examples",
-    "read_manifest",
     "read_pairs",
-    "train_sentencepiece",
 ]

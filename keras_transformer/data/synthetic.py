@@ -359,8 +359,3 @@ def spec_size(options_text, spec="synthetic:"):
 def iter_from_spec(options_text, spec="synthetic:"):
     """Parses `split=dev,size=100,...` (the part after `synthetic:`) and streams the pairs."""
     return iter_generate(**_parse_options(options_text, spec))
-
-
-def generate_from_spec(options_text, spec="synthetic:"):
-    """Parses `split=dev,size=100,...` (the part after `synthetic:`) and generates the pairs."""
-    return list(iter_from_spec(options_text, spec))

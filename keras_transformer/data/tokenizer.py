@@ -95,8 +95,6 @@ def train_sentencepiece(
     """
     import os
 
-    import tensorflow as tf
-
     sentences = [s for s in sentences if s]
     if not sentences:
         raise DataError("cannot train a SentencePiece vocabulary on an empty corpus")
@@ -110,22 +108,9 @@ def train_sentencepiece(
             flush=True,
         )
     num_threads = num_threads or max(1, os.cpu_count() or 1)
-    size = vocab_size
-    for _ in range(3):
-        try:
-            proto = _spm_train(sentences, size, model_type, character_coverage, seed, num_threads)
-            break
-        except RuntimeError as e:
-            too_high, too_low = _TOO_HIGH.search(str(e)), _TOO_LOW.search(str(e))
-            if too_high:
-                size = int(too_high.group(2))
-            elif too_low:
-                size = int(too_low.group(2))
-            else:
-                message = str(e).splitlines()[0]
-                raise DataError(f"SentencePiece training failed: {message}") from None
-    else:
-        raise DataError(f"SentencePiece training failed for vocab_size={vocab_size}")
+    proto = _spm_train_fitting(
+        sentences, vocab_size, model_type, character_coverage, seed, num_threads
+    )
 
     import sentencepiece as spm
 
@@ -139,6 +124,38 @@ def train_sentencepiece(
             DataWarning,
             stacklevel=2,
         )
+    _write_model(proto, processor, model_path)
+    if verbose:
+        print(f"wrote {model_path} ({actual} pieces)", file=sys.stderr, flush=True)
+    return model_path
+
+
+def _spm_train_fitting(sentences, vocab_size, model_type, character_coverage, seed, num_threads):
+    """`_spm_train` at `vocab_size` or, where sentencepiece refuses it (more pieces than the text
+    supports, fewer than its characters), at the size its message names."""
+    size = vocab_size
+    for _ in range(3):
+        try:
+            return _spm_train(sentences, size, model_type, character_coverage, seed, num_threads)
+        except RuntimeError as e:
+            too_high, too_low = _TOO_HIGH.search(str(e)), _TOO_LOW.search(str(e))
+            if too_high:
+                size = int(too_high.group(2))
+            elif too_low:
+                size = int(too_low.group(2))
+            else:
+                message = str(e).splitlines()[0]
+                raise DataError(f"SentencePiece training failed: {message}") from None
+    raise DataError(f"SentencePiece training failed for vocab_size={vocab_size}")
+
+
+def _write_model(proto, processor, model_path):
+    """Writes the model proto to `model_path` atomically (beside it, then renamed) and its pieces
+    and scores to the readable `.vocab` file."""
+    import os
+
+    import tensorflow as tf
+
     directory = os.path.dirname(model_path)
     if directory:
         tf.io.gfile.makedirs(directory)
@@ -148,11 +165,8 @@ def train_sentencepiece(
     tf.io.gfile.rename(temporary, model_path, overwrite=True)
     vocab_path = model_path[: -len(".model")] if model_path.endswith(".model") else model_path
     with tf.io.gfile.GFile(vocab_path + ".vocab", "w") as f:
-        for i in range(actual):
+        for i in range(processor.get_piece_size()):
             f.write(f"{processor.id_to_piece(i)}\t{processor.get_score(i):g}\n")
-    if verbose:
-        print(f"wrote {model_path} ({actual} pieces)", file=sys.stderr, flush=True)
-    return model_path
 
 
 class Tokenizer:

@@ -2,9 +2,12 @@
 wiring (residual, LayerNorm, feed-forward) and config. Private: the public classes are in
 `encoder.py` and `decoder.py`."""
 
+import inspect
+
 import keras
 
 from keras_transformer.layers._initializers import clone_initializer
+from keras_transformer.layers._specs import CallTracedSpec
 from keras_transformer.layers.attention import MultiHeadAttention
 from keras_transformer.layers.feed_forward import PositionwiseFeedForward
 from keras_transformer.layers.normalization import LayerNormalization
@@ -17,7 +20,7 @@ def head_size(d_model, num_heads):
     return d_model // num_heads
 
 
-class BlockBase(keras.layers.Layer):
+class BlockBase(CallTracedSpec, keras.layers.Layer):
     """Shared constructor arguments, sub-layer wiring and config of the encoder/decoder blocks."""
 
     def __init__(
@@ -74,25 +77,20 @@ class BlockBase(keras.layers.Layer):
         self.feed_forward_norm.build(input_shape)
         self.residual_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
-    def _residual(self, x, norm, sublayer, training):
-        """Post-norm `LN(x + Dropout(Sublayer(x)))` or pre-norm `x + Dropout(Sublayer(LN(x)))`.
-
-        `sublayer` returns `(output, extras)`; the extras (attention scores, caches) pass through.
-        """
+    def _feed_forward_sublayer(self, x, training):
+        """Post-norm `LN(x + Dropout(FFN(x)))` or pre-norm `x + Dropout(FFN(LN(x)))`."""
+        residual = x
         if self.norm_first:
-            y, extras = sublayer(norm(x))
-            return x + self.residual_dropout(y, training=training), extras
-        y, extras = sublayer(x)
-        return norm(x + self.residual_dropout(y, training=training)), extras
-
-    def _feed_forward(self, x, training):
-        x, _ = self._residual(
-            x,
-            self.feed_forward_norm,
-            lambda h: (self.feed_forward(h, training=training), None),
-            training,
-        )
+            x = self.feed_forward_norm(x)
+        x = self.feed_forward(x, training=training)
+        x = self.residual_dropout(x, training=training)
+        x = residual + x
+        if not self.norm_first:
+            x = self.feed_forward_norm(x)
         return x
+
+    def compute_output_shape(self, inputs_shape, *args, **kwargs):
+        return tuple(inputs_shape)
 
     def get_config(self):
         config = super().get_config()
@@ -112,42 +110,26 @@ class BlockBase(keras.layers.Layer):
         return config
 
 
-class StackBase(keras.layers.Layer):
-    """Shared constructor arguments and config of the encoder/decoder stacks."""
+class StackBase(CallTracedSpec, keras.layers.Layer):
+    """Shared constructor and config of the encoder/decoder stacks: `num_layers`, then the block
+    class's own arguments (declared once, by `BlockBase.__init__`), passed to every block."""
 
     block_class = None
 
-    def __init__(
-        self,
-        num_layers,
-        num_heads,
-        d_ff,
-        dropout=0.1,
-        attention_dropout=0.0,
-        activation_dropout=0.0,
-        activation="relu",
-        norm_first=False,
-        layer_norm_epsilon=1e-6,
-        kernel_initializer="glorot_uniform",
-        **kwargs,
-    ):
+    def __init__(self, num_layers, num_heads, d_ff, **kwargs):
+        block_names = inspect.signature(self.block_class.__init__).parameters
+        block_kwargs = {name: kwargs.pop(name) for name in list(kwargs) if name in block_names}
         super().__init__(**kwargs)
         if num_layers <= 0:
             raise ValueError(f"num_layers must be positive, got {num_layers}")
         self.num_layers = int(num_layers)
-        self.block_kwargs = dict(
-            num_heads=int(num_heads),
-            d_ff=int(d_ff),
-            dropout=float(dropout),
-            attention_dropout=float(attention_dropout),
-            activation_dropout=float(activation_dropout),
-            activation=keras.activations.serialize(keras.activations.get(activation)),
-            norm_first=bool(norm_first),
-            layer_norm_epsilon=float(layer_norm_epsilon),
-            kernel_initializer=keras.initializers.serialize(
-                keras.initializers.get(kernel_initializer)
-            ),
-        )
+        # The blocks' arguments, serializable (activations and initializers by name or config).
+        self.block_kwargs = {
+            name: value
+            if isinstance(value, (str, int, float, bool, type(None)))
+            else keras.saving.serialize_keras_object(value)
+            for name, value in dict(num_heads=num_heads, d_ff=d_ff, **block_kwargs).items()
+        }
         self.supports_masking = True
 
     def build(self, input_shape, *args, **kwargs):
@@ -160,9 +142,9 @@ class StackBase(keras.layers.Layer):
             self.blocks.append(block)
         # Pre-norm stacks end with a LayerNorm so the output is normalised like the post-norm one.
         self.final_norm = None
-        if self.block_kwargs["norm_first"]:
+        if self.blocks[0].norm_first:
             self.final_norm = LayerNormalization(
-                epsilon=self.block_kwargs["layer_norm_epsilon"],
+                epsilon=self.blocks[0].layer_norm_epsilon,
                 dtype=self.dtype_policy,
                 name="final_norm",
             )
@@ -174,6 +156,9 @@ class StackBase(keras.layers.Layer):
 
     def _finish(self, x):
         return self.final_norm(x) if self.final_norm is not None else x
+
+    def compute_output_shape(self, inputs_shape, *args, **kwargs):
+        return tuple(inputs_shape)
 
     def get_config(self):
         config = super().get_config()

@@ -7,6 +7,7 @@ from keras import ops
 
 from keras_transformer.layers import _fast_paths
 from keras_transformer.layers._initializers import clone_initializer
+from keras_transformer.layers._specs import CallTracedSpec
 
 # Logit given to forbidden keys; the softmax runs in float32, where it is finite.
 _MASKED_LOGIT = -1e9
@@ -68,7 +69,7 @@ def write_cache(cache, update, index):
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class MultiHeadAttention(keras.layers.Layer):
+class MultiHeadAttention(CallTracedSpec, keras.layers.Layer):
     """Multi-head attention (paper section 3.2.2) with an optional fixed-size key/value cache.
 
     The query, key and value are projected to `num_heads` heads of `key_dim` features, attended

@@ -88,35 +88,13 @@ class TransformerDecoderBlock(BlockBase):
         return_attention_scores=False,
         training=None,
     ):
-        def self_attention(h):
-            out = self.self_attention(
-                h,
-                h,
-                attention_mask=key_padding_mask(decoder_padding_mask),
-                use_causal_mask=True,
-                cache=self_attention_cache,
-                cache_update_index=cache_update_index,
-                return_attention_scores=True,
-                training=training,
-            )
-            return out[0], out[1:]
-
-        x, (self_scores, *new_cache) = self._residual(
-            inputs, self.self_attention_norm, self_attention, training
+        x, self_scores, *new_cache = self._self_attention_sublayer(
+            inputs, decoder_padding_mask, self_attention_cache, cache_update_index, training
         )
-
-        def cross_attention(h):
-            return self.cross_attention(
-                h,
-                encoder_output,
-                attention_mask=key_padding_mask(encoder_padding_mask),
-                cache=cross_attention_cache,
-                return_attention_scores=True,
-                training=training,
-            )[:2]
-
-        x, cross_scores = self._residual(x, self.cross_attention_norm, cross_attention, training)
-        x = self._feed_forward(x, training)
+        x, cross_scores = self._cross_attention_sublayer(
+            x, encoder_output, encoder_padding_mask, cross_attention_cache, training
+        )
+        x = self._feed_forward_sublayer(x, training)
 
         results = [x]
         if return_attention_scores:
@@ -124,6 +102,46 @@ class TransformerDecoderBlock(BlockBase):
         if self_attention_cache is not None:
             results.append(new_cache[0])
         return results[0] if len(results) == 1 else tuple(results)
+
+    def _self_attention_sublayer(self, x, padding_mask, cache, cache_update_index, training):
+        """Causal self-attention with its residual: `(x, scores)`, and the updated cache if any."""
+        residual = x
+        if self.norm_first:
+            x = self.self_attention_norm(x)
+        x, scores, *cache = self.self_attention(
+            x,
+            x,
+            attention_mask=key_padding_mask(padding_mask),
+            use_causal_mask=True,
+            cache=cache,
+            cache_update_index=cache_update_index,
+            return_attention_scores=True,
+            training=training,
+        )
+        x = self.residual_dropout(x, training=training)
+        x = residual + x
+        if not self.norm_first:
+            x = self.self_attention_norm(x)
+        return (x, scores, *cache)
+
+    def _cross_attention_sublayer(self, x, encoder_output, padding_mask, cache, training):
+        """Encoder-decoder attention with its residual: `(x, scores)`."""
+        residual = x
+        if self.norm_first:
+            x = self.cross_attention_norm(x)
+        x, scores = self.cross_attention(
+            x,
+            encoder_output,
+            attention_mask=key_padding_mask(padding_mask),
+            cache=cache,
+            return_attention_scores=True,
+            training=training,
+        )[:2]
+        x = self.residual_dropout(x, training=training)
+        x = residual + x
+        if not self.norm_first:
+            x = self.cross_attention_norm(x)
+        return x, scores
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

@@ -5,9 +5,11 @@ import math
 import keras
 from keras import ops
 
+from keras_transformer.layers._specs import CallTracedSpec
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class TokenEmbedding(keras.layers.Layer):
+class TokenEmbedding(CallTracedSpec, keras.layers.Layer):
     """Token embedding multiplied by sqrt(d_model), usable as the tied output projection.
 
     One matrix `[vocab_size, d_model]` serves the source embedding, the target embedding and the
@@ -83,6 +85,9 @@ class TokenEmbedding(keras.layers.Layer):
             return None
         return ops.not_equal(inputs, 0)
 
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape) + (self.d_model,)
+
     def get_config(self):
         config = super().get_config()
         config.update(
@@ -113,7 +118,7 @@ def positional_encoding(positions, depth, dtype="float32"):
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class SinusoidalPositionalEncoding(keras.layers.Layer):
+class SinusoidalPositionalEncoding(CallTracedSpec, keras.layers.Layer):
     """Adds the paper's fixed sinusoidal position encoding to its input.
 
     The encoding is computed on the fly from the positions, so any length works and the layer

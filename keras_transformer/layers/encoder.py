@@ -56,20 +56,23 @@ class TransformerEncoderBlock(BlockBase):
         self, inputs, padding_mask=None, mask=None, return_attention_scores=False, training=None
     ):
         padding_mask = mask if padding_mask is None else padding_mask
-        attention_mask = key_padding_mask(padding_mask)
-        x, scores = self._residual(
-            inputs,
-            self.self_attention_norm,
-            lambda h: self.self_attention(
-                h,
-                h,
-                attention_mask=attention_mask,
-                return_attention_scores=True,
-                training=training,
-            ),
-            training,
+        # Self-attention sub-layer.
+        x = residual = inputs
+        if self.norm_first:
+            x = self.self_attention_norm(x)
+        x, scores = self.self_attention(
+            x,
+            x,
+            attention_mask=key_padding_mask(padding_mask),
+            return_attention_scores=True,
+            training=training,
         )
-        x = self._feed_forward(x, training)
+        x = self.residual_dropout(x, training=training)
+        x = residual + x
+        if not self.norm_first:
+            x = self.self_attention_norm(x)
+        # Feed-forward sub-layer.
+        x = self._feed_forward_sublayer(x, training)
         return (x, scores) if return_attention_scores else x
 
 

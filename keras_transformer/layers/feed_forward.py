@@ -3,10 +3,11 @@
 import keras
 
 from keras_transformer.layers._initializers import clone_initializer
+from keras_transformer.layers._specs import CallTracedSpec
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class PositionwiseFeedForward(keras.layers.Layer):
+class PositionwiseFeedForward(CallTracedSpec, keras.layers.Layer):
     """`FFN(x) = max(0, x W1 + b1) W2 + b2`, applied to every position alike.
 
     Args:

@@ -3,10 +3,11 @@
 import keras
 
 from keras_transformer.layers import _fast_paths
+from keras_transformer.layers._specs import CallTracedSpec
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class LayerNormalization(keras.layers.LayerNormalization):
+class LayerNormalization(CallTracedSpec, keras.layers.LayerNormalization):
     """`keras.layers.LayerNormalization`, with a faster gradient on TensorFlow.
 
     Same arguments, weights (`gamma`, `beta`), config and checkpoints as Keras's layer; the

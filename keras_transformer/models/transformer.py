@@ -1,5 +1,7 @@
 """The encoder-decoder Transformer as a functional Keras model."""
 
+import inspect
+
 import keras
 from keras import ops
 
@@ -58,6 +60,10 @@ class Transformer(TrainStep, keras.Model):
     Returns:
         Logits `[batch, t_len, vocab_size]` (float32).
 
+    The constructor's arguments are the model's hyper-parameters, declared once by its
+    signature: kept as given, as attributes (`model.d_model`), as `model.hyper_parameters` and
+    as the config that `.keras` files save.
+
     Training steps (gradient accumulation, the loss's statistics for the metrics, a
     multi-worker workaround) come from `keras_transformer.models._train_step.TrainStep`.
 
@@ -93,114 +99,16 @@ class Transformer(TrainStep, keras.Model):
         dtype=None,
         **kwargs,
     ):
-        head_size(d_model, num_heads)  # fails early with a clear message
-        if not 0.0 <= token_dropout < 1.0:
-            raise ValueError(f"token_dropout must be in [0, 1), got {token_dropout}")
-        if share_embeddings and source_vocab_size not in (None, vocab_size):
-            raise ValueError(
-                "share_embeddings=True needs one vocabulary: source_vocab_size "
-                f"({source_vocab_size}) != vocab_size ({vocab_size})"
-            )
-        stack_kwargs = dict(
-            num_heads=num_heads,
-            d_ff=d_ff,
-            dropout=dropout,
-            attention_dropout=attention_dropout,
-            activation_dropout=activation_dropout,
-            activation=activation,
-            norm_first=norm_first,
-            layer_norm_epsilon=layer_norm_epsilon,
-            dtype=dtype,
-        )
-        target_embedding = TokenEmbedding(vocab_size, d_model, dtype=dtype, name="token_embedding")
-        source_embedding = (
-            target_embedding
-            if share_embeddings
-            else TokenEmbedding(
-                source_vocab_size or vocab_size, d_model, dtype=dtype, name="source_embedding"
-            )
-        )
-        positions = SinusoidalPositionalEncoding(dtype=dtype, name="positional_encoding")
-        # Word dropout: one mask value per token, broadcast over the embedding's width.
-        source_token_dropout, target_token_dropout = (
-            (None, None)
-            if not token_dropout
-            else tuple(
-                keras.layers.Dropout(
-                    token_dropout, noise_shape=(None, None, 1), dtype=dtype, name=name
-                )
-                for name in ("source_token_dropout", "target_token_dropout")
-            )
-        )
-        source_dropout = keras.layers.Dropout(dropout, dtype=dtype, name="source_dropout")
-        target_dropout = keras.layers.Dropout(dropout, dtype=dtype, name="target_dropout")
-        encoder = TransformerEncoder(
-            num_encoder_layers or num_layers, name="encoder", **stack_kwargs
-        )
-        decoder = TransformerDecoder(
-            num_decoder_layers or num_layers, name="decoder", **stack_kwargs
-        )
-        output_projection = (
-            None
-            if tie_output_projection
-            else keras.layers.Dense(vocab_size, dtype=dtype, name="output_projection")
-        )
-        to_float32 = keras.layers.Activation("linear", dtype="float32", name="logits")
-
-        # The functional graph.
-        source_ids = keras.Input(shape=(None,), dtype="int32", name="source_ids")
-        target_ids = keras.Input(shape=(None,), dtype="int32", name="target_ids")
-        source_mask = padding_mask(source_ids)
-        target_mask = padding_mask(target_ids)
-        x = source_embedding(source_ids)
-        if source_token_dropout is not None:
-            x = source_token_dropout(x)
-        memory = encoder(source_dropout(positions(x)), padding_mask=source_mask)
-        y = target_embedding(target_ids)
-        if target_token_dropout is not None:
-            y = target_token_dropout(y)
-        y = target_dropout(positions(y))
-        y = decoder(y, memory, decoder_padding_mask=target_mask, encoder_padding_mask=source_mask)
-        if output_projection is None:
-            logits = target_embedding(y, reverse=True)
-        else:
-            logits = output_projection(y)
-        logits = to_float32(logits)
-        super().__init__(
-            inputs={"source_ids": source_ids, "target_ids": target_ids},
-            outputs=logits,
-            **kwargs,
-        )
-
-        self.source_embedding = source_embedding
-        self.target_embedding = target_embedding
-        self.positional_encoding = positions
-        self.source_dropout = source_dropout
-        self.target_dropout = target_dropout
-        self.source_token_dropout = source_token_dropout
-        self.target_token_dropout = target_token_dropout
-        self.encoder = encoder
-        self.decoder = decoder
-        self.output_projection = output_projection
-        self.to_float32 = to_float32
-
-        self.vocab_size = int(vocab_size)
-        self.num_layers = int(num_layers)
-        self.d_model = int(d_model)
-        self.num_heads = int(num_heads)
-        self.d_ff = int(d_ff)
-        self.dropout = float(dropout)
-        self.attention_dropout = float(attention_dropout)
-        self.activation_dropout = float(activation_dropout)
-        self.token_dropout = float(token_dropout)
-        self.activation = activation
-        self.norm_first = bool(norm_first)
-        self.share_embeddings = bool(share_embeddings)
-        self.tie_output_projection = bool(tie_output_projection)
-        self.source_vocab_size = source_vocab_size
-        self.num_encoder_layers = num_encoder_layers
-        self.num_decoder_layers = num_decoder_layers
-        self.layer_norm_epsilon = float(layer_norm_epsilon)
+        # The signature above is the one declaration of the hyper-parameters: they are kept as
+        # given, as attributes and as the config (`get_config`).
+        hyper_parameters = _arguments(Transformer.__init__, locals())
+        _check(**hyper_parameters)
+        layers = _make_layers(dtype=dtype, **hyper_parameters)
+        inputs, logits = _functional_graph(**layers)
+        super().__init__(inputs=inputs, outputs=logits, **kwargs)
+        for name, value in {**layers, **hyper_parameters}.items():
+            setattr(self, name, value)
+        self.hyper_parameters = hyper_parameters
         self.head_dim = d_model // num_heads
 
     @classmethod
@@ -256,7 +164,7 @@ class Transformer(TrainStep, keras.Model):
         `[d_model, vocab_size]` in the compute dtype, materialised.
 
         `decode_step` multiplies by it directly. At decoding's few rows a product with a
-        transposed operand runs about half as fast on CPUs (docs/guides/performance.md), so
+        transposed operand runs slower on CPUs (figures in docs/guides/performance.md), so
         `init_cache` transposes once per decoding call instead of once per step. An untied
         `output_projection` (a Dense layer) already multiplies by its own `[d_model, vocab_size]`
         kernel and is called as it is.
@@ -321,23 +229,7 @@ class Transformer(TrainStep, keras.Model):
         return {
             "name": self.name,
             "trainable": self.trainable,
-            "vocab_size": self.vocab_size,
-            "num_layers": self.num_layers,
-            "d_model": self.d_model,
-            "num_heads": self.num_heads,
-            "d_ff": self.d_ff,
-            "dropout": self.dropout,
-            "attention_dropout": self.attention_dropout,
-            "activation_dropout": self.activation_dropout,
-            "token_dropout": self.token_dropout,
-            "activation": self.activation,
-            "norm_first": self.norm_first,
-            "share_embeddings": self.share_embeddings,
-            "tie_output_projection": self.tie_output_projection,
-            "source_vocab_size": self.source_vocab_size,
-            "num_encoder_layers": self.num_encoder_layers,
-            "num_decoder_layers": self.num_decoder_layers,
-            "layer_norm_epsilon": self.layer_norm_epsilon,
+            **self.hyper_parameters,
             "dtype": keras.dtype_policies.serialize(self.encoder.dtype_policy),
         }
 
@@ -347,6 +239,116 @@ class Transformer(TrainStep, keras.Model):
         if isinstance(config.get("dtype"), dict):
             config["dtype"] = keras.dtype_policies.deserialize(config["dtype"])
         return cls(**config)
+
+
+def _arguments(function, arguments):
+    """`function`'s named parameters (all but `self`, `dtype` and `**kwargs`) from `arguments`
+    (its `locals()`), in the signature's order."""
+    names = list(inspect.signature(function).parameters)[1:]
+    return {name: arguments[name] for name in names if name not in ("dtype", "kwargs")}
+
+
+def _check(
+    vocab_size, d_model, num_heads, token_dropout, share_embeddings, source_vocab_size, **unused
+):
+    """Fails early, with a clear message, on hyper-parameters that cannot build a model."""
+    head_size(d_model, num_heads)
+    if not 0.0 <= token_dropout < 1.0:
+        raise ValueError(f"token_dropout must be in [0, 1), got {token_dropout}")
+    if share_embeddings and source_vocab_size not in (None, vocab_size):
+        raise ValueError(
+            "share_embeddings=True needs one vocabulary: source_vocab_size "
+            f"({source_vocab_size}) != vocab_size ({vocab_size})"
+        )
+
+
+def _make_layers(
+    vocab_size,
+    num_layers,
+    d_model,
+    dropout,
+    token_dropout,
+    share_embeddings,
+    tie_output_projection,
+    source_vocab_size,
+    num_encoder_layers,
+    num_decoder_layers,
+    dtype,
+    **block_arguments,
+):
+    """The model's layers by attribute name (the functional graph's names as before)."""
+    target_embedding = TokenEmbedding(vocab_size, d_model, dtype=dtype, name="token_embedding")
+    source_embedding = target_embedding
+    if not share_embeddings:
+        source_embedding = TokenEmbedding(
+            source_vocab_size or vocab_size, d_model, dtype=dtype, name="source_embedding"
+        )
+    # Word dropout: one mask value per token, broadcast over the embedding's width.
+    source_token_dropout, target_token_dropout = (
+        (None, None)
+        if not token_dropout
+        else tuple(
+            keras.layers.Dropout(token_dropout, noise_shape=(None, None, 1), dtype=dtype, name=name)
+            for name in ("source_token_dropout", "target_token_dropout")
+        )
+    )
+    stack_arguments = dict(dropout=dropout, dtype=dtype, **block_arguments)
+    return dict(
+        source_embedding=source_embedding,
+        target_embedding=target_embedding,
+        positional_encoding=SinusoidalPositionalEncoding(dtype=dtype, name="positional_encoding"),
+        source_dropout=keras.layers.Dropout(dropout, dtype=dtype, name="source_dropout"),
+        target_dropout=keras.layers.Dropout(dropout, dtype=dtype, name="target_dropout"),
+        source_token_dropout=source_token_dropout,
+        target_token_dropout=target_token_dropout,
+        encoder=TransformerEncoder(
+            num_encoder_layers or num_layers, name="encoder", **stack_arguments
+        ),
+        decoder=TransformerDecoder(
+            num_decoder_layers or num_layers, name="decoder", **stack_arguments
+        ),
+        output_projection=(
+            None
+            if tie_output_projection
+            else keras.layers.Dense(vocab_size, dtype=dtype, name="output_projection")
+        ),
+        to_float32=keras.layers.Activation("linear", dtype="float32", name="logits"),
+    )
+
+
+def _functional_graph(
+    source_embedding,
+    target_embedding,
+    positional_encoding,
+    source_dropout,
+    target_dropout,
+    source_token_dropout,
+    target_token_dropout,
+    encoder,
+    decoder,
+    output_projection,
+    to_float32,
+):
+    """`(inputs, logits)` of the model: the paper's figure 1 wired from `_make_layers`'s layers."""
+    source_ids = keras.Input(shape=(None,), dtype="int32", name="source_ids")
+    target_ids = keras.Input(shape=(None,), dtype="int32", name="target_ids")
+    source_mask = padding_mask(source_ids)
+    target_mask = padding_mask(target_ids)
+    x = source_embedding(source_ids)
+    if source_token_dropout is not None:
+        x = source_token_dropout(x)
+    memory = encoder(source_dropout(positional_encoding(x)), padding_mask=source_mask)
+    y = target_embedding(target_ids)
+    if target_token_dropout is not None:
+        y = target_token_dropout(y)
+    y = target_dropout(positional_encoding(y))
+    y = decoder(y, memory, decoder_padding_mask=target_mask, encoder_padding_mask=source_mask)
+    if output_projection is None:
+        logits = target_embedding(y, reverse=True)
+    else:
+        logits = output_projection(y)
+    inputs = {"source_ids": source_ids, "target_ids": target_ids}
+    return inputs, to_float32(logits)
 
 
 def build_transformer(model_config, vocab_size, dtype=None):

@@ -134,8 +134,6 @@ class ResumeState(keras.callbacks.Callback):
 
     def __init__(self, model, directory, every, keep, write_directory=None, clock=None):
         super().__init__()
-        import tensorflow as tf
-
         self.directory = directory
         self.every = int(every)
         self.batches = 0

@@ -89,9 +89,9 @@ def device_kind(strategy=None):
 def resolve_jit_compile(value, strategy=None):
     """`runtime.jit_compile` as a bool: `auto` compiles with XLA on GPUs and TPUs only.
 
-    On CPUs XLA does not pay: measured on a 2-core CPU with the quickstart model (d_model 128,
-    2+2 layers, 2048-token batches), steps took ~0.34 s with XLA against ~0.22 s without, after
-    ~100 s of compiling the four bucket shapes; so `auto` leaves it off there.
+    On CPUs XLA does not pay: measured on a 2-core CPU with the quickstart model, steps were
+    slower with XLA than without, after a long compile of each bucket shape (the figures are in
+    docs/guides/performance.md); so `auto` leaves it off there.
     """
     if value == "auto":
         return device_kind(strategy) in ("gpu", "tpu")

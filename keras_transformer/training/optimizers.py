@@ -19,7 +19,10 @@ class FusedAdam(keras.optimizers.Adam):
 
     The one-kernel update is the `fused_adam` fast path (`keras_transformer.fast_paths`); other
     backends, `amsgrad=True` and unusual dtypes use Keras's own update. Clipping, weight
-    decay, gradient accumulation, EMA and loss scaling are Keras's and work as with `Adam`.
+    decay, gradient accumulation, EMA and loss scaling are Keras's and work as with `Adam`,
+    except that decoupled weight decay applies to matrices only (rank >= 2: kernels,
+    embeddings), as in nanoGPT: vectors (biases, LayerNorm's scale and offset) are not decayed,
+    whatever their names.
 
     Example:
     ```python
@@ -30,6 +33,11 @@ class FusedAdam(keras.optimizers.Adam):
         Kingma & Ba, 2015, "Adam: A Method for Stochastic Optimization";
         Vaswani et al., 2017, section 5.3.
     """
+
+    def build(self, variables):
+        if self.weight_decay:
+            self.exclude_from_weight_decay(var_list=[v for v in variables if len(v.shape) < 2])
+        super().build(variables)
 
     def update_step(self, gradient, variable, learning_rate):
         if not _fast_paths.apply_adam(self, gradient, variable, learning_rate):

@@ -1,13 +1,13 @@
 """`runtime.mixed_precision: auto`: train in the precision that is fastest on this machine.
 
-On CPUs the `lscpu` flags do not tell whether bfloat16 pays. Two 2-core CPUs that both list
-`avx512_bf16` (neither has AMX) train `configs/small.yaml`'s model in mixed_bfloat16 at 0.68x
-(an Intel Xeon) and 1.42x (an AMD EPYC) of float32's speed (docs/guides/precision-xla.md).
-So on a CPU `auto` measures it. It runs a few train steps of the run's own model on the run's
-own first batches in float32 and in mixed_bfloat16, in alternating rounds, and keeps bfloat16
-only when it is at least `MIN_SPEEDUP` times faster. On TPUs and on GPUs of compute capability
-8.0 or more (Ampere and later), `auto` means mixed_bfloat16 without timing. Older GPUs get
-mixed_float16 (with loss scaling).
+On CPUs the `lscpu` flags do not tell whether bfloat16 pays. Of two 2-core CPUs that both list
+`avx512_bf16` (neither has AMX), one (an Intel Xeon) trains `configs/small.yaml`'s model slower
+in mixed_bfloat16 than in float32 and the other (an AMD EPYC) faster (the figures are in
+docs/guides/precision-xla.md). So on a CPU `auto` measures it. It runs a few train steps of
+the run's own model on the run's own first batches in float32 and in mixed_bfloat16, in
+alternating rounds, and keeps bfloat16 only when it is at least `MIN_SPEEDUP` times faster.
+On TPUs and on GPUs of compute capability 8.0 or more (Ampere and later), `auto` means
+mixed_bfloat16 without timing. Older GPUs get mixed_float16 (with loss scaling).
 
 The choice and the measured rates go to `WORKDIR/precision.json`. A resumed run reads the file
 instead of timing again, so a run never changes precision halfway. Under several workers only

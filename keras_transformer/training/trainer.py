@@ -44,15 +44,13 @@ from keras_transformer.training.schedules import BudgetSchedule, TransformerSche
 from keras_transformer.training.visuals import AttentionSummaries, write_hparams
 from keras_transformer.workdir import Workdir, list_checkpoints, load_last_checkpoints
 
-# Variable names kept out of weight decay: Dense/EinsumDense biases, LayerNorm scale and offset.
-_NOT_DECAYED = ("bias", "gamma", "beta")
-
 
 def make_optimizer(config, d_model=None):
     """Adam(beta_1, beta_2, epsilon) on the config's schedule (`train.schedule`: the paper's
     `TransformerSchedule`, or a `BudgetSchedule` ending with the step or time budget), with the
     config's global-norm clipping, decoupled weight decay (`train.weight_decay`, Keras's
-    `weight_decay`: AdamW; biases and LayerNorm's gamma and beta are not decayed) and, with
+    `weight_decay`: AdamW on matrices only, see `FusedAdam`; biases and LayerNorm's gamma and
+    beta are vectors and are not decayed) and, with
     `train.ema_momentum`, Keras's moving average of the weights (`use_ema`; see
     `callbacks.averaged_weights`); wrapped in a `LossScaleOptimizer` for mixed_float16.
     (Gradient accumulation is the model's train step's, see `compile_model`.)
@@ -83,8 +81,6 @@ def make_optimizer(config, d_model=None):
         use_ema=t.ema_momentum is not None,
         ema_momentum=0.99 if t.ema_momentum is None else t.ema_momentum,
     )
-    if t.weight_decay:
-        optimizer.exclude_from_weight_decay(var_names=_NOT_DECAYED)
     if config.runtime.mixed_precision == "mixed_float16":
         # float16 gradients underflow without loss scaling.
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
@@ -152,17 +148,13 @@ def _model_dtype(config):
 
 
 def _export(model, tokenizer, config, result=None):
-    """Exports the SavedModel if the export module is available; returns its path or None.
+    """Exports the SavedModel; returns its path.
 
     Its model card gets the config, the manifest's counts and `result`'s steps, time, precision
     and scores; the dev set calibrates its confidence."""
-    try:
-        from keras_transformer.export import export_saved_model
-        from keras_transformer.export.card import card_facts
-    except ImportError:
-        print("SavedModel export skipped: keras_transformer.export is not available", flush=True)
-        return None
     from keras_transformer.data.prepare import read_manifest
+    from keras_transformer.export import export_saved_model
+    from keras_transformer.export.card import card_facts
 
     try:
         manifest = read_manifest(Workdir.of(config).prepared)
@@ -486,7 +478,7 @@ def _fit(run, model, data):
                 # A live progress bar in a terminal; in logs, one line per epoch (and
                 # TrainingSummaries' lines every log_every steps).
                 verbose=1 if tty else 2,
-                shuffle=False,  # make_dataset shuffles
+                shuffle=False,  # prepared_dataset shuffles (seeded, so a resume skips exactly)
             )
         except tf.errors.OpError as e:
             if multi_worker and _is_peer_failure(e):
