@@ -184,6 +184,7 @@ def test_cli_file_mode_samples_each_line_as_text_mode_does(sampling_export, tmp_
     output = tmp_path / "out.txt"
     common = ["translate", "--model", sampling_export, "--seed", "4"]
     assert cli.main(common + ["--input", str(source), "--output", str(output)]) == 0
+    capsys.readouterr()  # the summary line
     assert cli.main(common + ["--batch-size", "2", *lines]) == 0
     # Sorted and batched in the file, two at a time here: each line's sample is the same.
     assert output.read_text().splitlines() == capsys.readouterr().out.splitlines()
