@@ -69,7 +69,8 @@ def _check_valid(key, value, valid):
         ok = any(
             value is choice or (value == choice and type(value) is type(choice)) for choice in valid
         )
-        shown = " | ".join(str(c).lower() if isinstance(c, bool) else str(c) for c in valid)
+        names = [str(c).lower() if isinstance(c, bool) else str(c) for c in valid]
+        shown = f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
         if not ok:
             raise ConfigError(f"{key} must be one of {shown}, got {value!r}")
     elif valid == _NON_EMPTY:
