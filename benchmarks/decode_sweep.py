@@ -41,7 +41,7 @@ def main():
     import tensorflow as tf
 
     from keras_transformer.commands import load_workdir_model, read_lines
-    from keras_transformer.config import export_decoding
+    from keras_transformer.config import decoding_settings
     from keras_transformer.evaluation import score_translations
     from keras_transformer.export.saved_model import export_translator
 
@@ -50,7 +50,7 @@ def main():
     config, model, spm_bytes, steps = load_workdir_model(args.workdir, args.average)
     for beam in [int(b) for b in _floats(args.beams)]:
         for alpha in _floats(args.alphas):
-            settings = export_decoding(config, beam_size=beam, alpha=alpha, n_best=1)
+            settings = decoding_settings(config, True, beam_size=beam, alpha=alpha, n_best=1)
             translator = export_translator(model, spm_bytes, settings, config.data)
             start = time.perf_counter()
             # One call: the Translator sorts by length and decodes in chunks of

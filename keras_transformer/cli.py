@@ -48,6 +48,22 @@ def _add_config_arguments(parser, set_example):
     )
 
 
+def _sampling_flags(parser, note):
+    """`--sampling-topk`, `--temperature`, `--top-p` (the `decode.sampling_*` settings)."""
+    parser.add_argument(
+        "--sampling-topk", type=int, metavar="K",
+        help=f"sample among the K most likely tokens (translate_sample signature; {note})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--temperature", dest="sampling_temperature", type=float, metavar="T",
+        help="sampling: logits divided by T",
+    )  # fmt: skip
+    parser.add_argument(
+        "--top-p", dest="sampling_topp", type=float, metavar="P",
+        help="sampling: only the most likely tokens holding probability P",
+    )  # fmt: skip
+
+
 def build_parser():
     parser = _Parser(
         prog="keras-transformer",
@@ -133,6 +149,10 @@ def _add_translate_command(sub, common):
         help="every translation starts with TEXT, the search continuing after it "
         "(translate_prefix signature)",
     )
+    _sampling_flags(p, "must equal the exported value")
+    p.add_argument(
+        "--seed", type=int, help="sampling: seed of the run (default 0); same seed, same output"
+    )
     p.add_argument("text", nargs="*", help="sentences; stdin lines when none are given")
     p.set_defaults(func=commands.translate_command)
 
@@ -182,6 +202,7 @@ def _add_export_command(sub, common):
         "--n-best", type=int, help="hypotheses per input of translate_nbest (<= beam size)"
     )
     p.add_argument("--max-extra-length", type=int, help="outputs stop at source length + this")
+    _sampling_flags(p, "adds the translate_sample signature; default decode.sampling_*")
     p.add_argument(
         "--format",
         choices=("saved_model", "ctranslate2"),

@@ -9,6 +9,7 @@ are raised as `UsageError` (or another `keras_transformer.errors.KerasTransforme
 """
 
 import contextlib
+import hashlib
 import itertools
 import json
 import os
@@ -160,6 +161,67 @@ def load_prefix_function(model_path, prefix):
     return translate
 
 
+_SAMPLING_FLAGS = {
+    "sampling_topk": "--sampling-topk",
+    "sampling_temperature": "--temperature",
+    "sampling_topp": "--top-p",
+}
+
+
+def sampling_request(args):
+    """`{setting: value}` of the sampling flags given to `translate` (`--seed` as `seed`), or
+    None when none is: the flags that ask for the `translate_sample` signature."""
+    asked = {key: getattr(args, key, None) for key in (*_SAMPLING_FLAGS, "seed")}
+    asked = {key: value for key, value in asked.items() if value is not None}
+    if not asked:
+        return None
+    if getattr(args, "n_best", None) is not None or getattr(args, "prefix", None) is not None:
+        raise UsageError("sampling flags cannot be combined with --n-best or --prefix")
+    if not 0 <= asked.get("seed", 0) < 2**63:
+        raise UsageError(f"--seed must be in [0, 2^63), got {asked['seed']}")
+    return asked
+
+
+def _line_seed(seed, text):
+    """A line's int64 seed: a hash of `--seed` and the line's text, so that a line's sample
+    depends on neither its position nor its batch (file translation sorts and resumes)."""
+    digest = hashlib.blake2b(f"{seed}\0{text}".encode("utf-8", "replace"), digest_size=8)
+    return int.from_bytes(digest.digest(), "little") >> 1
+
+
+def load_sample_function(model_path, asked):
+    """`texts -> (translations, scores)` through the `translate_sample` signature; each line's
+    seed is a hash of `--seed` and its text, so a run repeats exactly (the same line twice in
+    a run gets the same sample). The sampling settings are fixed at export: `asked` must name
+    the exported ones."""
+    import tensorflow as tf
+
+    loaded, path, signatures = load_signatures(model_path, required=())
+    signature = signatures.get("translate_sample")
+    if signature is None:
+        raise UsageError(f"{path} was exported without sampling: export it with --sampling-topk K")
+    with tf.io.gfile.GFile(os.path.join(path, "assets.extra", "keras_transformer.json")) as f:
+        exported = json.load(f)
+    for key, flag in _SAMPLING_FLAGS.items():
+        if key in asked and asked[key] != exported[key]:
+            raise UsageError(
+                f"{flag} {asked[key]}: {path} samples with {flag} {exported[key]} (fixed at "
+                f"export; export again with {flag} {asked[key]})"
+            )
+    seed = asked.get("seed", 0)
+
+    def translate(texts):
+        seeds = [_line_seed(seed, text) for text in texts]
+        outputs = signature(
+            text=tf.constant(texts, dtype=tf.string), seed=tf.constant(seeds, tf.int64)
+        )
+        translations = [t.decode("utf-8", errors="replace") for t in outputs["translation"].numpy()]
+        return translations, outputs["score"].numpy().tolist()
+
+    translate.loaded = loaded
+    return translate
+
+
 def _batch_size(args):
     batch_size = getattr(args, "batch_size", 32)
     if batch_size is None or batch_size < 1:
@@ -200,8 +262,10 @@ def read_lines(path, what):
 def translate_command(args):
     """`keras-transformer translate --model DIR [--n-best K | --prefix TEXT] [TEXT ...]`: one
     translation per line; with `--n-best K`, K lines `SCORE<TAB>TRANSLATION` per input, best
-    first; with `--prefix`, translations that start with TEXT (`translate_prefix` signature).
-    With `--input FILE --output FILE`: `translate_file_command`."""
+    first; with `--prefix`, translations that start with TEXT (`translate_prefix` signature);
+    with `--sampling-topk/--temperature/--top-p/--seed`, sampled translations
+    (`translate_sample` signature). With `--input FILE --output FILE`:
+    `translate_file_command`."""
     batch_size = _batch_size(args)
     n_best = getattr(args, "n_best", None)
     prefix = getattr(args, "prefix", None)
@@ -209,10 +273,16 @@ def translate_command(args):
         raise UsageError(f"--n-best must be a positive integer, got {n_best}")
     if n_best is not None and prefix is not None:
         raise UsageError("--prefix and --n-best cannot be combined")
+    sampling = sampling_request(args)
     if getattr(args, "input", None) is not None or getattr(args, "output", None) is not None:
         return translate_file_command(args, batch_size, n_best)
     import_tensorflow(getattr(args, "verbose", False))
-    if prefix is not None:
+    if sampling is not None:
+        translate = load_sample_function(args.model, sampling)
+
+        def output_lines(lines, size):
+            return translate_lines(translate, lines, size)
+    elif prefix is not None:
         translate = load_prefix_function(args.model, prefix)
 
         def output_lines(lines, size):
@@ -265,8 +335,12 @@ def translate_file_command(args, batch_size, n_best=None):
     check_paths(args.input, args.output)  # before the model loads: a typo fails at once
     from keras_transformer.export.saved_model import resolve_model_dir
 
+    sampling = sampling_request(args)
     if n_best is None:
-        serve = load_serving_function(args.model)
+        if sampling is None:
+            serve = load_serving_function(args.model)
+        else:
+            serve = load_sample_function(args.model, sampling)
 
         def translate(texts):
             return [[translation] for translation in serve(texts)[0]]
@@ -420,21 +494,21 @@ def load_workdir_model(workdir, average=None):
 
 
 def _export_settings(config, args):
-    from keras_transformer.config import export_decoding
+    """The export's `DecodingSettings`: the config with the command's flags applied."""
+    from keras_transformer.config import decoding_settings
     from keras_transformer.errors import ConfigError
 
+    flags = {key: "--" + key.replace("_", "-") for key in ("beam_size", "alpha", "n_best")}
+    flags.update(max_extra_length="--max-extra-length", **_SAMPLING_FLAGS)
     try:
-        return export_decoding(
-            config,
-            beam_size=getattr(args, "beam_size", None),
-            alpha=getattr(args, "alpha", None),
-            n_best=getattr(args, "n_best", None),
-            max_extra_length=getattr(args, "max_extra_length", None),
+        return decoding_settings(
+            config, export=True, **{key: getattr(args, key, None) for key in flags}
         )
     except ConfigError as e:  # name the flag the user typed
         message = str(e)
-        for key in ("beam_size", "alpha", "n_best", "max_extra_length"):
-            message = message.replace(f"export.{key}", "--" + key.replace("_", "-"))
+        for key, flag in flags.items():
+            section = "decode" if key in _SAMPLING_FLAGS else "export"
+            message = message.replace(f"{section}.{key}", flag)
         raise UsageError(message) from None
 
 
@@ -459,8 +533,8 @@ def _card_inputs(workdir, config, vocab_size):
 
 def export_command(args):
     """`keras-transformer export --workdir DIR [--average N] [--output DIR] [--beam-size K]
-    [--alpha A] [--n-best N] [--max-extra-length L] [--format saved_model|ctranslate2]
-    [--quantization TYPE]`."""
+    [--alpha A] [--n-best N] [--max-extra-length L] [--sampling-topk K [--temperature T]
+    [--top-p P]] [--format saved_model|ctranslate2] [--quantization TYPE]`."""
     export_format = getattr(args, "format", None) or "saved_model"
     quantization = getattr(args, "quantization", None)
     if export_format == "ctranslate2":
@@ -478,7 +552,7 @@ def export_command(args):
 
         output = args.output or os.path.join(config.export.base_dir, f"{name}-ctranslate2")
         path = export_ctranslate2(
-            model, spm_bytes, output, quantization=quantization, data_config=config.data
+            model, spm_bytes, output, quantization, config.data, _export_settings(config, args)
         )
         print(f"converted {averaged or f'step {steps[-1]}'} to CTranslate2 in {path}")
         return

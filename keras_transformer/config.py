@@ -33,6 +33,8 @@ _MAX_MINUTES = 10**7  # about 19 years
 _MAX_SECONDS = 10**9
 _SEEDS = f"[0, {2**31 - 1}]"
 _NON_EMPTY = "non-empty"
+# The special ids every SentencePiece model of ours is trained with, which decoding relies on.
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 _ACTIVATIONS = ("relu", "gelu", "silu", "swish", "relu6", "elu", "selu", "tanh", "sigmoid")
 _INTERVAL = re.compile(r"^([\[(])(-?[0-9.e+]+), (-?[0-9.e+]+)([\])])$")
 
@@ -275,6 +277,19 @@ class DecodeConfig:
         50, "outputs stop at source length + this", valid=f"[0, {_MAX_LENGTH}]"
     )
     batch_size: int = _field(32, "sentences decoded together", valid=f"[1, {_MAX_BATCH}]")
+    sampling_topk: int = _field(
+        0,
+        "sample each token among the K most likely (0 = off: beam/greedy search)",
+        valid=f"[0, {_MAX_WIDTH}]",
+    )
+    sampling_temperature: float = _field(
+        1.0, "sampling: logits divided by this (< 1 sharper, > 1 flatter)", valid="(0, 100]"
+    )
+    sampling_topp: float = _field(
+        1.0,
+        "sampling: only the most likely tokens holding this probability mass (1 = all K)",
+        valid="(0, 1]",
+    )
 
 
 @dataclasses.dataclass
@@ -342,6 +357,73 @@ class ExportConfig:
         "outputs stop at source length + this; null: decode.max_extra_length",
         valid=f"[0, {_MAX_LENGTH}]",
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodingSettings:
+    """How outputs are decoded: the one type that `translate_ids`, the dev evaluation, the
+    `Translator` and the CTranslate2 export take (`decoding_settings(config)` makes it from a
+    config). The defaults are the `decode:` section's.
+
+    Args:
+        beam_size: beams per input (1 = greedy search).
+        alpha: length-penalty exponent of GNMT's `((5 + length) / 6) ** alpha`.
+        max_extra_length: outputs stop at the source length plus this.
+        batch_size: sentences decoded together.
+        n_best: hypotheses kept per input (1 to `beam_size`); None: `beam_size`.
+        sampling_topk: sample each token among the K most likely; 0: search (beam or greedy).
+        sampling_temperature: sampling divides the logits by this.
+        sampling_topp: sampling keeps the most likely tokens holding this probability mass.
+        bos_id, eos_id, pad_id: the special ids of the vocabulary.
+
+    Example:
+    ```python
+    settings = DecodingSettings(beam_size=5)
+    greedy = dataclasses.replace(settings, beam_size=1)
+    ```
+    """
+
+    beam_size: int = DecodeConfig.beam_size
+    alpha: float = DecodeConfig.alpha
+    max_extra_length: int = DecodeConfig.max_extra_length
+    batch_size: int = DecodeConfig.batch_size
+    n_best: Optional[int] = None
+    sampling_topk: int = DecodeConfig.sampling_topk
+    sampling_temperature: float = DecodeConfig.sampling_temperature
+    sampling_topp: float = DecodeConfig.sampling_topp
+    bos_id: int = BOS_ID
+    eos_id: int = EOS_ID
+    pad_id: int = PAD_ID
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):  # plain Python numbers: hashable, JSON-ready
+            value = getattr(self, f.name)
+            if value is not None:
+                object.__setattr__(self, f.name, float(value) if f.type is float else int(value))
+        if self.beam_size < 1 or self.batch_size < 1:
+            raise ValueError(f"beam_size and batch_size must be >= 1: {self}")
+        if self.n_best is not None and not 1 <= self.n_best <= self.beam_size:
+            raise ValueError(
+                f"n_best must be between 1 and the beam size ({self.beam_size}), got {self.n_best}"
+            )
+        if self.sampling_topk < 0 or not self.sampling_temperature > 0:
+            raise ValueError("sampling_topk must be >= 0 and sampling_temperature > 0")
+        if not 0 < self.sampling_topp <= 1:
+            raise ValueError(f"sampling_topp must be in (0, 1], got {self.sampling_topp}")
+
+    @property
+    def hypotheses(self):
+        """Hypotheses kept per input: `n_best`, or the beam size."""
+        return self.beam_size if self.n_best is None else self.n_best
+
+    @property
+    def sampling(self):
+        """True when tokens are sampled (`sampling_topk > 0`) instead of searched."""
+        return self.sampling_topk > 0
+
+    def without_sampling(self):
+        """These settings with sampling off: the beam (or greedy) search."""
+        return dataclasses.replace(self, sampling_topk=0)
 
 
 @dataclasses.dataclass
@@ -521,58 +603,63 @@ def validate(config):
         raise ConfigError(
             f"model.d_model ({m.d_model}) must be divisible by model.num_heads ({m.num_heads})"
         )
-    export_decoding(config)  # the export's decoding settings must be possible too
+    decoding_settings(config, export=True)  # the export's settings must be possible too
     return config
 
 
-def export_decoding(config, **overrides):
-    """The decoding settings fixed into an exported SavedModel.
+_EXPORT_KEYS = ("beam_size", "alpha", "n_best", "max_extra_length")
+_SAMPLING_KEYS = ("sampling_topk", "sampling_temperature", "sampling_topp")
 
-    Each of `beam_size`, `alpha`, `n_best` and `max_extra_length` comes from, in order: a
-    non-None keyword argument (e.g. `keras-transformer export --beam-size`), the `export:`
-    section, the `decode:` section (`n_best`: the beam size). `batch_size` is `decode.batch_size`.
+
+def decoding_settings(config, export=False, **overrides):
+    """The `DecodingSettings` of `config`: the one place where they are made.
+
+    Without `export`, the `decode:` section (the dev and test evaluation). With `export`, what
+    an export fixes into its graph: each of `beam_size`, `alpha`, `n_best` and
+    `max_extra_length` comes from, in order, a non-None keyword argument (e.g.
+    `keras-transformer export --beam-size`), the `export:` section, the `decode:` section
+    (`n_best`: the beam size); the `sampling_*` settings from a keyword argument or `decode:`.
 
     Args:
         config: an `ExperimentConfig`.
-        **overrides: `beam_size`, `alpha`, `n_best`, `max_extra_length` (None = not given).
+        export: apply the `export:` section and the overrides.
+        **overrides: `beam_size`, `alpha`, `n_best`, `max_extra_length`, `sampling_topk`,
+            `sampling_temperature`, `sampling_topp` (None = not given).
 
     Returns:
-        A dict with `beam_size`, `alpha`, `n_best`, `max_extra_length` and `batch_size`.
+        A `DecodingSettings`.
 
     Raises:
-        ConfigError: a value is impossible (named as its `export.` key).
+        ConfigError: a value is impossible (named as its `export.` or `decode.` key).
 
     Example:
-    >>> export_decoding(from_dict({"decode": {"beam_size": 5}}), n_best=2)["n_best"]
+    >>> decoding_settings(from_dict({"decode": {"beam_size": 5}}), True, n_best=2).n_best
     2
     """
-    unknown = set(overrides) - {"beam_size", "alpha", "n_best", "max_extra_length"}
-    if unknown:
-        raise TypeError(f"export_decoding() got unknown settings {sorted(unknown)}")
-
-    def pick(key, fallback):
-        value = overrides.get(key)
-        if value is None:
-            value = getattr(config.export, key)
-        return fallback if value is None else value
-
-    beam_size = int(pick("beam_size", config.decode.beam_size))
-    settings = {
-        "beam_size": beam_size,
-        "alpha": float(pick("alpha", config.decode.alpha)),
-        "n_best": int(pick("n_best", beam_size)),
-        "max_extra_length": int(pick("max_extra_length", config.decode.max_extra_length)),
-        "batch_size": config.decode.batch_size,
-    }
-    valid = {f.name: f.metadata["valid"] for f in dataclasses.fields(ExportConfig)}
-    for key in ("beam_size", "alpha", "n_best", "max_extra_length"):
-        _check_valid(f"export.{key}", settings[key], valid[key])
-    if settings["n_best"] > beam_size:
+    unknown = set(overrides) - set(_EXPORT_KEYS) - set(_SAMPLING_KEYS)
+    if unknown or (overrides and not export):
+        raise TypeError(f"decoding_settings() got unexpected settings {sorted(overrides)}")
+    d = config.decode
+    values = {key: getattr(d, key) for key in ("beam_size", "alpha", "max_extra_length")}
+    values.update({key: getattr(d, key) for key in _SAMPLING_KEYS}, n_best=None)
+    if export:
+        export_valid = {f.name: f.metadata["valid"] for f in dataclasses.fields(ExportConfig)}
+        decode_valid = {f.name: f.metadata["valid"] for f in dataclasses.fields(DecodeConfig)}
+        for key in _EXPORT_KEYS + _SAMPLING_KEYS:
+            chosen = overrides.get(key)
+            if chosen is None and key in _EXPORT_KEYS:
+                chosen = getattr(config.export, key)
+            if chosen is not None:
+                section, valid = ("export", export_valid) if key in _EXPORT_KEYS else (
+                    "decode", decode_valid)  # fmt: skip
+                _check_valid(f"{section}.{key}", chosen, valid[key])
+                values[key] = chosen
+    if values["n_best"] is not None and values["n_best"] > values["beam_size"]:
         raise ConfigError(
-            f"export.n_best must be between 1 and the beam size ({beam_size}), "
-            f"got {settings['n_best']}"
+            f"export.n_best must be between 1 and the beam size ({values['beam_size']}), "
+            f"got {values['n_best']}"
         )
-    return settings
+    return DecodingSettings(batch_size=d.batch_size, **values)
 
 
 def _describe_valid(f, hint):

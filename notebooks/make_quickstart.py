@@ -102,7 +102,8 @@ for (source, reference), translation, score in zip(
     ),
     (
         "code",
-        """from keras_transformer.data import Tokenizer
+        """from keras_transformer.config import decoding_settings
+from keras_transformer.data import Tokenizer
 from keras_transformer.models import build_transformer
 from keras_transformer.training.callbacks import translate_sentences
 from keras_transformer.workdir import list_checkpoints
@@ -112,10 +113,7 @@ model = build_transformer(config.model, tokenizer.vocab_size)
 step, checkpoint = list_checkpoints(WORKDIR / "checkpoints")[-1]
 model.load_weights(checkpoint)
 print(f"{model.count_params():,} parameters, checkpoint of step {step}")
-library = translate_sentences(
-    model, tokenizer, sources, config.data, beam_size=config.decode.beam_size,
-    alpha=config.decode.alpha,
-)
+library = translate_sentences(model, tokenizer, sources, config.data, decoding_settings(config))
 for source, translation in zip(sources, library):
     print(f"{source}\\n  -> {translation}")""",
     ),

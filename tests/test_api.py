@@ -29,7 +29,7 @@ PUBLIC = {
         "TransformerDecoder",
     },
     "models": {"Transformer", "build_transformer"},
-    "decoding": {"greedy_search", "beam_search", "translate_ids"},
+    "decoding": {"DecodingSettings", "greedy_search", "beam_search", "translate_ids"},
     "export": {"Translator", "export_saved_model", "export_ctranslate2"},
     "training": {"train", "compile_model"},
     "data": {

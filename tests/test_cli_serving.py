@@ -104,8 +104,13 @@ def test_translate_prints_only_translations(model_base_dir):
 
 
 def test_export_decoding_settings_resolve_and_validate():
-    from keras_transformer.config import export_decoding, from_dict
+    from keras_transformer.config import decoding_settings, from_dict
     from keras_transformer.errors import ConfigError
+
+    def export_decoding(config, **overrides):
+        settings = decoding_settings(config, export=True, **overrides)
+        keys = ("beam_size", "alpha", "max_extra_length", "batch_size")
+        return {**{key: getattr(settings, key) for key in keys}, "n_best": settings.hypotheses}
 
     config = from_dict({"decode": {"beam_size": 5, "alpha": 0.8}, "export": {"n_best": 2}})
     assert export_decoding(config) == {

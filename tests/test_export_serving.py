@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 from _fresh_process import latin1, run_fresh
 
-from keras_transformer.decoding import length_penalty
+from keras_transformer.decoding.search import length_penalty
 from keras_transformer.export import calibration as calib
 
 DECODE = fx.EXPORT_DECODE

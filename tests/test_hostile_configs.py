@@ -203,7 +203,7 @@ def test_every_numeric_key_declares_its_range(path):
 def test_export_flags_keep_the_export_keys_ranges(setting, value):
     """`keras-transformer export --beam-size/--alpha/--n-best/--max-extra-length` are checked
     against the ranges of their `export.` keys."""
-    from keras_transformer.config import export_decoding, from_dict
+    from keras_transformer.config import decoding_settings, from_dict
 
     with pytest.raises(ConfigError, match=f"export.{setting} must be in"):
-        export_decoding(from_dict({}), **{setting: value})
+        decoding_settings(from_dict({}), export=True, **{setting: value})

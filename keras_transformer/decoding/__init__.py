@@ -1,9 +1,11 @@
-"""Decoding: greedy and beam search over a next-token function; `translate_ids` for the model.
+"""Decoding: greedy and beam search over a next-token function; `translate_ids` for the model;
+`DecodingSettings`, the one type that carries the decoding settings.
 
 The beam helpers (`expand_to_beams`, `gather_beams`, `length_penalty`, ...) are importable from
 `keras_transformer.decoding.search`.
 """
 
+from keras_transformer.config import DecodingSettings
 from keras_transformer.decoding.search import beam_search, greedy_search, translate_ids
 
-__all__ = ["beam_search", "greedy_search", "translate_ids"]
+__all__ = ["DecodingSettings", "beam_search", "greedy_search", "translate_ids"]

@@ -20,11 +20,14 @@ References:
     Wu et al., 2016, "Google's Neural Machine Translation System", section 7 (length penalty).
 """
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import keras
 from keras import ops
 
+from keras_transformer.config import EOS_ID, DecodingSettings
+from keras_transformer.decoding.sampling import sampling_picker
 from keras_transformer.fast_paths import inplace_cache_writes
 
 # A finite "minus infinity": sums of a few of these stay finite in float32 (no inf - inf = NaN),
@@ -119,9 +122,10 @@ def _force_eos(log_probs, must_end, eos_id):
 
 
 def greedy_search(
-    step_fn, initial_ids, initial_state, max_length, eos_id=3, alpha=0.0, max_lengths=None
-):
-    """Picks the most likely next token at every step until EOS.
+    step_fn, initial_ids, initial_state, max_length, eos_id=EOS_ID, alpha=0.0, max_lengths=None,
+    pick=None,
+):  # fmt: skip
+    """Picks the most likely next token at every step until EOS (or the one `pick` draws).
 
     Args:
         step_fn: next-token function, see the module docstring (rows = batch).
@@ -132,10 +136,13 @@ def greedy_search(
         eos_id: the end-of-sequence token.
         alpha: length-penalty exponent used for the returned scores only.
         max_lengths: optional int `[batch]`, a smaller limit per input; EOS is forced at the limit.
+        pick: optional `pick(log_probs [batch, vocab], index) -> int32 [batch]` choosing each
+            token instead of the argmax (e.g. `decoding.sampling.sampling_picker`).
 
     Returns:
         `(ids, scores)`: int32 `[batch, max_length]` generated tokens (EOS included, then 0) and
-        float32 `[batch]` scores `sum(log p) / length_penalty(length, alpha)`.
+        float32 `[batch]` scores `sum(log p) / length_penalty(length, alpha)` (the model's
+        log-probabilities, whatever `pick` does).
 
     Example:
     ```python
@@ -157,7 +164,10 @@ def greedy_search(
         log_probs = ops.cast(log_probs, "float32")
         must_end = ops.expand_dims(ops.greater_equal(index + 1, caps), 1)  # [batch, 1]
         log_probs = _force_eos(log_probs, must_end, eos_id)
-        tokens = ops.cast(ops.argmax(log_probs, axis=-1), "int32")  # [batch]
+        if pick is None:
+            tokens = ops.cast(ops.argmax(log_probs, axis=-1), "int32")  # [batch]
+        else:
+            tokens = pick(log_probs, index)  # [batch]
         token_log_probs = ops.take_along_axis(log_probs, ops.expand_dims(tokens, 1), axis=1)
         token_log_probs = ops.squeeze(token_log_probs, 1)  # [batch]
         # Rows that already ended keep 0 (padding) and their score.
@@ -306,8 +316,8 @@ def beam_search(
     initial_state,
     beam_size,
     max_length,
-    alpha=0.6,
-    eos_id=3,
+    alpha=DecodingSettings.alpha,
+    eos_id=EOS_ID,
     max_lengths=None,
     return_all=False,
 ):
@@ -345,7 +355,7 @@ def beam_search(
 
     Example:
     ```python
-    ids, scores = beam_search(step_fn, bos, cache, beam_size=4, max_length=60, alpha=0.6)
+    ids, scores = beam_search(step_fn, bos, cache, beam_size=5, max_length=60, alpha=1.0)
     ```
     """
     k = int(beam_size)
@@ -383,18 +393,16 @@ def _static_or_tensor(value):
 def translate_ids(
     model,
     source_ids,
-    beam_size=4,
-    alpha=0.6,
-    max_extra_length=50,
-    bos_id=2,
-    eos_id=3,
+    settings=None,
     max_length=None,
     use_cache=True,
-    pad_id=0,
     return_all=False,
     prefix_ids=None,
+    seed=0,
+    **changes,
 ):
-    """Translates padded source ids with a `Transformer` (beam search, or greedy for beam 1).
+    """Translates padded source ids with a `Transformer`: beam search (greedy for beam 1), or
+    sampling when `settings.sampling_topk > 0`.
 
     The source is encoded once; the decoder runs one token per step with its key/value cache
     (`model.decode_step`), the encoder keys/values computed once and shared by the beams. An
@@ -404,10 +412,8 @@ def translate_ids(
     Args:
         model: a `keras_transformer.models.Transformer`.
         source_ids: int `[batch, s_len]`, 0-padded, ending in EOS as in training.
-        beam_size: beams per input; 1 runs `greedy_search`.
-        alpha: length-penalty exponent.
-        max_extra_length: outputs stop at the source length plus this.
-        bos_id, eos_id, pad_id: special token ids.
+        settings: a `DecodingSettings` (None: its defaults): beam size, length penalty, output
+            length, sampling, special ids. Sampling draws one output per input (no beams).
         max_length: optional cap on the output length (e.g. the model's maximum target length).
         use_cache: False re-runs the full decoder on the whole prefix at every step (slow; a
             reference for tests).
@@ -416,63 +422,77 @@ def translate_ids(
             the non-zero ids of row `i` (forced one per step; the search continues after them).
             A row must leave room for EOS (at most `max_extra_length` ids, and fewer than
             `max_length`).
+        seed: sampling only: an int (input `i` gets `seed + i`) or int `[batch]`, one seed per
+            input; an input's sample depends on its seed alone, and repeats with it.
+        **changes: fields of `settings` to replace (e.g. `beam_size=1`).
 
     Returns:
         `(output_ids, scores)`: int32 `[batch, T]` without BOS, EOS included and 0-padded after
         it (`T = min(s_len + max_extra_length, max_length)`), and float32 `[batch]` length-
         normalised log-probabilities; with `return_all`, `[batch, beam_size, T]` and
-        `[batch, beam_size]` (greedy search's one hypothesis as a beam of one).
+        `[batch, beam_size]` (greedy search's or sampling's one output as a beam of one).
 
     Example:
     ```python
-    ids, scores = translate_ids(model, source_ids, beam_size=4, alpha=0.6)
+    ids, scores = translate_ids(model, source_ids, DecodingSettings(beam_size=5))
     ```
     """
-    if int(beam_size) < 1:
-        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
-    k = int(beam_size)
+    settings = DecodingSettings() if settings is None else settings
+    settings = dataclasses.replace(settings, **changes) if changes else settings
+    k = 1 if settings.sampling else settings.beam_size
     source_ids = ops.cast(ops.convert_to_tensor(source_ids), "int32")
-    buffer = _output_buffer_length(source_ids, max_extra_length, max_length)
+    buffer = _output_buffer_length(source_ids, settings.max_extra_length, max_length)
     encoder_output, source_mask = model.encode(source_ids, training=False)
-    caps = ops.sum(ops.cast(source_mask, "int32"), axis=1) + max_extra_length  # [batch]
-    initial_ids = ops.full(ops.shape(source_ids)[:1], bos_id, dtype="int32")  # [batch]
-    banned = _banned_tokens_mask(model.vocab_size, (pad_id, bos_id))  # [vocab]
+    caps = ops.sum(ops.cast(source_mask, "int32"), axis=1) + settings.max_extra_length  # [batch]
+    initial_ids = ops.full(ops.shape(source_ids)[:1], settings.bos_id, dtype="int32")  # [batch]
+    log_probs_fn, initial_state = _log_probs_step(
+        model, source_ids, (encoder_output, source_mask), settings, buffer, k, use_cache
+    )
+    if prefix_ids is not None:
+        log_probs_fn, initial_state = _forcing_prefix(log_probs_fn, initial_state, prefix_ids)
+    search = (log_probs_fn, initial_ids, initial_state)
+    with inplace_cache_writes():  # the loop is traced here; only our own caches are written
+        if k > 1:
+            return beam_search(
+                *search, k, buffer, settings.alpha, settings.eos_id, max_lengths=caps,
+                return_all=return_all,
+            )  # fmt: skip
+        pick = None
+        if settings.sampling:
+            seeds = _row_seeds(seed, initial_ids)  # [batch]
+            pick = sampling_picker(
+                settings.sampling_topk, settings.sampling_temperature, settings.sampling_topp, seeds
+            )
+        ids, scores = greedy_search(
+            *search, buffer, settings.eos_id, settings.alpha, max_lengths=caps, pick=pick
+        )
+        if return_all:  # a beam of one: [batch, 1, T], [batch, 1]
+            return ops.expand_dims(ids, 1), ops.expand_dims(scores, 1)
+        return ids, scores
 
-    def to_log_probs(logits):  # [rows, vocab] -> [rows, vocab]
-        log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
-        return ops.where(banned, NEG_INF, log_probs)
 
+def _row_seeds(seed, initial_ids):
+    """int32 `[batch]`: `seed + row` for an int seed, else the given per-row seeds."""
+    if isinstance(seed, int):
+        return ops.arange(ops.shape(initial_ids)[0], dtype="int32") + seed
+    return ops.broadcast_to(ops.cast(seed, "int32"), ops.shape(initial_ids))
+
+
+def _log_probs_step(model, source_ids, encoded, settings, buffer, k, use_cache):
+    """`(step_fn, initial_state)` of the search: the model's next-token log-probabilities,
+    padding and BOS made impossible; `encoded` is `model.encode`'s output and mask."""
+    banned = _banned_tokens_mask(model.vocab_size, (settings.pad_id, settings.bos_id))  # [vocab]
     if use_cache:
-        step_fn, initial_state = _cached_step(model, encoder_output, source_mask, buffer, k)
+        step_fn, initial_state = _cached_step(model, *encoded, buffer, k)
     else:
         step_fn, initial_state = _uncached_step(model, source_ids, k)
 
-    def log_probs_fn(ids, index, state):  # the search's step function: [rows, vocab] log p
+    def log_probs_fn(ids, index, state):  # [rows, vocab] log p
         logits, state = step_fn(ids, index, state)
-        return to_log_probs(logits), state
+        log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+        return ops.where(banned, NEG_INF, log_probs), state
 
-    if prefix_ids is not None:
-        log_probs_fn, initial_state = _forcing_prefix(log_probs_fn, initial_state, prefix_ids)
-
-    with inplace_cache_writes():  # the loop is traced here; only our own caches are written
-        if k == 1:
-            ids, scores = greedy_search(
-                log_probs_fn, initial_ids, initial_state, buffer, eos_id, alpha, max_lengths=caps
-            )
-            if return_all:  # a beam of one: [batch, 1, T], [batch, 1]
-                return ops.expand_dims(ids, 1), ops.expand_dims(scores, 1)
-            return ids, scores
-        return beam_search(
-            log_probs_fn,
-            initial_ids,
-            initial_state,
-            k,
-            buffer,
-            alpha,
-            eos_id,
-            max_lengths=caps,
-            return_all=return_all,
-        )
+    return log_probs_fn, initial_state
 
 
 def _forcing_prefix(log_probs_fn, initial_state, prefix_ids):

@@ -24,6 +24,7 @@ import tempfile
 
 import numpy as np
 
+from keras_transformer.config import DecodingSettings
 from keras_transformer.errors import UsageError
 from keras_transformer.layers.embedding import positional_encoding
 from keras_transformer.workdir import copy_tree, is_local, local_directory
@@ -99,14 +100,15 @@ def _check_supported(model):
         raise UsageError("cannot convert to CTranslate2: " + ", ".join(unsupported))
 
 
-def transformer_spec(model, spm_bytes, num_positions=1024, bos_id=2, pad_id=0):
+def transformer_spec(model, spm_bytes, num_positions=1024, settings=None):
     """A `ctranslate2.specs.TransformerSpec` holding `model`'s weights and vocabulary.
 
     Args:
         model: a trained `keras_transformer.models.Transformer` (shared, tied embeddings, ReLU).
         spm_bytes: the SentencePiece model (its pieces, in id order, are the vocabulary).
         num_positions: rows of the position table (the longest source or output it serves).
-        bos_id, pad_id: ids that must never be generated (as in our search).
+        settings: the `DecodingSettings` (None: the defaults) whose `pad_id` and `bos_id` must
+            never be generated (as in our search).
 
     Returns:
         The spec, validated, not yet optimized (quantized) or saved.
@@ -136,7 +138,8 @@ def transformer_spec(model, spm_bytes, num_positions=1024, bos_id=2, pad_id=0):
     spec.decoder.embeddings.weight = embeddings
     spec.decoder.projection.weight = embeddings
     bias = np.zeros(embeddings.shape[0], np.float32)
-    bias[[pad_id, bos_id]] = BANNED_LOGIT_BIAS
+    settings = DecodingSettings() if settings is None else settings
+    bias[[settings.pad_id, settings.bos_id]] = BANNED_LOGIT_BIAS
     spec.decoder.projection.bias = bias
     spec.encoder.scale_embeddings = True
     spec.decoder.scale_embeddings = True
@@ -167,7 +170,9 @@ def transformer_spec(model, spm_bytes, num_positions=1024, bos_id=2, pad_id=0):
     return spec
 
 
-def export_ctranslate2(model, tokenizer, output_dir, quantization=None, data_config=None):
+def export_ctranslate2(
+    model, tokenizer, output_dir, quantization=None, data_config=None, settings=None
+):
     """Converts `model` into a CTranslate2 model directory with its SentencePiece model.
 
     The directory holds CTranslate2's `model.bin`, `config.json` and vocabularies, plus
@@ -182,6 +187,9 @@ def export_ctranslate2(model, tokenizer, output_dir, quantization=None, data_con
         quantization: CTranslate2 weight type (`int8`, `int8_float32`, `float16`, ...); None
             keeps float32 (CTranslate2 can still quantize when loading, `compute_type=`).
         data_config: `DataConfig` (or dict) for `max_source_length` / `max_target_length`.
+        settings: the `DecodingSettings` (`config.decoding_settings(config, export=True)`; None:
+            the defaults): the special ids, and the beam size, length penalty and extra length
+            recorded in `keras_transformer.json` for CTranslate2's `translate_batch`.
 
     Returns:
         `output_dir`.
@@ -203,19 +211,33 @@ def export_ctranslate2(model, tokenizer, output_dir, quantization=None, data_con
     max_source = int(_get(data_config, "max_source_length", 128))
     max_target = int(_get(data_config, "max_target_length", 128))
     # Room for any source and any output CTranslate2 is asked for by default (256 tokens).
-    spec = transformer_spec(model, spm_bytes, num_positions=max(1024, max_source, max_target))
+    settings = DecodingSettings() if settings is None else settings
+    spec = transformer_spec(model, spm_bytes, max(1024, max_source, max_target), settings)
     spec.optimize(quantization=quantization)
+    metadata = {
+        "format": "ctranslate2",
+        "quantization": quantization or "float32",
+        "max_source_length": max_source,
+        "max_target_length": max_target,
+        "norm_first": model.norm_first,
+        "source": "pieces of spm.model truncated to max_source_length - 1; EOS is added",
+        "decoding": {
+            "beam_size": settings.beam_size,
+            "alpha": settings.alpha,
+            "max_extra_length": settings.max_extra_length,
+        },
+    }
     if not is_local(output_dir):
         # No atomic directory rename there: written locally, copied with model.bin last.
         with local_directory() as local:
-            _write_ct2(spec, spm_bytes, local, quantization, max_source, max_target, model)
+            _write_ct2(spec, spm_bytes, local, metadata)
             copy_tree(local, output_dir, last="model.bin")
         return output_dir
     parent = os.path.dirname(os.path.abspath(output_dir))
     os.makedirs(parent, exist_ok=True)
     tmp_dir = tempfile.mkdtemp(prefix=".ct2-", dir=parent)
     try:
-        _write_ct2(spec, spm_bytes, tmp_dir, quantization, max_source, max_target, model)
+        _write_ct2(spec, spm_bytes, tmp_dir, metadata)
         if os.path.isdir(output_dir):
             os.rmdir(output_dir)  # empty: checked above
         os.rename(tmp_dir, output_dir)
@@ -225,19 +247,11 @@ def export_ctranslate2(model, tokenizer, output_dir, quantization=None, data_con
     return output_dir
 
 
-def _write_ct2(spec, spm_bytes, directory, quantization, max_source, max_target, model):
+def _write_ct2(spec, spm_bytes, directory, metadata):
     """The CTranslate2 model's files in the local `directory`."""
     spec.save(directory)
     with open(os.path.join(directory, SPM_FILE), "wb") as f:
         f.write(spm_bytes)
-    metadata = {
-        "format": "ctranslate2",
-        "quantization": quantization or "float32",
-        "max_source_length": max_source,
-        "max_target_length": max_target,
-        "norm_first": model.norm_first,
-        "source": "pieces of spm.model truncated to max_source_length - 1; EOS is added",
-    }
     with open(os.path.join(directory, METADATA_FILE), "w", encoding="utf-8") as f:
         json.dump(metadata, f, indent=2)
 

@@ -10,6 +10,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from keras_transformer.config import DecodingSettings
 from keras_transformer.export import calibration as calib
 from keras_transformer.export.card import build_card, write_card
 from keras_transformer.export.card import card_facts as facts_of_workdir
@@ -63,26 +64,21 @@ def _field(config, key, default):
     return getattr(config, key, default)
 
 
-def export_translator(model, tokenizer, decode_config=None, data_config=None):
+def export_translator(model, tokenizer, settings=None, data_config=None):
     """The `Translator` that `export_saved_model` saves, with the same decoding settings.
 
-    `decode_config` and `data_config` are as in `export_saved_model`; use it to decode with
+    `settings` and `data_config` are as in `export_saved_model`; use it to decode with
     exactly the graph an export would serve (e.g. `benchmarks/decode_sweep.py`).
     """
+    if settings is not None and not isinstance(settings, DecodingSettings):
+        settings = DecodingSettings(**settings)  # a mapping of its fields
     return Translator(
         model,
         tokenizer,
-        beam_size=_field(decode_config, "beam_size", 4),
-        alpha=_field(decode_config, "alpha", 0.6),
-        max_extra_length=_field(decode_config, "max_extra_length", 50),
-        batch_size=_field(decode_config, "batch_size", 32),
+        settings,
         max_source_length=_field(data_config, "max_source_length", 128),
         # As in the dev-set decoding during training: no output longer than the training targets.
         max_length=_field(data_config, "max_target_length", None),
-        bos_id=getattr(tokenizer, "bos_id", 2),
-        eos_id=getattr(tokenizer, "eos_id", 3),
-        pad_id=getattr(tokenizer, "pad_id", 0),
-        n_best=_field(decode_config, "n_best", None),
     )
 
 
@@ -93,7 +89,7 @@ MAX_CALIBRATION_SENTENCES = 1000
 def export_saved_model(
     model,
     tokenizer,
-    decode_config=None,
+    settings=None,
     data_config=None,
     base_dir="saved_models",
     name="model",
@@ -102,8 +98,8 @@ def export_saved_model(
 ):
     """Exports `Translator(model, tokenizer)` as the next version of `base_dir/name`.
 
-    The SavedModel has four signatures (see `Translator`): `serving_default` (text ->
-    translation, score, token_scores, confidence), `translate_nbest` (text -> translations,
+    The SavedModel has four signatures (five with sampling; see `Translator`): `serving_default`
+    (text -> translation, score, token_scores, confidence), `translate_nbest` (text -> translations,
     scores, token_scores, confidence, `[batch, n_best, ...]`), `translate_prefix` (text, prefix
     -> translation, score) and `score` (source, target -> log_probability, length).
     `assets.extra/` holds `keras_transformer.json` (the signatures and decoding settings),
@@ -119,9 +115,9 @@ def export_saved_model(
     Args:
         model: a `Transformer` (TensorFlow backend).
         tokenizer: `keras_transformer.data.Tokenizer` (or SentencePiece model bytes).
-        decode_config: `DecodeConfig` (or dict, e.g. `config.export_decoding(config)`):
-            `beam_size`, `alpha`, `max_extra_length`, `batch_size` and `n_best` (hypotheses of
-            the `translate_nbest` signature; default the beam size), fixed into the graph.
+        settings: the `DecodingSettings` fixed into the graph (`config.decoding_settings(config,
+            export=True)`; or a dict of its fields; None: the defaults). With sampling on
+            (`sampling_topk > 0`) the export adds the `translate_sample` signature.
         data_config: `DataConfig` (or dict): `max_source_length` (inputs are truncated to it)
             and `max_target_length` (the longest output, EOS included).
         base_dir: directory holding the named models.
@@ -137,13 +133,14 @@ def export_saved_model(
 
     Example:
     ```python
-    path = export_saved_model(model, tokenizer, config.decode, config.data, "saved_models",
+    settings = decoding_settings(config, export=True)
+    path = export_saved_model(model, tokenizer, settings, config.data, "saved_models",
                               "quickstart")
     ```
     """
     if not name or os.sep in str(name) or str(name) in (".", ".."):
         raise ValueError(f"invalid model name {name!r}")
-    translator = export_translator(model, tokenizer, decode_config, data_config)
+    translator = export_translator(model, tokenizer, settings, data_config)
     calibration, speed = _calibrate(translator, dev_pairs)
 
     def write_assets(export_dir):
@@ -179,6 +176,9 @@ DECODING_KEYS = (
     "beam_size", "alpha", "n_best", "max_extra_length", "batch_size", "max_source_length",
     "max_length",
 )  # fmt: skip
+
+
+SAMPLING_KEYS = ("sampling_topk", "sampling_temperature", "sampling_topp")
 
 
 def _features_function(translator):
@@ -222,7 +222,7 @@ def _calibrate(translator, dev_pairs):
         "sentences_per_second": round(len(sources) / seconds, 2),
         "tokens_per_second": round(float(np.sum(out["length"].numpy())) / seconds, 1),
         "request": f"all {len(sources)} dev sentences in one call (graph batch "
-        f"{translator.batch_size})",
+        f"{translator.settings.batch_size})",
         "cpu": _cpu_name(),
         "threads": os.cpu_count(),
     }
@@ -269,7 +269,8 @@ def _write_metadata(export_dir, translator, name):
     # assets.extra/ travels with the SavedModel and is ignored by the loaders.
     extra = os.path.join(export_dir, "assets.extra")
     tf.io.gfile.makedirs(extra)
-    k = translator.n_best
+    settings = translator.settings
+    k = settings.hypotheses
     metadata = {
         "name": str(name),
         "signature": SIGNATURE_KEY,
@@ -303,15 +304,21 @@ def _write_metadata(export_dir, translator, name):
                 "outputs": {"log_probability": "float32 [batch]", "length": "int32 [batch]"},
             },
         },
-        "beam_size": translator.beam_size,
-        "alpha": translator.alpha,
+        "beam_size": settings.beam_size,
+        "alpha": settings.alpha,
         "n_best": k,
-        "max_extra_length": translator.max_extra_length,
-        "batch_size": translator.batch_size,
+        "max_extra_length": settings.max_extra_length,
+        "batch_size": settings.batch_size,
         "max_source_length": translator.max_source_length,
         "max_length": translator.max_length,
         "vocab_size": translator.model.vocab_size,
     }
+    if settings.sampling:
+        metadata["signatures"]["translate_sample"] = {
+            "inputs": {"text": "string [batch]", "seed": "int64 [batch]"},
+            "outputs": {"translation": "string [batch]", "score": "float32 [batch]"},
+        }
+        metadata.update({key: getattr(settings, key) for key in SAMPLING_KEYS})
     write_atomically(os.path.join(extra, METADATA_FILE), json.dumps(metadata, indent=2))
     return metadata
 

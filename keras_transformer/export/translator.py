@@ -5,10 +5,13 @@ built from the SentencePiece model proto), so a SavedModel of it needs no Python
 TF Serving, or any process importing `tensorflow` and `tensorflow_text`, can run it.
 """
 
+import dataclasses
+
 import keras
 import tensorflow as tf
 import tensorflow_text as tf_text
 
+from keras_transformer.config import DecodingSettings
 from keras_transformer.data.pipeline import encode_sources
 from keras_transformer.decoding.search import translate_ids
 from keras_transformer.export.calibration import MAX_MARGIN, MIN_MEAN_LOG_PROB
@@ -17,6 +20,12 @@ from keras_transformer.export.calibration import MAX_MARGIN, MIN_MEAN_LOG_PROB
 # token log-probability of -0.5 (`set_calibration` replaces it with one fitted on a dev set).
 DEFAULT_CALIBRATION = {"log_prob_weight": 2.0, "margin_weight": 0.0, "bias": 1.0}
 NEG_SCORE = -1.0e9
+
+
+def _fold_seeds(seeds):
+    """int64 `[c]` -> int32 `[c]`: the high half XOR-ed into the low half."""
+    folded = tf.bitwise.bitwise_xor(seeds, tf.bitwise.right_shift(seeds, 32))
+    return tf.cast(tf.bitwise.bitwise_and(folded, 0xFFFFFFFF) - (1 << 31), tf.int32)
 
 
 class _Untracked:
@@ -56,16 +65,13 @@ class Translator(tf.Module):
         model: a trained `keras_transformer.models.Transformer` (TensorFlow backend).
         tokenizer: the SentencePiece model as bytes, or an object with `.model_proto` (such as
             `keras_transformer.data.Tokenizer`).
-        beam_size: beams per sentence (1 = greedy); fixed in the graph.
-        alpha: length-penalty exponent; fixed in the graph.
-        max_extra_length: outputs stop at the source length plus this.
+        settings: the `keras_transformer.decoding.DecodingSettings` fixed in the graph (None:
+            the defaults): beam size, length penalty, `n_best` (hypotheses of
+            `translate_nbest`), `batch_size` (sentences decoded together inside the graph),
+            sampling, special ids.
         max_source_length: longest source in tokens, EOS included (longer inputs are truncated).
-        batch_size: sentences decoded together inside the graph.
         max_length: optional cap on the output length.
-        bos_id, eos_id, pad_id: special token ids (SentencePiece trained with them).
-
-        n_best: hypotheses returned per input by `translate_nbest` (1 to `beam_size`; default
-            `beam_size`).
+        **changes: fields of `settings` to replace (e.g. `beam_size=1`).
 
     Call arguments:
         text: tf.string `[batch]`.
@@ -78,7 +84,7 @@ class Translator(tf.Module):
         sum is the score times the length penalty), `confidence` the calibrated estimate in
         [0, 1] of its quality (`set_calibration`).
 
-    Three more tf.functions become the SavedModel's other signatures (`signatures` lists all):
+    More tf.functions become the SavedModel's other signatures (`signatures` lists all):
     - `translate_nbest(text)`: `{"translations": tf.string [batch, n_best], "scores": tf.float32
       [batch, n_best], "token_scores": [batch, n_best, length], "confidence": [batch, n_best]}`,
       best first; the first column equals `serve`'s answer.
@@ -89,10 +95,13 @@ class Translator(tf.Module):
     - `score(source, target)`: `{"log_probability": tf.float32 [batch], "length": tf.int32
       [batch]}`: the target's log-probability under the model (tokens and EOS, one forced-
       decoding pass) and its token count; sizes that differ raise `InvalidArgumentError`.
+    - `translate_sample(text, seed)`, only with `settings.sampling_topk > 0`: `{"translation",
+      "score"}` as `serve`, each translation sampled (top-k, top-p, temperature fixed in the
+      graph) with its row's int64 `seed`: the same text and seed give the same translation.
 
     Example:
     ```python
-    translator = Translator(model, tokenizer, beam_size=4, alpha=0.6)
+    translator = Translator(model, tokenizer, DecodingSettings(beam_size=5))
     translator(tf.constant(["Guten Morgen."]))["translation"]
     tf.saved_model.save(translator, path, signatures=translator.signatures)
     ```
@@ -102,17 +111,11 @@ class Translator(tf.Module):
         self,
         model,
         tokenizer,
-        beam_size=4,
-        alpha=0.6,
-        max_extra_length=50,
+        settings=None,
         max_source_length=128,
-        batch_size=32,
         max_length=None,
-        bos_id=2,
-        eos_id=3,
-        pad_id=0,
-        n_best=None,
         name=None,
+        **changes,
     ):
         super().__init__(name=name)
         if keras.backend.backend() != "tensorflow":
@@ -128,18 +131,10 @@ class Translator(tf.Module):
         # The SentencePiece op is created inside the traced graph (see `_tokenizer`), so the
         # model proto travels as an attribute of that op in the SavedModel.
         self._spm_proto = _model_proto(tokenizer)
-        self.beam_size = int(beam_size)
-        self.alpha = float(alpha)
-        self.max_extra_length = int(max_extra_length)
+        settings = DecodingSettings() if settings is None else settings
+        self.settings = dataclasses.replace(settings, **changes) if changes else settings
         self.max_source_length = int(max_source_length)
-        self.batch_size = max(1, int(batch_size))
         self.max_length = None if max_length is None else int(max_length)
-        self.bos_id, self.eos_id, self.pad_id = int(bos_id), int(eos_id), int(pad_id)
-        self.n_best = self.beam_size if n_best is None else int(n_best)
-        if not 1 <= self.n_best <= self.beam_size:
-            raise ValueError(
-                f"n_best must be between 1 and the beam size ({self.beam_size}), got {n_best}"
-            )
         # The confidence's map (see `set_calibration`); read as constants when a signature is
         # traced, so it must be set before the first call.
         self.calibration = dict(DEFAULT_CALIBRATION)
@@ -161,16 +156,24 @@ class Translator(tf.Module):
             ],
             autograph=False,
         )
+        self.translate_sample = tf.function(
+            self._translate_sample,
+            input_signature=[text_spec, tf.TensorSpec([None], tf.int64, name="seed")],
+            autograph=False,
+        )
 
     @property
     def signatures(self):
         """`{signature key: tf.function}` of every signature, for `tf.saved_model.save`."""
-        return {
+        signatures = {
             "serving_default": self.serve,
             "translate_nbest": self.translate_nbest,
             "translate_prefix": self.translate_prefix,
             "score": self.score,
         }
+        if self.settings.sampling:
+            signatures["translate_sample"] = self.translate_sample
+        return signatures
 
     def set_calibration(self, log_prob_weight, margin_weight, bias):
         """Sets the confidence's map `sigmoid(bias + log_prob_weight * mean token log-probability
@@ -188,7 +191,7 @@ class Translator(tf.Module):
     def max_target_length(self):
         """The longest target (EOS included) that `score` reads: the longest output the model
         can produce."""
-        longest_output = self.max_source_length + self.max_extra_length
+        longest_output = self.max_source_length + self.settings.max_extra_length
         return longest_output if self.max_length is None else min(self.max_length, longest_output)
 
     @property
@@ -215,24 +218,23 @@ class Translator(tf.Module):
             text, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
         )
         return encode_sources(
-            tokenizer, text, self.max_source_length, ragged=True, eos_id=self.eos_id
+            tokenizer, text, self.max_source_length, ragged=True, eos_id=self.settings.eos_id
         )
 
-    def _search_chunk(self, source, prefix=None):
-        """Ragged int32 `[c, (tokens)]` (and prefixes) -> (int32 `[c, K, T]` hypotheses, EOS
-        then padding, float32 `[c, K]` scores), best first; `K` = the beam size."""
+    def _search_chunk(self, source, prefix=None, seeds=None):
+        """Ragged int32 `[c, (tokens)]` (and prefixes, or int64 `[c]` sampling seeds) ->
+        (int32 `[c, K, T]` hypotheses, EOS then padding, float32 `[c, K]` scores), best first;
+        `K` = the beam size (1 when sampling)."""
+        # Only `translate_sample` samples; the other signatures search.
+        settings = self.settings if seeds is not None else self.settings.without_sampling()
         ids, scores = translate_ids(
             self.model,
-            source.to_tensor(default_value=self.pad_id),  # [c, s_len]
-            beam_size=self.beam_size,
-            alpha=self.alpha,
-            max_extra_length=self.max_extra_length,
-            bos_id=self.bos_id,
-            eos_id=self.eos_id,
+            source.to_tensor(default_value=settings.pad_id),  # [c, s_len]
+            settings,
             max_length=self.max_length,
-            pad_id=self.pad_id,
             return_all=True,
-            prefix_ids=None if prefix is None else prefix.to_tensor(default_value=self.pad_id),
+            prefix_ids=None if prefix is None else prefix.to_tensor(default_value=settings.pad_id),
+            seed=0 if seeds is None else _fold_seeds(seeds),
         )
         return tf.convert_to_tensor(ids), tf.convert_to_tensor(scores)
 
@@ -241,26 +243,27 @@ class Translator(tf.Module):
         `[c, k, T]` -> float32 `[c, k, T]` log p of each output token (EOS included, 0 after)."""
         c, k, width = tf.shape(ids)[0], tf.shape(ids)[1], tf.shape(ids)[2]
         flat = tf.reshape(ids, [-1, width])  # [c * k, T]
-        bos = tf.fill([c * k, 1], self.bos_id)
+        bos, pad_id = tf.fill([c * k, 1], self.settings.bos_id), self.settings.pad_id
         logits = self.model(
             {
-                "source_ids": tf.repeat(source.to_tensor(default_value=self.pad_id), k, axis=0),
+                "source_ids": tf.repeat(source.to_tensor(default_value=pad_id), k, axis=0),
                 "target_ids": tf.concat([bos, flat[:, :-1]], axis=1),
             },
             training=False,
         )  # [c * k, T, vocab]
         log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1)
         picked = tf.gather(log_probs, flat, axis=2, batch_dims=2)  # [c * k, T]
-        picked = tf.where(tf.not_equal(flat, self.pad_id), picked, 0.0)
+        picked = tf.where(tf.not_equal(flat, pad_id), picked, 0.0)
         return tf.reshape(picked, [c, k, width])
 
     def _margins(self, scores, keep):
         """float32 `[c, keep]`: each of the first `keep` hypotheses' score minus the best score
         of the other hypotheses (0 for greedy search), clipped (empty slots score -1e9)."""
-        if self.beam_size == 1:
+        width = scores.shape[1]  # K: the beam size, 1 when sampling
+        if width == 1:
             return tf.zeros_like(scores[:, :keep])
         # [c, K, K]: row j holds the scores with hypothesis j itself masked out.
-        others = tf.where(tf.eye(self.beam_size, dtype=tf.bool), NEG_SCORE, scores[:, None])
+        others = tf.where(tf.eye(width, dtype=tf.bool), NEG_SCORE, scores[:, None])
         margin = scores - tf.reduce_max(others, axis=-1)  # [c, K]
         return tf.clip_by_value(margin[:, :keep], -MAX_MARGIN, MAX_MARGIN)
 
@@ -276,19 +279,20 @@ class Translator(tf.Module):
         )
         return tf.sigmoid(logit)
 
-    def _decode_chunk(self, tokenizer, source, keep, prefix=None):
+    def _decode_chunk(self, tokenizer, source, keep, prefix=None, seeds=None):
         """Ragged int32 `[c, (tokens)]` -> `(text [c, keep], score [c, keep], token_scores
         [c, keep, W], margin [c, keep], length [c, keep])` of the `keep` best hypotheses;
         `W = max_target_length` (the widest output), token scores 0-padded."""
-        ids, scores = self._search_chunk(source, prefix)  # [c, K, T], [c, K]
+        ids, scores = self._search_chunk(source, prefix, seeds)  # [c, K, T], [c, K]
         ids = ids[:, :keep]  # [c, keep, T]
-        lengths = tf.reduce_sum(tf.cast(tf.not_equal(ids, self.pad_id), tf.int32), -1)
+        lengths = tf.reduce_sum(tf.cast(tf.not_equal(ids, self.settings.pad_id), tf.int32), -1)
         token_scores = self._token_log_probs(source, ids)  # [c, keep, T]
         width = self.max_target_length
         token_scores = tf.pad(token_scores, [[0, 0], [0, 0], [0, width - tf.shape(ids)[2]]])
         # Outputs hold tokens, EOS, then padding; only the tokens are text.
         flat = tf.reshape(ids, [-1, tf.shape(ids)[-1]])  # [c * keep, T]
-        is_text = tf.logical_and(tf.not_equal(flat, self.pad_id), tf.not_equal(flat, self.eos_id))
+        special = (self.settings.pad_id, self.settings.eos_id)
+        is_text = tf.logical_and(tf.not_equal(flat, special[0]), tf.not_equal(flat, special[1]))
         text = tf.reshape(tokenizer.detokenize(tf.ragged.boolean_mask(flat, is_text)), [-1, keep])
         return text, scores[:, :keep], token_scores, self._margins(scores, keep), lengths
 
@@ -308,7 +312,7 @@ class Translator(tf.Module):
         n = tf.shape(lengths, out_type=tf.int32)[0]
         order = tf.argsort(lengths, stable=True)  # [n]
         inputs = tuple(tf.gather(x, order) for x in inputs)
-        chunk = self.batch_size
+        chunk = self.settings.batch_size
         num_chunks = (n + chunk - 1) // chunk
 
         def body(i, arrays):
@@ -329,16 +333,23 @@ class Translator(tf.Module):
             results.append(tf.ensure_shape(tf.gather(values, inverse), [None, *row]))
         return results
 
-    def _hypotheses(self, text, keep, prefix=None):
+    def _hypotheses(self, text, keep, prefix=None, seeds=None):
         """`{text, score, token_scores, margin, length, confidence}` of the `keep` best
         hypotheses of every input, `[n, keep, ...]`; token scores cut to the longest output of
-        the request."""
+        the request. `seeds` (int64 `[n]`) samples instead of searching."""
         tokenizer = self._tokenizer()
         source = self._source_ids(tokenizer, text)  # [n, (tokens)]
-        inputs = (source,) if prefix is None else (source, self._prefix_ids(tokenizer, prefix))
+        extra = {}  # the chunks' other inputs, rows sorted and cut as the sources
+        if prefix is not None:
+            extra["prefix"] = self._prefix_ids(tokenizer, prefix)
+        if seeds is not None:
+            extra["seeds"] = seeds
+        inputs = (source, *extra.values())
         width = self.max_target_length
         text, score, token_scores, margin, lengths = self._in_chunks(
-            lambda *part: self._decode_chunk(tokenizer, part[0], keep, *part[1:]),
+            lambda *part: self._decode_chunk(
+                tokenizer, part[0], keep, **dict(zip(extra, part[1:]))
+            ),
             inputs,
             source.row_lengths(),
             (
@@ -370,7 +381,7 @@ class Translator(tf.Module):
         }
 
     def _translate_nbest(self, text):
-        out = self._hypotheses(text, self.n_best)
+        out = self._hypotheses(text, self.settings.hypotheses)
         return {
             "translations": out["text"],
             "scores": out["score"],
@@ -383,7 +394,7 @@ class Translator(tf.Module):
         prefix = tf.strings.unicode_transcode(
             prefix, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
         )
-        room = self.max_extra_length
+        room = self.settings.max_extra_length
         if self.max_length is not None:
             room = min(room, self.max_length - 1)
         return tokenizer.tokenize(prefix)[:, : max(room, 0)]
@@ -400,6 +411,17 @@ class Translator(tf.Module):
         out = self._hypotheses(text, 1, prefix)
         return {"translation": out["text"][:, 0], "score": out["score"][:, 0]}
 
+    def _translate_sample(self, text, seed):
+        sizes_match = tf.debugging.Assert(
+            tf.equal(tf.size(text), tf.size(seed)),
+            ["translate_sample: text has", tf.size(text), "strings but seed has",
+             tf.size(seed), "seeds; they must be the same"],
+        )  # fmt: skip
+        with tf.control_dependencies([sizes_match]):
+            text = tf.identity(text)
+        out = self._hypotheses(text, 1, seeds=seed)
+        return {"translation": out["text"][:, 0], "score": out["score"][:, 0]}
+
     # ------------------------------------------------------------------ scoring
 
     def _target_ids(self, tokenizer, text):
@@ -410,21 +432,21 @@ class Translator(tf.Module):
         )
         pieces = tokenizer.tokenize(text)[:, : self.max_target_length - 1]
         column = tf.ones([pieces.nrows(), 1], tf.int32)
-        bos = tf.RaggedTensor.from_tensor(column * self.bos_id)
-        eos = tf.RaggedTensor.from_tensor(column * self.eos_id)
+        bos = tf.RaggedTensor.from_tensor(column * self.settings.bos_id)
+        eos = tf.RaggedTensor.from_tensor(column * self.settings.eos_id)
         return tf.concat([bos, pieces], axis=1), tf.concat([pieces, eos], axis=1)
 
     def _score_chunk(self, source, decoder_input, labels):
         """Ragged chunks -> (float32 `[c]` summed label log-probabilities, int32 `[c]` lengths)."""
         logits = self.model(
             {
-                "source_ids": source.to_tensor(default_value=self.pad_id),
-                "target_ids": decoder_input.to_tensor(default_value=self.pad_id),
+                "source_ids": source.to_tensor(default_value=self.settings.pad_id),
+                "target_ids": decoder_input.to_tensor(default_value=self.settings.pad_id),
             },
             training=False,
         )  # [c, t_len, vocab]
         log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1)
-        label_ids = labels.to_tensor(default_value=self.pad_id)  # [c, t_len]
+        label_ids = labels.to_tensor(default_value=self.settings.pad_id)  # [c, t_len]
         picked = tf.gather(log_probs, label_ids, axis=2, batch_dims=2)  # [c, t_len]
         # Ragged -> dense padded with pad_id; the row lengths say which positions are real.
         lengths = tf.cast(labels.row_lengths(), tf.int32)  # [c]

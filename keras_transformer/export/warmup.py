@@ -42,7 +42,7 @@ def warmup_requests(signatures, texts):
 
     Args:
         signatures: `{signature key: [input names]}`; inputs named `prefix` get the text's first
-            word, the others the text itself.
+            word, `seed` (int64) the seed 0, the others the text itself.
         texts: the sentences, one per length bucket.
     """
     from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
@@ -53,7 +53,10 @@ def warmup_requests(signatures, texts):
             request = predict_pb2.PredictRequest(model_spec=model_pb2.ModelSpec(signature_name=key))
             for name in inputs:
                 value = text.split(" ")[0] if name == "prefix" else text
-                request.inputs[name].CopyFrom(tf.make_tensor_proto([value.encode("utf-8")]))
+                proto = tf.make_tensor_proto([value.encode("utf-8")])
+                if name == "seed":
+                    proto = tf.make_tensor_proto([0], dtype=tf.int64)
+                request.inputs[name].CopyFrom(proto)
             logs.append(
                 prediction_log_pb2.PredictionLog(
                     predict_log=prediction_log_pb2.PredictLog(request=request)

@@ -2,8 +2,10 @@
 
 from keras import ops
 
+from keras_transformer.config import PAD_ID
 
-def padding_mask(ids, pad_id=0):
+
+def padding_mask(ids, pad_id=PAD_ID):
     """`[batch, length]`: True at real tokens, False at padding."""
     return ops.not_equal(ids, pad_id)
 

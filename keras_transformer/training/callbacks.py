@@ -8,6 +8,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_transformer.config import DecodingSettings
 from keras_transformer.data.pipeline import encode_sources
 from keras_transformer.errors import DataError
 from keras_transformer.evaluation import score_translations
@@ -484,21 +485,12 @@ def _flat_metrics(model):
     return flat
 
 
-def translate_sentences(
-    model,
-    tokenizer,
-    sources,
-    data_config,
-    beam_size=1,
-    alpha=0.6,
-    max_extra_length=50,
-    batch_size=32,
-    _cache=None,
-):
+def translate_sentences(model, tokenizer, sources, data_config, settings=None, _cache=None):
     """Translates a list of strings with `model` (in Python, for evaluation during training).
 
-    Sentences are sorted by length and decoded `batch_size` at a time with
-    `keras_transformer.decoding.translate_ids` compiled by `tf.function`.
+    Sentences are sorted by length and decoded `settings.batch_size` at a time with
+    `keras_transformer.decoding.translate_ids` compiled by `tf.function`; `settings` is a
+    `DecodingSettings` (None: greedy search, the cheap choice during training).
 
     Returns:
         The list of detokenized translations, in the order of `sources`.
@@ -507,27 +499,21 @@ def translate_sentences(
 
     if not sources:
         return []
-    key = (id(model), beam_size, alpha, max_extra_length)
+    settings = DecodingSettings(beam_size=1) if settings is None else settings
+    key = (id(model), settings)
     cache = _cache if _cache is not None else {}
     if key not in cache:
         # translate_ids has no tensor-dependent Python control flow: no AutoGraph needed.
         @tf.autograph.experimental.do_not_convert
         def decode_batch(ids):
             output_ids, _ = translate_ids(
-                model,
-                ids,
-                beam_size=beam_size,
-                alpha=alpha,
-                max_extra_length=max_extra_length,
-                bos_id=tokenizer.bos_id,
-                eos_id=tokenizer.eos_id,
-                max_length=data_config.max_target_length,
+                model, ids, settings, max_length=data_config.max_target_length
             )
             return output_ids
 
         cache[key] = tf.function(decode_batch)
     decode = cache[key]
-    batch_size = min(batch_size, len(sources))
+    batch_size = min(settings.batch_size, len(sources))
     ragged = encode_sources(
         tokenizer, tf.constant(sources, dtype=tf.string), data_config.max_source_length, ragged=True
     )
@@ -546,7 +532,7 @@ def translate_sentences(
         if rows < batch_size:
             filler = tf.concat(
                 [
-                    tf.fill([batch_size - rows, 1], tf.constant(tokenizer.eos_id, ids.dtype)),
+                    tf.fill([batch_size - rows, 1], tf.constant(settings.eos_id, ids.dtype)),
                     tf.zeros([batch_size - rows, int(ids.shape[1]) - 1], ids.dtype),
                 ],
                 axis=1,
@@ -554,7 +540,7 @@ def translate_sentences(
             ids = tf.concat([ids, filler], axis=0)
         out = decode(ids).numpy()[:rows]
         # Everything from the first EOS on is dropped before detokenizing.
-        after_eos = np.cumsum(out == tokenizer.eos_id, axis=1) > 0
+        after_eos = np.cumsum(out == settings.eos_id, axis=1) > 0
         out = np.where(after_eos, 0, out).astype("int32")
         texts = tokenizer.detokenize(tf.constant(out)).numpy()
         for i, text in zip(chunk, texts):
@@ -562,32 +548,15 @@ def translate_sentences(
     return outputs
 
 
-def evaluate_bleu(
-    model,
-    tokenizer,
-    pairs,
-    data_config,
-    beam_size=1,
-    alpha=0.6,
-    max_extra_length=50,
-    batch_size=32,
-    _cache=None,
-):
-    """sacreBLEU/chrF of `model` on `pairs` `[(source, reference), ...]`.
+def evaluate_bleu(model, tokenizer, pairs, data_config, settings=None, _cache=None):
+    """sacreBLEU/chrF of `model` on `pairs` `[(source, reference), ...]`, translated with the
+    `DecodingSettings` `settings` (None: greedy search).
 
     Returns:
         `(scores, hypotheses)`: `evaluation.score_translations`'s dict and the translations.
     """
     hypotheses = translate_sentences(
-        model,
-        tokenizer,
-        [s for s, _ in pairs],
-        data_config,
-        beam_size,
-        alpha,
-        max_extra_length,
-        batch_size,
-        _cache,
+        model, tokenizer, [s for s, _ in pairs], data_config, settings, _cache
     )
     return score_translations(hypotheses, [t for _, t in pairs]), hypotheses
 
@@ -606,7 +575,7 @@ class DevEvaluator(keras.callbacks.Callback):
         tokenizer: the run's `keras_transformer.data.Tokenizer`.
         data_config: the `data` config section (max lengths).
         logdir: TensorBoard log directory; None writes nothing.
-        beam_size: 1 (greedy) keeps evaluation cheap during training.
+        settings: the `DecodingSettings`; None: greedy search, cheap during training.
         num_samples: sample translations written as text.
         skip_at_step: no evaluation when the optimizer step has reached this.
         enabled: False on the non-chief workers (no TensorBoard writes).
@@ -618,10 +587,7 @@ class DevEvaluator(keras.callbacks.Callback):
         tokenizer,
         data_config,
         logdir=None,
-        beam_size=1,
-        alpha=0.6,
-        max_extra_length=50,
-        batch_size=32,
+        settings=None,
         num_samples=3,
         skip_at_step=None,
         enabled=True,
@@ -631,12 +597,7 @@ class DevEvaluator(keras.callbacks.Callback):
         self.tokenizer = tokenizer
         self.data_config = data_config
         self.logdir = logdir
-        self.decode_kwargs = dict(
-            beam_size=beam_size,
-            alpha=alpha,
-            max_extra_length=max_extra_length,
-            batch_size=batch_size,
-        )
+        self.settings = settings
         self.num_samples = num_samples
         self.skip_at_step = skip_at_step
         self.enabled = enabled
@@ -655,8 +616,8 @@ class DevEvaluator(keras.callbacks.Callback):
                 self.tokenizer,
                 self.pairs,
                 self.data_config,
+                self.settings,
                 _cache=self._cache,
-                **self.decode_kwargs,
             )
         self.history.append((step, scores["bleu"]))
         if logs is not None:

@@ -3,10 +3,11 @@
 import keras
 from keras import ops
 
+from keras_transformer.config import PAD_ID
 from keras_transformer.training import _fast_paths
 
 
-def masked_token_cross_entropy(labels, logits, label_smoothing=0.0, pad_id=0):
+def masked_token_cross_entropy(labels, logits, label_smoothing=0.0, pad_id=PAD_ID):
     """Per-token cross-entropy against label-smoothed targets, and the non-padding mask.
 
     The smoothed target distribution is `(1 - eps) * one_hot(label) + eps / vocab_size` (eps
@@ -74,7 +75,9 @@ class MaskedSparseCrossEntropy(keras.losses.Loss):
         Architecture" (label smoothing).
     """
 
-    def __init__(self, label_smoothing=0.1, pad_id=0, name="masked_sparse_cross_entropy", **kw):
+    def __init__(
+        self, label_smoothing=0.1, pad_id=PAD_ID, name="masked_sparse_cross_entropy", **kw
+    ):
         # "mean_with_sample_weight" divides by the sum of the weights (here: the real tokens) and
         # lets Keras scale the loss for tf.distribute (one replica's share of the global mean).
         kw.pop("reduction", None)

@@ -3,11 +3,13 @@
 import keras
 from keras import ops
 
+from keras_transformer.config import PAD_ID
+
 
 class _MaskedMean(keras.metrics.Metric):
     """Running mean of a per-token value over the non-padding tokens."""
 
-    def __init__(self, pad_id=0, name=None, dtype="float32"):
+    def __init__(self, pad_id=PAD_ID, name=None, dtype="float32"):
         super().__init__(name=name, dtype=dtype)
         self.pad_id = int(pad_id)
         self.total = self.add_variable(shape=(), initializer="zeros", name="total")
@@ -54,7 +56,7 @@ class MaskedAccuracy(_MaskedMean):
     ```
     """
 
-    def __init__(self, pad_id=0, name="accuracy", dtype="float32"):
+    def __init__(self, pad_id=PAD_ID, name="accuracy", dtype="float32"):
         super().__init__(pad_id=pad_id, name=name, dtype=dtype)
 
     def _values(self, y_true, y_pred):
@@ -83,7 +85,7 @@ class Perplexity(_MaskedMean):
         name: metric name (default "perplexity").
     """
 
-    def __init__(self, pad_id=0, name="perplexity", dtype="float32"):
+    def __init__(self, pad_id=PAD_ID, name="perplexity", dtype="float32"):
         super().__init__(pad_id=pad_id, name=name, dtype=dtype)
 
     def _values(self, y_true, y_pred):
@@ -115,7 +117,7 @@ class TokenCount(keras.metrics.Metric):
         name: metric name (default "tokens").
     """
 
-    def __init__(self, pad_id=0, name="tokens", dtype="float32"):
+    def __init__(self, pad_id=PAD_ID, name="tokens", dtype="float32"):
         super().__init__(name=name, dtype=dtype)
         self.pad_id = int(pad_id)
         self.count = self.add_variable(shape=(), initializer="zeros", name="count")

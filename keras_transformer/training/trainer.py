@@ -16,7 +16,7 @@ import time
 import keras
 import tensorflow as tf
 
-from keras_transformer.config import save_config
+from keras_transformer.config import decoding_settings, save_config
 from keras_transformer.errors import WorkerError
 from keras_transformer.models import build_transformer
 from keras_transformer.training.callbacks import (
@@ -162,7 +162,6 @@ def _export(model, tokenizer, config, result=None):
 
     Its model card gets the config, the manifest's counts and `result`'s steps, time, precision
     and scores; the dev set calibrates its confidence."""
-    from keras_transformer.config import export_decoding
     from keras_transformer.data.prepare import read_manifest
     from keras_transformer.export import export_saved_model
     from keras_transformer.export.card import card_facts
@@ -175,7 +174,7 @@ def _export(model, tokenizer, config, result=None):
     return export_saved_model(
         model,
         tokenizer,
-        export_decoding(config),
+        decoding_settings(config, export=True),
         config.data,
         config.export.base_dir,
         config.export.name or config.name,
@@ -592,15 +591,14 @@ def _chief_callbacks(run, model, data):
     write_hparams(layout.logs, config)
     dev_pairs = _read_split(config.data.dev)
     if dev_pairs:
+        greedy = dataclasses.replace(decoding_settings(config).without_sampling(), beam_size=1)
         callbacks.append(
             DevEvaluator(
                 dev_pairs[: t.eval_max_sentences],
                 data.tokenizer,
                 config.data,
                 logdir=layout.logs,
-                beam_size=1,
-                max_extra_length=config.decode.max_extra_length,
-                batch_size=config.decode.batch_size,
+                settings=greedy,  # cheap during training
                 num_samples=t.num_sample_translations,
                 skip_at_step=t.steps,
             )
@@ -655,20 +653,13 @@ def _score(run, model, tokenizer, step, stopper, averaged):
         "precision": config.runtime.mixed_precision or "float32",
         "logs": layout.logs,
     }
-    decode_kwargs = dict(
-        beam_size=config.decode.beam_size,
-        alpha=config.decode.alpha,
-        max_extra_length=config.decode.max_extra_length,
-        batch_size=config.decode.batch_size,
-    )
+    settings = decoding_settings(config).without_sampling()  # BLEU of the search
     cache = {}
     for split, spec in (("dev", config.data.dev), ("test", config.data.test)):
         pairs = _read_split(spec)
         if not pairs:
             continue
-        scores, _ = evaluate_bleu(
-            model, tokenizer, pairs, config.data, _cache=cache, **decode_kwargs
-        )
+        scores, _ = evaluate_bleu(model, tokenizer, pairs, config.data, settings, _cache=cache)
         result[split] = scores
         writer = tf.summary.create_file_writer(os.path.join(layout.logs, split))
         with writer.as_default(step=step):

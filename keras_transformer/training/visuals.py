@@ -66,9 +66,7 @@ def sentence_attention(model, tokenizer, source, data_config, translation=None, 
     from keras_transformer.training.callbacks import translate_sentences
 
     if translation is None:
-        translation = translate_sentences(
-            model, tokenizer, [source], data_config, beam_size=1, _cache=cache
-        )[0]
+        translation = translate_sentences(model, tokenizer, [source], data_config, _cache=cache)[0]
     source_ids = encode_sources(tokenizer, [source], data_config.max_source_length)  # [1, S]
     pieces = tokenizer.encode(translation)[: data_config.max_target_length - 1]
     target_ids = tf.constant([[tokenizer.bos_id] + pieces], dtype=tf.int32)  # [1, T]
