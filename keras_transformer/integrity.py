@@ -67,10 +67,13 @@ def write_atomically(path, data):
         return path
     temporary = os.path.join(directory, f".tmp-{uuid.uuid4().hex[:8]}-{os.path.basename(path)}")
     try:
-        with open(temporary, mode) as f:
+        with gfile.GFile(temporary, mode) as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        descriptor = os.open(temporary, os.O_RDONLY)  # on disk before the rename makes it seen
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
         os.replace(temporary, path)
     except BaseException:
         if os.path.exists(temporary):
