@@ -119,6 +119,11 @@ class StackBase(CallTracedSpec, keras.layers.Layer):
     def __init__(self, num_layers, num_heads, d_ff, **kwargs):
         block_names = inspect.signature(self.block_class.__init__).parameters
         block_kwargs = {name: kwargs.pop(name) for name in list(kwargs) if name in block_names}
+        # The initializer as an object, made here once per stack (as Keras makes any default
+        # seed): the same seed stream, so the same weights for a given global seed, as before.
+        block_kwargs["kernel_initializer"] = keras.initializers.get(
+            block_kwargs.get("kernel_initializer", block_names["kernel_initializer"].default)
+        )
         super().__init__(**kwargs)
         if num_layers <= 0:
             raise ValueError(f"num_layers must be positive, got {num_layers}")
