@@ -169,6 +169,33 @@ def batch_examples(
             )
         )
 
+    dataset = _with_bos_and_eos(examples, max_source, max_target)
+    dataset = _bucketed(dataset, boundaries, batch_sizes, source_lengths, target_lengths, training)
+    if training and len(boundaries) == 1:
+        # One bucket: every batch has the same shape, so the element spec can say so too (what
+        # TPUs and other fully static compilers want); several buckets vary by batch.
+        shapes = ([batch_sizes[0], source_lengths[0]], [batch_sizes[0], target_lengths[0]])
+        dataset = dataset.map(
+            lambda source, target_ids, labels: (
+                tf.ensure_shape(source, shapes[0]),
+                tf.ensure_shape(target_ids, shapes[1]),
+                tf.ensure_shape(labels, shapes[1]),
+            )
+        )
+    dataset = dataset.map(
+        lambda source, target_ids, labels: (
+            {"source_ids": source, "target_ids": target_ids},
+            labels,
+        )
+    )
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def _with_bos_and_eos(examples, max_source, max_target):
+    """`(source, target)` pieces -> `(source + EOS, BOS + target, target + EOS)`, truncated to
+    the max lengths."""
+    import tensorflow as tf
+
     eos = tf.constant([EOS_ID], tf.int32)
     bos = tf.constant([BOS_ID], tf.int32)
 
@@ -177,7 +204,13 @@ def batch_examples(
         target = target[: max_target - 1]
         return source, tf.concat([bos, target], axis=0), tf.concat([target, eos], axis=0)
 
-    dataset = examples.map(to_example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return examples.map(to_example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def _bucketed(dataset, boundaries, batch_sizes, source_lengths, target_lengths, training):
+    """Examples -> batches of one length bucket each, padded to the bucket's lengths (a
+    complete batch only, when `training`)."""
+    import tensorflow as tf
 
     boundaries_t = tf.constant(boundaries, tf.int32)
     batch_sizes_t = tf.constant(batch_sizes, tf.int64)
@@ -199,29 +232,11 @@ def batch_examples(
             drop_remainder=training,
         )
 
-    dataset = dataset.group_by_window(
+    return dataset.group_by_window(
         key_func=bucket_of,
         reduce_func=batch_bucket,
         window_size_func=lambda bucket: batch_sizes_t[bucket],
     )
-    if training and len(boundaries) == 1:
-        # One bucket: every batch has the same shape, so the element spec can say so too (what
-        # TPUs and other fully static compilers want); several buckets vary by batch.
-        shapes = ([batch_sizes[0], source_lengths[0]], [batch_sizes[0], target_lengths[0]])
-        dataset = dataset.map(
-            lambda source, target_ids, labels: (
-                tf.ensure_shape(source, shapes[0]),
-                tf.ensure_shape(target_ids, shapes[1]),
-                tf.ensure_shape(labels, shapes[1]),
-            )
-        )
-    dataset = dataset.map(
-        lambda source, target_ids, labels: (
-            {"source_ids": source, "target_ids": target_ids},
-            labels,
-        )
-    )
-    return dataset.prefetch(tf.data.AUTOTUNE)
 
 
 def make_dataset(

@@ -724,54 +724,14 @@ def prepare(config, verbose=True):
     temporary = _temporary_directory(layout)
     try:
         vocabulary = os.path.join(temporary, VOCABULARY)
-        total = _known_size(d.train)
-        if _gfile().exists(layout.spm):
-            _log(f"preparing {d.train} with the existing vocabulary {layout.spm}", verbose)
-            _install_vocabulary(layout.spm, vocabulary)
-            trained, sampled = False, 0
-        else:
-            from keras_transformer.data.tokenizer import train_sentencepiece
-
-            _log(f"preparing {d.train}: sampling sentences for the vocabulary ...", verbose)
-            counter = corpora.Counter(d.train)
-            progress = _Progress(total, verbose, "read for the vocabulary sample")
-            sample = _reservoir_sample(
-                _sentences(d.train, counter, progress), d.spm_max_sentences, d.seed
-            )
-            progress.update(counter.lines, 0, force=True)
-            total = counter.kept  # now known exactly
-            sampled = len(sample)
-            train_sentencepiece(
-                sample,
-                vocabulary,
-                vocab_size=d.vocab_size,
-                model_type=d.spm_model_type,
-                character_coverage=d.spm_character_coverage,
-                max_sentences=max(1, sampled),
-                seed=d.seed,
-                verbose=verbose,
-            )
-            del sample
-            trained = True
+        total, trained, sampled = _vocabulary(config, layout, vocabulary, verbose)
         if total is None:  # a file corpus with an existing vocabulary: count it for the shards
             counter = corpora.Counter(d.train)
             total = sum(1 for _ in corpora.iter_pairs(d.train, counter, verbose=False))
         _log(f"tokenizing {total:,} pairs into shards ({_workers(d)} workers) ...", verbose)
-        import sentencepiece as spm
-
         with _gfile().GFile(vocabulary, "rb") as f:
             proto = f.read()
-        manifest = {
-            "format_version": FORMAT_VERSION,
-            "settings": _settings(d),
-            "vocabulary": {
-                "file": VOCABULARY,
-                "sha256": hashlib.sha256(proto).hexdigest(),
-                "pieces": spm.SentencePieceProcessor(model_proto=proto).get_piece_size(),
-                "trained": trained,
-                "sample_sentences": sampled,
-            },
-        }
+        manifest = _manifest_head(d, proto, trained, sampled)
         manifest.update(_write_shards(config, proto, temporary, total, verbose))
         add_shard_checksums(manifest, temporary)
         manifest["seconds"] = round(time.time() - started, 1)
@@ -787,6 +747,52 @@ def prepare(config, verbose=True):
         _install_vocabulary(os.path.join(layout.prepared, VOCABULARY), layout.spm)
     _summary(manifest, layout, verbose)
     return manifest
+
+
+def _vocabulary(config, layout, vocabulary, verbose):
+    """Installs the workdir's vocabulary at `vocabulary`, or trains one on a seeded sample of
+    the corpus; returns `(pairs in the corpus or None, trained, sentences sampled)`."""
+    d = config.data
+    total = _known_size(d.train)
+    if _gfile().exists(layout.spm):
+        _log(f"preparing {d.train} with the existing vocabulary {layout.spm}", verbose)
+        _install_vocabulary(layout.spm, vocabulary)
+        return total, False, 0
+    from keras_transformer.data.tokenizer import train_sentencepiece
+
+    _log(f"preparing {d.train}: sampling sentences for the vocabulary ...", verbose)
+    counter = corpora.Counter(d.train)
+    progress = _Progress(total, verbose, "read for the vocabulary sample")
+    sample = _reservoir_sample(_sentences(d.train, counter, progress), d.spm_max_sentences, d.seed)
+    progress.update(counter.lines, 0, force=True)
+    train_sentencepiece(
+        sample,
+        vocabulary,
+        vocab_size=d.vocab_size,
+        model_type=d.spm_model_type,
+        character_coverage=d.spm_character_coverage,
+        max_sentences=max(1, len(sample)),
+        seed=d.seed,
+        verbose=verbose,
+    )
+    return counter.kept, True, len(sample)  # the count is now known exactly
+
+
+def _manifest_head(data_config, proto, trained, sampled):
+    """The manifest's first keys: its format, the settings the data depends on, the vocabulary."""
+    import sentencepiece as spm
+
+    return {
+        "format_version": FORMAT_VERSION,
+        "settings": _settings(data_config),
+        "vocabulary": {
+            "file": VOCABULARY,
+            "sha256": hashlib.sha256(proto).hexdigest(),
+            "pieces": spm.SentencePieceProcessor(model_proto=proto).get_piece_size(),
+            "trained": trained,
+            "sample_sentences": sampled,
+        },
+    }
 
 
 def _summary(manifest, layout, verbose):

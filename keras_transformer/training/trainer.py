@@ -477,34 +477,7 @@ def _fit(run, model, data):
         position = resume.restore()
         batches = _resumed_batches(data, dataset, iterator, position, resume)
         step = optimizer_step(model)
-        stopper = StopAtStep(
-            t.steps,
-            None if t.max_minutes is None else t.max_minutes * 60,
-            agree=make_agreement(run.strategy),
-            keeps_time=chief,
-            clock=clock,
-        )
-        # The stopper first: it advances the clock that the resume state then saves.
-        callbacks = [stopper, resume, keras.callbacks.TerminateOnNaN()]
-        callbacks += _chief_callbacks(run, model, data) if chief else []
-        # TrainingSummaries reads the metrics on every worker (a collective under several).
-        tty = sys.stdout.isatty()
-        summaries = TrainingSummaries(
-            layout.logs, t.log_every, chief, total_steps=t.steps, print_lines=chief and not tty
-        )
-        callbacks.append(summaries)
-        # Last: on SIGTERM/SIGINT, saves after the step that every other callback has seen.
-        checkpoint = next((c for c in callbacks if isinstance(c, StepCheckpoint)), None)
-        signals = CatchSignals()
-        callbacks.append(
-            StopOnSignal(
-                signals,
-                resume,
-                checkpoint,
-                any_worker=make_any_worker(run.strategy),
-                flush=[lambda: summaries.on_train_end()],
-            )
-        )
+        stopper, signals, callbacks = _callbacks(run, model, data, resume, clock)
         # Epochs count from the restored step: evaluations stay at multiples of
         # steps_per_epoch after a resume at an epoch boundary.
         initial_epoch = step // t.steps_per_epoch
@@ -519,7 +492,7 @@ def _fit(run, model, data):
                     callbacks=callbacks,
                     # A live progress bar in a terminal; in logs, one line per epoch (and
                     # TrainingSummaries' lines every log_every steps).
-                    verbose=1 if tty else 2,
+                    verbose=1 if sys.stdout.isatty() else 2,
                     shuffle=False,  # prepared_dataset shuffles (seeded, so a resume skips exactly)
                 )
         except tf.errors.OpError as e:
@@ -534,6 +507,43 @@ def _fit(run, model, data):
     if step < t.steps and not stopper.out_of_time:
         raise RuntimeError(f"training stopped at step {step} of {t.steps} (NaN loss?)")
     return stopper
+
+
+def _callbacks(run, model, data, resume, clock):
+    """`(stopper, signals, callbacks)`: the callbacks of `fit`, in the order they must run."""
+    t, chief = run.config.train, run.chief
+    stopper = StopAtStep(
+        t.steps,
+        None if t.max_minutes is None else t.max_minutes * 60,
+        agree=make_agreement(run.strategy),
+        keeps_time=chief,
+        clock=clock,
+    )
+    # The stopper first: it advances the clock that the resume state then saves.
+    callbacks = [stopper, resume, keras.callbacks.TerminateOnNaN()]
+    callbacks += _chief_callbacks(run, model, data) if chief else []
+    # TrainingSummaries reads the metrics on every worker (a collective under several).
+    summaries = TrainingSummaries(
+        run.layout.logs,
+        t.log_every,
+        chief,
+        total_steps=t.steps,
+        print_lines=chief and not sys.stdout.isatty(),
+    )
+    callbacks.append(summaries)
+    # Last: on SIGTERM/SIGINT, saves after the step that every other callback has seen.
+    checkpoint = next((c for c in callbacks if isinstance(c, StepCheckpoint)), None)
+    signals = CatchSignals()
+    callbacks.append(
+        StopOnSignal(
+            signals,
+            resume,
+            checkpoint,
+            any_worker=make_any_worker(run.strategy),
+            flush=[lambda: summaries.on_train_end()],
+        )
+    )
+    return stopper, signals, callbacks
 
 
 def _iterated_data(run, data):
