@@ -11,7 +11,6 @@ import pytest
 test_case = pytest.importorskip("keras_hub.src.tests.test_case")
 
 from keras_transformer.layers import (  # noqa: E402
-    LayerNormalization,
     MultiHeadAttention,
     PositionwiseFeedForward,
     SinusoidalPositionalEncoding,
@@ -21,6 +20,7 @@ from keras_transformer.layers import (  # noqa: E402
     TransformerEncoder,
     TransformerEncoderBlock,
 )
+from keras_transformer.layers.normalization import LayerNormalization  # noqa: E402
 
 X = np.random.default_rng(0).normal(size=(2, 3, 8)).astype("float32")
 IDS = np.array([[3, 7, 1, 0], [5, 2, 0, 0]], "int32")
@@ -73,4 +73,5 @@ def test_every_public_layer_is_covered():
         if isinstance(getattr(layers, name), type)
         and issubclass(getattr(layers, name), keras.layers.Layer)
     }
-    assert public == set(CASES)
+    # LayerNormalization is no public name (the blocks use it); it is tested like them.
+    assert public | {LayerNormalization} == set(CASES)

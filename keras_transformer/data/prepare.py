@@ -870,7 +870,10 @@ def prepared_examples(
         def epoch(index):
             # Each epoch's order depends on the seed and the epoch's index alone: iterators of
             # one dataset share no shuffle state (Keras iterates a distributed dataset twice,
-            # and a shared reshuffling seed would make the orders depend on timing).
+            # and a shared reshuffling seed would make the orders depend on timing). The
+            # function's own graph seed is fixed: not the global seed (train.seed), which
+            # TensorFlow cannot pair with a tensor op seed when it is 0.
+            tf.compat.v1.get_default_graph().seed = _EPOCH_GRAPH_SEED
             epoch_seed = first_seed + 2 * index
             order = files_dataset.shuffle(
                 len(files), seed=epoch_seed, reshuffle_each_iteration=False
@@ -894,6 +897,10 @@ def prepared_examples(
         auto_shard_policy = policy.OFF  # sharded by hand above
     options.experimental_distribute.auto_shard_policy = auto_shard_policy or policy.FILE
     return dataset.with_options(options)
+
+
+# The graph-level seed of the epochs' shuffles (their op seeds are data.seed and the epoch).
+_EPOCH_GRAPH_SEED = 87654321
 
 
 def _read_records(files, count, dtype):
