@@ -86,6 +86,16 @@ MODEL_KWARGS = dict(num_layers=1, d_model=32, num_heads=2, d_ff=64, dropout=0.0)
 EXPORT_DECODE = {"beam_size": 3, "alpha": 0.6, "max_extra_length": 8, "batch_size": 4}
 EXPORT_DATA = {"max_source_length": MAX_SOURCE_LENGTH}
 
+# Sentences of the copy-task vocabulary, and inputs every signature must answer all the same.
+NORMAL = ["red apple cat", "dog dog fish bird", "blue", "plum pear white black green"]
+HOSTILE = [
+    "",
+    "   \t  ",
+    " ".join(["red green blue"] * 400),  # far longer than the max source length
+    b"red \xff\xfe apple \xc3",  # invalid UTF-8
+    "\u00e9t\u00e9 \u2603 \U0001f600",  # valid UTF-8 outside the vocabulary
+]
+
 
 def dev_pairs(n=64, seed=7):
     """Dev pairs for the exported copy model's calibration: the copy task's references, some

@@ -15,15 +15,8 @@ from keras_transformer.decoding.search import length_penalty
 from keras_transformer.export import calibration as calib
 
 DECODE = fx.EXPORT_DECODE
-NORMAL = ["red apple cat", "dog dog fish bird", "blue", "plum pear white black green"]
-HOSTILE = [
-    "",
-    "   \t  ",
-    " ".join(["red green blue"] * 400),  # far longer than the max source length
-    b"red \xff\xfe apple \xc3",  # invalid UTF-8
-    "\u00e9t\u00e9 \u2603 \U0001f600",  # valid UTF-8 outside the vocabulary
-    *NORMAL,
-]
+NORMAL = fx.NORMAL
+HOSTILE = [*fx.HOSTILE, *fx.NORMAL]
 
 
 def _strings(values):

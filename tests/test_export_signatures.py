@@ -20,14 +20,8 @@ from keras_transformer.decoding import translate_ids
 DECODE, DATA = fx.EXPORT_DECODE, fx.EXPORT_DATA
 K = DECODE["beam_size"]  # the fixture exports n_best = beam size
 
-NORMAL = ["red apple cat", "dog dog fish bird", "blue", "plum pear white black green"]
-HOSTILE = [
-    "",
-    "   \t  ",
-    " ".join(["red green blue"] * 400),
-    b"red \xff\xfe apple \xc3",
-    "\u00e9t\u00e9 \u2603 \U0001f600",
-]
+NORMAL = fx.NORMAL
+HOSTILE = fx.HOSTILE
 
 
 def _strings(values):

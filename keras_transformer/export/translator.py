@@ -399,26 +399,25 @@ class Translator(tf.Module):
             room = min(room, self.max_length - 1)
         return tokenizer.tokenize(prefix)[:, : max(room, 0)]
 
-    def _translate_prefix(self, text, prefix):
-        # Unequal sizes are the caller's error (INVALID_ARGUMENT, as in `score`).
+    @staticmethod
+    def _same_size(signature, text, other, name, what):
+        """`text`, once checked to have as many rows as `other`: unequal sizes are the caller's
+        error (INVALID_ARGUMENT, as in `score`)."""
         sizes_match = tf.debugging.Assert(
-            tf.equal(tf.size(text), tf.size(prefix)),
-            ["translate_prefix: text has", tf.size(text), "strings but prefix has",
-             tf.size(prefix), "strings; they must be the same"],
+            tf.equal(tf.size(text), tf.size(other)),
+            [f"{signature}: text has", tf.size(text), f"strings but {name} has",
+             tf.size(other), f"{what}; they must be the same"],
         )  # fmt: skip
         with tf.control_dependencies([sizes_match]):
-            text = tf.identity(text)
+            return tf.identity(text)
+
+    def _translate_prefix(self, text, prefix):
+        text = self._same_size("translate_prefix", text, prefix, "prefix", "strings")
         out = self._hypotheses(text, 1, prefix)
         return {"translation": out["text"][:, 0], "score": out["score"][:, 0]}
 
     def _translate_sample(self, text, seed):
-        sizes_match = tf.debugging.Assert(
-            tf.equal(tf.size(text), tf.size(seed)),
-            ["translate_sample: text has", tf.size(text), "strings but seed has",
-             tf.size(seed), "seeds; they must be the same"],
-        )  # fmt: skip
-        with tf.control_dependencies([sizes_match]):
-            text = tf.identity(text)
+        text = self._same_size("translate_sample", text, seed, "seed", "seeds")
         out = self._hypotheses(text, 1, seeds=seed)
         return {"translation": out["text"][:, 0], "score": out["score"][:, 0]}
 
