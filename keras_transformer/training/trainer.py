@@ -18,16 +18,16 @@ import tensorflow as tf
 
 from keras_transformer.config import decoding_settings, save_config
 from keras_transformer.errors import WorkerError
+from keras_transformer.evaluation import evaluate_bleu
 from keras_transformer.models import build_transformer
 from keras_transformer.training.callbacks import (
-    DevEvaluator,
     ResumeState,
     StepCheckpoint,
     StopAtStep,
     TrainingSummaries,
-    evaluate_bleu,
     optimizer_step,
 )
+from keras_transformer.training.dev_evaluation import DevEvaluator
 from keras_transformer.training.distribute import (
     Heartbeat,
     WorkerTempDir,
