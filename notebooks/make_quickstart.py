@@ -105,7 +105,7 @@ for (source, reference), translation, score in zip(
         """from keras_transformer.config import decoding_settings
 from keras_transformer.data import Tokenizer
 from keras_transformer.models import build_transformer
-from keras_transformer.training.callbacks import translate_sentences
+from keras_transformer.evaluation import translate_sentences
 from keras_transformer.workdir import list_checkpoints
 
 tokenizer = Tokenizer(str(WORKDIR / "spm.model"))

@@ -21,7 +21,8 @@ from keras_transformer.config import save_config
 from keras_transformer.data import Tokenizer, prepare, prepared_dataset, read_pairs
 from keras_transformer.data import tokenizer as tokenizer_module
 from keras_transformer.data.pipeline import bucket_batch_sizes
-from keras_transformer.data.prepare import check_prepared, prepared_examples, read_manifest
+from keras_transformer.data.prepare import check_prepared, read_manifest
+from keras_transformer.data.prepared import prepared_examples
 from keras_transformer.errors import DataError, DataWarning
 from keras_transformer.workdir import Workdir
 

@@ -1,8 +1,10 @@
 """The budget-aware learning-rate schedule (train.schedule: linear | cosine): values against the
 formula, the time budget it follows, serialization, and resume continuing the same curve."""
 
+import json
 import math
 import os
+import re
 
 import keras
 import numpy as np
@@ -162,7 +164,18 @@ def test_train_with_the_linear_schedule_ends_at_zero(tmp_path):
     config = tiny_config(tmp_path, train=dict(steps=8, schedule="linear"))
     result = train(config)
     assert result["step"] == 8 and result["training_seconds"] > 0
+    _assert_documented_time_keys(tmp_path / "result.json")
     rates = read_scalars(tmp_path / "logs")["learning_rate"]
     expected = [_formula(s, 32, 4, 8, 3.0, "linear") for s, _ in rates]
     np.testing.assert_allclose([r for _, r in rates], expected, rtol=1e-5, atol=1e-9)
     assert rates[-1] == (8, 0.0)
+
+
+def _assert_documented_time_keys(path):
+    """result.json names its times as docs/guides/python-api.md does: one name per time."""
+    with open(path) as f:
+        times = {key for key in json.load(f) if key.endswith("_seconds")}
+    guide = os.path.join(os.path.dirname(CONFIGS), "docs", "guides", "python-api.md")
+    with open(guide) as f:
+        documented = set(re.findall(r"`(\w+_seconds)`", f.read()))
+    assert times == documented == {"training_seconds", "wall_seconds"}

@@ -15,13 +15,15 @@ dataset = data.prepared_dataset(Workdir.of(config).prepared, config.data)
 ```
 
 The rest is importable from the modules: corpus specs (`data.corpora`), batching
-(`data.pipeline`), shards and their manifest (`data.prepare`), the special ids `PAD_ID`,
+(`data.pipeline`), writing shards and their manifest (`data.prepare`), reading them
+(`data.prepared`), the special ids `PAD_ID`,
 `UNK_ID`, `BOS_ID`, `EOS_ID` (`data.tokenizer`), the synthetic corpus (`data.synthetic`).
 """
 
 from keras_transformer.data.corpora import read_pairs
 from keras_transformer.data.pipeline import encode_sources, make_dataset
-from keras_transformer.data.prepare import prepare, prepared_dataset
+from keras_transformer.data.prepare import prepare
+from keras_transformer.data.prepared import prepared_dataset
 from keras_transformer.data.tokenizer import Tokenizer, get_or_train_tokenizer
 
 __all__ = [

@@ -18,16 +18,16 @@ import tensorflow as tf
 
 from keras_transformer.config import decoding_settings, save_config
 from keras_transformer.errors import WorkerError
+from keras_transformer.evaluation import evaluate_bleu
 from keras_transformer.models import build_transformer
 from keras_transformer.training.callbacks import (
-    DevEvaluator,
     ResumeState,
     StepCheckpoint,
     StopAtStep,
     TrainingSummaries,
-    evaluate_bleu,
     optimizer_step,
 )
+from keras_transformer.training.dev_evaluation import DevEvaluator
 from keras_transformer.training.distribute import (
     Heartbeat,
     WorkerTempDir,
@@ -657,7 +657,6 @@ def _score(run, model, tokenizer, step, stopper, averaged):
         "stopped_by_time_budget": stopper.out_of_time,
         "training_seconds": round(stopper.elapsed, 1),
         "beam_size": config.decode.beam_size,
-        "train_seconds": round(time.time() - run.started, 1),
         "checkpoints": layout.checkpoints,
         "averaged_checkpoints": averaged,
         "precision": config.runtime.mixed_precision or "float32",
@@ -679,7 +678,7 @@ def _score(run, model, tokenizer, step, stopper, averaged):
 
 
 def _finish(run, result):
-    result["total_seconds"] = round(time.time() - run.started, 1)
+    result["wall_seconds"] = round(time.time() - run.started, 1)
     # Whole or absent (a full disk leaves no torn result.json that would end the next run).
     write_atomically(run.layout.result, json.dumps(result, indent=2))
     _print_summary(result)

@@ -63,7 +63,7 @@ def sentence_attention(model, tokenizer, source, data_config, translation=None, 
         `[heads, queries, keys]`.
     """
     from keras_transformer.data import encode_sources
-    from keras_transformer.training.callbacks import translate_sentences
+    from keras_transformer.evaluation import translate_sentences
 
     if translation is None:
         translation = translate_sentences(model, tokenizer, [source], data_config, _cache=cache)[0]
