@@ -1,6 +1,7 @@
 """Training where cluster users train: a workdir and an export on a filesystem that is not the
 local disk (TensorFlow's `ram://`), with nothing written locally."""
 
+import gc
 import importlib
 import json
 import signal
@@ -204,6 +205,21 @@ def _bytes_read():
         return int(next(line for line in f if line.startswith("rchar:")).split()[1])
 
 
+def _settled_bytes_read(quiet=0.3, limit=10.0):
+    """`_bytes_read()` once no thread has read for `quiet` seconds: tf.data's prefetching
+    threads fill their bounded buffers in the background, so a count taken while they run
+    depends on timing, and one taken after they stop does not."""
+    last, since, deadline = _bytes_read(), time.monotonic(), time.monotonic() + limit
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = _bytes_read()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            break
+    return last
+
+
 def _restart(config, model, backup, position, skip=False):
     """A fresh dataset and iterator positioned at `position` as a restart finds it: from the
     resume state (or by skipping); returns (bytes read until the first batch, next 3 batches)."""
@@ -212,14 +228,14 @@ def _restart(config, model, backup, position, skip=False):
     from keras_transformer.workdir import Workdir
 
     dataset = prepared_dataset(Workdir.of(config).prepared, config.data, verbose=False)
-    before = _bytes_read()
+    before = _settled_bytes_read()
     if skip:
         iterator = iter(dataset.skip(position))
     else:
         iterator = iter(dataset)
         assert ResumeState(model, backup, 1, 1, iterator=iterator).restore() == position
     first = next(iterator)
-    read = _bytes_read() - before
+    read = _settled_bytes_read() - before
     return read, [first, next(iterator), next(iterator)]
 
 
@@ -253,6 +269,8 @@ def test_resume_state_holds_the_data_iterator_restart_reads_do_not_grow(tmp_path
         model.optimizer.iterations.assign(position)
         state.save()
         expected = [next(iterator) for _ in range(3)]  # the uninterrupted run's next batches
+        del iterator, dataset  # its prefetching threads would read during the measurement
+        gc.collect()
         reads[position], got = _restart(config, model, backup, position)
         for a, b in zip(keras.tree.flatten(got), keras.tree.flatten(expected), strict=True):
             np.testing.assert_array_equal(a.numpy(), b.numpy())
