@@ -3,12 +3,14 @@ and `decode.alpha` are `auto`) against the export of its last checkpoint at alph
 config's earlier fixed choice), on the dev and test sets of a parallel corpus.
 
 Stage `train` runs `keras-transformer train` for `--minutes` of training (the machine must be
-otherwise idle: the minutes bound the steps); its end chooses among the candidates on
-`train.eval_max_sentences` dev sentences and exports the choice. Stage `evaluate` (any time
+otherwise idle: the minutes bound the steps); its end chooses among the candidates on the first
+`export.select_max_sentences` dev sentences and exports the choice. Stage `evaluate` (any time
 after, not a timing) exports the last checkpoint at alpha 1.0 with `keras-transformer export
 --average 1 --alpha 1.0` and scores both SavedModels with `keras-transformer evaluate` on the
-whole dev and test sets; it prints one JSON line (`benchmarks/common.py`'s `emit`; with
-`BENCH_LABEL` set, also appended to `benchmarks/results/select_on_dev.jsonl`).
+whole dev and test sets (with `--reselect`, the choice is first made again by `keras-transformer
+export --select-on-dev` on the trained workdir, with this checkout's settings); it prints one
+JSON line (`benchmarks/common.py`'s `emit`; with `BENCH_LABEL` set, also appended to
+`benchmarks/results/select_on_dev.jsonl`).
 
     PYTHONPATH=$PWD python benchmarks/select_on_dev.py --stage train --work /tmp/sel1 --seed 42
     PYTHONPATH=$PWD BENCH_LABEL=run1 python benchmarks/select_on_dev.py --stage evaluate \\
@@ -60,10 +62,27 @@ def _bleu(args, model, split):
     return scores["bleu"], scores["chrf"]
 
 
+def _reselect(args, workdir):
+    """`(SavedModel path, selection)`: the choice made again by `export --select-on-dev` on the
+    trained workdir (with this checkout's `export.select_max_sentences`)."""
+    output = os.path.join(args.work, "reselected")
+    subprocess.run(
+        CLI + ["export", "--workdir", workdir, "--select-on-dev", "--output", output],
+        check=True, capture_output=True, cwd=REPO,
+    )  # fmt: skip
+    model = os.path.join(output, "chosen")
+    version = max(os.listdir(model), key=int)
+    with open(os.path.join(model, version, "assets.extra", "model_card.json")) as f:
+        return os.path.join(model, version), json.load(f)["training"]["selection"]
+
+
 def evaluate(args):
     workdir = os.path.join(args.work, "workdir")
     with open(os.path.join(workdir, "result.json")) as f:
         result = json.load(f)
+    chosen_model, selection = result["saved_model"], result["selection"]
+    if args.reselect:
+        chosen_model, selection = _reselect(args, workdir)
     last = os.path.join(args.work, "last_alpha1")
     if not os.path.isdir(last):
         subprocess.run(
@@ -71,7 +90,6 @@ def evaluate(args):
                    "--output", last],
             check=True, capture_output=True, cwd=REPO,
         )  # fmt: skip
-    chosen_model = result["saved_model"]
     last_model = os.path.join(last, "chosen")
     figures = {}
     for name, model in (("chosen", chosen_model), ("last_alpha1", last_model)):
@@ -79,12 +97,12 @@ def evaluate(args):
             figures[f"{name}_{split}_bleu"], figures[f"{name}_{split}_chrf"] = _bleu(
                 args, model, split
             )
-    selection = result["selection"]
     emit(
         figure="select_on_dev",
         system="keras-transformer",
         corpus=args.corpus,
         seed=args.seed,
+        chosen_by="export --select-on-dev" if args.reselect else "train",
         steps=result["step"],
         train_min=round(result["training_seconds"] / 60, 1),
         precision=result.get("precision"),
@@ -110,6 +128,11 @@ def main():
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--config", default=os.path.join(REPO, "configs", "small.yaml"))
     parser.add_argument("--work", required=True)
+    parser.add_argument(
+        "--reselect",
+        action="store_true",
+        help="evaluate: choose again with export --select-on-dev on the trained workdir",
+    )
     args = parser.parse_args()
     os.makedirs(args.work, exist_ok=True)
     if args.stage in ("train", "both"):

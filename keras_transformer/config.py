@@ -372,6 +372,12 @@ class ExportConfig:
         "train.keep_best ones (see final_model.py)",
         valid=(AUTO, "[1, 1000]"),
     )
+    select_max_sentences: int = _field(
+        1000,
+        "where the dev set chooses (auto), the dev sentences each candidate decodes (the first "
+        "N): more than train.eval_max_sentences, as candidates often differ by 0.1 BLEU",
+        valid=f"[1, {_MAX_COUNT}]",
+    )
     beam_size: Optional[int] = _field(
         None, "beam size fixed in the SavedModel; null: decode.beam_size", valid=f"[1, {_MAX_BEAM}]"
     )
