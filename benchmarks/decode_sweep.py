@@ -47,7 +47,8 @@ def main():
 
     sources = read_lines(args.source, "source")
     references = read_lines(args.reference, "reference")
-    config, model, spm_bytes, steps = load_workdir_model(args.workdir, args.average)
+    config, final, spm_bytes = load_workdir_model(args.workdir, args.average, select=False)
+    model, steps = final.model, final.steps
     for beam in [int(b) for b in _floats(args.beams)]:
         for alpha in _floats(args.alphas):
             settings = decoding_settings(config, True, beam_size=beam, alpha=alpha, n_best=1)

@@ -192,6 +192,13 @@ def _add_export_command(sub, common):
     p.add_argument("--workdir", required=True, help="training workdir")
     p.add_argument("--average", type=int, default=None, help="average the last N checkpoints")
     p.add_argument(
+        "--select-on-dev",
+        action="store_true",
+        help="export the candidate (the last checkpoint, averages of the last 2, 3 and "
+        "train.keep_checkpoints, the train.keep_best ones; x alpha 0.6 and 1.0 unless --alpha) "
+        "with the best dev BLEU; the default where the config says auto",
+    )
+    p.add_argument(
         "--output",
         help="base directory of the named model (default from config); with --format "
         "ctranslate2, the CTranslate2 model directory (default BASE_DIR/NAME-ctranslate2)",

@@ -18,7 +18,7 @@ import tempfile
 import time
 
 from keras_transformer.errors import KerasTransformerError, UsageError
-from keras_transformer.workdir import Workdir, average_checkpoints, complete_checkpoints
+from keras_transformer.workdir import Workdir
 
 # --------------------------------------------------------------------------- helpers
 
@@ -443,16 +443,26 @@ def info_command(args):
 # --------------------------------------------------------------------------- export
 
 
-def load_workdir_model(workdir, average=None):
-    """Rebuilds the model of a training workdir and loads (the average of) its last checkpoints.
+def load_workdir_model(workdir, average=None, select=None, alpha=None):
+    """Rebuilds the model of a training workdir: the average of its last checkpoints, or the
+    candidate its dev set chooses (`keras_transformer.final_model.final_model`, as `train`
+    does at its end).
 
-    Returns `(config, model, spm_model_bytes, steps)`.
+    Args:
+        workdir: the training workdir (any TensorFlow filesystem).
+        average: checkpoints to average (None: `export.average_checkpoints`).
+        select: choose on the dev set (None: where the config says `auto` and no `average`).
+        alpha: the length penalty, fixed (`export --alpha`).
+
+    Returns:
+        `(config, final, spm_model_bytes)`: `final` is a `FinalModel` (model, steps, the alpha
+        chosen on dev or None, the selection).
     """
     import sentencepiece as spm
     import tensorflow as tf
 
     from keras_transformer.config import load_config
-    from keras_transformer.models import build_transformer
+    from keras_transformer.final_model import final_model, selects_on_dev
 
     gfile = tf.io.gfile  # the workdir may be on any TensorFlow filesystem (gs://...)
     if not gfile.isdir(workdir):
@@ -463,47 +473,53 @@ def load_workdir_model(workdir, average=None):
         if not gfile.exists(path) or gfile.isdir(path):
             raise UsageError(f"{workdir} is not a training workdir: no {what} {path}")
     config = load_config(config_path)
-    average = config.export.average_checkpoints if average is None else average
-    if average < 1:
+    if average is not None and average < 1:
         raise UsageError(f"--average must be a positive integer, got {average}")
-    # Torn or corrupted checkpoints are skipped (one line each): never averaged or exported.
-    if not layout.list_checkpoints():
-        raise UsageError(f"no checkpoints (ckpt-<step>.weights.h5) in {workdir}/checkpoints")
-    checkpoints = complete_checkpoints(layout.checkpoints, average)
-    if not checkpoints:
-        raise UsageError(f"every checkpoint in {workdir}/checkpoints is torn or corrupted")
-    if average > len(checkpoints):
-        raise UsageError(
-            f"cannot average {average} checkpoints: {workdir}/checkpoints has "
-            f"{len(checkpoints)} complete"
-        )
+    if select is None:
+        select = average is None and selects_on_dev(config)
     with gfile.GFile(spm_path, "rb") as f:
         spm_bytes = f.read()
     try:
         vocab_size = spm.SentencePieceProcessor(model_proto=spm_bytes).get_piece_size()
     except Exception:
         raise UsageError(f"{spm_path} is not a SentencePiece model") from None
-    model = build_transformer(config.model, vocab_size)
-    chosen = checkpoints[-average:]
+    tokenizer, dev_pairs = _selection_inputs(config, spm_bytes) if select else (None, None)
     try:
-        average_checkpoints(model, [path for _, path in chosen])
+        final = final_model(
+            config, layout, vocab_size, tokenizer, dev_pairs, select, average=average, alpha=alpha
+        )
     except (ValueError, OSError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UsageError(f"cannot load checkpoints of {workdir}: {first}") from None
-    return config, model, spm_bytes, [step for step, _ in chosen]
+    return config, final, spm_bytes
 
 
-def _export_settings(config, args):
-    """The export's `DecodingSettings`: the config with the command's flags applied."""
+def _selection_inputs(config, spm_bytes):
+    """The tokenizer and dev pairs that the dev-set choice decodes; `UsageError` without a
+    dev set."""
+    from keras_transformer.data import Tokenizer, read_pairs
+
+    if not config.data.dev:
+        raise UsageError("choosing on the dev set needs data.dev in the workdir's config")
+    try:
+        dev_pairs = read_pairs(config.data.dev)
+    except (OSError, ValueError, KerasTransformerError) as e:
+        raise UsageError(f"cannot read the dev set {config.data.dev}: {e}") from None
+    return Tokenizer(model_proto=spm_bytes), dev_pairs
+
+
+def _export_settings(config, args, chosen_alpha=None):
+    """The export's `DecodingSettings`: the config with the command's flags applied (and the
+    length penalty chosen on dev, `chosen_alpha`, unless `--alpha` fixes one)."""
     from keras_transformer.config import decoding_settings
     from keras_transformer.errors import ConfigError
 
     flags = {key: "--" + key.replace("_", "-") for key in ("beam_size", "alpha", "n_best")}
     flags.update(max_extra_length="--max-extra-length", **_SAMPLING_FLAGS)
     try:
-        return decoding_settings(
-            config, export=True, **{key: getattr(args, key, None) for key in flags}
-        )
+        values = {key: getattr(args, key, None) for key in flags}
+        values["alpha"] = chosen_alpha if values["alpha"] is None else values["alpha"]
+        return decoding_settings(config, export=True, **values)
     except ConfigError as e:  # name the flag the user typed
         message = str(e)
         for key, flag in flags.items():
@@ -512,7 +528,7 @@ def _export_settings(config, args):
         raise UsageError(message) from None
 
 
-def _card_inputs(workdir, config, vocab_size):
+def _card_inputs(workdir, config, vocab_size, selection=None):
     """The model card's facts from the workdir (manifest, `result.json`) and the dev pairs
     that calibrate the confidence (none when the dev set cannot be read)."""
     from keras_transformer.data import read_pairs
@@ -524,6 +540,8 @@ def _card_inputs(workdir, config, vocab_size):
     if os.path.isfile(layout.result):
         with open(layout.result, encoding="utf-8") as f:
             result = json.load(f)
+    if selection:  # this export's own choice on dev
+        result = {**(result or {}), "selection": selection}
     try:
         dev_pairs = read_pairs(config.data.dev) if config.data.dev else None
     except (OSError, ValueError, KerasTransformerError):
@@ -543,8 +561,14 @@ def export_command(args):
         require_ctranslate2()  # before the slow part: say how to install it
     elif quantization is not None:
         raise UsageError("--quantization applies to --format ctranslate2 only")
+    select = True if getattr(args, "select_on_dev", False) else None
+    if select and args.average is not None:
+        raise UsageError("--average and --select-on-dev exclude each other")
     import_tensorflow(getattr(args, "verbose", False))
-    config, model, spm_bytes, steps = load_workdir_model(args.workdir, args.average)
+    config, final, spm_bytes = load_workdir_model(
+        args.workdir, args.average, select, getattr(args, "alpha", None)
+    )
+    model, steps = final.model, final.steps
     name = config.export.name or config.name
     averaged = f"average of steps {', '.join(map(str, steps))}" if len(steps) > 1 else None
     if export_format == "ctranslate2":
@@ -552,15 +576,20 @@ def export_command(args):
 
         output = args.output or os.path.join(config.export.base_dir, f"{name}-ctranslate2")
         path = export_ctranslate2(
-            model, spm_bytes, output, quantization, config.data, _export_settings(config, args)
+            model,
+            spm_bytes,
+            output,
+            quantization,
+            config.data,
+            _export_settings(config, args, final.alpha),
         )
         print(f"converted {averaged or f'step {steps[-1]}'} to CTranslate2 in {path}")
         return
     from keras_transformer.export.saved_model import export_saved_model
 
-    settings = _export_settings(config, args)
+    settings = _export_settings(config, args, final.alpha)
     base_dir = args.output or config.export.base_dir
-    facts, dev_pairs = _card_inputs(args.workdir, config, model.vocab_size)
+    facts, dev_pairs = _card_inputs(args.workdir, config, model.vocab_size, final.selection)
     path = export_saved_model(
         model, spm_bytes, settings, config.data, base_dir, name, facts, dev_pairs
     )

@@ -37,6 +37,9 @@ _NON_EMPTY = "non-empty"
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 _ACTIVATIONS = ("relu", "gelu", "silu", "swish", "relu6", "elu", "selu", "tanh", "sigmoid")
 _INTERVAL = re.compile(r"^([\[(])(-?[0-9.e+]+), (-?[0-9.e+]+)([\])])$")
+# `export.average_checkpoints: auto` and `decode.alpha: auto`: the dev set chooses (see
+# `keras_transformer.final_model`).
+AUTO = "auto"
 
 
 def _field(default, help, valid=None, **kwargs):
@@ -61,18 +64,29 @@ def _in_interval(value, interval):
     return above and below  # NaN is in no interval
 
 
+def _choices(valid):
+    """`a, b or c`: the choices of a `valid` tuple (an interval among them shown as such)."""
+    names = [str(c).lower() if isinstance(c, bool) else str(c) for c in valid]
+    return f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
+
+
 def _check_valid(key, value, valid):
     """Raises `ConfigError` naming `key` when a (well-typed) value is outside `valid`."""
     if value is None or valid is None:
         return
+    if isinstance(valid, tuple) and isinstance(value, (int, float)) and not isinstance(value, bool):
+        interval = next((v for v in valid if isinstance(v, str) and _INTERVAL.match(v)), None)
+        if interval is not None:  # a number where the choices include an interval
+            if not _in_interval(value, interval):
+                others = _choices(tuple(v for v in valid if v != interval))
+                raise ConfigError(f"{key} must be in {interval} or {others}, got {value!r}")
+            return
     if isinstance(valid, tuple):
         ok = any(
             value is choice or (value == choice and type(value) is type(choice)) for choice in valid
         )
-        names = [str(c).lower() if isinstance(c, bool) else str(c) for c in valid]
-        shown = f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
         if not ok:
-            raise ConfigError(f"{key} must be one of {shown}, got {value!r}")
+            raise ConfigError(f"{key} must be one of {_choices(valid)}, got {value!r}")
     elif valid == _NON_EMPTY:
         if not value.strip():
             raise ConfigError(f"{key} must not be empty")
@@ -246,6 +260,13 @@ class TrainConfig:
     )
     checkpoint_every: int = _field(1000, "steps between checkpoints", valid=f"[1, {_MAX_COUNT}]")
     keep_checkpoints: int = _field(5, "checkpoints kept (the last K)", valid="[1, 1000]")
+    keep_best: int = _field(
+        0,
+        "also keep the K checkpoints with the best dev BLEU (greedy, on train.eval_max_sentences "
+        "sentences, scored every train.checkpoint_every steps) in WORKDIR/best; they join the "
+        "candidates of export.average_checkpoints: auto; 0: off",
+        valid="[0, 1000]",
+    )
     keep_backups: int = _field(
         2, "resume states kept in WORKDIR/backup (the last K)", valid="[1, 1000]"
     )
@@ -272,7 +293,13 @@ class DecodeConfig:
     """Decoding settings (also fixed into the exported SavedModel)."""
 
     beam_size: int = _field(4, "beam size k (1 = greedy)", valid=f"[1, {_MAX_BEAM}]")
-    alpha: float = _field(0.6, "length penalty ((5+len)/6)^alpha", valid="[0, 10]")
+    alpha: Union[float, str] = _field(
+        0.6,
+        "length penalty ((5+len)/6)^alpha; auto: the dev set chooses among "
+        "final_model.ALPHA_CANDIDATES at the end of train and in export --select-on-dev "
+        "(elsewhere, e.g. dev BLEU during training, the paper's 0.6)",
+        valid=(AUTO, "[0, 10]"),
+    )
     max_extra_length: int = _field(
         50, "outputs stop at source length + this", valid=f"[0, {_MAX_LENGTH}]"
     )
@@ -338,8 +365,18 @@ class ExportConfig:
         valid=_NON_EMPTY,
     )
     base_dir: str = _field("saved_models", "directory holding the named models", valid=_NON_EMPTY)
-    average_checkpoints: int = _field(
-        1, "average the last N checkpoints before exporting", valid="[1, 1000]"
+    average_checkpoints: Union[int, str] = _field(
+        1,
+        "average the last N checkpoints before exporting; auto: the dev set chooses among the "
+        "last checkpoint, the averages of the last 2, 3 and train.keep_checkpoints, and the "
+        "train.keep_best ones (see final_model.py)",
+        valid=(AUTO, "[1, 1000]"),
+    )
+    select_max_sentences: int = _field(
+        1000,
+        "where the dev set chooses (auto), the dev sentences each candidate decodes (the first "
+        "N): more than train.eval_max_sentences, as candidates often differ by 0.1 BLEU",
+        valid=f"[1, {_MAX_COUNT}]",
     )
     beam_size: Optional[int] = _field(
         None, "beam size fixed in the SavedModel; null: decode.beam_size", valid=f"[1, {_MAX_BEAM}]"
@@ -654,6 +691,8 @@ def decoding_settings(config, export=False, **overrides):
                     "decode", decode_valid)  # fmt: skip
                 _check_valid(f"{section}.{key}", chosen, valid[key])
                 values[key] = chosen
+    if values["alpha"] == AUTO:  # chosen on dev where the final model is made (final_model.py)
+        values["alpha"] = DecodingSettings.alpha
     if values["n_best"] is not None and values["n_best"] > values["beam_size"]:
         raise ConfigError(
             f"export.n_best must be between 1 and the beam size ({values['beam_size']}), "
@@ -667,7 +706,11 @@ def _describe_valid(f, hint):
     the type); `or null` where null is allowed."""
     valid = f.metadata.get("valid")
     if isinstance(valid, tuple):
-        shown = ", ".join(f"`{yaml.safe_dump(c).splitlines()[0]}`" for c in valid)
+        shown = ", ".join(
+            f"`{c}`" if isinstance(c, str) and _INTERVAL.match(c)
+            else f"`{yaml.safe_dump(c).splitlines()[0]}`"
+            for c in valid
+        )  # fmt: skip
     elif valid is None:
         shown = ""
     else:

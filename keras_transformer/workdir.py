@@ -11,6 +11,8 @@ WORKDIR/
                        (written by `keras-transformer prepare`: data/prepare.py)
   checkpoints/         ckpt-<step>.weights.h5: the model's weights (only) every
                        train.checkpoint_every steps, the last train.keep_checkpoints kept
+  best/                with train.keep_best: the K checkpoints of the best dev BLEU (same
+                       names) and scores.json, the dev BLEU of every step scored
   backup/              resume state (tf.train.Checkpoint: weights, optimizer, step, dropout RNG,
                        data position and, under the default strategy, the tf.data iterator),
                        the last train.keep_backups kept
@@ -107,6 +109,11 @@ class Workdir:
     @property
     def checkpoints(self):
         return self._join("checkpoints")
+
+    @property
+    def best(self):
+        """`best/`: the `train.keep_best` checkpoints of the best dev BLEU, with `scores.json`."""
+        return self._join("best")
 
     @property
     def backup(self):

@@ -30,6 +30,7 @@ LEVELS = {
     "keras_transformer.decoding": 2,
     "keras_transformer.export": 3,
     "keras_transformer.evaluation": 3,
+    "keras_transformer.final_model": 3,
     "keras_transformer.file_translation": 3,
     "keras_transformer.training": 4,
     "keras_transformer.commands": 5,

@@ -48,7 +48,10 @@ def card_facts(config=None, manifest=None, result=None, vocab_size=None):
         "vocabulary": {"size": vocab_size, "model": "SentencePiece (in the graph)"},
         "training": {
             key: result[key]
-            for key in ("step", "training_seconds", "precision", "averaged_checkpoints")
+            for key in (
+                "step", "training_seconds", "precision", "averaged_checkpoints",
+                "checkpoint_steps", "alpha", "selection",
+            )  # fmt: skip
             if key in result
         },
         # Measured at the end of training with the `decode` settings of that run (its beam).

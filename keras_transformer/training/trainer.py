@@ -19,6 +19,7 @@ import tensorflow as tf
 from keras_transformer.config import decoding_settings, save_config
 from keras_transformer.errors import WorkerError
 from keras_transformer.evaluation import evaluate_bleu
+from keras_transformer.final_model import final_model, selects_on_dev
 from keras_transformer.models import build_transformer
 from keras_transformer.training.callbacks import (
     ResumeState,
@@ -27,7 +28,7 @@ from keras_transformer.training.callbacks import (
     TrainingSummaries,
     optimizer_step,
 )
-from keras_transformer.training.dev_evaluation import DevEvaluator
+from keras_transformer.training.dev_evaluation import DevEvaluator, KeepBest
 from keras_transformer.training.distribute import (
     Heartbeat,
     WorkerTempDir,
@@ -44,13 +45,7 @@ from keras_transformer.training.optimizers import FusedAdam
 from keras_transformer.training.preemption import CatchSignals, StopOnSignal, make_any_worker
 from keras_transformer.training.schedules import BudgetSchedule, TransformerSchedule
 from keras_transformer.training.visuals import AttentionSummaries, write_hparams
-from keras_transformer.workdir import (
-    Workdir,
-    list_checkpoints,
-    load_last_checkpoints,
-    read_text,
-    write_atomically,
-)
+from keras_transformer.workdir import Workdir, read_text, write_atomically
 
 # The chief's heartbeat file in the workdir while it prepares the data (multi-worker).
 PREPARE_HEARTBEAT = "prepare.heartbeat"
@@ -157,7 +152,7 @@ def _model_dtype(config):
     return None if policy in (None, "float32") else policy
 
 
-def _export(model, tokenizer, config, result=None):
+def _export(model, tokenizer, config, result=None, alpha=None):
     """Exports the SavedModel; returns its path.
 
     Its model card gets the config, the manifest's counts and `result`'s steps, time, precision
@@ -174,23 +169,13 @@ def _export(model, tokenizer, config, result=None):
     return export_saved_model(
         model,
         tokenizer,
-        decoding_settings(config, export=True),
+        decoding_settings(config, export=True, alpha=alpha),  # alpha: chosen on dev, or None
         config.data,
         config.export.base_dir,
         config.export.name or config.name,
         card_facts=card_facts(config, manifest, result, tokenizer.vocab_size),
         dev_pairs=_read_split(config.data.dev),
     )
-
-
-def _maybe_average(model, directory, count):
-    """Averages the last `count` checkpoints into `model` (the paper's final models); returns
-    how many were averaged (1: the model is left as trained)."""
-    if count <= 1 or len(list_checkpoints(directory)) < 2:
-        return 1
-    steps = load_last_checkpoints(model, directory, count)
-    print(f"averaged the last {len(steps)} checkpoints", flush=True)
-    return len(steps)
 
 
 def _print_summary(result):
@@ -202,6 +187,14 @@ def _print_summary(result):
                 f"  {split} sacreBLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  "
                 f"({scores['sentences']} sentences, beam {result['beam_size']})"
             )
+    selection = result.get("selection")
+    if selection:
+        lines.append(
+            f"  chosen on {selection['sentences']} dev sentences in {selection['seconds']}s: "
+            f"{selection['chosen']['description']}"
+        )
+        for c in selection["candidates"]:
+            lines.append(f"    dev BLEU {c['dev_bleu']:6.2f}  {c['description']}")
     lines.append(f"  checkpoints: {result['checkpoints']}")
     lines.append(f"  TensorBoard: tensorboard --logdir {result['logs']}")
     if result.get("saved_model"):
@@ -294,9 +287,9 @@ def train(config):
     if not run.chief:
         return _worker_done(run, model)
     step = optimizer_step(model)
-    final_model, averaged = _average(run, model, data.tokenizer.vocab_size)
-    result = _score(run, final_model, data.tokenizer, step, stopper, averaged)
-    result["saved_model"] = _export(final_model, data.tokenizer, config, result)
+    final = _final_model(run, data.tokenizer)
+    result = _score(run, final, data.tokenizer, step, stopper)
+    result["saved_model"] = _export(final.model, data.tokenizer, config, result, final.alpha)
     return _finish(run, result)
 
 
@@ -602,17 +595,18 @@ def _chief_callbacks(run, model, data):
     dev_pairs = _read_split(config.data.dev)
     if dev_pairs:
         greedy = dataclasses.replace(decoding_settings(config).without_sampling(), beam_size=1)
-        callbacks.append(
-            DevEvaluator(
-                dev_pairs[: t.eval_max_sentences],
-                data.tokenizer,
-                config.data,
-                logdir=layout.logs,
-                settings=greedy,  # cheap during training
-                num_samples=t.num_sample_translations,
-                skip_at_step=t.steps,
-            )
+        evaluator = DevEvaluator(
+            dev_pairs[: t.eval_max_sentences],
+            data.tokenizer,
+            config.data,
+            logdir=layout.logs,
+            settings=greedy,  # cheap during training
+            num_samples=t.num_sample_translations,
+            skip_at_step=t.steps,
         )
+        callbacks.append(evaluator)
+        if t.keep_best:
+            callbacks.append(KeepBest(evaluator, layout.best, t.keep_best, t.checkpoint_every))
         # Heatmaps of the first dev sentence at each evaluation (TensorBoard's Images tab).
         callbacks.append(
             AttentionSummaries(dev_pairs[0][0], data.tokenizer, config.data, layout.logs)
@@ -633,24 +627,27 @@ def _worker_done(run, model):
     return {"name": run.config.name, "step": step, "chief": False}
 
 
-def _average(run, model, vocab_size):
-    """The final model: a copy outside the strategy (decoding and export need no replicas) with
-    the average of the last `export.average_checkpoints` checkpoints (the paper's final models),
-    or the trained weights. Returns `(model, number of checkpoints averaged)`.
+def _final_model(run, tokenizer):
+    """The final model (`final_model.final_model`, as `keras-transformer export` makes it): the
+    average of the last `export.average_checkpoints` checkpoints (the paper's final models), or
+    the candidate the dev set chooses where the config says `auto`.
 
-    It is float32 whatever the training precision, as `keras-transformer export` builds it: the
-    dev/test figures of `result.json` are those of the exported SavedModel, which gives the same
-    answers as a later re-export of the workdir and runs on any CPU (bfloat16 decoding is slow
-    on CPUs without bfloat16 instructions)."""
+    It is float32 whatever the training precision, and outside the strategy (decoding and export
+    need no replicas): the dev/test figures of `result.json` are those of the exported
+    SavedModel, which gives the same answers as a later re-export of the workdir and runs on any
+    CPU (bfloat16 decoding is slow on CPUs without bfloat16 instructions)."""
     config = run.config
-    final = build_transformer(config.model, vocab_size)
-    final.set_weights(model.get_weights())
-    return final, _maybe_average(final, run.layout.checkpoints, config.export.average_checkpoints)
+    dev_pairs = _read_split(config.data.dev) if selects_on_dev(config) else None
+    return final_model(config, run.layout, tokenizer.vocab_size, tokenizer, dev_pairs, strict=False)
 
 
-def _score(run, model, tokenizer, step, stopper, averaged):
-    """sacreBLEU / chrF of the final model on the dev and test sets (the `decode` settings)."""
+def _score(run, final, tokenizer, step, stopper):
+    """sacreBLEU / chrF of the final model (a `FinalModel`) on the dev and test sets (the
+    `decode` settings, with the length penalty chosen on dev if any)."""
     config, layout = run.config, run.layout
+    settings = decoding_settings(config).without_sampling()  # BLEU of the search
+    if final.alpha is not None:
+        settings = dataclasses.replace(settings, alpha=final.alpha)
     result = {
         "name": config.name,
         "step": step,
@@ -658,17 +655,22 @@ def _score(run, model, tokenizer, step, stopper, averaged):
         "training_seconds": round(stopper.elapsed, 1),
         "beam_size": config.decode.beam_size,
         "checkpoints": layout.checkpoints,
-        "averaged_checkpoints": averaged,
+        "averaged_checkpoints": len(final.steps),
+        "checkpoint_steps": final.steps,
+        "alpha": settings.alpha,
         "precision": config.runtime.mixed_precision or "float32",
         "logs": layout.logs,
     }
-    settings = decoding_settings(config).without_sampling()  # BLEU of the search
+    if final.selection:
+        result["selection"] = final.selection
     cache = {}
     for split, spec in (("dev", config.data.dev), ("test", config.data.test)):
         pairs = _read_split(spec)
         if not pairs:
             continue
-        scores, _ = evaluate_bleu(model, tokenizer, pairs, config.data, settings, _cache=cache)
+        scores, _ = evaluate_bleu(
+            final.model, tokenizer, pairs, config.data, settings, _cache=cache
+        )
         result[split] = scores
         writer = tf.summary.create_file_writer(os.path.join(layout.logs, split))
         with writer.as_default(step=step):

@@ -1,0 +1,261 @@
+"""The final model of a training workdir: the model rebuilt from its config with the average of
+its last checkpoints, or the candidate that the dev set chooses.
+
+What `train` does after training and what `keras-transformer export` does on a workdir are the
+same, so both call `final_model`:
+
+- `export.average_checkpoints: N` and a numeric `decode.alpha`: the average of the last N
+  complete checkpoints (the paper's final models), decoded with that alpha;
+- `export.average_checkpoints: auto` and/or `decode.alpha: auto` (or `export --select-on-dev`):
+  the dev set chooses. The candidates are the last checkpoint, the averages of the last 2, 3 and
+  `train.keep_checkpoints` complete checkpoints, and with `train.keep_best: K` the best-scored
+  checkpoint of `WORKDIR/best/` and the average of those K; each with every alpha of
+  `ALPHA_CANDIDATES` (or the fixed one). Each is decoded with the export's beam on the first
+  `export.select_max_sentences` dev sentences (1,000 by default: on 300, candidates 0.04 apart
+  came out in the wrong order on the whole dev set); the best dev sacreBLEU wins and a tie (the same
+  figure to sacreBLEU's two decimals) keeps the simpler candidate: fewer checkpoints, then the
+  paper's alpha, then the last checkpoints over the kept best. The same workdir always chooses
+  the same candidate.
+
+OpenNMT-tf (`export_on_best`), Marian (`--keep-best`) and fairseq (`checkpoint_best.pt`) let the
+validation set choose in the same way.
+"""
+
+import dataclasses
+import json
+import time
+
+from keras_transformer.config import AUTO, DecodingSettings, decoding_settings
+from keras_transformer.errors import UsageError
+from keras_transformer.evaluation import evaluate_bleu
+from keras_transformer.models import build_transformer
+from keras_transformer.workdir import (
+    average_checkpoints,
+    complete_checkpoints,
+    join,
+    load_model_weights,
+    read_text,
+)
+
+PAPER_ALPHA = DecodingSettings.alpha
+# The length penalties tried by `decode.alpha: auto`: the paper's and 1.0 (which small models
+# on short budgets preferred; docs/history.md).
+ALPHA_CANDIDATES = (PAPER_ALPHA, 1.0)
+BEST_SCORES = "scores.json"  # in WORKDIR/best: {"scores": {step: dev BLEU}, "kept": [steps]}
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One way to make the final model: the checkpoints averaged and the length penalty.
+
+    Args:
+        checkpoints: `((step, path), ...)`, oldest first (one: that checkpoint alone).
+        alpha: the length-penalty exponent.
+        kind: "last" (the last checkpoints of `checkpoints/`) or "best" (of `best/`).
+    """
+
+    checkpoints: tuple
+    alpha: float
+    kind: str = "last"
+
+    @property
+    def steps(self):
+        return [step for step, _ in self.checkpoints]
+
+    def simplicity(self):
+        """Sorts the simpler first: fewer checkpoints, the paper's alpha, the last ones."""
+        return (len(self.checkpoints), self.alpha != PAPER_ALPHA, self.kind != "last")
+
+    def describe(self):
+        steps = self.steps
+        if len(steps) == 1:
+            what = f"step {steps[0]}" + (" (best dev)" if self.kind == "best" else "")
+        else:
+            what = f"average of the {self.kind} {len(steps)} (steps {', '.join(map(str, steps))})"
+        return f"{what}, alpha {self.alpha:g}"
+
+
+@dataclasses.dataclass
+class FinalModel:
+    """The model to score and export, and how it was made.
+
+    Attributes:
+        model: a float32 Keras model outside any distribution strategy.
+        steps: the checkpoint steps averaged into it.
+        alpha: the length penalty chosen on dev; None: the config's (`decoding_settings`).
+        selection: the dev-set choice (`to_json()` goes to `result.json`), or None.
+    """
+
+    model: object
+    steps: list
+    alpha: float = None
+    selection: dict = None
+
+
+def selects_on_dev(config):
+    """True when the config lets the dev set choose (`auto` averaging or length penalty)."""
+    return config.export.average_checkpoints == AUTO or _auto_alpha(config)
+
+
+def _auto_alpha(config):
+    return config.decode.alpha == AUTO and config.export.alpha is None
+
+
+def load_checkpoints(model, checkpoints):
+    """Loads one checkpoint `[(step, path)]` into `model`, or the average of several."""
+    if len(checkpoints) == 1:
+        load_model_weights(model, checkpoints[0][1])
+    else:
+        average_checkpoints(model, [path for _, path in checkpoints])
+    return model
+
+
+def last_checkpoints(layout, count, strict=True):
+    """The last `count` complete checkpoints `[(step, path)]` of the workdir `layout`; with
+    `strict`, `UsageError` when there are fewer (else as many as there are, at least one)."""
+    if not layout.list_checkpoints():
+        raise UsageError(f"no checkpoints (ckpt-<step>.weights.h5) in {layout.checkpoints}")
+    # Torn or corrupted checkpoints are skipped (one line each): never averaged or exported.
+    checkpoints = complete_checkpoints(layout.checkpoints, count)
+    if not checkpoints:
+        raise UsageError(f"every checkpoint in {layout.checkpoints} is torn or corrupted")
+    if strict and count > len(checkpoints):
+        raise UsageError(
+            f"cannot average {count} checkpoints: {layout.checkpoints} has "
+            f"{len(checkpoints)} complete"
+        )
+    return checkpoints
+
+
+def read_best(directory):
+    """`(scores, kept)` of `directory/scores.json` (`WORKDIR/best`): `{step: dev BLEU}` of every
+    step scored and the kept steps, best first; `({}, [])` when there is none."""
+    try:
+        state = json.loads(read_text(join(directory, BEST_SCORES)))
+    except (OSError, ValueError):
+        return {}, []
+    return {int(k): v for k, v in state["scores"].items()}, [int(s) for s in state["kept"]]
+
+
+def candidates(config, layout, alpha=None):
+    """The candidates of the dev-set choice for the workdir `layout` (see the module's
+    docstring); `alpha` fixes the length penalty (e.g. `export --alpha`)."""
+    complete = complete_checkpoints(layout.checkpoints)
+    if not complete:
+        last_checkpoints(layout, 1)  # raises the line that says why
+    count = config.export.average_checkpoints
+    counts = (1, 2, 3, config.train.keep_checkpoints) if count == AUTO else (count,)
+    sets = []
+    for n in sorted(set(counts)):
+        if n <= len(complete) or n == counts[0]:
+            sets.append((tuple(complete[-n:]), "last"))
+    if count == AUTO:
+        sets += _best_sets(layout, {tuple(s for s, _ in cps) for cps, _ in sets})
+    if alpha is not None:
+        alphas = (alpha,)
+    elif _auto_alpha(config):
+        alphas = ALPHA_CANDIDATES
+    else:
+        alphas = (decoding_settings(config, export=True).alpha,)
+    found = [Candidate(cps, a, kind) for cps, kind in sets for a in alphas]
+    return sorted(found, key=Candidate.simplicity)
+
+
+def _best_sets(layout, known):
+    """The `train.keep_best` candidates: the best checkpoint alone and the kept ones averaged,
+    where complete and not already among `known` step sets."""
+    _, kept = read_best(layout.best)
+    complete = dict(complete_checkpoints(layout.best, report=lambda line: None))
+    kept = [step for step in kept if step in complete]
+    sets = []
+    for chosen in (kept[:1], sorted(kept)):
+        steps = tuple(chosen)
+        if steps and steps not in known:
+            known.add(steps)
+            sets.append((tuple((s, complete[s]) for s in steps), "best"))
+    return sets
+
+
+def select_on_dev(model, tokenizer, config, layout, dev_pairs, alpha=None, report=print):
+    """Decodes the first `export.select_max_sentences` of `dev_pairs` with each candidate (the
+    export's beam), loads the best into `model` and returns the `FinalModel`."""
+    started = time.perf_counter()
+    pairs = list(dev_pairs)[: config.export.select_max_sentences]
+    base = decoding_settings(config, export=True).without_sampling()
+    found = candidates(config, layout, alpha)
+    report(f"choosing the final model on {len(pairs)} dev sentences: {len(found)} candidates")
+    scores, cache, loaded = [], {}, None
+    for candidate in sorted(found, key=lambda c: (c.steps, c.kind, c.alpha)):
+        if loaded != candidate.checkpoints:  # each set of checkpoints loaded once
+            load_checkpoints(model, candidate.checkpoints)
+            loaded = candidate.checkpoints
+        settings = dataclasses.replace(base, alpha=candidate.alpha)
+        figures, _ = evaluate_bleu(model, tokenizer, pairs, config.data, settings, _cache=cache)
+        scores.append((candidate, figures["bleu"]))
+        report(f"  dev BLEU {figures['bleu']:6.2f}  {candidate.describe()}")
+    ranked = sorted(scores, key=lambda cs: (-cs[1], cs[0].simplicity()))
+    chosen = ranked[0][0]
+    if loaded != chosen.checkpoints:
+        load_checkpoints(model, chosen.checkpoints)
+    seconds = round(time.perf_counter() - started, 1)
+    report(f"chose {chosen.describe()} (dev BLEU {ranked[0][1]:.2f}) in {seconds:.1f}s")
+    selection = {
+        "sentences": len(pairs),
+        "beam_size": base.beam_size,
+        "seconds": seconds,
+        "chosen": _candidate_json(chosen, ranked[0][1]),
+        "candidates": [_candidate_json(c, bleu) for c, bleu in ranked],
+    }
+    return FinalModel(model, chosen.steps, chosen.alpha, selection)
+
+
+def _candidate_json(candidate, bleu):
+    return {
+        "steps": candidate.steps,
+        "kind": candidate.kind,
+        "alpha": candidate.alpha,
+        "dev_bleu": bleu,
+        "description": candidate.describe(),
+    }
+
+
+def final_model(config, layout, vocab_size, tokenizer=None, dev_pairs=None, select=None, **kw):
+    """The final model of the workdir `layout`: rebuilt from `config` (float32, outside any
+    strategy), with the dev set's choice (`select`, default: `selects_on_dev(config)`) or the
+    average of the last `export.average_checkpoints` complete checkpoints.
+
+    Args:
+        config: the run's `ExperimentConfig`.
+        layout: its `Workdir`.
+        vocab_size: the vocabulary's size.
+        tokenizer: the run's `Tokenizer` (needed to choose on dev).
+        dev_pairs: the dev `[(source, reference)]` (needed to choose on dev).
+        select: choose on dev (None: when the config says `auto`).
+        **kw: `average` (a count instead of the config's), `alpha` (a fixed length penalty for
+            the choice), `strict` (refuse fewer checkpoints than asked; default True),
+            `report` (`line -> None`, default print).
+
+    Returns:
+        A `FinalModel`.
+
+    Example:
+    ```python
+    layout = Workdir("workdirs/quickstart")
+    config = load_config(layout.config)
+    final = final_model(config, layout, Tokenizer(layout.spm).vocab_size)
+    ```
+    """
+    report = kw.get("report", print)
+    model = build_transformer(config.model, vocab_size)
+    select = selects_on_dev(config) if select is None else select
+    if select and dev_pairs:
+        return select_on_dev(model, tokenizer, config, layout, dev_pairs, kw.get("alpha"), report)
+    if select:
+        report("no dev set to choose the final model on: the last checkpoint, alpha as configured")
+    count = kw.get("average") or config.export.average_checkpoints
+    count = 1 if count == AUTO else count
+    checkpoints = last_checkpoints(layout, count, kw.get("strict", True))
+    load_checkpoints(model, checkpoints)
+    if len(checkpoints) > 1:
+        report(f"averaged the last {len(checkpoints)} checkpoints")
+    return FinalModel(model, [step for step, _ in checkpoints])
