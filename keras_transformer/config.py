@@ -265,6 +265,14 @@ class TrainConfig:
         valid=f"(0, {_MAX_MINUTES}]",
     )
     seed: int = _field(42, "seed of weight initialisation and dropout", valid=_SEEDS)
+    init_from: Optional[str] = _field(
+        None,
+        "fine-tuning: a trained workdir (its last complete checkpoint) or a step checkpoint "
+        "(WORKDIR/checkpoints/ckpt-<step>.weights.h5) whose weights and vocabulary start this "
+        "run, with a fresh optimizer and schedule; the model: section and vocabulary must be "
+        "the parent's (train --init-from PATH); null: random weights",
+        valid=_NON_EMPTY,
+    )
 
 
 @dataclasses.dataclass

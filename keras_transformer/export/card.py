@@ -22,7 +22,8 @@ def card_facts(config=None, manifest=None, result=None, vocab_size=None):
     Args:
         config: the `ExperimentConfig` (or its dict).
         manifest: the prepared data's manifest (`keras_transformer.data.prepare.read_manifest`).
-        result: the training result (`result.json`: steps, seconds, precision, dev/test scores).
+        result: the training result (`result.json`: steps, seconds, precision, dev/test scores,
+            and a fine-tuned run's parent, `init_from`: path, checkpoint, step).
         vocab_size: the vocabulary's size.
     """
     if dataclasses.is_dataclass(config):
@@ -48,7 +49,13 @@ def card_facts(config=None, manifest=None, result=None, vocab_size=None):
         "vocabulary": {"size": vocab_size, "model": "SentencePiece (in the graph)"},
         "training": {
             key: result[key]
-            for key in ("step", "training_seconds", "precision", "averaged_checkpoints")
+            for key in (
+                "step",
+                "training_seconds",
+                "precision",
+                "averaged_checkpoints",
+                "init_from",
+            )
             if key in result
         },
         # Measured at the end of training with the `decode` settings of that run (its beam).
@@ -111,7 +118,12 @@ def render_markdown(card):
         extra = ", ".join(f"{k} {v}" for k, v in corpus.items() if k != "spec")
         lines.append(f"- {split}: `{corpus['spec']}`" + (f" ({extra})" if extra else ""))
     lines += [f"- vocabulary: {card.get('vocabulary', {}).get('size')} SentencePiece pieces", ""]
-    lines += ["## Training", ""] + _table(card.get("training", {}).items()) + [""]
+    training = dict(card.get("training", {}))
+    parent = training.pop("init_from", None)  # fine-tuning: train.init_from
+    lines += ["## Training", ""]
+    if parent:
+        lines += [f"Fine-tuned from `{parent['checkpoint']}` (step {parent['step']}).", ""]
+    lines += _table(training.items()) + [""]
     lines += ["## Quality", ""] + _evaluation_lines(card) + [""]
     lines += ["## Decoding", ""] + _table(card.get("decoding", {}).items()) + [""]
     speed = card.get("decoding_speed")
