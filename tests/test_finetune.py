@@ -113,8 +113,11 @@ def test_step_0_is_the_parent_and_a_resume_uses_its_own_backups(parent, tmp_path
 
     result = train(child)
     assert result["init_from"] == {"path": checkpoint, "checkpoint": checkpoint, "step": step}
-    with open(os.path.join(result["saved_model"], "assets.extra", "model_card.json")) as f:
+    extra = os.path.join(result["saved_model"], "assets.extra")
+    with open(os.path.join(extra, "model_card.json")) as f:
         assert json.load(f)["training"]["init_from"]["step"] == step
+    with open(os.path.join(extra, "model_card.md")) as f:
+        assert f"Fine-tuned from `{checkpoint}` (step {step})" in f.read()
     # Run again for more steps: it resumes from its own backup of step 4, not from the parent.
     longer = _config(str(tmp_path), "child", steps=8, checkpoint_every=2, init_from=checkpoint)
     resumed = _weights_at_start(monkeypatch, longer)
