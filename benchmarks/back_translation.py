@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -101,7 +102,8 @@ def train(args, work, name, train_spec, reverse=False):
 
 def back_translate(args, work, data):
     """Exports the reverse model with sampling and translates B's target side with it; returns
-    `(synthetic source file, lines, seconds)` (seconds 0 when an earlier run finished it)."""
+    `(synthetic source file, lines, seconds of translation)` (0 when an earlier run finished
+    it)."""
     output = os.path.join(data, f"B.bt.{args.src}")
     if os.path.exists(output) and not os.path.exists(output + ".progress"):
         return output, len(_read(output)), 0.0
@@ -114,14 +116,17 @@ def back_translate(args, work, data):
             check=True, cwd=REPO,
         )  # fmt: skip
     started = time.time()
-    subprocess.run(
+    done = subprocess.run(
         [*CLI, "translate", "--model", model, "--input", os.path.join(data, f"B.{args.tgt}"),
          "--output", output, "--sampling-topk", str(args.sampling_topk),
          "--temperature", str(args.temperature), "--seed", str(args.seed),
          "--batch-size", "64"],
-        check=True, cwd=REPO,
+        check=True, cwd=REPO, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
-    return output, len(_read(output)), time.time() - started
+    print(done.stdout, end="", file=sys.stderr)
+    # The command's own timing (translation only, not start-up and model loading), else ours.
+    timed = re.search(r"translated in ([0-9.]+) s", done.stdout)
+    return output, len(_read(output)), float(timed.group(1)) if timed else time.time() - started
 
 
 def _emit_system(args, system, result, pairs):
