@@ -95,6 +95,15 @@ COLUMNS = {
         ("train second / first", _field("train_ratio")),
         ("beam-4 second / first", _field("beam4_decode_ratio")),
     ],
+    "back_translation": [
+        ("system", _field("system")),
+        ("train min", _field("train_min")),
+        ("steps", _field("steps")),
+        ("train pairs", lambda r: r.get("train_pairs") or r.get("lines")),
+        ("dev BLEU / chrF", _pair("dev_bleu", "dev_chrf")),
+        ("test BLEU / chrF", _pair("test_bleu", "test_chrf")),
+        ("lines/s", _field("lines_per_second")),
+    ],
 }
 TITLES = {
     "quality_budget": "Quality per CPU budget (`benchmarks/quality_budget.py`)",
@@ -105,6 +114,7 @@ TITLES = {
     "serve_compare": "Serving speed, three engines (`benchmarks/serve_compare.py`)",
     "prepare_scale": "Preparing WMT'14-sized corpora (`benchmarks/prepare_scale.py`)",
     "ab_checkouts": "Two checkouts alternately (`benchmarks/ab_checkouts.py`)",
+    "back_translation": "Tagged back-translation (`benchmarks/back_translation.py`)",
 }
 INTRO = """\
 # Results

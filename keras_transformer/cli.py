@@ -96,6 +96,12 @@ def _add_training_commands(sub, common):
         ),
     )
     _add_config_arguments(p, "train.steps=200")
+    p.add_argument(
+        "--init-from",
+        metavar="PATH",
+        help="fine-tune: start from a trained workdir (its last checkpoint) or a step checkpoint "
+        "(ckpt-<step>.weights.h5), its weights and vocabulary, in a new workdir (train.init_from)",
+    )
     p.set_defaults(func=commands.train_command)
 
     p = sub.add_parser(

@@ -605,7 +605,10 @@ def prepare_command(args):
     from keras_transformer.data.prepare import prepare
 
     import_tensorflow(getattr(args, "verbose", False))  # the lock is written with tf.io.gfile
+    from keras_transformer.training.init_from import prepare_parent
+
     with workdir_lock(config, "prepare"):
+        prepare_parent(config)  # train.init_from: the parent's vocabulary
         manifest = prepare(config)
     layout = Workdir.of(config)
     counts = manifest["counts"]
@@ -619,7 +622,8 @@ def prepare_command(args):
 
 
 def train_command(args):
-    """`keras-transformer train --config FILE [--workdir DIR] [--set KEY=VALUE ...]`."""
+    """`keras-transformer train --config FILE [--workdir DIR] [--init-from PATH] [--set KEY=VALUE
+    ...]`."""
     # The config is checked before TensorFlow is imported: config mistakes fail in a blink.
     config = load_command_config(args)
     import_tensorflow(getattr(args, "verbose", False))
@@ -632,15 +636,19 @@ def train_command(args):
 
 
 def load_command_config(args):
-    """The config of `train` and `prepare`: `--config` with each `--set`, then `--workdir` as
-    the last override of `runtime.workdir`; validated as a whole, never changed after."""
+    """The config of `train` and `prepare`: `--config` with each `--set`, then `--workdir` and
+    `--init-from` as the last overrides of `runtime.workdir` and `train.init_from`; validated as
+    a whole, never changed after."""
     from keras_transformer.config import load_config
 
     config = load_config(args.config, overrides=args.set)  # every --set value is checked
-    if args.workdir is None:
+    # The flags win over `--set runtime.workdir=...` (`train.init_from`), as the more specific.
+    flags = [("runtime.workdir", args.workdir)]
+    flags.append(("train.init_from", getattr(args, "init_from", None)))
+    flags = [flag for flag in flags if flag[1] is not None]
+    if not flags:
         return config
-    # The flag wins over `--set runtime.workdir=...`, as the more specific of the two.
-    return load_config(args.config, overrides=[*args.set, ("runtime.workdir", args.workdir)])
+    return load_config(args.config, overrides=[*args.set, *flags])
 
 
 def workdir_lock(config, command):

@@ -88,8 +88,14 @@ def _check_valid(key, value, valid):
         if not ok:
             raise ConfigError(f"{key} must be one of {_choices(valid)}, got {value!r}")
     elif valid == _NON_EMPTY:
-        if not value.strip():
-            raise ConfigError(f"{key} must not be empty")
+        items = value if isinstance(value, list) else [value]
+        if not items:
+            raise ConfigError(f"{key} must not be an empty list")
+        for item in items:
+            if not isinstance(item, str):
+                raise ConfigError(f"{key}: expected a list of str, got {item!r} in it")
+            if not item.strip():
+                raise ConfigError(f"{key} must not be empty")
     elif isinstance(value, list):
         for item in value:
             if not isinstance(item, int) or isinstance(item, bool):
@@ -140,9 +146,11 @@ class ModelConfig:
 class DataConfig:
     """Corpora, vocabulary and batching."""
 
-    train: str = _field(
+    train: Union[str, list] = _field(
         "synthetic:",
-        "training corpus spec: text:SRC,TGT | tsv:FILE | tfds:NAME[:SPLIT] | synthetic:...",
+        "training corpus spec: text:SRC,TGT | tsv:FILE | tfds:NAME[:SPLIT] | synthetic:...; or "
+        "a list of them, each [N*][bt:]SPEC: N* repeats a corpus N times, bt: tags the sources "
+        "of synthetic (back-translated) pairs with the reserved piece `<BT>`",
         valid=_NON_EMPTY,
     )
     dev: Optional[str] = _field(None, "dev corpus spec (BLEU during training); None to skip")
@@ -286,6 +294,14 @@ class TrainConfig:
         valid=f"(0, {_MAX_MINUTES}]",
     )
     seed: int = _field(42, "seed of weight initialisation and dropout", valid=_SEEDS)
+    init_from: Optional[str] = _field(
+        None,
+        "fine-tuning: a trained workdir (its last complete checkpoint) or a step checkpoint "
+        "(WORKDIR/checkpoints/ckpt-<step>.weights.h5) whose weights and vocabulary start this "
+        "run, with a fresh optimizer and schedule; the model: section and vocabulary must be "
+        "the parent's (train --init-from PATH); null: random weights",
+        valid=_NON_EMPTY,
+    )
 
 
 @dataclasses.dataclass

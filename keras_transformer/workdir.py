@@ -18,6 +18,8 @@ WORKDIR/
                        the last train.keep_backups kept
   logs/                TensorBoard
   result.json          the final summary
+  init_from.json       a fine-tuning run's parent: path, checkpoint, step (train.init_from,
+                       training/init_from.py)
   lock.json            who runs `train` or `prepare` here now (see `keras_transformer.lock`)
   prepare.heartbeat    while the chief of a multi-worker job prepares the data: its heartbeat,
                        which the waiting workers watch (training/distribute.py)

@@ -14,6 +14,14 @@ A corpus spec names where sentence pairs come from:
   the TFDS data directory.
 - `synthetic:[OPTION=VALUE,...]`: the built-in generated corpus (see `synthetic.py`).
 
+`data.train` may also be a list of specs (`training_specs`), each optionally led by a number of
+copies and a tag: `[N*][bt:]SPEC`. `N*` repeats the corpus N times in the stream (oversampling a
+small corpus beside a large one; `2*text:a.en,a.de`); `bt:` marks synthetic (back-translated)
+pairs, whose sources are led by the reserved tag `<BT>` (Caswell et al. 2019, "Tagged
+Back-Translation"): one SentencePiece piece (a user-defined symbol of a vocabulary trained on
+such a list), so the model tells synthetic sources from real ones. Text to translate never
+carries the tag: real input is untagged, as the real pairs were in training.
+
 Cleaning is deliberate, never silent: lines are stripped of surrounding whitespace; a pair with an
 empty side or with bytes that are not valid UTF-8 is skipped and counted, and one warning per
 corpus reports the counts. Files with different numbers of lines raise `DataError` naming both
@@ -23,12 +31,19 @@ misalign the two sides).
 """
 
 import os
+import re
 import sys
 import warnings
 
 from keras_transformer.errors import DataError, DataWarning
 
 SPEC_KINDS = ("text", "tsv", "tfds", "synthetic")
+# Tagged back-translation: the prefix of a tagged spec in data.train, and the reserved piece that
+# leads the sources of its pairs (`iter_training_pairs` yields them as `TAG_PREFIX + source`).
+TAGGED = "bt:"
+TAG = "<BT>"
+TAG_PREFIX = TAG + " "
+_COPIES = re.compile(r"^([0-9]+)\*(.*)$", re.DOTALL)
 
 # How often (in pairs) reading a large corpus reports progress.
 _PROGRESS_EVERY = 200_000
@@ -347,3 +362,53 @@ def read_pairs(spec, verbose=True):
     else:
         counter.report(verbose)
     return pairs
+
+
+def training_specs(train):
+    """The corpora of `data.train`: `[(spec, copies, tagged), ...]`.
+
+    Args:
+        train: one spec, or a list of them, each `[N*][bt:]SPEC` (see the module docstring).
+
+    Raises:
+        DataError: an empty list, a bad number of copies or an unknown kind, naming the item.
+
+    Example:
+    >>> training_specs(["2*text:a.en,a.de", "bt:text:b.en,b.de"])
+    [('text:a.en,a.de', 2, False), ('text:b.en,b.de', 1, True)]
+    """
+    items = [train] if isinstance(train, str) else list(train)
+    if not items:
+        raise DataError("data.train: the list of corpora is empty")
+    corpora = []
+    for item in items:
+        text, copies = str(item).strip(), 1
+        match = _COPIES.match(text)
+        if match:
+            copies, text = int(match.group(1)), match.group(2).strip()
+            if copies < 1:
+                raise DataError(f"data.train: {item!r} repeats its corpus {copies} times")
+        tagged = text.startswith(TAGGED)
+        text = text[len(TAGGED) :].strip() if tagged else text
+        parse_spec(text)
+        corpora.append((text, copies, tagged))
+    return corpora
+
+
+def is_tagged(train):
+    """Whether `data.train` holds a `bt:` corpus (its vocabulary then reserves `TAG`)."""
+    return any(tagged for _, _, tagged in training_specs(train))
+
+
+def iter_training_pairs(train, counter=None, verbose=True):
+    """Streams the pairs of `data.train` (one spec or a list, see `training_specs`): each
+    corpus in turn, `N*` ones N times, the sources of `bt:` ones as `TAG_PREFIX + source`.
+
+    Yields:
+        `(source, target)` as `iter_pairs` (one plain spec yields exactly its pairs).
+    """
+    counter = counter if counter is not None else Counter(train)
+    for spec, copies, tagged in training_specs(train):
+        for _ in range(copies):
+            for source, target in iter_pairs(spec, counter, verbose):
+                yield (TAG_PREFIX + source if tagged else source), target

@@ -56,6 +56,7 @@ import sys
 import tempfile
 import time
 from array import array
+from typing import Optional
 
 from keras_transformer.data import corpora
 from keras_transformer.errors import DataError
@@ -271,15 +272,26 @@ def _reservoir_sample(sentences, size, seed):
 
 
 def _sentences(spec, counter, progress):
-    for source, target in corpora.iter_pairs(spec, counter, verbose=False):
-        yield source
+    for source, target in corpora.iter_training_pairs(spec, counter, verbose=False):
+        yield source.removeprefix(corpora.TAG_PREFIX)  # the sample holds real sentences
         yield target
         if counter.kept % 4096 == 0:
             progress.update(counter.lines, 0)
 
 
-def _known_size(spec):
-    """Pairs a spec yields when known without reading it (synthetic, tfds metadata), else None."""
+def _known_size(train):
+    """Pairs `data.train` yields when known without reading it (synthetic, tfds metadata; each
+    corpus times its copies), else None."""
+    total = 0
+    for spec, copies, _ in corpora.training_specs(train):
+        size = _spec_size(spec)
+        if size is None:
+            return None
+        total += size * copies
+    return total
+
+
+def _spec_size(spec):
     kind, rest = corpora.parse_spec(spec)
     if kind == "synthetic":
         from keras_transformer.data import synthetic
@@ -399,6 +411,7 @@ class _Encoding:
     subword_alpha: float
     seed: int
     threads: int  # sentencepiece threads per encode call
+    bt_tag: Optional[int] = None  # the id of corpora.TAG when data.train has bt: corpora
 
 
 @dataclasses.dataclass
@@ -465,22 +478,32 @@ class _ChunkEncoder:
         out.target_hist[n_target] += 1
         out.longer_hist[max(n_source, n_target)] += 1  # the length that picks the bucket
 
+    def _untag(self, pairs):
+        """`(pairs, tags)`: the pairs without the text tag of `bt:` corpora, and the ids that
+        lead each source (`[bt_tag]` or none)."""
+        if self.e.bt_tag is None:
+            return pairs, [[]] * len(pairs)
+        prefix = corpora.TAG_PREFIX
+        tags = [[self.e.bt_tag] if s.startswith(prefix) else [] for s, _ in pairs]
+        return [(s.removeprefix(prefix), t) for s, t in pairs], tags
+
     def __call__(self, reading, index, pairs):
         seed = (self.e.seed * 1_000_003 + reading) * 1_000_003 + 2 * index
+        pairs, tags = self._untag(pairs)
         sources = self._encode([s for s, _ in pairs], seed % (1 << 31))
         targets = self._encode([t for _, t in pairs], (seed + 1) % (1 << 31))
         out = _Chunk(reading)
-        for pair, source, target in zip(pairs, sources, targets):
-            if self.e.subword_samples and self._too_long(source, target):
+        for pair, tag, source, target in zip(pairs, tags, sources, targets):
+            if self.e.subword_samples and self._too_long(tag + source, target):
                 # A sample longer than the limits: the best segmentation instead, so that a pair
                 # is kept or dropped whatever its samples.
                 source, target = self.processor.encode(list(pair))
-            if self._too_long(source, target):
+            if self._too_long(tag + source, target):
                 if self.e.drop:
                     out.too_long += 1
                     continue
                 out.truncated += 1
-            self._add(out, source, target)  # truncated pairs are stored whole
+            self._add(out, tag + source, target)  # truncated pairs are stored whole
             if self.e.both_directions:
                 self._add(out, self.tag + target, source)
             out.written += 1
@@ -502,7 +525,7 @@ def _encode_in_worker(reading, index, pairs):
 def _chunks(spec, counter, reading):
     """`(reading, index, pairs)` jobs of `_CHUNK` pairs, streamed."""
     chunk, index = [], 0
-    for pair in corpora.iter_pairs(spec, counter, verbose=False):
+    for pair in corpora.iter_training_pairs(spec, counter, verbose=False):
         chunk.append(pair)
         if len(chunk) == _CHUNK:
             yield reading, index, chunk
@@ -557,7 +580,7 @@ def _write_shards(config, model_proto, directory, total, verbose):
     encoding = _Encoding(
         model_proto, d.max_source_length - 1, d.max_target_length - 1, d.long_pairs == "drop",
         d.both_directions, d.subword_samples, d.subword_alpha, d.seed,
-        threads=max(1, os.cpu_count() or 1),
+        threads=max(1, os.cpu_count() or 1), bt_tag=_bt_tag(model_proto, d.train),
     )  # fmt: skip
     readings = max(1, d.subword_samples)
     num_shards = num_shards_for(max(total, 1) * readings)
@@ -589,6 +612,23 @@ def _write_shards(config, model_proto, directory, total, verbose):
     pieces = _ChunkEncoder(encoding).processor.get_piece_size()
     manifest["record_dtype"] = "uint16" if pieces <= 65_536 else "int32"
     return manifest
+
+
+def _bt_tag(model_proto, train):
+    """The id of the tag that leads the sources of `bt:` corpora, or None without any."""
+    if not corpora.is_tagged(train):
+        return None
+    import sentencepiece as spm
+
+    processor = spm.SentencePieceProcessor(model_proto=model_proto)
+    tag = processor.piece_to_id(corpora.TAG)
+    if tag == processor.unk_id():
+        raise DataError(
+            f"data.train has bt: corpora but the vocabulary has no {corpora.TAG} piece (it was "
+            "trained without them, e.g. a fine-tuning parent's): use a vocabulary trained with "
+            "the bt: corpora"
+        )
+    return tag
 
 
 def _merge(total, chunk):
@@ -728,7 +768,7 @@ def prepare(config, verbose=True):
         total, trained, sampled = _vocabulary(config, layout, vocabulary, verbose)
         if total is None:  # a file corpus with an existing vocabulary: count it for the shards
             counter = corpora.Counter(d.train)
-            total = sum(1 for _ in corpora.iter_pairs(d.train, counter, verbose=False))
+            total = sum(1 for _ in corpora.iter_training_pairs(d.train, counter, verbose=False))
         _log(f"tokenizing {total:,} pairs into shards ({_workers(d)} workers) ...", verbose)
         with _gfile().GFile(vocabulary, "rb") as f:
             proto = f.read()
@@ -775,6 +815,9 @@ def _vocabulary(config, layout, vocabulary, verbose):
         max_sentences=max(1, len(sample)),
         seed=d.seed,
         verbose=verbose,
+        # Tagged back-translation reserves its tag: one piece, never split (only then, so the
+        # vocabulary of every other config stays what it was).
+        user_defined_symbols=[corpora.TAG] if corpora.is_tagged(d.train) else None,
     )
     return counter.kept, True, len(sample)  # the count is now known exactly
 

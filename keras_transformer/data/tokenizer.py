@@ -20,9 +20,14 @@ _TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a
 _TOO_LOW = re.compile(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)")
 
 
-def _spm_train(sentences, vocab_size, model_type, character_coverage, seed, num_threads):
+def _spm_train(
+    sentences, vocab_size, model_type, character_coverage, seed, num_threads, symbols=()
+):
     import sentencepiece as spm
 
+    # Reserved pieces (e.g. a tag), only when asked: without, the trainer's arguments and so
+    # its model are those of every vocabulary made before.
+    extra = {"user_defined_symbols": list(symbols)} if symbols else {}
     model = io.BytesIO()
     spm.set_random_generator_seed(seed)
     spm.SentencePieceTrainer.train(
@@ -48,6 +53,7 @@ def _spm_train(sentences, vocab_size, model_type, character_coverage, seed, num_
         max_sentence_length=16384,
         num_threads=num_threads,
         minloglevel=2,  # its per-iteration log is long; we print our own progress line
+        **extra,
     )
     return model.getvalue()
 
@@ -62,6 +68,7 @@ def train_sentencepiece(
     seed=1234,
     num_threads=None,
     verbose=True,
+    user_defined_symbols=None,
 ):
     """Trains a SentencePiece model on `sentences` and writes it to `model_path`.
 
@@ -79,6 +86,8 @@ def train_sentencepiece(
         seed: seed of the sample and of sentencepiece.
         num_threads: trainer threads (default: the number of CPUs).
         verbose: print a progress line to stderr.
+        user_defined_symbols: pieces reserved whole, each one id that text containing it is
+            always encoded with (e.g. the `<BT>` tag of tagged back-translation).
 
     Returns:
         The `model_path`.
@@ -109,8 +118,9 @@ def train_sentencepiece(
         )
     num_threads = num_threads or max(1, os.cpu_count() or 1)
     proto = _spm_train_fitting(
-        sentences, vocab_size, model_type, character_coverage, seed, num_threads
-    )
+        sentences, vocab_size, model_type, character_coverage, seed, num_threads,
+        tuple(user_defined_symbols or ()),
+    )  # fmt: skip
 
     import sentencepiece as spm
 
@@ -130,13 +140,17 @@ def train_sentencepiece(
     return model_path
 
 
-def _spm_train_fitting(sentences, vocab_size, model_type, character_coverage, seed, num_threads):
+def _spm_train_fitting(
+    sentences, vocab_size, model_type, character_coverage, seed, num_threads, symbols=()
+):
     """`_spm_train` at `vocab_size` or, where sentencepiece refuses it (more pieces than the text
     supports, fewer than its characters), at the size its message names."""
     size = vocab_size
     for _ in range(3):
         try:
-            return _spm_train(sentences, size, model_type, character_coverage, seed, num_threads)
+            return _spm_train(
+                sentences, size, model_type, character_coverage, seed, num_threads, symbols
+            )
         except RuntimeError as e:
             too_high, too_low = _TOO_HIGH.search(str(e)), _TOO_LOW.search(str(e))
             if too_high:

@@ -22,7 +22,8 @@ def card_facts(config=None, manifest=None, result=None, vocab_size=None):
     Args:
         config: the `ExperimentConfig` (or its dict).
         manifest: the prepared data's manifest (`keras_transformer.data.prepare.read_manifest`).
-        result: the training result (`result.json`: steps, seconds, precision, dev/test scores).
+        result: the training result (`result.json`: steps, seconds, precision, dev/test scores,
+            and a fine-tuned run's parent, `init_from`: path, checkpoint, step).
         vocab_size: the vocabulary's size.
     """
     if dataclasses.is_dataclass(config):
@@ -50,7 +51,7 @@ def card_facts(config=None, manifest=None, result=None, vocab_size=None):
             key: result[key]
             for key in (
                 "step", "training_seconds", "precision", "averaged_checkpoints",
-                "checkpoint_steps", "alpha", "selection",
+                "checkpoint_steps", "alpha", "selection", "init_from",
             )  # fmt: skip
             if key in result
         },
@@ -114,7 +115,20 @@ def render_markdown(card):
         extra = ", ".join(f"{k} {v}" for k, v in corpus.items() if k != "spec")
         lines.append(f"- {split}: `{corpus['spec']}`" + (f" ({extra})" if extra else ""))
     lines += [f"- vocabulary: {card.get('vocabulary', {}).get('size')} SentencePiece pieces", ""]
-    lines += ["## Training", ""] + _table(card.get("training", {}).items()) + [""]
+    training = dict(card.get("training", {}))
+    parent = training.pop("init_from", None)  # fine-tuning: train.init_from
+    lines += ["## Training", ""]
+    if parent:
+        lines += [f"Fine-tuned from `{parent['checkpoint']}` (step {parent['step']}).", ""]
+    selection = training.pop("selection", None)  # the dev set chose (final_model.py)
+    lines += _table(training.items()) + [""]
+    if selection:
+        lines += [
+            f"Chosen on {selection['sentences']} dev sentences among "
+            f"{len(selection['candidates'])} candidates: {selection['chosen']['description']} "
+            f"(dev BLEU {selection['chosen']['dev_bleu']:.2f}).",
+            "",
+        ]
     lines += ["## Quality", ""] + _evaluation_lines(card) + [""]
     lines += ["## Decoding", ""] + _table(card.get("decoding", {}).items()) + [""]
     speed = card.get("decoding_speed")

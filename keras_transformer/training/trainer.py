@@ -39,6 +39,11 @@ from keras_transformer.training.distribute import (
     resolve_jit_compile,
     wait_for_path,
 )
+from keras_transformer.training.init_from import (
+    load_parent_weights,
+    prepare_parent,
+    recorded_parent,
+)
 from keras_transformer.training.losses import MaskedSparseCrossEntropy
 from keras_transformer.training.metrics import MaskedAccuracy, Perplexity, TokenCount
 from keras_transformer.training.optimizers import FusedAdam
@@ -283,12 +288,16 @@ def train(config):
     data = _prepare_data(run)
     _resolve_auto_precision(run, data)
     model = _build_model(run, data.tokenizer.vocab_size, data.num_pairs)
+    parent = recorded_parent(run.config)  # fine-tuning: train.init_from
+    load_parent_weights(model, run.config, parent)
     stopper = _fit(run, model, data)
     if not run.chief:
         return _worker_done(run, model)
     step = optimizer_step(model)
     final = _final_model(run, data.tokenizer)
     result = _score(run, final, data.tokenizer, step, stopper)
+    if parent:
+        result["init_from"] = {key: parent[key] for key in ("path", "checkpoint", "step")}
     result["saved_model"] = _export(final.model, data.tokenizer, config, result, final.alpha)
     return _finish(run, result)
 
@@ -335,6 +344,7 @@ def _prepare_data(run):
         tf.io.gfile.makedirs(layout.root)
         # Workers waiting for the prepared data see that the chief is alive.
         with Heartbeat(heartbeat) if is_multi_worker(run.strategy) else contextlib.nullcontext():
+            prepare_parent(config)  # fine-tuning: the parent's vocabulary, before prepare
             manifest = prepare(config)
         save_config(config, layout.config)
     else:
