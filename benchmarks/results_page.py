@@ -104,6 +104,19 @@ COLUMNS = {
         ("test BLEU / chrF", _pair("test_bleu", "test_chrf")),
         ("lines/s", _field("lines_per_second")),
     ],
+    "select_on_dev": [
+        ("seed", _field("seed")),
+        ("steps", _field("steps")),
+        ("chosen by", lambda r: r.get("chosen_by", "train")),
+        ("dev sentences", _field("selection_sentences")),
+        ("chosen", _field("chosen")),
+        ("chosen dev / test BLEU", _pair("chosen_dev_bleu", "chosen_test_bleu")),
+        (
+            "last, alpha 1.0: dev / test BLEU",
+            _pair("last_alpha1_dev_bleu", "last_alpha1_test_bleu"),
+        ),
+        ("choice s", _field("selection_seconds")),
+    ],
 }
 TITLES = {
     "quality_budget": "Quality per CPU budget (`benchmarks/quality_budget.py`)",
@@ -115,6 +128,7 @@ TITLES = {
     "prepare_scale": "Preparing WMT'14-sized corpora (`benchmarks/prepare_scale.py`)",
     "ab_checkouts": "Two checkouts alternately (`benchmarks/ab_checkouts.py`)",
     "back_translation": "Tagged back-translation (`benchmarks/back_translation.py`)",
+    "select_on_dev": "The dev set chooses the export (`benchmarks/select_on_dev.py`)",
 }
 INTRO = """\
 # Results
@@ -158,8 +172,12 @@ def table(benchmark, rows):
     head = ["#", "date", "machine", "label"] + [name for name, _ in columns]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for number, row in enumerate(rows, 1):
-        cells = [f'<a id="{benchmark}-{number}"></a>{number}', row["date"][:16].replace("T", " "),
-                 row.get("machine"), row.get("label")]
+        cells = [
+            f'<a id="{benchmark}-{number}"></a>{number}',
+            row["date"][:16].replace("T", " "),
+            row.get("machine"),
+            row.get("label"),
+        ]
         cells += [get(row) for _, get in columns]
         lines.append("| " + " | ".join(_cell(c) if i else c for i, c in enumerate(cells)) + " |")
     return "\n".join(lines)
@@ -172,8 +190,10 @@ def render():
     order = [n for n in TITLES if n in names] + [n for n in names if n not in TITLES]
     for name in order:
         rows = ledger.read(name)
-        parts.append(f"## {TITLES.get(name, name)}\n\n`benchmarks/results/{name}.jsonl`, "
-                     f"{len(rows)} lines.\n\n{table(name, rows)}\n")
+        parts.append(
+            f"## {TITLES.get(name, name)}\n\n`benchmarks/results/{name}.jsonl`, "
+            f"{len(rows)} lines.\n\n{table(name, rows)}\n"
+        )
     return "\n".join(parts)
 
 
@@ -189,14 +209,23 @@ def plot(path=PLOT):
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
     for index, machine in enumerate(machines):
         for system, marker in (("keras-transformer", "o"), ("modelgarden", "x")):
-            points = [(n, r) for n, r in enumerate(rows)
-                      if r["machine"] == machine and r.get("system") == system]
+            points = [
+                (n, r)
+                for n, r in enumerate(rows)
+                if r["machine"] == machine and r.get("system") == system
+            ]
             if not points:
                 continue
             spread = [r["train_min"] + 2.4 * (n / len(rows) - 0.5) for n, r in points]
             label = f"{machine}: {'ours' if system == 'keras-transformer' else 'TF Model Garden'}"
-            ax.scatter(spread, [r["test_bleu"] for _, r in points], marker=marker,
-                       color=f"C{index}", label=label, s=22)
+            ax.scatter(
+                spread,
+                [r["test_bleu"] for _, r in points],
+                marker=marker,
+                color=f"C{index}",
+                label=label,
+                s=22,
+            )
     ax.set_xlabel("training minutes")
     ax.set_ylabel("test sacreBLEU")
     ax.set_xlim(0, max(r["train_min"] for r in rows) + 5)
