@@ -331,7 +331,7 @@ def _prepare_data(run):
     of `data.tokens_per_batch` x replicas x `train.gradient_accumulation_steps` tokens (batch
     sizes a multiple of replicas x accumulation: each replica's share splits into the
     micro-batches), in the same order on every run with the same seed, so `_fit` can resume by
-    restoring the saved iterator (default strategy) or skipping the batches already consumed.
+    restoring the saved iterator (one worker) or skipping the batches already consumed.
     A waiting worker sees the chief's heartbeat (`distribute.Heartbeat`) and fails within a
     minute when it stops.
     """
