@@ -8,6 +8,8 @@ P batches once, which is setup, not measured). Then, in a fresh child process pe
 way, the trainer's own restart path is timed from the process start to the end of the first
 training step: build the model, restore the resume state (the iterator with it), one step of
 `model.fit`. `--skip` also times the former way (no iterator in the state: `dataset.skip(P)`).
+`--strategy mirrored --logical-cpus 2` does the same under MirroredStrategy over two logical
+CPU devices (the trainer's `ReplicaBatches`).
 
 Prints one JSON line per figure, then the ratio (target: 100,000 within 1.2x of 100). Run alone,
 from the repository root:
@@ -17,6 +19,7 @@ from the repository root:
 
 Options: `--pairs N` (default 200000), `--positions P ...`, `--config FILE`
 (default configs/quickstart.yaml, its data section with `text:` files of the generated corpus),
+`--strategy default|mirrored` and `--logical-cpus N` (default: default, no split),
 `--tmp DIR` (default: a new temporary directory, deleted at the end unless `--keep`).
 """
 
@@ -44,13 +47,13 @@ def _config(args, workdir):
         "data.dev=null",
         "data.test=null",
         f"runtime.workdir={workdir}",
-        "runtime.strategy=default",
+        f"runtime.strategy={args.strategy}",
         "train.steps=1000000000",
     ]
     return load_config(args.config, overrides=overrides)
 
 
-def _parts(config):
+def _parts(args, config):
     """The trainer's pieces for `config`: (run, data, model)."""
     import keras
 
@@ -58,6 +61,13 @@ def _parts(config):
     from keras_transformer.training.distribute import get_strategy
     from keras_transformer.workdir import Workdir
 
+    if args.logical_cpus:
+        import tensorflow as tf
+
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * args.logical_cpus
+        )
     strategy = get_strategy(config.runtime)
     run = trainer._Run(config, Workdir.of(config), strategy, True, time.time())
     keras.utils.set_random_seed(config.train.seed)
@@ -70,7 +80,7 @@ def setup(args, position, backup, skip):
     """Writes the resume state of step `position` into `backup`."""
     from keras_transformer.training.callbacks import ResumeState
 
-    run, data, model = _parts(_config(args, os.path.join(args.tmp, "work")))
+    run, data, model = _parts(args, _config(args, os.path.join(args.tmp, "work")))
     dataset = data.batches(0)
     iterator = iter(dataset)
     state = ResumeState(model, backup, 1, 1, iterator=None if skip else iterator)
@@ -86,10 +96,14 @@ def restart(args, backup, started):
     """Times the trainer's restart path (process start to the end of the first step)."""
     from keras_transformer.training import trainer
     from keras_transformer.training.callbacks import ResumeState
+    from keras_transformer.training.replica_batches import ReplicaBatches
+    from keras_transformer.training.run_state import RunState
 
-    run, data, model = _parts(_config(args, os.path.join(args.tmp, "work")))
-    dataset, iterator = trainer._iterated_data(run, data)
-    state = ResumeState(model, backup, 10**9, 1, iterator=iterator)
+    run, data, model = _parts(args, _config(args, os.path.join(args.tmp, "work")))
+    run_state = RunState()
+    dataset, iterator = trainer._iterated_data(run, data, run_state)
+    saved = iterator.iterator if isinstance(iterator, ReplicaBatches) else iterator
+    state = ResumeState(model, backup, 10**9, 1, iterator=saved, run_state=run_state)
     position = state.restore()
     batches = trainer._resumed_batches(data, dataset, iterator, position, state)
     model.fit(batches, steps_per_epoch=1, epochs=1, verbose=0)
@@ -98,7 +112,8 @@ def restart(args, backup, started):
 
 def _child(args, *rest):
     command = [sys.executable, os.path.abspath(__file__), "--tmp", args.tmp, "--pairs"]
-    command += [str(args.pairs), "--config", args.config, *rest]
+    command += [str(args.pairs), "--config", args.config, "--strategy", args.strategy]
+    command += ["--logical-cpus", str(args.logical_cpus), *rest]
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode:
@@ -113,6 +128,8 @@ def main(argv=None):
     parser.add_argument("--positions", type=int, nargs="+", default=[100, 100_000])
     parser.add_argument("--config", default=os.path.join(REPO, "configs", "quickstart.yaml"))
     parser.add_argument("--skip", action="store_true", help="also time dataset.skip(P)")
+    parser.add_argument("--strategy", choices=["default", "mirrored"], default="default")
+    parser.add_argument("--logical-cpus", type=int, default=0)
     parser.add_argument("--tmp")
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
@@ -150,11 +167,11 @@ def _measure(args):
             seconds[way, position] = result["seconds"]
             emit(
                 benchmark="restart_cost", way=way, position=position, pairs=args.pairs,
-                restart_seconds=round(result["seconds"], 2),
+                strategy=args.strategy, restart_seconds=round(result["seconds"], 2),
             )  # fmt: skip
         first, last = args.positions[0], args.positions[-1]
         emit(
-            benchmark="restart_cost", way=way, ratio=f"{last}/{first}",
+            benchmark="restart_cost", way=way, ratio=f"{last}/{first}", strategy=args.strategy,
             restart_ratio=round(seconds[way, last] / seconds[way, first], 3),
         )  # fmt: skip
 

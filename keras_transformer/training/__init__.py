@@ -2,7 +2,7 @@
 
 The parts (loss, metrics, schedules, optimizer, callbacks, strategies) are importable from their
 modules: `training.losses`, `training.metrics`, `training.schedules`, `training.optimizers`,
-`training.callbacks`, `training.distribute`.
+`training.callbacks`, `training.run_state`, `training.distribute`.
 
 Example:
 ```python

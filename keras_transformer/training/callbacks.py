@@ -10,12 +10,8 @@ import tensorflow as tf
 
 from keras_transformer.errors import DataError
 from keras_transformer.integrity import remove_with_checksum
+from keras_transformer.training.run_state import RunStateCallback, optimizer_step, shared
 from keras_transformer.workdir import checkpoint_path, list_checkpoints, save_model_weights
-
-
-def optimizer_step(model):
-    """The number of optimizer updates so far (accumulated batches count once)."""
-    return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
 
 
 def _moving_averages(optimizer):
@@ -109,11 +105,11 @@ class StepCheckpoint(keras.callbacks.Callback):
         self._save(optimizer_step(self.model))
 
 
-class ResumeState(keras.callbacks.Callback):
+class ResumeState(RunStateCallback):
     """The state a killed run resumes from: one `tf.train.Checkpoint` of the model's variables
     (weights and the dropout layers' RNG states), the optimizer's variables (moments, step, loss
-    scale) and the data position (batches consumed), every `every` optimizer steps and at the
-    end of training; the last `keep` are kept.
+    scale) and the run state (`RunState`: the data position and the seconds trained), every
+    `every` optimizer steps and at the end of training; the last `keep` are kept.
 
     `tf.train.CheckpointManager` writes each state's files first and then, atomically, the index
     naming the latest: a kill mid-write leaves the previous state to restore. `restore()` (called
@@ -122,6 +118,9 @@ class ResumeState(keras.callbacks.Callback):
     corrupted state (TensorFlow's reader checks every tensor's CRC32C) is reported in one line
     and the one before it is used.
 
+    The run state advances once per batch whichever callback sees the batch first, so this
+    callback may come anywhere among the others (see `run_state`).
+
     Args:
         model: the compiled model, its optimizer built (`optimizer.build(trainable_variables)`).
         directory: where states are read from (`WORKDIR/backup`).
@@ -129,13 +128,15 @@ class ResumeState(keras.callbacks.Callback):
         keep: states kept.
         write_directory: where states are written, when not `directory` (a non-chief worker's
             temporary directory: TensorFlow's multi-worker guide has every worker save).
-        clock: a scalar variable saved and restored with the state: the seconds trained so far
-            (`StopAtStep` advances it; put it before this callback), so a time budget and a
-            budget schedule continue.
-        iterator: the `tf.data` iterator `fit` draws batches from, saved with the state (its
-            position, shuffle buffer and partial buckets: TensorFlow's iterator checkpointing),
-            so a resume finds its place in the data without reading the batches before it;
-            None: the data position alone is saved (the trainer then skips that many batches).
+        clock: a scalar variable holding the seconds trained (the same one as `StopAtStep`'s),
+            when no `run_state` is given.
+        iterator: the `tf.data` iterator the training batches come from, saved with the state
+            (its position, shuffle buffer and partial buckets: TensorFlow's iterator
+            checkpointing), so a resume finds its place in the data without reading the batches
+            before it; None: the data position alone is saved (the trainer then skips that many
+            batches).
+        run_state: the run's `RunState`, shared with `StopAtStep` and `StopOnSignal` (None: the
+            one of `clock`, or one of its own).
 
     Example:
     ```python
@@ -146,22 +147,25 @@ class ResumeState(keras.callbacks.Callback):
     """
 
     def __init__(
-        self, model, directory, every, keep, write_directory=None, clock=None, iterator=None
+        self,
+        model,
+        directory,
+        every,
+        keep,
+        write_directory=None,
+        clock=None,
+        iterator=None,
+        run_state=None,
     ):
-        super().__init__()
+        super().__init__(shared(run_state, clock))
         self.directory = directory
         self.every = int(every)
-        self.batches = 0
-        # The data position: batches consumed (optimizer steps, unless a float16 loss scale
-        # skipped non-finite updates, which still consumed their batch).
-        self._position = tf.Variable(0, dtype=tf.int64, trainable=False, name="data_position")
         self._checkpoint = tf.train.Checkpoint(
             model=[_tf_variable(v) for v in model.variables],
             optimizer=[_tf_variable(v) for v in model.optimizer.variables],
-            data_position=self._position,
+            data_position=self.run_state.position,
+            training_seconds=_tf_variable(self.run_state.clock),
         )
-        if clock is not None:
-            self._checkpoint.training_seconds = _tf_variable(clock)
         if iterator is not None:
             self._checkpoint.data_iterator = iterator
         self.iterator_restored = False
@@ -169,6 +173,15 @@ class ResumeState(keras.callbacks.Callback):
             self._checkpoint, write_directory or directory, max_to_keep=int(keep)
         )
         self.set_model(model)
+
+    @property
+    def batches(self):
+        """The data position: batches consumed (the run state's)."""
+        return self.run_state.batches
+
+    @batches.setter
+    def batches(self, value):
+        self.run_state.position.assign(value)
 
     def restore(self):
         """Loads the newest complete state of `directory` if there is one; returns the data
@@ -195,7 +208,6 @@ class ResumeState(keras.callbacks.Callback):
                     f"unreadable: {problems[0]}); delete {self.directory} to train from step 0"
                 )
             return 0
-        self.batches = int(self._position.numpy())
         self._last_saved = optimizer_step(self.model)
         print(f"resuming from step {self._last_saved} (restored from {latest})", flush=True)
         return self.batches
@@ -231,12 +243,11 @@ class ResumeState(keras.callbacks.Callback):
         step = optimizer_step(self.model)
         if step == self._last_saved or step == 0:
             return
-        self._position.assign(self.batches)
         self._manager.save(checkpoint_number=step)
         self._last_saved = step
 
     def on_train_batch_end(self, batch, logs=None):
-        self.batches += 1
+        self.run_state.batch_ends()
         if optimizer_step(self.model) % self.every == 0:
             self.save()
 
@@ -288,71 +299,61 @@ def _tf_variable(variable):
     return value if value is not None else variable
 
 
-class StopAtStep(keras.callbacks.Callback):
+class StopAtStep(RunStateCallback):
     """Stops `fit` once the optimizer has made `steps` updates (also after a resume), or once
-    `max_seconds` of training time have passed (a time budget), and keeps a `BudgetSchedule`'s
-    `elapsed_seconds` up to date.
+    `max_seconds` of training time have passed (a time budget).
 
-    Training time is counted across resumes: `clock` (a variable in the resume state, see
-    `ResumeState`) holds the seconds trained before this `fit`, and is advanced after every
-    step, so a resumed run gets what is left of the budget, and a budget-aware learning rate
-    continues the same curve.
-
-    Under several workers the time is one decision: only the clock of the worker with
-    `keeps_time=True` (the chief) counts; `agree` (`distribute.make_agreement`, which returns
-    the value the chief passed) hands its seconds to every worker after each step, so all stop
-    after the same step and use the same learning rate.
+    Training time is the run state's clock (`RunState`), counted across resumes (the resume
+    state holds it) and advanced after every batch, so a resumed run gets what is left of the
+    budget, and a budget-aware learning rate continues the same curve. The run state advances
+    once per batch whichever callback sees the batch first, so this callback may come anywhere
+    among the others. Under several workers the clock is the chief's (see `RunState`), so all
+    workers stop after the same step.
 
     Args:
         steps: the run's optimizer steps.
         max_seconds: the time budget; None: no budget.
-        agree: `seconds -> seconds`, the chief's value on every worker; None: the value itself.
-        keeps_time: False on the workers whose clock does not count.
-        clock: a scalar variable holding the seconds trained so far (restored before `fit`);
-            None: count from this `fit`'s start.
-        timer: the clock function (`time.monotonic`; tests pass their own).
+        agree: `seconds -> seconds`, the chief's value on every worker (set on the run state).
+        keeps_time: False on the workers whose clock does not count (set on the run state).
+        clock: a scalar variable holding the seconds trained so far (restored before `fit`,
+            the same one as `ResumeState`'s), when no `run_state` is given.
+        timer: the clock function (`time.monotonic`; tests pass their own; set on the run
+            state).
+        run_state: the run's `RunState` (None: the one of `clock`, or one of its own).
     """
 
     def __init__(
-        self, steps, max_seconds=None, agree=None, keeps_time=True, clock=None, timer=None
+        self,
+        steps,
+        max_seconds=None,
+        agree=None,
+        keeps_time=True,
+        clock=None,
+        timer=None,
+        run_state=None,
     ):
-        super().__init__()
+        super().__init__(shared(run_state, clock))
         self.steps = int(steps)
         self.max_seconds = max_seconds
-        self.agree = agree
-        self.keeps_time = keeps_time
-        self.clock = clock
-        self.timer = timer or time.monotonic
         self.out_of_time = False
-        self.elapsed = 0.0
-        self._start = None
-        self._offset = 0.0
-        self._schedule = None
+        state = self.run_state
+        state.timed = state.timed or max_seconds is not None
+        state.agree = agree if agree is not None else state.agree
+        state.timer = timer or state.timer
+        state.keeps_time = state.keeps_time and keeps_time
 
-    def on_train_begin(self, logs=None):
-        self._start = self.timer()
-        self._offset = 0.0 if self.clock is None else float(keras.ops.convert_to_numpy(self.clock))
-        self.elapsed = self._offset
-        self._schedule = _time_schedule(self.model.optimizer)
-        if self._schedule is not None:
-            self._schedule.elapsed_seconds.assign(self.elapsed)
+    @property
+    def elapsed(self):
+        """Seconds trained so far (the run state's clock)."""
+        return self.run_state.elapsed
 
     def on_train_batch_end(self, batch, logs=None):
+        self.run_state.batch_ends()
         step = optimizer_step(self.model)
-        elapsed = self._offset + (self.timer() - self._start)
-        timed = self.max_seconds is not None or self._schedule is not None
-        if timed and self.agree is not None:
-            # Every worker must take part in the agreement (after every step).
-            elapsed = float(self.agree(elapsed if self.keeps_time else 0.0))
-        self.elapsed = elapsed
-        if self.clock is not None:
-            self.clock.assign(elapsed)
-        if self._schedule is not None:
-            self._schedule.elapsed_seconds.assign(elapsed)
         if step >= self.steps:
             self.model.stop_training = True
             return
-        if self.max_seconds is not None and elapsed >= self.max_seconds:
+        if self.max_seconds is not None and self.elapsed >= self.max_seconds:
             if not self.out_of_time:
                 print(
                     f"time budget of {self.max_seconds / 60:g} minutes reached at step {step}",
@@ -360,15 +361,6 @@ class StopAtStep(keras.callbacks.Callback):
                 )
             self.out_of_time = True
             self.model.stop_training = True
-
-
-def _time_schedule(optimizer):
-    """The optimizer's learning-rate schedule when it follows training time, else None."""
-    optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # LossScaleOptimizer
-    schedule = getattr(optimizer, "_learning_rate", None)
-    if getattr(schedule, "total_seconds", None) is None:
-        return None
-    return schedule
 
 
 class TrainingSummaries(keras.callbacks.Callback):

@@ -18,11 +18,10 @@ already defines (which also holds the data position and the training clock).
 import signal
 import threading
 
-import keras
 import tensorflow as tf
 
 from keras_transformer.errors import Preempted
-from keras_transformer.training.callbacks import optimizer_step
+from keras_transformer.training.run_state import RunStateCallback, optimizer_step
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -85,11 +84,13 @@ def make_any_worker(strategy):
     return any_worker
 
 
-class StopOnSignal(keras.callbacks.Callback):
+class StopOnSignal(RunStateCallback):
     """After each step: when a signal came (to this worker or, with `any_worker`, to any),
     saves `resume` (a `ResumeState`) and `checkpoint` (a `StepCheckpoint`, or None), calls
-    `flush` (e.g. TensorBoard writers) and raises `Preempted`. Put it after `resume` in the
-    callbacks, which counts the batch just consumed.
+    `flush` (e.g. TensorBoard writers) and raises `Preempted`. The saved state counts the batch
+    just consumed wherever this callback comes (it shares `resume`'s run state, which advances
+    once per batch, see `run_state`); callbacks after it do not see the last batch, so the
+    trainer puts it last.
 
     Args:
         signals: a `CatchSignals`.
@@ -100,12 +101,13 @@ class StopOnSignal(keras.callbacks.Callback):
     """
 
     def __init__(self, signals, resume, checkpoint=None, any_worker=None, flush=()):
-        super().__init__()
+        super().__init__(resume.run_state)
         self.signals, self.resume, self.checkpoint = signals, resume, checkpoint
         self.any_worker = any_worker or bool
         self.flush = list(flush)
 
     def on_train_batch_end(self, batch, logs=None):
+        self.run_state.batch_ends()
         if not self.any_worker(self.signals.received is not None):
             return
         step = optimizer_step(self.model)

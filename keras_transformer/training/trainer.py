@@ -48,6 +48,8 @@ from keras_transformer.training.losses import MaskedSparseCrossEntropy
 from keras_transformer.training.metrics import MaskedAccuracy, Perplexity, TokenCount
 from keras_transformer.training.optimizers import FusedAdam
 from keras_transformer.training.preemption import CatchSignals, StopOnSignal, make_any_worker
+from keras_transformer.training.replica_batches import ReplicaBatches
+from keras_transformer.training.run_state import RunState
 from keras_transformer.training.schedules import BudgetSchedule, TransformerSchedule
 from keras_transformer.training.visuals import AttentionSummaries, write_hparams
 from keras_transformer.workdir import Workdir, read_text, write_atomically
@@ -331,7 +333,7 @@ def _prepare_data(run):
     of `data.tokens_per_batch` x replicas x `train.gradient_accumulation_steps` tokens (batch
     sizes a multiple of replicas x accumulation: each replica's share splits into the
     micro-batches), in the same order on every run with the same seed, so `_fit` can resume by
-    restoring the saved iterator (default strategy) or skipping the batches already consumed.
+    restoring the saved iterator (one worker) or skipping the batches already consumed.
     A waiting worker sees the chief's heartbeat (`distribute.Heartbeat`) and fails within a
     minute when it stops.
     """
@@ -454,33 +456,37 @@ def _fit(run, model, data):
     """Restores the last resume state, then fits from there until `train.steps` (or the time
     budget); returns the `StopAtStep` callback (which knows why training stopped).
 
+    One `RunState` holds the run's clock (seconds trained, across resumes) and data position;
+    the stopper, the resume state and the signal handler share it and it advances once per
+    batch, so the order of the callbacks does not matter to what they see or save.
+
     Exact resume: Keras's `fit` draws all epochs from one iterator when `steps_per_epoch` is
-    set. Under the default strategy that iterator's state (file offsets, shuffle buffer, partial
-    buckets) is saved with the resume state, so a resume continues where the killed run was at
-    a cost that does not grow with the step. Under other strategies the dataset is
-    deterministic, so skipping the batches the killed run consumed gives the batches the
-    uninterrupted run would have seen next (reading through them once).
+    set. Under the default strategy and MirroredStrategy that iterator's state (file offsets,
+    shuffle buffer, partial buckets) is saved with the resume state (see `_iterated_data`), so a
+    resume continues where the killed run was at a cost that does not grow with the step. Under
+    other strategies (several workers, TPU) the dataset is deterministic, so skipping the
+    batches the killed run consumed gives the batches the uninterrupted run would have seen
+    next (reading through them once).
     """
     config, layout, chief = run.config, run.layout, run.chief
     t = config.train
     multi_worker = is_multi_worker(run.strategy)
-    # Seconds trained so far, across resumes (the time budget and a budget schedule use it).
-    clock = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="training_seconds")
+    run_state = RunState(agree=make_agreement(run.strategy), keeps_time=chief)
     with WorkerTempDir(chief, layout.backup) as backup_dir:
-        dataset, iterator = _iterated_data(run, data)
+        dataset, iterator = _iterated_data(run, data, run_state)
         resume = ResumeState(
             model,
             layout.backup,
             t.checkpoint_every,
             t.keep_backups,
             write_directory=backup_dir,
-            clock=clock,
-            iterator=iterator,
+            iterator=iterator.iterator if isinstance(iterator, ReplicaBatches) else iterator,
+            run_state=run_state,
         )
         position = resume.restore()
         batches = _resumed_batches(data, dataset, iterator, position, resume)
         step = optimizer_step(model)
-        stopper, signals, callbacks = _callbacks(run, model, data, resume, clock)
+        stopper, signals, callbacks = _callbacks(run, model, data, resume)
         # Epochs count from the restored step: evaluations stay at multiples of
         # steps_per_epoch after a resume at an epoch boundary.
         initial_epoch = step // t.steps_per_epoch
@@ -512,17 +518,15 @@ def _fit(run, model, data):
     return stopper
 
 
-def _callbacks(run, model, data, resume, clock):
-    """`(stopper, signals, callbacks)`: the callbacks of `fit`, in the order they must run."""
+def _callbacks(run, model, data, resume):
+    """`(stopper, signals, callbacks)`: the callbacks of `fit`. The stopper, `resume` and the
+    signal handler share `resume`'s run state, so their order does not matter to the state."""
     t, chief = run.config.train, run.chief
     stopper = StopAtStep(
         t.steps,
         None if t.max_minutes is None else t.max_minutes * 60,
-        agree=make_agreement(run.strategy),
-        keeps_time=chief,
-        clock=clock,
+        run_state=resume.run_state,
     )
-    # The stopper first: it advances the clock that the resume state then saves.
     callbacks = [stopper, resume, keras.callbacks.TerminateOnNaN()]
     callbacks += _chief_callbacks(run, model, data) if chief else []
     # TrainingSummaries reads the metrics on every worker (a collective under several).
@@ -534,7 +538,7 @@ def _callbacks(run, model, data, resume, clock):
         print_lines=chief and not sys.stdout.isatty(),
     )
     callbacks.append(summaries)
-    # Last: on SIGTERM/SIGINT, saves after the step that every other callback has seen.
+    # Last: on SIGTERM/SIGINT it stops `fit`, after the step every other callback has seen.
     checkpoint = next((c for c in callbacks if isinstance(c, StepCheckpoint)), None)
     signals = CatchSignals()
     callbacks.append(
@@ -549,26 +553,46 @@ def _callbacks(run, model, data, resume, clock):
     return stopper, signals, callbacks
 
 
-def _iterated_data(run, data):
+def _iterated_data(run, data, run_state):
     """`(dataset, iterator)`: the training batches and the iterator `fit` will draw them from,
-    whose state the resume state saves (so a resume costs the same at any step); `(None, None)`
-    where `fit` must make its own iterator (under a tf.distribute strategy other than the
-    default one: the data position is then found by skipping, which reads the batches before)."""
-    if run.strategy is not tf.distribute.get_strategy():
+    whose state the resume state saves (so a resume costs the same at any step):
+
+    - the default strategy: the `tf.data` iterator of `data.batches(0)`;
+    - MirroredStrategy (one worker, several replicas): a `ReplicaBatches` over it, whose
+      `iterator` (a plain `tf.data` iterator: TensorFlow's distributed iterators cannot be
+      saved) the resume state saves, and which splits each global batch between the replicas
+      as Keras's own distribution of the dataset would;
+    - `(None, None)` where `fit` must make its own iterator (several workers, TPU): the data
+      position is then found by skipping, which reads the batches before it. (Under several
+      workers each worker reads its own shards, so each would need its own iterator state,
+      while only the chief's resume state is kept in the workdir.)
+    """
+    strategy = run.strategy
+    if strategy is tf.distribute.get_strategy():
+        dataset = data.batches(0)
+        return dataset, iter(dataset)
+    if is_multi_worker(strategy) or not isinstance(strategy, tf.distribute.MirroredStrategy):
         return None, None
     dataset = data.batches(0)
-    return dataset, iter(dataset)
+    return dataset, ReplicaBatches(strategy, dataset, lambda: run_state.batches)
 
 
 def _resumed_batches(data, dataset, iterator, position, resume):
-    """What `fit` trains on from the restored data position: the restored iterator, or (a state
-    without one) the batches from `position` on."""
+    """What `fit` trains on from the restored data position: the restored iterator (or a
+    `ReplicaBatches` over it), or (a state without one) the batches from `position` on."""
     if iterator is None:
         return data.batches(position)
     if position and not resume.iterator_restored:
         dataset = data.batches(position)
-        iterator = iter(dataset)
-        resume.track_iterator(iterator)
+        if isinstance(iterator, ReplicaBatches):
+            iterator.reset(dataset, position)
+            resume.track_iterator(iterator.iterator)
+        else:
+            iterator = iter(dataset)
+            resume.track_iterator(iterator)
+    if isinstance(iterator, ReplicaBatches):
+        iterator.reset_position(position)
+        return iterator.as_dataset()
 
     class Resumed(type(dataset)):
         """The dataset, iterated from `iterator` (Keras's `fit` calls `iter` once)."""

@@ -1,0 +1,158 @@
+"""The state of one training run that its callbacks share: the step, the clock, the data position.
+
+The step is the optimizer's (`optimizer.iterations`); the clock (seconds trained, across
+resumes) and the data position (batches consumed) are two variables of a `RunState`, saved and
+restored with the resume state. Each batch advances them once, whichever callback comes first:
+every callback that reads them (`StopAtStep`, `ResumeState`, `StopOnSignal`) is a
+`RunStateCallback`, whose `on_train_batch_begin` marks a batch as running and whose
+`on_train_batch_end` first calls `RunState.batch_ends()` (the first call of a batch advances,
+the others find it done). Keras runs every callback's batch-begin before any batch-end, so the
+order of the callbacks in `fit` does not change what any of them sees.
+"""
+
+import time
+import weakref
+
+import keras
+import tensorflow as tf
+
+
+def optimizer_step(model):
+    """The number of optimizer updates so far (accumulated batches count once)."""
+    return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+
+
+def _time_schedule(optimizer):
+    """The optimizer's learning-rate schedule when it follows training time, else None."""
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # LossScaleOptimizer
+    schedule = getattr(optimizer, "_learning_rate", None)
+    if getattr(schedule, "total_seconds", None) is None:
+        return None
+    return schedule
+
+
+class RunState:
+    """The clock and the data position of a run, advanced once per batch.
+
+    `clock` holds the seconds trained so far, counted across resumes: at the start of `fit` it
+    holds what the restored resume state said, and after each batch it becomes that plus the
+    time since (`timer`). A `BudgetSchedule` of the optimizer follows it. `position` counts the
+    batches consumed (optimizer steps, unless a float16 loss scale skipped non-finite updates,
+    which still consumed their batch). Both are variables: `ResumeState` saves and restores
+    them.
+
+    Under several workers the time is one decision: with `agree` (`distribute.make_agreement`,
+    which returns the value the chief passed), every worker takes the chief's seconds after each
+    batch when the time counts (`timed`, or a budget schedule), so all stop after the same step
+    and use the same learning rate; only the clock of the worker with `keeps_time=True` counts.
+
+    Args:
+        timer: the clock function (`time.monotonic`; tests pass their own).
+        agree: `seconds -> seconds`, the chief's value on every worker; None: the value itself.
+        keeps_time: False on the workers whose clock does not count.
+        clock: a scalar float64 variable to keep the seconds in (default: a new one).
+
+    Example:
+    ```python
+    run_state = RunState()
+    callbacks = [ResumeState(model, backup, 1000, 2, run_state=run_state),
+                 StopAtStep(100_000, run_state=run_state)]  # in any order
+    ```
+    """
+
+    def __init__(self, timer=None, agree=None, keeps_time=True, clock=None):
+        if clock is None:
+            clock = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="training_seconds")
+        self.clock = clock
+        self.position = tf.Variable(0, dtype=tf.int64, trainable=False, name="data_position")
+        self.timer = timer or time.monotonic
+        self.agree = agree
+        self.keeps_time = keeps_time
+        self.timed = False  # a time budget: the clock is agreed on after every batch
+        self.model = None
+        self._start = None
+        self._offset = 0.0
+        self._schedule = None
+        self._running = False  # a batch has begun and not yet been counted
+        self._begun = False  # train_begins ran and no batch has ended since
+
+    @property
+    def elapsed(self):
+        """Seconds trained so far."""
+        return float(keras.ops.convert_to_numpy(self.clock))
+
+    @property
+    def batches(self):
+        """Batches consumed so far (the data position)."""
+        return int(self.position.numpy())
+
+    @property
+    def step(self):
+        """The optimizer's step."""
+        return optimizer_step(self.model)
+
+    def train_begins(self, model):
+        """The start of `fit` (the first call of its callbacks' `on_train_begin`; the others
+        find it done): the clock continues from what it holds."""
+        if self._begun and self.model is model:
+            return
+        self.model, self._begun = model, True
+        self._start = self.timer()
+        self._offset = self.elapsed
+        self._schedule = _time_schedule(model.optimizer)
+        if self._schedule is not None:
+            self._schedule.elapsed_seconds.assign(self._offset)
+
+    def batch_begins(self):
+        self._running = True
+
+    def batch_ends(self):
+        """Counts the batch that ran and advances the clock: once per batch, whoever calls."""
+        if not self._running:
+            return
+        self._running = self._begun = False
+        elapsed = self._offset + (self.timer() - self._start)
+        if self.agree is not None and (self.timed or self._schedule is not None):
+            # Every worker must take part in the agreement (after every batch).
+            elapsed = float(self.agree(elapsed if self.keeps_time else 0.0))
+        self.clock.assign(elapsed)
+        if self._schedule is not None:
+            self._schedule.elapsed_seconds.assign(elapsed)
+        self.position.assign_add(1)
+
+
+# The run state of each clock variable handed to callbacks without a run state (see `shared`).
+_BY_CLOCK = weakref.WeakValueDictionary()
+
+
+def shared(run_state=None, clock=None):
+    """`run_state`; or, given only a `clock` variable, the one run state of every callback
+    given that variable (made on first use); or, given neither, a new run state."""
+    if run_state is not None:
+        return run_state
+    if clock is None:
+        return RunState()
+    found = _BY_CLOCK.get(id(clock))
+    if found is None or found.clock is not clock:
+        found = RunState(clock=clock)
+        _BY_CLOCK[id(clock)] = found
+    return found
+
+
+class RunStateCallback(keras.callbacks.Callback):
+    """A callback that reads a `RunState`: it tells the run state when training and each batch
+    begin; its `on_train_batch_end` must call `self.run_state.batch_ends()` before reading it.
+
+    Args:
+        run_state: the run's `RunState` (None: one of its own).
+    """
+
+    def __init__(self, run_state=None):
+        super().__init__()
+        self.run_state = shared(run_state)
+
+    def on_train_begin(self, logs=None):
+        self.run_state.train_begins(self.model)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.run_state.batch_begins()
