@@ -4,7 +4,9 @@ Generates `--pairs` pairs (default 3,000,000) with `prepare_scale.generate_corpu
 temporary directory, then runs `keras-transformer prepare` of them with `configs/small.yaml`
 once per worker count (`--workers`, default 1 2), each in a fresh child process and a fresh
 workdir (the vocabulary is trained each time: it counts). Prints one JSON line per run (wall
-seconds, pairs/s, the shards' sha256) and the speedup of the last count over the first (target:
+seconds, pairs/s, the shards' sha256, and the manifest's `phase_seconds`: sampling the
+vocabulary's sentences, training it, writing the shards; the rest is the process's start and
+end) and the speedup of the last count over the first (target:
 2 workers >= 1.5x on a 2-core machine); the shards must be identical. Run alone, from the
 repository root:
 
@@ -16,6 +18,7 @@ Options: `--pairs N`, `--workers N ...`, `--config FILE`, `--tmp DIR` (kept with
 
 import argparse
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -50,7 +53,10 @@ def _prepare(args, corpus, workers):
     seconds = time.time() - started
     if done.returncode:
         raise SystemExit(f"prepare with {workers} workers failed:\n{done.stderr[-3000:]}")
-    return seconds, _shards_sha256(os.path.join(workdir, "prepared"))
+    prepared = os.path.join(workdir, "prepared")
+    with open(os.path.join(prepared, "manifest.json")) as f:
+        phases = json.load(f).get("phase_seconds", {})
+    return seconds, _shards_sha256(prepared), phases
 
 
 def main(argv=None):
@@ -71,12 +77,13 @@ def main(argv=None):
             generate_corpus(corpus, args.pairs, seed=1)
         seconds, digests = {}, set()
         for workers in args.workers:
-            seconds[workers], digest = _prepare(args, corpus, workers)
+            seconds[workers], digest, phases = _prepare(args, corpus, workers)
             digests.add(digest)
             emit(
                 benchmark="prepare_workers", workers=workers, pairs=args.pairs,
                 seconds=round(seconds[workers], 1),
                 pairs_per_second=round(args.pairs / seconds[workers]), shards_sha256=digest,
+                phase_seconds=phases,
             )  # fmt: skip
         first, last = args.workers[0], args.workers[-1]
         emit(

@@ -51,7 +51,8 @@ class Workers:
         self.processes = []
         self.chief_pids = []  # of every start
 
-    def start(self):
+    def start(self, harness=((), ())):
+        """Starts both; `harness`: each one's extra `train_runner.py` options."""
         cluster = {"worker": [f"127.0.0.1:{port}" for port in self.ports]}
         self.processes = []
         for index in range(2):
@@ -59,7 +60,8 @@ class Workers:
             cwd.mkdir(exist_ok=True)
             tmp.mkdir(exist_ok=True)
             task = {"cluster": cluster, "task": {"type": "worker", "index": index}}
-            command = [sys.executable, RUNNER, "--dump-weights", str(self.dump(index)), "--"]
+            command = [sys.executable, RUNNER, *harness[index]]
+            command += ["--dump-weights", str(self.dump(index)), "--"]
             command += ["train", "--config", self.config, "--workdir", str(self.workdir)]
             self.processes.append(
                 subprocess.Popen(
