@@ -101,9 +101,9 @@ def _final_steps(outputs):
     return int(chief_lines[-1].split()[4].rstrip(".")), int(worker_lines[-1].split()[5].rstrip(";"))
 
 
-def _assert_finished_alike(workers, outputs):
+def _assert_finished_alike(workers, outputs, exported=True):
     """Both exited 0 after the same step, with identical weights; the workdir holds one run,
-    written by the chief alone."""
+    written by the chief alone (and its export, when `exported`)."""
     for code, output in outputs:
         assert code == 0, output[-4000:]
     chief_step, worker_step = _final_steps(outputs)
@@ -114,7 +114,7 @@ def _assert_finished_alike(workers, outputs):
     assert len(first) == len(second) > 0
     for a, b in zip(first, second):
         np.testing.assert_array_equal(a, b)
-    assert_one_run_in_workdir(workers.workdir)
+    assert_one_run_in_workdir(workers.workdir, exported=exported)
     # TensorBoard event files name the writing process: all are the chief's (of any start).
     events = [f for f in files_under(workers.workdir) if "tfevents" in f]
     pids = {f".{pid}." for pid in workers.chief_pids}
