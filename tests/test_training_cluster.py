@@ -326,9 +326,7 @@ def _shards(workdir):
 @pytest.mark.parametrize(
     "data, where", [({}, "local"), (dict(both_directions=True), "local"), ({}, "ram")]
 )
-def test_prepare_with_two_workers_writes_the_same_shards_as_one(
-    tmp_path, monkeypatch, data, where
-):
+def test_prepare_with_two_workers_writes_the_same_shards_as_one(tmp_path, monkeypatch, data, where):
     from training_helpers import tiny_config
 
     # The module (the package's `prepare` is the function).

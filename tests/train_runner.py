@@ -8,9 +8,9 @@ Usage:
 `runtime.strategy: mirrored` has N replicas. `--sigterm-at-step N` makes the process send
 itself SIGTERM at the end of training step N (a preemption at a known step, without a test that
 sleeps and polls); `--skip-export` leaves out the SavedModel export at the end of `train` (for
-tests about training alone: the export takes seconds). `--dump-weights PATH` writes, after the command,
-the trained model's weights and whether every local replica holds the same copy (npz), so that
-tests can compare workers; it is the harness's file, not one the product writes. `--call`
+tests about training alone: the export takes seconds). `--dump-weights PATH` writes, after the
+command, the trained model's weights and whether every local replica holds the same copy (npz),
+so that tests can compare workers; it is the harness's file, not one the product writes. `--call`
 imports MODULE from this directory and calls FUNCTION(*ARGS); its exit code is 0 on return.
 """
 
