@@ -140,30 +140,29 @@ def test_sigterm_saves_exits_75_and_the_same_command_resumes_exactly(tmp_path, t
 
     config = _resume_config(tmp_path)
     workdir = _copy_prepared(tiny_prepared, tmp_path / "work")
-    process = subprocess.Popen(
-        _runner_train(config, workdir, "--sigterm-at-step", "6"),
-        env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    go = tmp_path / "go"
+    pipes = dict(env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(_runner_train(config, workdir, "--sigterm-at-step", "6"), **pipes)
+    # The same command again, started now: it imports meanwhile, then waits for `go`.
+    resumed = subprocess.Popen(_runner_train(config, workdir, "--wait-for", str(go)), **pipes)
     try:
         # The uninterrupted run meanwhile, here.
         _reference_run(config, _copy_prepared(tiny_prepared, tmp_path / "reference"))
         out, err = process.communicate(timeout=300)
+        step = _stopped_step(process.returncode, err)
+        assert step == 6 and "stopped by SIGTERM after step 6" in err
+        # The resume state and the checkpoint are those of the step it stopped at.
+        assert tf.train.latest_checkpoint(str(workdir / "backup")).endswith(f"ckpt-{step}")
+        assert (workdir / "checkpoints" / f"ckpt-{step}.weights.h5").exists()
+        assert not (workdir / "result.json").exists()
+        go.touch()
+        out, err = resumed.communicate(timeout=300)
     finally:
-        if process.poll() is None:
-            process.kill()
-    step = _stopped_step(process.returncode, err)
-    assert step == 6 and "stopped by SIGTERM after step 6" in err
-    # The resume state and the checkpoint are those of the step it stopped at.
-    assert tf.train.latest_checkpoint(str(workdir / "backup")).endswith(f"ckpt-{step}")
-    assert (workdir / "checkpoints" / f"ckpt-{step}.weights.h5").exists()
-    assert not (workdir / "result.json").exists()
-
-    resumed = subprocess.run(
-        _runner_train(config, workdir), env=subprocess_env(), capture_output=True, text=True,
-        timeout=300,
-    )  # fmt: skip
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"resuming from step {step} " in resumed.stdout, resumed.stdout[-2000:]
+        for started in (process, resumed):
+            if started.poll() is None:
+                started.kill()
+    assert resumed.returncode == 0, err[-3000:]
+    assert f"resuming from step {step} " in out, out[-2000:]
     expected = _losses_by_step(tmp_path / "reference" / "logs")
     got = {s: v for s, v in _losses_by_step(workdir / "logs").items() if s > step}
     assert sorted(got) == list(range(step + 1, 17))

@@ -8,7 +8,9 @@ Usage:
 `runtime.strategy: mirrored` has N replicas. `--sigterm-at-step N` makes the process send
 itself SIGTERM at the end of training step N (a preemption at a known step, without a test that
 sleeps and polls); `--skip-export` leaves out the SavedModel export at the end of `train` (for
-tests about training alone: the export takes seconds). `--dump-weights PATH` writes, after the
+tests about training alone: the export takes seconds). `--wait-for PATH` imports everything,
+then waits until PATH exists before it runs the command (a process started ahead, whose imports
+overlap other work, that touches nothing until then). `--dump-weights PATH` writes, after the
 command, the trained model's weights and whether every local replica holds the same copy (npz),
 so that tests can compare workers; it is the harness's file, not one the product writes. `--call`
 imports MODULE from this directory and calls FUNCTION(*ARGS); its exit code is 0 on return.
@@ -18,6 +20,7 @@ import argparse
 import importlib
 import os
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -77,6 +80,7 @@ def main(argv):
     parser.add_argument("--call")
     parser.add_argument("--sigterm-at-step", type=int)
     parser.add_argument("--skip-export", action="store_true")
+    parser.add_argument("--wait-for")
     parser.add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
@@ -103,6 +107,8 @@ def main(argv):
         _sigterm_at_step(args.sigterm_at_step)
     if args.skip_export:
         trainer._export = lambda *args, **kwargs: None
+    while args.wait_for and not os.path.exists(args.wait_for):
+        time.sleep(0.02)
     code = cli.main(rest)
     if args.dump_weights and "model" in captured and code == 0:
         _dump(captured["model"], captured["strategy"], args.dump_weights)
