@@ -201,8 +201,12 @@ def test_sigterm_to_one_of_two_workers_stops_both_after_one_step_and_they_resume
 
     workdir = _copy_prepared(tiny_prepared, tmp_path / "work")
     workers = Workers(tmp_path, _config(tmp_path, workdir, dev=False, steps=12), workdir)
+    go, interrupted, resumed = str(tmp_path / "go"), [], []
     try:
-        workers.start(harness=((), ["--sigterm-at-step", "7"]))
+        interrupted = workers.start(harness=((), ["--sigterm-at-step", "7"]))
+        # The same two commands again, started now: they import meanwhile, then wait for `go`.
+        resumed = workers.start(harness=(["--wait-for", go], ["--wait-for", go]))
+        workers.processes = interrupted
         stopped = workers.wait(timeout=120)
         steps = [_stopped_step(code, output) for code, output in stopped]
         assert steps == [7, 7]
@@ -211,10 +215,13 @@ def test_sigterm_to_one_of_two_workers_stops_both_after_one_step_and_they_resume
         assert tf.train.latest_checkpoint(str(workdir / "backup")).endswith(f"ckpt-{steps[0]}")
         assert (workdir / "checkpoints" / f"ckpt-{steps[0]}.weights.h5").exists()
 
-        workers.start()  # the resumed pair exports, as a real run does
+        open(go, "w").close()
+        workers.processes = resumed  # they export, as a real run does
         outputs = workers.wait()
     finally:
-        workers.kill_all()
+        for processes in (interrupted, resumed):
+            workers.processes = processes
+            workers.kill_all()
     assert _assert_finished_alike(workers, outputs) == 12
     assert f"resuming from step {steps[0]} " in outputs[0][1]
     got, _ = load_npz_weights(workers.dump(0))
