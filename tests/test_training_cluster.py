@@ -186,39 +186,39 @@ def test_sigterm_to_one_of_two_workers_stops_both_after_one_step_and_they_resume
     step 7); both save after that step and exit 75 with one line each; the same two commands
     resume from that step to the weights of an uninterrupted pair."""
     from test_training_multi_worker import Workers, _assert_finished_alike, _config
-    from training_helpers import load_npz_weights
+    from training_helpers import free_ports, load_npz_weights
 
+    # Four processes at once on a small machine: collectives may wait on a busy peer longer.
+    runtime = dict(collective_timeout_seconds=120)
     reference_root = tmp_path / "reference"
     reference_root.mkdir()
     reference_work = _copy_prepared(tiny_prepared, reference_root / "work")
-    reference_config = _config(reference_root, reference_work, dev=False, steps=12)
+    reference_config = _config(reference_root, reference_work, False, runtime, steps=12)
     reference = Workers(reference_root, reference_config, reference_work)
-    try:
-        reference.start(harness=(["--skip-export"], ["--skip-export"]))
-        _assert_finished_alike(reference, reference.wait(), exported=False)
-    finally:
-        reference.kill_all()
-
     workdir = _copy_prepared(tiny_prepared, tmp_path / "work")
-    workers = Workers(tmp_path, _config(tmp_path, workdir, dev=False, steps=12), workdir)
+    workers = Workers(tmp_path, _config(tmp_path, workdir, False, runtime, steps=12), workdir)
+    while set(workers.ports) & set(reference.ports):
+        workers.ports = free_ports(2)
     go, interrupted, resumed = str(tmp_path / "go"), [], []
     try:
+        # The uninterrupted pair and the interrupted one at the same time.
+        reference.start(harness=(["--skip-export"], ["--skip-export"]))
         interrupted = workers.start(harness=((), ["--sigterm-at-step", "7"]))
+        stopped = workers.wait(timeout=300)
         # The same two commands again, started now: they import meanwhile, then wait for `go`.
         resumed = workers.start(harness=(["--wait-for", go], ["--wait-for", go]))
-        workers.processes = interrupted
-        stopped = workers.wait(timeout=120)
         steps = [_stopped_step(code, output) for code, output in stopped]
         assert steps == [7, 7]
         assert "stopped by a signal to another worker after step 7" in stopped[0][1]
         assert "stopped by SIGTERM after step 7" in stopped[1][1]
         assert tf.train.latest_checkpoint(str(workdir / "backup")).endswith(f"ckpt-{steps[0]}")
         assert (workdir / "checkpoints" / f"ckpt-{steps[0]}.weights.h5").exists()
+        _assert_finished_alike(reference, reference.wait(), exported=False)
 
-        open(go, "w").close()
-        workers.processes = resumed  # they export, as a real run does
+        open(go, "w").close()  # the resumed pair exports, as a real run does
         outputs = workers.wait()
     finally:
+        reference.kill_all()
         for processes in (interrupted, resumed):
             workers.processes = processes
             workers.kill_all()
