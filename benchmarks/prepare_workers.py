@@ -4,19 +4,24 @@ Generates `--pairs` pairs (default 3,000,000) with `prepare_scale.generate_corpu
 temporary directory, then runs `keras-transformer prepare` of them with `configs/small.yaml`
 once per worker count (`--workers`, default 1 2), each in a fresh child process and a fresh
 workdir (the vocabulary is trained each time: it counts). Prints one JSON line per run (wall
-seconds, pairs/s, the shards' sha256) and the speedup of the last count over the first (target:
-2 workers >= 1.5x on a 2-core machine); the shards must be identical. Run alone, from the
-repository root:
+seconds, pairs/s, the shards' sha256, and `phase_seconds`: the manifest's seconds of sampling the
+vocabulary's sentences, training it and writing the shards (the rest is the process's start and
+end), and `cpu_seconds` of the process and its workers) and the speedup of the last count over
+the first (target: 2 workers >= 1.5x on a 2-core machine); the shards must be identical. Run
+alone, from the repository root (with `BENCH_LABEL`, the lines also go to the ledger
+`benchmarks/results/prepare_workers.jsonl`):
 
-    PYTHONPATH=$PWD TF_CPP_MIN_LOG_LEVEL=2 python benchmarks/prepare_workers.py \\
-        | tee benchmarks/results/prepare_workers_$(date -u +%Y-%m-%dT%H%MZ).jsonl
+    BENCH_LABEL=prepare_workers_3m PYTHONPATH=$PWD TF_CPP_MIN_LOG_LEVEL=2 \\
+        python benchmarks/prepare_workers.py --tmp /tmp/bench
 
 Options: `--pairs N`, `--workers N ...`, `--config FILE`, `--tmp DIR` (kept with `--keep`).
 """
 
 import argparse
 import hashlib
+import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -45,12 +50,21 @@ def _prepare(args, corpus, workers):
     command += ["--workdir", workdir, "--set", f"data.train=text:{corpus}.src,{corpus}.tgt"]
     command += ["--set", f"data.prepare_workers={workers}"]
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    started = time.time()
+    started, cpu = time.time(), _children_cpu_seconds()
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    seconds = time.time() - started
+    seconds, cpu = time.time() - started, _children_cpu_seconds() - cpu
     if done.returncode:
         raise SystemExit(f"prepare with {workers} workers failed:\n{done.stderr[-3000:]}")
-    return seconds, _shards_sha256(os.path.join(workdir, "prepared"))
+    prepared = os.path.join(workdir, "prepared")
+    with open(os.path.join(prepared, "manifest.json")) as f:
+        phases = json.load(f).get("phase_seconds", {})
+    phases["cpu_seconds"] = round(cpu, 1)  # the process's and its workers' (user + system)
+    return seconds, _shards_sha256(prepared), phases
+
+
+def _children_cpu_seconds():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main(argv=None):
@@ -71,12 +85,13 @@ def main(argv=None):
             generate_corpus(corpus, args.pairs, seed=1)
         seconds, digests = {}, set()
         for workers in args.workers:
-            seconds[workers], digest = _prepare(args, corpus, workers)
+            seconds[workers], digest, phases = _prepare(args, corpus, workers)
             digests.add(digest)
             emit(
                 benchmark="prepare_workers", workers=workers, pairs=args.pairs,
                 seconds=round(seconds[workers], 1),
                 pairs_per_second=round(args.pairs / seconds[workers]), shards_sha256=digest,
+                phase_seconds=phases,
             )  # fmt: skip
         first, last = args.workers[0], args.workers[-1]
         emit(

@@ -214,8 +214,9 @@ class DataConfig:
     )
     prepare_workers: Optional[int] = _field(
         None,
-        "processes that tokenize the corpus in prepare (null: the machine's cores); the "
-        "prepared data is the same whatever the number",
+        "CPUs prepare uses: the vocabulary trains on this many and this many processes "
+        "tokenize the corpus (null: the machine's cores); the prepared data is the same "
+        "whatever the number",
         valid="[1, 1024]",
     )
 

@@ -5,7 +5,7 @@ import gc
 import importlib
 import json
 import os
-import signal
+import shutil
 import subprocess
 import sys
 import threading
@@ -59,6 +59,27 @@ def test_train_and_export_on_ram_filesystem_write_nothing_locally(tmp_path):
     assert files_under(cwd) == [] and files_under(tmp) == [] and files_under(home) == []
 
 
+@pytest.fixture(scope="module")
+def tiny_prepared(tmp_path_factory):
+    """A workdir prepared once with the tiny configs' data (`training_helpers.tiny_config` and
+    `test_cli_train.TINY` share it): `_copy_prepared` puts it in the workdirs of the tests
+    instead of each run preparing its own."""
+    from training_helpers import tiny_config
+
+    from keras_transformer.data.prepare import prepare
+
+    root = tmp_path_factory.mktemp("tiny_prepared")
+    prepare(tiny_config(root), verbose=False)
+    return root
+
+
+def _copy_prepared(prepared_root, workdir):
+    workdir.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(prepared_root / "prepared", workdir / "prepared")
+    shutil.copy(prepared_root / "spm.model", workdir / "spm.model")
+    return workdir
+
+
 def _resume_config(tmp_path):
     from test_cli_train import TINY, _write_config
 
@@ -73,12 +94,15 @@ def _resume_config(tmp_path):
 
 
 def _reference_run(config_path, workdir):
+    """The uninterrupted run, in this process (without the export at its end)."""
     from keras_transformer.config import load_config
-    from keras_transformer.training import train
+    from keras_transformer.training import train, trainer
 
     reference = load_config(str(config_path))
     reference.runtime.workdir = str(workdir)
-    assert train(reference)["step"] == 16
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(trainer, "_export", lambda *args, **kwargs: None)
+        assert train(reference)["step"] == 16
 
 
 def _assert_same_weights(path, reference_path):
@@ -90,45 +114,56 @@ def _assert_same_weights(path, reference_path):
         np.testing.assert_allclose(value, expected[name], atol=1e-4, err_msg=name)
 
 
-@pytest.mark.slow
-def test_sigterm_saves_exits_75_and_the_same_command_resumes_exactly(tmp_path):
-    """SIGTERM mid-run: the step in progress ends, the resume state and a checkpoint of that
-    step are saved, one line, exit code 75; the same command resumes to the uninterrupted
-    run's losses and weights."""
-    from test_cli_train import _env, _losses_by_step, _train_command
+def _runner_train(config, workdir, *harness):
+    """`keras-transformer train` through the test harness (`harness`: its options), without
+    the export at the end."""
+    command = [sys.executable, RUNNER, "--skip-export", *harness, "--", "train"]
+    return command + ["--config", str(config), "--workdir", str(workdir)]
 
+
+def _stopped_step(code, output):
+    """The step of the one `stopped by ... after step N` line of a process that exited 75."""
     from keras_transformer.errors import PREEMPTED_EXIT_CODE
 
-    config = _resume_config(tmp_path)
-    _reference_run(config, tmp_path / "reference")
-    workdir = tmp_path / "work"
-    command = _train_command(config, workdir)
-    process = subprocess.Popen(
-        command, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        deadline = time.time() + 240
-        while not (workdir / "backup" / "checkpoint").exists():  # the first backup: step 4
-            assert time.time() < deadline and process.poll() is None, "no backup was written"
-            time.sleep(0.05)
-        process.send_signal(signal.SIGTERM)
-        out, err = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    assert process.returncode == PREEMPTED_EXIT_CODE == 75, err[-3000:]
-    lines = [line for line in err.splitlines() if "stopped by SIGTERM" in line]
-    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
-    step = int(lines[0].split("after step ")[1].split(":")[0])
-    assert 4 <= step < 16
-    # The resume state and the checkpoint are those of the step it stopped at.
-    assert tf.train.latest_checkpoint(str(workdir / "backup")).endswith(f"ckpt-{step}")
-    assert (workdir / "checkpoints" / f"ckpt-{step}.weights.h5").exists()
-    assert not (workdir / "result.json").exists()
+    assert code == PREEMPTED_EXIT_CODE == 75, output[-3000:]
+    lines = [line for line in output.splitlines() if "keras-transformer train: " in line]
+    assert len(lines) == 1 and "Traceback" not in output, output[-3000:]
+    assert "stopped by " in lines[0], lines
+    return int(lines[0].split("after step ")[1].split(":")[0])
 
-    resumed = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"resuming from step {step} " in resumed.stdout, resumed.stdout[-2000:]
+
+@pytest.mark.slow
+def test_sigterm_saves_exits_75_and_the_same_command_resumes_exactly(tmp_path, tiny_prepared):
+    """SIGTERM mid-run (the process sends it itself at step 6, see `train_runner.py`): the step
+    in progress ends, the resume state and a checkpoint of that step are saved, one line, exit
+    code 75; the same command resumes to the uninterrupted run's losses and weights."""
+    from test_cli_train import _losses_by_step
+
+    config = _resume_config(tmp_path)
+    workdir = _copy_prepared(tiny_prepared, tmp_path / "work")
+    go = tmp_path / "go"
+    pipes = dict(env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(_runner_train(config, workdir, "--sigterm-at-step", "6"), **pipes)
+    # The same command again, started now: it imports meanwhile, then waits for `go`.
+    resumed = subprocess.Popen(_runner_train(config, workdir, "--wait-for", str(go)), **pipes)
+    try:
+        # The uninterrupted run meanwhile, here.
+        _reference_run(config, _copy_prepared(tiny_prepared, tmp_path / "reference"))
+        out, err = process.communicate(timeout=300)
+        step = _stopped_step(process.returncode, err)
+        assert step == 6 and "stopped by SIGTERM after step 6" in err
+        # The resume state and the checkpoint are those of the step it stopped at.
+        assert tf.train.latest_checkpoint(str(workdir / "backup")).endswith(f"ckpt-{step}")
+        assert (workdir / "checkpoints" / f"ckpt-{step}.weights.h5").exists()
+        assert not (workdir / "result.json").exists()
+        go.touch()
+        out, err = resumed.communicate(timeout=300)
+    finally:
+        for started in (process, resumed):
+            if started.poll() is None:
+                started.kill()
+    assert resumed.returncode == 0, err[-3000:]
+    assert f"resuming from step {step} " in out, out[-2000:]
     expected = _losses_by_step(tmp_path / "reference" / "logs")
     got = {s: v for s, v in _losses_by_step(workdir / "logs").items() if s > step}
     assert sorted(got) == list(range(step + 1, 17))
@@ -146,52 +181,48 @@ def test_sigterm_saves_exits_75_and_the_same_command_resumes_exactly(tmp_path):
 
 @pytest.mark.slow
 def test_sigterm_to_one_of_two_workers_stops_both_after_one_step_and_they_resume_exactly(
-    tmp_path,
+    tmp_path, tiny_prepared
 ):
-    """MultiWorkerMirroredStrategy: SIGTERM to the second worker only; both save after the same
-    step and exit 75 with one line each; the same two commands resume from that step to the
-    weights of an uninterrupted pair."""
+    """MultiWorkerMirroredStrategy: SIGTERM to the second worker only (it sends it itself at
+    step 7); both save after that step and exit 75 with one line each; the same two commands
+    resume from that step to the weights of an uninterrupted pair."""
     from test_training_multi_worker import Workers, _assert_finished_alike, _config
-    from training_helpers import load_npz_weights
+    from training_helpers import free_ports, load_npz_weights
 
+    # Four processes at once on a small machine: collectives may wait on a busy peer longer.
+    runtime = dict(collective_timeout_seconds=120)
     reference_root = tmp_path / "reference"
     reference_root.mkdir()
-    reference = Workers(
-        reference_root, _config(reference_root, reference_root / "work", dev=False, steps=12),
-        reference_root / "work",
-    )  # fmt: skip
+    reference_work = _copy_prepared(tiny_prepared, reference_root / "work")
+    reference_config = _config(reference_root, reference_work, False, runtime, steps=12)
+    reference = Workers(reference_root, reference_config, reference_work)
+    workdir = _copy_prepared(tiny_prepared, tmp_path / "work")
+    workers = Workers(tmp_path, _config(tmp_path, workdir, False, runtime, steps=12), workdir)
+    while set(workers.ports) & set(reference.ports):
+        workers.ports = free_ports(2)
+    go, interrupted, resumed = str(tmp_path / "go"), [], []
     try:
-        reference.start()
-        _assert_finished_alike(reference, reference.wait())
-    finally:
-        reference.kill_all()
-
-    workdir = tmp_path / "work"
-    workers = Workers(tmp_path, _config(tmp_path, workdir, dev=False, steps=12), workdir)
-    try:
-        chief, worker = workers.start()
-        deadline = time.time() + 300
-        while not (workdir / "backup" / "checkpoint").exists():  # the first backup: step 5
-            assert time.time() < deadline and chief.poll() is None and worker.poll() is None
-            time.sleep(0.05)
-        worker.send_signal(signal.SIGTERM)
-        stopped = workers.wait(timeout=120)
-        steps = []
-        for code, output in stopped:
-            assert code == 75, output[-3000:]
-            lines = [line for line in output.splitlines() if "keras-transformer train: " in line]
-            assert len(lines) == 1 and "Traceback" not in output, output[-3000:]
-            steps.append(int(lines[0].split("after step ")[1].split(":")[0]))
-        assert steps[0] == steps[1] and 5 <= steps[0] < 12
-        assert "stopped by a signal to another worker" in stopped[0][1]
-        assert "stopped by SIGTERM" in stopped[1][1]
+        # The uninterrupted pair and the interrupted one at the same time.
+        reference.start(harness=(["--skip-export"], ["--skip-export"]))
+        interrupted = workers.start(harness=((), ["--sigterm-at-step", "7"]))
+        stopped = workers.wait(timeout=300)
+        # The same two commands again, started now: they import meanwhile, then wait for `go`.
+        resumed = workers.start(harness=(["--wait-for", go], ["--wait-for", go]))
+        steps = [_stopped_step(code, output) for code, output in stopped]
+        assert steps == [7, 7]
+        assert "stopped by a signal to another worker after step 7" in stopped[0][1]
+        assert "stopped by SIGTERM after step 7" in stopped[1][1]
         assert tf.train.latest_checkpoint(str(workdir / "backup")).endswith(f"ckpt-{steps[0]}")
         assert (workdir / "checkpoints" / f"ckpt-{steps[0]}.weights.h5").exists()
+        _assert_finished_alike(reference, reference.wait(), exported=False)
 
-        workers.start()
+        open(go, "w").close()  # the resumed pair exports, as a real run does
         outputs = workers.wait()
     finally:
-        workers.kill_all()
+        reference.kill_all()
+        for processes in (interrupted, resumed):
+            workers.processes = processes
+            workers.kill_all()
     assert _assert_finished_alike(workers, outputs) == 12
     assert f"resuming from step {steps[0]} " in outputs[0][1]
     got, _ = load_npz_weights(workers.dump(0))
@@ -414,28 +445,50 @@ def test_mirrored_resume_state_holds_the_data_iterator_restart_reads_do_not_grow
 
 
 def _shards(workdir):
-    prepared = workdir / "prepared"
-    return {p.name: p.read_bytes() for p in sorted(prepared.iterdir()) if p.suffix == ".tfrecord"}
+    """`{file name: bytes}` of the shards of a prepared workdir (any filesystem)."""
+    prepared = f"{workdir}/prepared"
+    return {
+        name: tf.io.gfile.GFile(f"{prepared}/{name}", "rb").read()
+        for name in sorted(tf.io.gfile.listdir(prepared))
+        if name.endswith(".tfrecord")
+    }
 
 
 # Not with data.subword_samples: SentencePiece's samples differ between processes, seeded or not.
-@pytest.mark.parametrize("data", [{}, dict(both_directions=True)])
-def test_prepare_with_two_workers_writes_the_same_shards_as_one(tmp_path, monkeypatch, data):
+# The two workers write into a ram:// workdir once: their segments go through local files.
+@pytest.mark.parametrize(
+    "data, where", [({}, "local"), (dict(both_directions=True), "local"), ({}, "ram")]
+)
+def test_prepare_with_two_workers_writes_the_same_shards_as_one(tmp_path, monkeypatch, data, where):
     from training_helpers import tiny_config
 
     # The module (the package's `prepare` is the function).
     prepare_module = importlib.import_module("keras_transformer.data.prepare")
-    monkeypatch.setattr(prepare_module, "_CHUNK", 64)  # several chunks for the workers
+    # Several segments of chunks for each worker (the jobs carry these sizes to them).
+    monkeypatch.setattr(prepare_module, "_CHUNK", 64)
+    monkeypatch.setattr(prepare_module, "_SEGMENT_CHUNKS", 1)
+    started = []
+    original_start = prepare_module._WorkerPool.start
+
+    def start(pool, *args):
+        original_start(pool, *args)
+        started.append(pool.workers if pool.pool is not None else 0)
+
+    monkeypatch.setattr(prepare_module._WorkerPool, "start", start)
+    workdirs = {1: str(tmp_path / "w1"), 2: str(tmp_path / "w2")}
+    if where == "ram":
+        workdirs[2] = f"ram://prepare_workers_{id(tmp_path)}/w2"
     manifests = {}
     for workers in (1, 2):
         config = tiny_config(
-            tmp_path / f"w{workers}",
+            workdirs[workers],
             data=dict(data, prepare_workers=workers, train="synthetic:split=train,size=700"),
         )
         manifests[workers] = prepare_module.prepare(config, verbose=False)
+    assert started[-1] == 2 and not any(started[:-2])  # one process, then two
     for key in ("vocabulary", "counts", "shards", "tokens"):
         assert manifests[1][key] == manifests[2][key], key
-    one, two = _shards(tmp_path / "w1"), _shards(tmp_path / "w2")
+    one, two = _shards(workdirs[1]), _shards(workdirs[2])
     assert one and one == two
     counts = manifests[1]["counts"]
     assert counts["written"] > 100 and counts["records"] == counts["written"] * (2 if data else 1)

@@ -51,7 +51,8 @@ class Workers:
         self.processes = []
         self.chief_pids = []  # of every start
 
-    def start(self):
+    def start(self, harness=((), ())):
+        """Starts both; `harness`: each one's extra `train_runner.py` options."""
         cluster = {"worker": [f"127.0.0.1:{port}" for port in self.ports]}
         self.processes = []
         for index in range(2):
@@ -59,7 +60,8 @@ class Workers:
             cwd.mkdir(exist_ok=True)
             tmp.mkdir(exist_ok=True)
             task = {"cluster": cluster, "task": {"type": "worker", "index": index}}
-            command = [sys.executable, RUNNER, "--dump-weights", str(self.dump(index)), "--"]
+            command = [sys.executable, RUNNER, *harness[index]]
+            command += ["--dump-weights", str(self.dump(index)), "--"]
             command += ["train", "--config", self.config, "--workdir", str(self.workdir)]
             self.processes.append(
                 subprocess.Popen(
@@ -99,9 +101,9 @@ def _final_steps(outputs):
     return int(chief_lines[-1].split()[4].rstrip(".")), int(worker_lines[-1].split()[5].rstrip(";"))
 
 
-def _assert_finished_alike(workers, outputs):
+def _assert_finished_alike(workers, outputs, exported=True):
     """Both exited 0 after the same step, with identical weights; the workdir holds one run,
-    written by the chief alone."""
+    written by the chief alone (and its export, when `exported`)."""
     for code, output in outputs:
         assert code == 0, output[-4000:]
     chief_step, worker_step = _final_steps(outputs)
@@ -112,7 +114,7 @@ def _assert_finished_alike(workers, outputs):
     assert len(first) == len(second) > 0
     for a, b in zip(first, second):
         np.testing.assert_array_equal(a, b)
-    assert_one_run_in_workdir(workers.workdir)
+    assert_one_run_in_workdir(workers.workdir, exported=exported)
     # TensorBoard event files name the writing process: all are the chief's (of any start).
     events = [f for f in files_under(workers.workdir) if "tfevents" in f]
     pids = {f".{pid}." for pid in workers.chief_pids}

@@ -5,9 +5,14 @@ Usage:
     python train_runner.py [--logical-cpus N] --call MODULE:FUNCTION [ARG ...]
 
 `--logical-cpus N` splits the CPU into N logical devices before TensorFlow starts, so that
-`runtime.strategy: mirrored` has N replicas. `--dump-weights PATH` writes, after the command,
-the trained model's weights and whether every local replica holds the same copy (npz), so that
-tests can compare workers; it is the harness's file, not one the product writes. `--call`
+`runtime.strategy: mirrored` has N replicas. `--sigterm-at-step N` makes the process send
+itself SIGTERM at the end of training step N (a preemption at a known step, without a test that
+sleeps and polls); `--skip-export` leaves out the SavedModel export at the end of `train` (for
+tests about training alone: the export takes seconds). `--wait-for PATH` imports everything,
+then waits until PATH exists before it runs the command (a process started ahead, whose imports
+overlap other work, that touches nothing until then). `--dump-weights PATH` writes, after the
+command, the trained model's weights and whether every local replica holds the same copy (npz),
+so that tests can compare workers; it is the harness's file, not one the product writes. `--call`
 imports MODULE from this directory and calls FUNCTION(*ARGS); its exit code is 0 on return.
 """
 
@@ -15,6 +20,7 @@ import argparse
 import importlib
 import os
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -44,11 +50,37 @@ def _dump(model, strategy, path):
     np.savez(path, **arrays)
 
 
+def _sigterm_at_step(step):
+    """Adds, first in `train`'s callbacks, one that sends this process SIGTERM after `step`."""
+    import signal
+
+    import keras
+
+    from keras_transformer.training import trainer
+    from keras_transformer.training.callbacks import optimizer_step
+
+    class SigtermAt(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if optimizer_step(self.model) == step:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    original = trainer._callbacks
+
+    def callbacks(*args):
+        stopper, signals, found = original(*args)
+        return stopper, signals, [SigtermAt(), *found]
+
+    trainer._callbacks = callbacks
+
+
 def main(argv):
     parser = argparse.ArgumentParser()
     parser.add_argument("--logical-cpus", type=int, default=0)
     parser.add_argument("--dump-weights")
     parser.add_argument("--call")
+    parser.add_argument("--sigterm-at-step", type=int)
+    parser.add_argument("--skip-export", action="store_true")
+    parser.add_argument("--wait-for")
     parser.add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
@@ -71,6 +103,12 @@ def main(argv):
         return original_fit(run, model, data)
 
     trainer._fit = fit
+    if args.sigterm_at_step:
+        _sigterm_at_step(args.sigterm_at_step)
+    if args.skip_export:
+        trainer._export = lambda *args, **kwargs: None
+    while args.wait_for and not os.path.exists(args.wait_for):
+        time.sleep(0.02)
     code = cli.main(rest)
     if args.dump_weights and "model" in captured and code == 0:
         _dump(captured["model"], captured["strategy"], args.dump_weights)

@@ -37,15 +37,19 @@ length) leaves out the pairs whose source or target, with EOS, is longer than
 `data.max_source_length` / `data.max_target_length` and counts them as `too_long`; `truncate`
 keeps them whole in the shards (the pipeline cuts them, EOS kept) and counts them as `truncated`.
 
-Parallel: `data.prepare_workers` processes (default: the machine's cores) turn chunks of pairs
-into records (SentencePiece encoding, length filter, packing) while the main process reads the
-corpus and writes the shards in the corpus's order: the shards are byte-identical whatever the
-number of workers. (Except the sampled segmentations of `data.subword_samples`: SentencePiece
-seeds them, per chunk here, but its samples still differ from one process to the next, so those
-vary between preparations whatever the number of workers.)
+Parallel: `data.prepare_workers` N (default: the machine's cores) is the CPUs `prepare` uses. The
+vocabulary trains on N CPUs (with SentencePiece threads as many as the machine's cores whatever N:
+their number changes the vocabulary, the CPUs they run on do not), then N processes each read the
+corpus, encode their share of it (segments of 65,536 pairs, every Nth) into local files, and this
+process appends those to the shards in the corpus's order as they come, with their sha256: the
+shards are byte-identical whatever N (see `_ShardJob`). (Except the sampled segmentations of
+`data.subword_samples`: SentencePiece seeds them, per chunk here, but its samples still differ
+from one process to the next, so those vary between preparations whatever the number of
+workers.)
 """
 
 import collections
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -64,6 +68,8 @@ from keras_transformer.integrity import file_digest, file_problem
 from keras_transformer.workdir import (
     Workdir,
     is_local,
+    join,
+    local_directory,
     read_text,
     remove_tree,
     write_atomically,
@@ -510,54 +516,272 @@ class _ChunkEncoder:
         return out
 
 
-_WORKER_ENCODER = None  # the _ChunkEncoder of a worker process
+# Pairs per segment, in chunks: the unit of work a worker process encodes and hands back.
+_SEGMENT_CHUNKS = 16
+# Segments a worker process must have at least to be started (smaller corpora: one process).
+_SEGMENTS_PER_WORKER = 4
 
 
-def _start_worker(encoding):
-    global _WORKER_ENCODER
-    _WORKER_ENCODER = _ChunkEncoder(encoding)
+@dataclasses.dataclass(frozen=True)
+class _ShardJob:
+    """What one process of pass 2 needs (sent to the worker processes).
+
+    The record stream (every reading of the corpus, one after the other; the pairs kept by
+    cleaning, encoded, each one or two records) goes round robin into the shards: record `g`
+    into shard `g % num_shards`, so every shard is a uniform slice of the corpus (WMT corpora
+    are concatenations of very different sources) and shard sizes differ by one at most. The
+    stream is cut into segments of `segment` consecutive pairs (whole chunks); process `worker`
+    of `workers` encodes the segments whose index modulo `workers` is its own (every process
+    reads the whole corpus, encoding only its own pairs) and groups each segment's records by
+    their index modulo `num_shards`. Once the segments before it are done, a segment's offset in
+    the stream is known and each group appends to one shard: the shards are the same bytes
+    whatever the number of processes."""
+
+    encoding: _Encoding
+    spec: str
+    readings: int
+    segments_per_reading: int  # an upper bound (segments past the corpus's end are empty)
+    num_shards: int
+    chunk: int  # pairs per sentencepiece call
+    segment: int  # pairs per segment (chunks)
+    workers: int = 1
+    worker: int = 0
+    directory: str = ""  # a worker process's local directory for its segment files
 
 
-def _encode_in_worker(reading, index, pairs):
-    return _WORKER_ENCODER(reading, index, pairs)
+@dataclasses.dataclass
+class _Written:
+    """The counts of the pairs one process encoded, and its lines read over the readings."""
+
+    total: _Chunk = dataclasses.field(default_factory=_Chunk)
+    lines: int = 0
+    counter: object = None  # the first reading's corpora.Counter (every process reads all)
 
 
-def _chunks(spec, counter, reading):
-    """`(reading, index, pairs)` jobs of `_CHUNK` pairs, streamed."""
-    chunk, index = [], 0
-    for pair in corpora.iter_training_pairs(spec, counter, verbose=False):
-        chunk.append(pair)
-        if len(chunk) == _CHUNK:
-            yield reading, index, chunk
-            chunk, index = [], index + 1
-    if chunk:
-        yield reading, index, chunk
+def _segments(job, done, report):
+    """Yields `(segment index, groups)` for the segments of `job`'s process, in order: `groups`
+    holds the segment's records (bytes) by their index modulo `num_shards` (see `_ShardJob`).
+    Also yields `(index, None)` for its segments past the corpus's end."""
+    encoder, size = _ChunkEncoder(job.encoding), job.segment
+    for reading in range(job.readings):
+        counter, pairs, current = corpora.Counter(job.spec), [], None
+        base = reading * job.segments_per_reading
+        for index, pair in enumerate(corpora.iter_training_pairs(job.spec, counter, verbose=False)):
+            if index % 4096 == 0:
+                report(done.lines + counter.lines)
+            segment = base + index // size
+            if segment >= base + job.segments_per_reading:
+                raise DataError(f"{job.spec} has more pairs than when prepare counted them")
+            if segment % job.workers != job.worker:
+                continue
+            if current is not None and segment != current:
+                yield current, _encode_segment(encoder, job, done, reading, current - base, pairs)
+                pairs = []
+            current = segment
+            pairs.append(pair)
+        if pairs:
+            yield current, _encode_segment(encoder, job, done, reading, current - base, pairs)
+        last = current if current is not None else base - 1
+        for segment in range(last + 1, base + job.segments_per_reading):
+            if segment % job.workers == job.worker:
+                yield segment, None
+        done.lines += counter.lines
+        done.counter = done.counter or counter
 
 
-def _encoded_chunks(jobs, encoding, workers):
-    """The `_Chunk`s of `jobs`, in order: encoded here (one worker) or in `workers` processes,
-    at most two chunks per worker in flight (memory stays bounded)."""
-    if workers <= 1:
-        encoder = _ChunkEncoder(encoding)
-        for job in jobs:
-            yield encoder(*job)
-        return
-    import multiprocessing
-
-    # spawn: the parent may run TensorFlow's threads, which a fork would copy half-locked.
-    context = multiprocessing.get_context("spawn")
-    encoding = dataclasses.replace(encoding, threads=1)
-    with context.Pool(workers, initializer=_start_worker, initargs=(encoding,)) as pool:
-        pending = collections.deque()
-        for job in jobs:
-            pending.append(pool.apply_async(_encode_in_worker, job))
-            if len(pending) >= 2 * workers:
-                yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
+def _encode_segment(encoder, job, done, reading, index, pairs):
+    """The records of segment `index` of a reading, grouped by their index modulo the shards."""
+    groups, record = [[] for _ in range(job.num_shards)], 0
+    for start in range(0, len(pairs), job.chunk):
+        # The chunk's index in the reading seeds its sampled segmentations.
+        chunk_index = (index * job.segment + start) // job.chunk
+        out = encoder(reading, chunk_index, pairs[start : start + job.chunk])
+        for data in out.records:
+            groups[record % job.num_shards].append(data)
+            record += 1
+        out.records = []
+        _merge(done.total, out)
+    return groups
 
 
-def _write_shards(config, model_proto, directory, total, verbose):
+_WORKER = {}  # in a worker process: its progress array, result queue and parent's pid
+
+
+def _start_worker(progress, queue):
+    # Imported now, while the parent trains the vocabulary, not when the shards are due.
+    import sentencepiece  # noqa: F401
+    import tensorflow  # noqa: F401
+
+    _WORKER.update(progress=progress, queue=queue, parent=os.getppid())
+
+
+def _run_in_worker(job):
+    """Writes each segment of `job` to a local TFRecord file, its groups one after the other,
+    and puts `(segment, group sizes in bytes, group records)` on the queue; returns the
+    `_Written`."""
+    import tensorflow as tf
+
+    def report(lines):
+        if os.getppid() != _WORKER["parent"]:  # the parent died (SIGKILL): stop
+            os._exit(1)
+        _WORKER["progress"][job.worker] = lines
+
+    done = _Written()
+    for segment, groups in _segments(job, done, report):
+        if groups is None:
+            _WORKER["queue"].put((segment, None, None))
+            continue
+        with tf.io.TFRecordWriter(_segment_path(job.directory, segment)) as writer:
+            for group in groups:
+                for data in group:
+                    writer.write(data)
+        # A TFRecord is its data and 16 bytes of framing (length and two checksums).
+        sizes = [sum(len(data) + 16 for data in group) for group in groups]
+        _WORKER["queue"].put((segment, sizes, [len(group) for group in groups]))
+    return done
+
+
+def _segment_path(directory, segment):
+    return os.path.join(directory, f"segment-{segment:07d}.tfrecord")
+
+
+class _WorkerPool:
+    """The processes of pass 2, started before the vocabulary trains: their start (TensorFlow's
+    import) overlaps its single-threaded parts instead of delaying the shards."""
+
+    def __init__(self, workers):
+        self.workers, self.pool, self.progress, self.queue = workers, None, None, None
+
+    def start(self, total, readings=1):
+        """Starts the processes if the corpus (`total` pairs) is worth them: a process for
+        every `_SEGMENTS_PER_WORKER` segments at most (starting one costs seconds; the result
+        is the same)."""
+        segments = max(total, 1) * readings // (_CHUNK * _SEGMENT_CHUNKS)
+        workers = min(self.workers, segments // _SEGMENTS_PER_WORKER)
+        if workers <= 1 or self.pool is not None:
+            return
+        import multiprocessing
+
+        # spawn: the parent runs TensorFlow's threads, which a fork would copy half-locked.
+        context = multiprocessing.get_context("spawn")
+        self.progress = context.Array("q", workers, lock=False)
+        self.queue = context.Queue()
+        self.pool = context.Pool(workers, _start_worker, (self.progress, self.queue))
+        self.workers = workers
+
+    def close(self):
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+            self.pool = None
+
+
+class _Shards:
+    """The shards being written, record groups appended in the stream's order (see `_ShardJob`):
+    here through TensorFlow's TFRecord writers (any filesystem)."""
+
+    def __init__(self, directory, names):
+        import tensorflow as tf
+
+        self.directory, self.names = directory, names
+        self.records, self.offset = [0] * len(names), 0  # offset: records in the stream so far
+        self.writers = [tf.io.TFRecordWriter(join(directory, name)) for name in names]
+
+    def add_segment(self, groups):
+        for group, records in enumerate(groups):
+            shard = (self.offset + group) % len(self.names)
+            for data in records:
+                self.writers[shard].write(data)
+            self.records[shard] += len(records)
+        self.offset += sum(len(records) for records in groups)
+
+    def close(self):
+        for writer in self.writers:
+            writer.close()
+
+    def manifest(self):
+        """The manifest's `shards` (sizes and sha256 read back from the closed files)."""
+        shards = []
+        for name, records in zip(self.names, self.records):
+            size, sha256 = file_digest(join(self.directory, name))
+            shards.append(dict(file=name, pairs=records, bytes=size, sha256=sha256))
+        return shards
+
+
+class _FramedShards(_Shards):
+    """`_Shards` that append the worker processes' segment files: the bytes of each group
+    (TFRecords, framed already) copied through `tf.io.gfile`, each shard's size and sha256
+    counted as it goes."""
+
+    def __init__(self, directory, names):
+        self.directory, self.names = directory, names
+        self.records, self.offset = [0] * len(names), 0
+        self.writers = [_gfile().GFile(join(directory, name), "wb") for name in names]
+        self.digests = [hashlib.sha256() for _ in names]
+        self.bytes = [0] * len(names)
+
+    def add_segment_file(self, path, sizes, counts):
+        """Appends segment file `path`, whose groups have `sizes` bytes and `counts` records."""
+        with open(path, "rb") as f:
+            for group, (size, records) in enumerate(zip(sizes, counts)):
+                data = f.read(size)
+                shard = (self.offset + group) % len(self.names)
+                self.writers[shard].write(data)
+                self.digests[shard].update(data)
+                self.bytes[shard] += size
+                self.records[shard] += records
+        os.remove(path)
+        self.offset += sum(counts)
+
+    def manifest(self):
+        return [
+            dict(file=name, pairs=records, bytes=size, sha256=digest.hexdigest())
+            for name, records, size, digest in zip(
+                self.names, self.records, self.bytes, self.digests
+            )
+        ]
+
+
+def _write_here(job, shards, progress):
+    """Pass 2 in this process (one worker, or a small corpus); returns its `_Written`."""
+    done = _Written()
+    for _, groups in _segments(job, done, lambda lines: progress.update(lines, shards.offset)):
+        if groups is not None:
+            shards.add_segment(groups)
+    return done
+
+
+def _write_in_workers(pool, job, shards, progress):
+    """Pass 2 in the pool's processes, their segments appended to `shards` in order as they
+    come; returns the processes' `_Written`s."""
+    import queue
+
+    with local_directory() as local:
+        jobs = [
+            dataclasses.replace(job, workers=pool.workers, worker=w, directory=local)
+            for w in range(pool.workers)
+        ]
+        results = [pool.pool.apply_async(_run_in_worker, (job,)) for job in jobs]
+        ready, next_segment = {}, 0
+        while next_segment < job.readings * job.segments_per_reading:
+            for result in results:
+                if result.ready() and not result.successful():
+                    result.get()  # raises the worker's error
+            try:
+                segment, sizes, counts = pool.queue.get(timeout=1.0)
+                ready[segment] = (sizes, counts)
+            except queue.Empty:
+                pass
+            while next_segment in ready:
+                sizes, counts = ready.pop(next_segment)
+                if sizes is not None:
+                    shards.add_segment_file(_segment_path(local, next_segment), sizes, counts)
+                next_segment += 1
+            progress.update(min(pool.progress), shards.offset)
+        return [result.get() for result in results]
+
+
+def _write_shards(config, model_proto, directory, total, verbose, pool):
     """Pass 2: tokenize the stream and write the shards; returns the manifest's counts part.
 
     With `data.subword_samples` K > 0 the corpus is read K times and each reading writes one
@@ -571,44 +795,33 @@ def _write_shards(config, model_proto, directory, total, verbose):
     only the reversed direction is tagged, so forward inputs stay as they are at inference).
     A pair is kept only when both of its records fit the max lengths (`long_pairs: drop`).
 
-    The chunks are encoded in `data.prepare_workers` processes (see the module docstring) and
-    written here round robin, so the shards do not depend on the number of workers.
+    The pairs are encoded in the processes of `pool` (`data.prepare_workers`), or here when
+    it has none; the shards are the same bytes either way (see `_ShardJob`).
     """
-    import tensorflow as tf
-
     d = config.data
     encoding = _Encoding(
         model_proto, d.max_source_length - 1, d.max_target_length - 1, d.long_pairs == "drop",
-        d.both_directions, d.subword_samples, d.subword_alpha, d.seed,
-        threads=max(1, os.cpu_count() or 1), bt_tag=_bt_tag(model_proto, d.train),
+        d.both_directions, d.subword_samples, d.subword_alpha, d.seed, threads=1,
+        bt_tag=_bt_tag(model_proto, d.train),
     )  # fmt: skip
     readings = max(1, d.subword_samples)
     num_shards = num_shards_for(max(total, 1) * readings)
-    # Small corpora are not worth starting processes for (the result is the same).
-    workers = min(_workers(d), math.ceil(max(total, 1) * readings / _CHUNK))
     names = [f"train-{i:05d}-of-{num_shards:05d}.tfrecord" for i in range(num_shards)]
-    writers = [tf.io.TFRecordWriter(os.path.join(directory, name)) for name in names]
-    shard_pairs = [0] * num_shards
-    counters = [corpora.Counter(d.train) for _ in range(readings)]
-    total_chunk = _Chunk()
+    segment = _CHUNK * _SEGMENT_CHUNKS
+    per_reading = math.ceil(max(total, 1) / segment)
+    job = _ShardJob(encoding, d.train, readings, per_reading, num_shards, _CHUNK, segment)
     what = "records written" if d.subword_samples else "pairs written"
     progress = _Progress(total * readings if total else None, verbose, what)
-    jobs = (job for r in range(readings) for job in _chunks(d.train, counters[r], r))
-    records = 0
-    for reading_chunk in _encoded_chunks(jobs, encoding, workers):
-        for record in reading_chunk.records:
-            # Round robin: every shard is a uniform slice of the corpus (WMT corpora are
-            # concatenations of very different sources), and shard sizes differ by one at most.
-            writers[records % num_shards].write(record)
-            shard_pairs[records % num_shards] += 1
-            records += 1
-        _merge(total_chunk, reading_chunk)
-        progress.update(sum(c.lines for c in counters), records)
-    for writer in writers:
-        writer.close()
-    manifest = _shards_manifest(
-        config, directory, names, shard_pairs, counters, total_chunk, records, readings, progress
-    )
+    pool.start(total, readings)
+    shards = (_Shards if pool.pool is None else _FramedShards)(directory, names)
+    try:
+        if pool.pool is None:
+            written = _write_here(job, shards, progress)
+        else:
+            written = _write_in_workers(pool, job, shards, progress)
+    finally:
+        shards.close()
+    manifest = _shards_manifest(config, shards, written, readings, progress)
     pieces = _ChunkEncoder(encoding).processor.get_piece_size()
     manifest["record_dtype"] = "uint16" if pieces <= 65_536 else "int32"
     return manifest
@@ -644,24 +857,19 @@ def _merge(total, chunk):
     total.longer_hist.update(chunk.longer_hist)
 
 
-def _shards_manifest(
-    config, directory, names, shard_pairs, counters, total, records, readings, progress
-):
-    """The manifest's parts that `_write_shards` measured."""
-    d, counter = config.data, counters[0]
-    progress.update(sum(c.lines for c in counters), records, force=True)
+def _shards_manifest(config, shards, written, readings, progress):
+    """The manifest's parts that pass 2 measured (`written`: a `_Written` or one a process)."""
+    written = written if isinstance(written, list) else [written]
+    d, counter, total = config.data, written[0].counter, _Chunk()
+    for part in written:
+        _merge(total, part.total)
+    records = shards.offset
+    progress.update(min(part.lines for part in written), records, force=True)
     if not total.written:
         raise DataError(f"{d.train}: no pair left to train on ({counter.lines} lines read)")
     skipped = counter.skipped_by_reason()
     skipped["too_long"] = total.too_long
-    shards = [
-        {
-            "file": name,
-            "pairs": count,
-            "bytes": _gfile().stat(os.path.join(directory, name)).length,
-        }
-        for name, count in zip(names, shard_pairs)
-    ]
+    shards = shards.manifest()
     return {
         "counts": {
             "lines": counter.lines,
@@ -736,8 +944,9 @@ def prepare(config, verbose=True):
         read, pairs `written`, `skipped` by reason: `empty`, `invalid_utf8`, `malformed`,
         `too_long`; `truncated`; `segmentations` of each pair and its `directions`, and the
         `records` they make, see `data.subword_samples` and `data.both_directions`), `shards`
-        (`file`, `pairs` (records), `bytes` each),
-        `record_dtype`, `tokens` (totals and length statistics), `seconds`.
+        (`file`, `pairs` (records), `bytes`, `sha256` each),
+        `record_dtype`, `tokens` (totals and length statistics), `seconds`, `phase_seconds`
+        (`vocabulary_sample`, `vocabulary_training` when it trained one, `shards`).
 
     Raises:
         DataError: unreadable corpus, empty result, or a prepared workdir that does not match.
@@ -763,9 +972,10 @@ def prepare(config, verbose=True):
     d = config.data
     started = time.time()
     temporary = _temporary_directory(layout)
+    pool, phases = _WorkerPool(_workers(d)), {}
     try:
         vocabulary = os.path.join(temporary, VOCABULARY)
-        total, trained, sampled = _vocabulary(config, layout, vocabulary, verbose)
+        total, trained, sampled = _vocabulary(config, layout, vocabulary, verbose, pool, phases)
         if total is None:  # a file corpus with an existing vocabulary: count it for the shards
             counter = corpora.Counter(d.train)
             total = sum(1 for _ in corpora.iter_training_pairs(d.train, counter, verbose=False))
@@ -773,15 +983,19 @@ def prepare(config, verbose=True):
         with _gfile().GFile(vocabulary, "rb") as f:
             proto = f.read()
         manifest = _manifest_head(d, proto, trained, sampled)
-        manifest.update(_write_shards(config, proto, temporary, total, verbose))
-        add_shard_checksums(manifest, temporary)
+        shards_started = time.time()
+        manifest.update(_write_shards(config, proto, temporary, total, verbose, pool))
+        pool.close()
+        phases["shards"] = time.time() - shards_started
         manifest["seconds"] = round(time.time() - started, 1)
+        manifest["phase_seconds"] = {k: round(v, 1) for k, v in phases.items()}
         manifest["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         # The manifest is the last file written: its presence means complete.
         write_atomically(os.path.join(temporary, MANIFEST), json.dumps(manifest, indent=1))
         if temporary != layout.prepared:
             os.rename(temporary, layout.prepared)
     finally:
+        pool.close()
         if temporary != layout.prepared:
             remove_tree(temporary)
     if not _gfile().exists(layout.spm):
@@ -790,10 +1004,16 @@ def prepare(config, verbose=True):
     return manifest
 
 
-def _vocabulary(config, layout, vocabulary, verbose):
+def _vocabulary(config, layout, vocabulary, verbose, pool, phases):
     """Installs the workdir's vocabulary at `vocabulary`, or trains one on a seeded sample of
-    the corpus; returns `(pairs in the corpus or None, trained, sentences sampled)`."""
-    d = config.data
+    the corpus; returns `(pairs in the corpus or None, trained, sentences sampled)`.
+
+    The vocabulary trains on `data.prepare_workers` CPUs (`_on_cpus`) with as many
+    SentencePiece threads as the machine has cores whatever that number: its threads split the
+    sentences among them and sum their counts in floating point, so their number changes the
+    vocabulary (slightly); the CPUs they run on do not. `pool` starts meanwhile. The seconds
+    of sampling and training go into `phases`."""
+    d, started = config.data, time.time()
     total = _known_size(d.train)
     if _gfile().exists(layout.spm):
         _log(f"preparing {d.train} with the existing vocabulary {layout.spm}", verbose)
@@ -806,20 +1026,44 @@ def _vocabulary(config, layout, vocabulary, verbose):
     progress = _Progress(total, verbose, "read for the vocabulary sample")
     sample = _reservoir_sample(_sentences(d.train, counter, progress), d.spm_max_sentences, d.seed)
     progress.update(counter.lines, 0, force=True)
-    train_sentencepiece(
-        sample,
-        vocabulary,
-        vocab_size=d.vocab_size,
-        model_type=d.spm_model_type,
-        character_coverage=d.spm_character_coverage,
-        max_sentences=max(1, len(sample)),
-        seed=d.seed,
-        verbose=verbose,
-        # Tagged back-translation reserves its tag: one piece, never split (only then, so the
-        # vocabulary of every other config stays what it was).
-        user_defined_symbols=[corpora.TAG] if corpora.is_tagged(d.train) else None,
-    )
+    pool.start(counter.kept, max(1, d.subword_samples))
+    phases["vocabulary_sample"], started = time.time() - started, time.time()
+    with _on_cpus(_workers(d)):
+        train_sentencepiece(
+            sample,
+            vocabulary,
+            vocab_size=d.vocab_size,
+            model_type=d.spm_model_type,
+            character_coverage=d.spm_character_coverage,
+            max_sentences=max(1, len(sample)),
+            seed=d.seed,
+            num_threads=max(1, os.cpu_count() or 1),
+            verbose=verbose,
+            # Tagged back-translation reserves its tag: one piece, never split (only then, so
+            # the vocabulary of every other config stays what it was).
+            user_defined_symbols=[corpora.TAG] if corpora.is_tagged(d.train) else None,
+        )
+    phases["vocabulary_training"] = time.time() - started
     return counter.kept, True, len(sample)  # the count is now known exactly
+
+
+@contextlib.contextmanager
+def _on_cpus(count):
+    """Threads started inside run on `count` of this process's CPUs (Linux; elsewhere, and
+    when `count` covers them, on all): the calling thread's affinity, which threads it starts
+    inherit, restored afterwards."""
+    try:
+        allowed = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        allowed = []
+    if count >= len(allowed):
+        yield
+        return
+    os.sched_setaffinity(0, allowed[:count])
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, allowed)
 
 
 def _manifest_head(data_config, proto, trained, sampled):
