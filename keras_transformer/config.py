@@ -214,9 +214,9 @@ class DataConfig:
     )
     prepare_workers: Optional[int] = _field(
         None,
-        "CPUs prepare uses: the vocabulary trains on this many and this many processes "
-        "tokenize the corpus (null: the machine's cores); the prepared data is the same "
-        "whatever the number",
+        "processes that tokenize the corpus and write the shards (null: the machine's cores; "
+        "the vocabulary trains on every core whatever the number); the prepared data is the "
+        "same whatever the number",
         valid="[1, 1024]",
     )
 

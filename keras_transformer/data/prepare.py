@@ -49,7 +49,6 @@ workers.)
 """
 
 import collections
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -1008,11 +1007,11 @@ def _vocabulary(config, layout, vocabulary, verbose, pool, phases):
     """Installs the workdir's vocabulary at `vocabulary`, or trains one on a seeded sample of
     the corpus; returns `(pairs in the corpus or None, trained, sentences sampled)`.
 
-    The vocabulary trains on `data.prepare_workers` CPUs (`_on_cpus`) with as many
-    SentencePiece threads as the machine has cores whatever that number: its threads split the
-    sentences among them and sum their counts in floating point, so their number changes the
-    vocabulary (slightly); the CPUs they run on do not. `pool` starts meanwhile. The seconds
-    of sampling and training go into `phases`."""
+    The vocabulary trains with as many SentencePiece threads as the machine has cores, whatever
+    `data.prepare_workers` says: its threads split the sentences among them and sum their
+    counts in floating point, so their number changes the vocabulary (slightly), and the
+    prepared data must be the same whatever the number of workers. `pool` starts meanwhile.
+    The seconds of sampling and training go into `phases`."""
     d, started = config.data, time.time()
     total = _known_size(d.train)
     if _gfile().exists(layout.spm):
@@ -1028,42 +1027,22 @@ def _vocabulary(config, layout, vocabulary, verbose, pool, phases):
     progress.update(counter.lines, 0, force=True)
     pool.start(counter.kept, max(1, d.subword_samples))
     phases["vocabulary_sample"], started = time.time() - started, time.time()
-    with _on_cpus(_workers(d)):
-        train_sentencepiece(
-            sample,
-            vocabulary,
-            vocab_size=d.vocab_size,
-            model_type=d.spm_model_type,
-            character_coverage=d.spm_character_coverage,
-            max_sentences=max(1, len(sample)),
-            seed=d.seed,
-            num_threads=max(1, os.cpu_count() or 1),
-            verbose=verbose,
-            # Tagged back-translation reserves its tag: one piece, never split (only then, so
-            # the vocabulary of every other config stays what it was).
-            user_defined_symbols=[corpora.TAG] if corpora.is_tagged(d.train) else None,
-        )
+    train_sentencepiece(
+        sample,
+        vocabulary,
+        vocab_size=d.vocab_size,
+        model_type=d.spm_model_type,
+        character_coverage=d.spm_character_coverage,
+        max_sentences=max(1, len(sample)),
+        seed=d.seed,
+        num_threads=max(1, os.cpu_count() or 1),
+        verbose=verbose,
+        # Tagged back-translation reserves its tag: one piece, never split (only then, so
+        # the vocabulary of every other config stays what it was).
+        user_defined_symbols=[corpora.TAG] if corpora.is_tagged(d.train) else None,
+    )
     phases["vocabulary_training"] = time.time() - started
     return counter.kept, True, len(sample)  # the count is now known exactly
-
-
-@contextlib.contextmanager
-def _on_cpus(count):
-    """Threads started inside run on `count` of this process's CPUs (Linux; elsewhere, and
-    when `count` covers them, on all): the calling thread's affinity, which threads it starts
-    inherit, restored afterwards."""
-    try:
-        allowed = sorted(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        allowed = []
-    if count >= len(allowed):
-        yield
-        return
-    os.sched_setaffinity(0, allowed[:count])
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, allowed)
 
 
 def _manifest_head(data_config, proto, trained, sampled):
