@@ -26,6 +26,10 @@ def _pair(first, second):
     return lambda r: "" if r.get(first) is None else f"{r[first]} / {r.get(second, '')}"
 
 
+def _phases(phases):
+    return ", ".join(f"{name} {seconds}" for name, seconds in (phases or {}).items())
+
+
 def _field(name):
     return lambda r: r.get(name)
 
@@ -104,6 +108,32 @@ COLUMNS = {
         ("test BLEU / chrF", _pair("test_bleu", "test_chrf")),
         ("lines/s", _field("lines_per_second")),
     ],
+    "translate_file": [
+        ("system", _field("system")),
+        ("lines", _field("lines")),
+        ("beam", _field("beam_size")),
+        ("batch", _field("batch_size")),
+        ("threads", _field("intra_threads")),
+        ("seconds", _field("seconds")),
+        ("lines/s", _field("lines_per_second")),
+        ("same as ours", _field("same_as_ours")),
+    ],
+    "prepare_workers": [
+        ("workers", lambda r: r.get("workers") or r.get("speedup")),
+        ("pairs", _field("pairs")),
+        ("seconds", _field("seconds")),
+        ("pairs/s", _field("pairs_per_second")),
+        ("phases s", lambda r: _phases(r.get("phase_seconds"))),
+        ("ratio", _field("ratio")),
+        ("identical shards", _field("identical_shards")),
+    ],
+    "restart_cost": [
+        ("strategy", lambda r: r.get("strategy") or "default"),
+        ("way", _field("way")),
+        ("position", lambda r: r.get("position") or r.get("ratio")),
+        ("restart s", _field("restart_seconds")),
+        ("ratio", _field("restart_ratio")),
+    ],
     "select_on_dev": [
         ("seed", _field("seed")),
         ("steps", _field("steps")),
@@ -129,6 +159,9 @@ TITLES = {
     "ab_checkouts": "Two checkouts alternately (`benchmarks/ab_checkouts.py`)",
     "back_translation": "Tagged back-translation (`benchmarks/back_translation.py`)",
     "select_on_dev": "The dev set chooses the export (`benchmarks/select_on_dev.py`)",
+    "translate_file": "Translating a file against CTranslate2 (`benchmarks/translate_file.py`)",
+    "prepare_workers": "`prepare` with 1 and 2 workers (`benchmarks/prepare_workers.py`)",
+    "restart_cost": "What a resume costs at steps 100 and 100,000 (`benchmarks/restart_cost.py`)",
 }
 INTRO = """\
 # Results
