@@ -245,7 +245,8 @@ def test_sigterm_to_one_of_two_workers_stops_both_after_one_step_and_they_resume
     for index, (_, output) in enumerate(outputs):
         assert f"worker {index}: data iterator restored at step 7 " in output, output[-3000:]
         # Restored, each worker reads the records of steps 8 to 12 (and refills its buffers):
-        # well under the uninterrupted run's, which skipping to step 7 would read again.
+        # well under the uninterrupted run's, which skipping to step 7 would read again (seen:
+        # 162 records per worker resumed, 324 interrupted, 486 uninterrupted).
         read, whole = records("resumed", index), records("reference", index)
         assert read < 0.7 * whole, (index, read, whole)
 
