@@ -9,7 +9,11 @@ way, the trainer's own restart path is timed from the process start to the end o
 training step: build the model, restore the resume state (the iterator with it), one step of
 `model.fit`. `--skip` also times the former way (no iterator in the state: `dataset.skip(P)`).
 `--strategy mirrored --logical-cpus 2` does the same under MirroredStrategy over two logical
-CPU devices (the trainer's `ReplicaBatches`).
+CPU devices (the trainer's `ReplicaBatches`). `--strategy multi_worker` runs every child as two
+MultiWorkerMirroredStrategy workers on this machine (TF_CONFIG on 127.0.0.1): each worker's own
+iterator (`WorkerBatches`, saved in `backup/data-worker-K`) advanced by P steps, the chief's
+resume state; a restart's time is that of the slower worker (both start together), and the
+line says whether both restored their iterators.
 
 Prints one JSON line per figure, then the ratio (target: 100,000 within 1.2x of 100). Run alone,
 from the repository root:
@@ -19,7 +23,7 @@ from the repository root:
 
 Options: `--pairs N` (default 200000), `--positions P ...`, `--config FILE`
 (default configs/quickstart.yaml, its data section with `text:` files of the generated corpus),
-`--strategy default|mirrored` and `--logical-cpus N` (default: default, no split),
+`--strategy default|mirrored|multi_worker` and `--logical-cpus N` (default: default, no split),
 `--tmp DIR` (default: a new temporary directory, deleted at the end unless `--keep`).
 """
 
@@ -58,7 +62,7 @@ def _parts(args, config):
     import keras
 
     from keras_transformer.training import trainer
-    from keras_transformer.training.distribute import get_strategy
+    from keras_transformer.training.distribute import get_strategy, is_chief
     from keras_transformer.workdir import Workdir
 
     if args.logical_cpus:
@@ -69,17 +73,67 @@ def _parts(args, config):
             cpu, [tf.config.LogicalDeviceConfiguration()] * args.logical_cpus
         )
     strategy = get_strategy(config.runtime)
-    run = trainer._Run(config, Workdir.of(config), strategy, True, time.time())
+    run = trainer._Run(config, Workdir.of(config), strategy, is_chief(strategy), time.time())
     keras.utils.set_random_seed(config.train.seed)
     data = trainer._prepare_data(run)
     model = trainer._build_model(run, data.tokenizer.vocab_size, data.num_pairs)
     return run, data, model
 
 
+def _with_backup(run, backup):
+    """`run` with its resume state (and the workers' data iterators) in `backup`."""
+    import dataclasses
+
+    from keras_transformer.workdir import Workdir
+
+    @dataclasses.dataclass(frozen=True)
+    class Layout(Workdir):
+        backup_directory: str = ""
+
+        @property
+        def backup(self):
+            return self.backup_directory
+
+    run.layout = Layout(run.layout.root, backup)
+    return run
+
+
+def setup_worker(args, position, backup, skip):
+    """One of two workers: writes its part of the resume state of step `position` (the chief's
+    state; each worker's data iterator, advanced by `position` steps, unless `skip`)."""
+    from keras_transformer.training import trainer
+    from keras_transformer.training.callbacks import ResumeState
+    from keras_transformer.training.distribute import WorkerTempDir
+    from keras_transformer.training.run_state import RunState
+    from keras_transformer.training.worker_batches import IteratorBackup
+
+    run, data, model = _parts(args, _config(args, os.path.join(args.tmp, "work")))
+    run = _with_backup(run, backup)
+    run_state = RunState()
+    _, batches = trainer._iterated_data(run, data, run_state)
+    saves = []
+    if not skip:
+        for _ in range(position * batches.input.local_replicas):
+            batches.iterator.get_next()
+        directory = os.path.join(backup, f"data-worker-{batches.input.worker}")
+        saves.append(
+            IteratorBackup(directory, batches, 1, lambda: run_state.batches, data.worker_input).save
+        )
+    with WorkerTempDir(run.chief, backup) as directory:
+        state = ResumeState(
+            model, backup, 1, 1, write_directory=directory, run_state=run_state, before_save=saves
+        )
+        state.batches = position
+        model.optimizer.iterations.assign(position)
+        state.save()
+
+
 def setup(args, position, backup, skip):
     """Writes the resume state of step `position` into `backup`."""
     from keras_transformer.training.callbacks import ResumeState
 
+    if args.strategy == "multi_worker":
+        return setup_worker(args, position, backup, skip)
     run, data, model = _parts(args, _config(args, os.path.join(args.tmp, "work")))
     dataset = data.batches(0)
     iterator = iter(dataset)
@@ -100,6 +154,8 @@ def restart(args, backup, started):
     from keras_transformer.training.run_state import RunState
 
     run, data, model = _parts(args, _config(args, os.path.join(args.tmp, "work")))
+    if args.strategy == "multi_worker":
+        return restart_worker(run, data, model, backup, started)
     run_state = RunState()
     dataset, iterator = trainer._iterated_data(run, data, run_state)
     saved = iterator.iterator if isinstance(iterator, ReplicaBatches) else iterator
@@ -110,16 +166,65 @@ def restart(args, backup, started):
     print(json.dumps({"seconds": time.time() - started, "position": position}), flush=True)
 
 
+def restart_worker(run, data, model, backup, started):
+    """One of two workers: the trainer's restart path (`_restored`: the resume state and this
+    worker's data iterator), then one step."""
+    from keras_transformer.training import trainer
+    from keras_transformer.training.distribute import WorkerTempDir
+    from keras_transformer.training.run_state import RunState
+
+    run = _with_backup(run, backup)
+    with WorkerTempDir(run.chief, backup) as directory:
+        state, batches = trainer._restored(run, model, data, RunState(), directory)
+        model.fit(batches, steps_per_epoch=1, epochs=1, verbose=0)
+    seconds = time.time() - started
+    restored = state.iterator_restored
+    print(json.dumps({"seconds": seconds, "position": state.batches, "restored": restored}))
+
+
 def _child(args, *rest):
+    """Runs this script with `rest` in a child process (two workers under multi_worker);
+    returns its JSON result line (the slower worker's time)."""
     command = [sys.executable, os.path.abspath(__file__), "--tmp", args.tmp, "--pairs"]
     command += [str(args.pairs), "--config", args.config, "--strategy", args.strategy]
     command += ["--logical-cpus", str(args.logical_cpus), *rest]
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    if done.returncode:
-        raise SystemExit(f"child failed: {' '.join(rest)}\n{done.stderr[-3000:]}")
-    results = [line for line in done.stdout.splitlines() if line.startswith('{"seconds"')]
-    return json.loads(results[-1]) if results else {}
+    envs = [env]
+    if args.strategy == "multi_worker":
+        cluster = {"worker": [f"127.0.0.1:{port}" for port in _free_ports(2)]}
+        tasks = [{"cluster": cluster, "task": {"type": "worker", "index": i}} for i in range(2)]
+        envs = [dict(env, TF_CONFIG=json.dumps(task)) for task in tasks]
+    # Outputs to files, not pipes: a worker blocked on a full pipe would stall its peer.
+    outputs = [os.path.join(args.tmp, f"child{i}.{kind}") for i in range(2) for kind in "oe"]
+    processes = []
+    for index, child_env in enumerate(envs):
+        with open(outputs[2 * index], "w") as out, open(outputs[2 * index + 1], "w") as err:
+            processes.append(subprocess.Popen(command, env=child_env, stdout=out, stderr=err))
+    results = []
+    for index, process in enumerate(processes):
+        process.wait()
+        with open(outputs[2 * index]) as out, open(outputs[2 * index + 1]) as err:
+            out, err = out.read(), err.read()
+        if process.returncode:
+            raise SystemExit(f"child failed: {' '.join(rest)}\n{err[-3000:]}")
+        lines = [line for line in out.splitlines() if line.startswith('{"seconds"')]
+        results.append(json.loads(lines[-1]) if lines else {})
+    if not results[0]:
+        return {}
+    slowest = max(results, key=lambda result: result["seconds"])
+    return dict(slowest, restored=all(result.get("restored", True) for result in results))
+
+
+def _free_ports(count):
+    import socket
+
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
 
 
 def main(argv=None):
@@ -128,7 +233,9 @@ def main(argv=None):
     parser.add_argument("--positions", type=int, nargs="+", default=[100, 100_000])
     parser.add_argument("--config", default=os.path.join(REPO, "configs", "quickstart.yaml"))
     parser.add_argument("--skip", action="store_true", help="also time dataset.skip(P)")
-    parser.add_argument("--strategy", choices=["default", "mirrored"], default="default")
+    parser.add_argument(
+        "--strategy", choices=["default", "mirrored", "multi_worker"], default="default"
+    )
     parser.add_argument("--logical-cpus", type=int, default=0)
     parser.add_argument("--tmp")
     parser.add_argument("--keep", action="store_true")
@@ -165,6 +272,8 @@ def _measure(args):
             _child(args, "--child", kind, str(position), backup)
             result = _child(args, "--child", "restart", str(position), backup, repr(time.time()))
             seconds[way, position] = result["seconds"]
+            if args.strategy == "multi_worker" and result["restored"] != (way == "iterator"):
+                raise SystemExit(f"{way} at {position}: iterators restored {result['restored']}")
             emit(
                 benchmark="restart_cost", way=way, position=position, pairs=args.pairs,
                 strategy=args.strategy, restart_seconds=round(result["seconds"], 2),

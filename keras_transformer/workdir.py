@@ -14,8 +14,9 @@ WORKDIR/
   best/                with train.keep_best: the K checkpoints of the best dev BLEU (same
                        names) and scores.json, the dev BLEU of every step scored
   backup/              resume state (tf.train.Checkpoint: weights, optimizer, step, dropout RNG,
-                       data position and, under the default strategy, the tf.data iterator),
-                       the last train.keep_backups kept
+                       data position and, on one machine, the tf.data iterator), the last
+                       train.keep_backups kept; under several workers, data-worker-K/ holds
+                       worker K's tf.data iterator at the same steps (ckpt-STEP, .json last)
   logs/                TensorBoard
   result.json          the final summary
   init_from.json       a fine-tuning run's parent: path, checkpoint, step (train.init_from,

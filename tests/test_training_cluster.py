@@ -184,10 +184,18 @@ def test_sigterm_to_one_of_two_workers_stops_both_after_one_step_and_they_resume
     tmp_path, tiny_prepared
 ):
     """MultiWorkerMirroredStrategy: SIGTERM to the second worker only (it sends it itself at
-    step 7); both save after that step and exit 75 with one line each; the same two commands
-    resume from that step to the weights of an uninterrupted pair."""
+    step 7); both save after that step (each its data iterator too) and exit 75 with one line
+    each; the same two commands resume from that step to the weights of an uninterrupted pair,
+    each worker restoring its iterator: it does not read the records before the position."""
     from test_training_multi_worker import Workers, _assert_finished_alike, _config
     from training_helpers import free_ports, load_npz_weights
+
+    def counting(name, index):
+        return ["--count-records", str(tmp_path / f"records-{name}{index}.json")]
+
+    def records(name, index):
+        with open(tmp_path / f"records-{name}{index}.json") as f:
+            return json.load(f)["records"]
 
     # Four processes at once on a small machine: collectives may wait on a busy peer longer.
     runtime = dict(collective_timeout_seconds=120)
@@ -203,17 +211,22 @@ def test_sigterm_to_one_of_two_workers_stops_both_after_one_step_and_they_resume
     go, interrupted, resumed = str(tmp_path / "go"), [], []
     try:
         # The uninterrupted pair and the interrupted one at the same time.
-        reference.start(harness=(["--skip-export"], ["--skip-export"]))
-        interrupted = workers.start(harness=((), ["--sigterm-at-step", "7"]))
+        reference.start(harness=[["--skip-export", *counting("reference", i)] for i in (0, 1)])
+        # (Every run counts: the counting is part of the data pipeline an iterator state holds.)
+        harness = [counting("interrupted", i) for i in (0, 1)]
+        interrupted = workers.start(harness=(harness[0], ["--sigterm-at-step", "7", *harness[1]]))
         stopped = workers.wait(timeout=300)
         # The same two commands again, started now: they import meanwhile, then wait for `go`.
-        resumed = workers.start(harness=(["--wait-for", go], ["--wait-for", go]))
+        waiting = [["--wait-for", go, *counting("resumed", i)] for i in (0, 1)]
+        resumed = workers.start(harness=waiting)
         steps = [_stopped_step(code, output) for code, output in stopped]
         assert steps == [7, 7]
         assert "stopped by a signal to another worker after step 7" in stopped[0][1]
         assert "stopped by SIGTERM after step 7" in stopped[1][1]
         assert tf.train.latest_checkpoint(str(workdir / "backup")).endswith(f"ckpt-{steps[0]}")
         assert (workdir / "checkpoints" / f"ckpt-{steps[0]}.weights.h5").exists()
+        for index in (0, 1):  # each worker's data iterator, beside the resume state
+            assert (workdir / "backup" / f"data-worker-{index}" / "ckpt-7.json").exists()
         _assert_finished_alike(reference, reference.wait(), exported=False)
 
         open(go, "w").close()  # the resumed pair exports, as a real run does
@@ -229,6 +242,13 @@ def test_sigterm_to_one_of_two_workers_stops_both_after_one_step_and_they_resume
     expected, _ = load_npz_weights(reference.dump(0))
     for a, b in zip(got, expected, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-4)
+    for index, (_, output) in enumerate(outputs):
+        assert f"worker {index}: data iterator restored at step 7 " in output, output[-3000:]
+        # Restored, each worker reads the records of steps 8 to 12 (and refills its buffers):
+        # well under the uninterrupted run's, which skipping to step 7 would read again (seen:
+        # 162 records per worker resumed, 324 interrupted, 486 uninterrupted).
+        read, whole = records("resumed", index), records("reference", index)
+        assert read < 0.7 * whole, (index, read, whole)
 
 
 def _counting_record_reads(read, monkeypatch=None):
@@ -442,6 +462,95 @@ def test_mirrored_resume_state_holds_the_data_iterator_restart_reads_do_not_grow
     # The restored iterator reads the records of its first batch and refills its buffers: the
     # same at any position (a margin for tf.data's autotuned buffers, far below the skipping).
     assert abs(found["restored600"] - found["restored5"]) < 0.05 * skipping, found
+
+
+def worker_batches_as_tensorflow_hands_them(report):
+    """Run by `train_runner.py --logical-cpus 2`: one input pipeline feeding two replicas
+    (MirroredStrategy, as a worker with two GPUs). `WorkerBatches` gives each replica, step by
+    step, the batches of TensorFlow's own iterator of `distribute_datasets_from_function`, in one
+    trace of the function that draws them (whatever their shapes); `IteratorBackup` restores its
+    place at a step, refuses a missing or torn state, and keeps the last `keep` states."""
+    from keras_transformer.training.worker_batches import (
+        IteratorBackup,
+        WorkerBatches,
+        WorkerInput,
+    )
+
+    strategy = tf.distribute.MirroredStrategy(
+        [d.name for d in tf.config.list_logical_devices("CPU")]
+    )
+    assert strategy.num_replicas_in_sync == 2
+    contexts = []
+
+    def per_pipeline(context):
+        contexts.append(context)  # batches of 1 to 3 elements, as buckets differ in shape
+        return tf.data.Dataset.range(1 << 30).map(lambda i: tf.fill([1 + i % 3], i))
+
+    def worker_input(start):
+        distributed = strategy.distribute_datasets_from_function(per_pipeline)
+        dataset = per_pipeline(contexts[-1]).skip(2 * start)
+        return WorkerInput(distributed, dataset, contexts[-1], start)
+
+    theirs = iter(strategy.distribute_datasets_from_function(per_pipeline))
+    expected = [
+        [x.numpy().tolist() for x in strategy.experimental_local_results(next(theirs))]
+        for _ in range(8)
+    ]
+    ours = WorkerBatches(strategy, worker_input(0))
+    assert ours.input.local_replicas == 2
+
+    @tf.function
+    def take(iterator):  # as `fit` draws them: inside its train function
+        return strategy.experimental_local_results(iterator.get_next())
+
+    def draw(iterator):
+        return [x.numpy().tolist() for x in take(iterator)]
+
+    got = [draw(ours) for _ in range(5)]
+    assert got == expected[:5], (got, expected[:5])
+    assert take.experimental_get_tracing_count() == 1
+
+    directory = os.path.join(os.path.dirname(report), "data-worker-0")
+    position = [5]
+    backup = IteratorBackup(directory, ours, 2, lambda: position[0], worker_input)
+    backup.save(5)
+    assert draw(ours) == expected[5]
+    restarted = WorkerBatches(strategy, worker_input(0))
+    again = IteratorBackup(directory, restarted, 2, lambda: position[0], worker_input)
+    assert not again.restore(4, 4)  # none saved there
+    assert again.restore(5, 5)
+    assert [draw(restarted) for _ in range(3)] == expected[5:]
+    # A state of another data position, or one without its marker (torn), is not used.
+    assert not again.restore(5, 6)
+    tf.io.gfile.remove(os.path.join(directory, "ckpt-5.json"))
+    assert not again.restore(5, 5)
+    for step in (6, 7, 8):
+        position[0] = step
+        backup.save(step)
+    kept = sorted(os.listdir(directory))
+    assert {name.split(".")[0] for name in kept} == {"ckpt-7", "ckpt-8"}, kept  # torn 5 too
+    assert [name for name in kept if name.endswith(".json")] == ["ckpt-7.json", "ckpt-8.json"]
+    position[0] = 7
+    backup.save(7)  # a resumed run saves again where a killed one had gone further: 8 goes
+    assert {name.split(".")[0] for name in os.listdir(directory)} == {"ckpt-7"}
+    with open(report, "w") as f:
+        json.dump({"ok": True}, f)
+
+
+def test_worker_batches_hand_out_what_tensorflow_does_and_restore_their_place(tmp_path):
+    """`WorkerBatches` (several workers' data, `train()` under MultiWorkerMirroredStrategy)
+    with two replicas on one worker: TensorFlow's order, one trace, `IteratorBackup`."""
+    report = tmp_path / "report.json"
+    run = subprocess.run(
+        [sys.executable, RUNNER, "--logical-cpus", "2", "--call"]
+        + ["test_training_cluster:worker_batches_as_tensorflow_hands_them", str(report)],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    assert json.loads(report.read_text()) == {"ok": True}
 
 
 def _shards(workdir):

@@ -12,7 +12,9 @@ tests about training alone: the export takes seconds). `--wait-for PATH` imports
 then waits until PATH exists before it runs the command (a process started ahead, whose imports
 overlap other work, that touches nothing until then). `--dump-weights PATH` writes, after the
 command, the trained model's weights and whether every local replica holds the same copy (npz),
-so that tests can compare workers; it is the harness's file, not one the product writes. `--call`
+so that tests can compare workers; it is the harness's file, not one the product writes.
+`--count-records PATH` counts the records that every `tf.data.TFRecordDataset` reads and writes
+`{"records": N}` to PATH when the process ends (what a restart reads again). `--call`
 imports MODULE from this directory and calls FUNCTION(*ARGS); its exit code is 0 on return.
 """
 
@@ -73,6 +75,38 @@ def _sigterm_at_step(step):
     trainer._callbacks = callbacks
 
 
+def _count_records(path):
+    """Makes every `tf.data.TFRecordDataset` count the records it reads; the count goes to
+    `path` (JSON) when the process exits."""
+    import atexit
+    import json
+    import threading
+
+    import tensorflow as tf
+
+    real, lock, count = tf.data.TFRecordDataset, threading.Lock(), [0]
+
+    def note(record):
+        with lock:
+            count[0] += 1
+        return record
+
+    def counted(filenames, **kwargs):
+        def log(record):
+            record = tf.py_function(note, [record], tf.string)
+            record.set_shape([])
+            return record
+
+        return real(filenames, **kwargs).map(log)
+
+    def write():
+        with open(path, "w") as f:
+            json.dump({"records": count[0]}, f)
+
+    tf.data.TFRecordDataset = counted
+    atexit.register(write)
+
+
 def main(argv):
     parser = argparse.ArgumentParser()
     parser.add_argument("--logical-cpus", type=int, default=0)
@@ -81,11 +115,14 @@ def main(argv):
     parser.add_argument("--sigterm-at-step", type=int)
     parser.add_argument("--skip-export", action="store_true")
     parser.add_argument("--wait-for")
+    parser.add_argument("--count-records")
     parser.add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
     if args.logical_cpus:
         _split_cpu(args.logical_cpus)
+    if args.count_records:
+        _count_records(args.count_records)
     if args.call:
         sys.path.insert(0, HERE)
         module, function = args.call.split(":")

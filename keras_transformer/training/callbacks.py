@@ -137,6 +137,8 @@ class ResumeState(RunStateCallback):
             batches).
         run_state: the run's `RunState`, shared with `StopAtStep` and `StopOnSignal` (None: the
             one of `clock`, or one of its own).
+        before_save: callables `step -> None` called before each state is written (under
+            several workers, each worker's data iterator: `worker_batches.IteratorBackup`).
 
     Example:
     ```python
@@ -156,10 +158,12 @@ class ResumeState(RunStateCallback):
         clock=None,
         iterator=None,
         run_state=None,
+        before_save=(),
     ):
         super().__init__(shared(run_state, clock))
         self.directory = directory
         self.every = int(every)
+        self.before_save = list(before_save)
         self._checkpoint = tf.train.Checkpoint(
             model=[_tf_variable(v) for v in model.variables],
             optimizer=[_tf_variable(v) for v in model.optimizer.variables],
@@ -243,6 +247,8 @@ class ResumeState(RunStateCallback):
         step = optimizer_step(self.model)
         if step == self._last_saved or step == 0:
             return
+        for save in self.before_save:
+            save(step)
         self._manager.save(checkpoint_number=step)
         self._last_saved = step
 

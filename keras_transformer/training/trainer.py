@@ -7,6 +7,7 @@ and export. Under several workers only the chief writes anything shared (see `_R
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -52,6 +53,7 @@ from keras_transformer.training.replica_batches import ReplicaBatches
 from keras_transformer.training.run_state import RunState
 from keras_transformer.training.schedules import BudgetSchedule, TransformerSchedule
 from keras_transformer.training.visuals import AttentionSummaries, write_hparams
+from keras_transformer.training.worker_batches import IteratorBackup, WorkerBatches, WorkerInput
 from keras_transformer.workdir import Workdir, read_text, write_atomically
 
 # The chief's heartbeat file in the workdir while it prepares the data (multi-worker).
@@ -231,12 +233,14 @@ class _Run:
 @dataclasses.dataclass
 class _TrainingData:
     """The tokenizer and the training batches: `batches(position)` is the (deterministic,
-    endless) dataset of global batches from global step `position` on."""
+    endless) dataset of global batches from global step `position` on; under several workers,
+    `worker_input(position)` is this worker's share of them (a `WorkerInput`)."""
 
     tokenizer: object
     batches: object
     num_pairs: int
     first_batches: object  # `() -> a few batches of one replica`, for timing
+    worker_input: object = None
 
 
 def train(config):
@@ -333,7 +337,7 @@ def _prepare_data(run):
     of `data.tokens_per_batch` x replicas x `train.gradient_accumulation_steps` tokens (batch
     sizes a multiple of replicas x accumulation: each replica's share splits into the
     micro-batches), in the same order on every run with the same seed, so `_fit` can resume by
-    restoring the saved iterator (one worker) or skipping the batches already consumed.
+    restoring the saved iterator (each worker its own) or skipping the batches already consumed.
     A waiting worker sees the chief's heartbeat (`distribute.Heartbeat`) and fails within a
     minute when it stops.
     """
@@ -373,22 +377,35 @@ def _prepare_data(run):
             **kwargs,
         )
 
+    def worker_input(position):
+        return _worker_input(run.strategy, functools.partial(shards, k, verbose=False), position)
+
     def batches(position):
         if not is_multi_worker(run.strategy):
             return shards(share).skip(position)
-
-        # Several workers: each reads its own shards (every num_workers-th file) and makes the
-        # per-replica batches of its replicas; a global step takes one from each replica.
-        def per_worker(context):
-            local_replicas = context.num_replicas_in_sync // context.num_input_pipelines
-            return shards(k, input_context=context, verbose=False).skip(position * local_replicas)
-
-        return run.strategy.distribute_datasets_from_function(per_worker)
+        return worker_input(position).distributed
 
     def first_batches(count=3):
         return list(shards(k, verbose=False).take(count))
 
-    return _TrainingData(tokenizer, batches, manifest["counts"]["written"], first_batches)
+    data = _TrainingData(tokenizer, batches, manifest["counts"]["written"], first_batches)
+    data.worker_input = worker_input if is_multi_worker(run.strategy) else None
+    return data
+
+
+def _worker_input(strategy, shards, position):
+    """Several workers: this worker's `WorkerInput` from global step `position` on. Each worker
+    reads its own shards (every num_workers-th file; `shards(input_context=...)` makes the
+    per-replica batches) for its replicas; a global step takes one batch for each replica."""
+    made = []
+
+    def per_worker(context):
+        local_replicas = context.num_replicas_in_sync // context.num_input_pipelines
+        made.append((shards(input_context=context).skip(position * local_replicas), context))
+        return made[-1][0]
+
+    distributed = strategy.distribute_datasets_from_function(per_worker)
+    return WorkerInput(distributed, *made[-1], start=position)
 
 
 def _with_precision(config, policy):
@@ -461,30 +478,21 @@ def _fit(run, model, data):
     batch, so the order of the callbacks does not matter to what they see or save.
 
     Exact resume: Keras's `fit` draws all epochs from one iterator when `steps_per_epoch` is
-    set. Under the default strategy and MirroredStrategy that iterator's state (file offsets,
-    shuffle buffer, partial buckets) is saved with the resume state (see `_iterated_data`), so a
+    set. Under the default strategy, MirroredStrategy and MultiWorkerMirroredStrategy that
+    iterator's state (file offsets, shuffle buffer, partial buckets) is saved at each resume
+    state (with it; under several workers each worker's beside it, see `_iterated_data`), so a
     resume continues where the killed run was at a cost that does not grow with the step. Under
-    other strategies (several workers, TPU) the dataset is deterministic, so skipping the
-    batches the killed run consumed gives the batches the uninterrupted run would have seen
-    next (reading through them once).
+    TPUStrategy, or when no iterator state was saved (an older workdir, a worker killed before
+    it wrote its own), the dataset is deterministic, so skipping the batches the killed run
+    consumed gives the batches the uninterrupted run would have seen next (reading through
+    them once).
     """
     config, layout, chief = run.config, run.layout, run.chief
     t = config.train
     multi_worker = is_multi_worker(run.strategy)
     run_state = RunState(agree=make_agreement(run.strategy), keeps_time=chief)
     with WorkerTempDir(chief, layout.backup) as backup_dir:
-        dataset, iterator = _iterated_data(run, data, run_state)
-        resume = ResumeState(
-            model,
-            layout.backup,
-            t.checkpoint_every,
-            t.keep_backups,
-            write_directory=backup_dir,
-            iterator=iterator.iterator if isinstance(iterator, ReplicaBatches) else iterator,
-            run_state=run_state,
-        )
-        position = resume.restore()
-        batches = _resumed_batches(data, dataset, iterator, position, resume)
+        resume, batches = _restored(run, model, data, run_state, backup_dir)
         step = optimizer_step(model)
         stopper, signals, callbacks = _callbacks(run, model, data, resume)
         # Epochs count from the restored step: evaluations stay at multiples of
@@ -516,6 +524,38 @@ def _fit(run, model, data):
     if step < t.steps and not stopper.out_of_time:
         raise RuntimeError(f"training stopped at step {step} of {t.steps} (NaN loss?)")
     return stopper
+
+
+def _restored(run, model, data, run_state, write_directory):
+    """`(resume, batches)`: the resume state (a `ResumeState` writing to `write_directory`),
+    restored, and what `fit` trains on from its data position. Under several workers each worker
+    also saves its data iterator at the same steps (`IteratorBackup`, before the state) and
+    restores it at the restored step."""
+    t = run.config.train
+    dataset, iterator = _iterated_data(run, data, run_state)
+    backup, saved = None, iterator
+    if isinstance(iterator, ReplicaBatches):
+        saved = iterator.iterator
+    elif isinstance(iterator, WorkerBatches):
+        directory = os.path.join(run.layout.backup, f"data-worker-{iterator.input.worker}")
+        backup = IteratorBackup(
+            directory, iterator, t.keep_backups, lambda: run_state.batches, data.worker_input
+        )
+        saved = None  # each worker's own, beside the resume state
+    resume = ResumeState(
+        model,
+        run.layout.backup,
+        t.checkpoint_every,
+        t.keep_backups,
+        write_directory=write_directory,
+        iterator=saved,
+        run_state=run_state,
+        before_save=() if backup is None else [backup.save],
+    )
+    position = resume.restore()
+    if backup is not None and position:
+        resume.iterator_restored = backup.restore(optimizer_step(model), position)
+    return resume, _resumed_batches(data, dataset, iterator, position, resume)
 
 
 def _callbacks(run, model, data, resume):
@@ -562,16 +602,22 @@ def _iterated_data(run, data, run_state):
       `iterator` (a plain `tf.data` iterator: TensorFlow's distributed iterators cannot be
       saved) the resume state saves, and which splits each global batch between the replicas
       as Keras's own distribution of the dataset would;
-    - `(None, None)` where `fit` must make its own iterator (several workers, TPU): the data
-      position is then found by skipping, which reads the batches before it. (Under several
-      workers each worker reads its own shards, so each would need its own iterator state,
-      while only the chief's resume state is kept in the workdir.)
+    - MultiWorkerMirroredStrategy (several workers): a `WorkerBatches` over this worker's
+      own dataset (each worker reads its own shards, `data.worker_input(0)`), whose `iterator`
+      each worker saves in `WORKDIR/backup/data-worker-K` at the steps of the resume state
+      (`IteratorBackup`: only the chief's resume state is kept in the workdir), and which gives
+      the worker's replicas the batches Keras's own distribution of the dataset would;
+    - `(None, None)` where `fit` must make its own iterator (TPU): the data position is then
+      found by skipping, which reads the batches before it.
     """
     strategy = run.strategy
     if strategy is tf.distribute.get_strategy():
         dataset = data.batches(0)
         return dataset, iter(dataset)
-    if is_multi_worker(strategy) or not isinstance(strategy, tf.distribute.MirroredStrategy):
+    if is_multi_worker(strategy):
+        batches = WorkerBatches(strategy, data.worker_input(0))
+        return batches.input.distributed, batches
+    if not isinstance(strategy, tf.distribute.MirroredStrategy):
         return None, None
     dataset = data.batches(0)
     return dataset, ReplicaBatches(strategy, dataset, lambda: run_state.batches)
@@ -579,9 +625,14 @@ def _iterated_data(run, data, run_state):
 
 def _resumed_batches(data, dataset, iterator, position, resume):
     """What `fit` trains on from the restored data position: the restored iterator (or a
-    `ReplicaBatches` over it), or (a state without one) the batches from `position` on."""
+    `ReplicaBatches` or `WorkerBatches` over it), or (a state without one) the batches from
+    `position` on."""
     if iterator is None:
         return data.batches(position)
+    if isinstance(iterator, WorkerBatches):
+        if position and not resume.iterator_restored:
+            iterator.reset(data.worker_input(position))
+        return iterator.as_dataset()
     if position and not resume.iterator_restored:
         dataset = data.batches(position)
         if isinstance(iterator, ReplicaBatches):
