@@ -4,7 +4,8 @@ The fast paths (docs/guides/performance.md explains why each is the default): fu
 projections, einsum attention logits, per-layer (keys, values) decoding caches written by
 scatter, the fused softmax-cross-entropy loss (gradient formed in the forward pass, per-token
 statistics handed to the metrics), the argmax-free accuracy, the one-kernel Adam update, the
-LayerNorm with a hand-written gradient and the in-place decoding-cache writes of translate_ids.
+LayerNorm with a hand-written gradient, the in-place decoding-cache writes of translate_ids and
+the exported per-token scores tracked during the search.
 """
 
 import keras
@@ -547,3 +548,41 @@ def test_translate_loop_does_not_transpose_the_embedding_per_step():
     bodies = [f.signature.name for f in concrete.graph.as_graph_def().library.function]
     assert any("body" in name for name in bodies)
     assert not {k: v for k, v in _loop_body_2d_transposes(concrete).items() if "body" in k}
+
+
+# ----------------------------------------------------------------------- exported token scores
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_tracked_token_scores_equal_forced_decoding(
+    copy_model, toy_spm_bytes, monkeypatch, beam_size
+):
+    """The SavedModel's per-token scores (and the confidence made from them), tracked with the
+    hypotheses during the search, equal the plain form's forced-decoding pass over the outputs
+    (trained model: same translations, scores to 1e-4), for the best hypothesis and the n-best;
+    with the fast path the forced pass is not even traced."""
+    import _inference_fixtures as fx
+
+    from keras_transformer.export import Translator
+
+    texts = tf.constant([*fx.NORMAL, *fx.HOSTILE])
+
+    def translate():
+        translator = Translator(
+            copy_model, toy_spm_bytes, beam_size=beam_size, alpha=0.6, max_extra_length=8,
+            max_source_length=fx.MAX_SOURCE_LENGTH, batch_size=4,
+        )  # fmt: skip
+        return translator(texts), translator.translate_nbest(texts)
+
+    with fast_paths.without("tracked_token_scores"):
+        expected = translate()
+    monkeypatch.setattr(Translator, "_token_log_probs", lambda *args: pytest.fail("forced pass"))
+    tracked = translate()
+    for out, reference in zip(tracked, expected):
+        assert set(out) == set(reference)
+        for key, value in out.items():
+            if value.dtype == tf.string:
+                np.testing.assert_array_equal(value.numpy(), reference[key].numpy())
+            else:
+                np.testing.assert_allclose(value.numpy(), reference[key].numpy(), atol=1e-4)
+    assert np.any(tracked[0]["token_scores"].numpy() < -1e-3)  # not all zeros
