@@ -586,3 +586,50 @@ def test_tracked_token_scores_equal_forced_decoding(
             else:
                 np.testing.assert_allclose(value.numpy(), reference[key].numpy(), atol=1e-4)
     assert np.any(tracked[0]["token_scores"].numpy() < -1e-3)  # not all zeros
+
+
+# ----------------------------------------------------------------------- shared beam caches
+
+
+def _loop_gathers(concrete):
+    """GatherV2 ops inside the while loop's body functions of a traced graph."""
+    graph_def = concrete.graph.as_graph_def()
+    return sum(
+        node.op == "GatherV2"
+        for function in graph_def.library.function
+        if "body" in function.signature.name
+        for node in function.node_def
+    )
+
+
+@pytest.mark.parametrize("trained", [True, False])
+def test_shared_beam_caches_equal_reordered_caches(copy_model, trained):
+    """Beam search with each input's caches held once for all its beams (no reorder) finds what
+    it finds with per-beam caches reordered at every step: the same n-best ids, scores and token
+    scores (to 1e-5), a forced prefix included, in a graph; and its loop gathers no cache."""
+    import _inference_fixtures as fx
+
+    keras.utils.set_random_seed(3)
+    model = copy_model if trained else tiny_model()
+    src = fx.encode_sources(fx.NORMAL + [""])  # [5, s_len]
+    prefix = np.zeros((len(src), 2), "int32")
+    prefix[1], prefix[3, 0] = src[0, :2], src[3, 1]  # other rows: no prefix
+
+    def run():
+        fn = tf.function(
+            lambda s, p: translate_ids(
+                model, s, beam_size=4, alpha=0.6, max_extra_length=5, return_all=True,
+                return_token_scores=True, prefix_ids=p,
+            )  # fmt: skip
+        )
+        outputs = [np.asarray(x) for x in fn(src, prefix)]
+        return outputs, _loop_gathers(fn.get_concrete_function(tf.constant(src), prefix))
+
+    (ids, scores, token_scores), gathers = run()
+    with fast_paths.without("shared_beam_caches"):
+        (ref_ids, ref_scores, ref_token_scores), ref_gathers = run()
+    np.testing.assert_array_equal(ids, ref_ids)
+    np.testing.assert_allclose(scores, ref_scores, atol=1e-5)
+    np.testing.assert_allclose(token_scores, ref_token_scores, atol=1e-5)
+    assert ids[1, 0, 0] == src[0, 0] and ids[1, 0, 1] == src[0, 1]  # the prefix was forced
+    assert gathers <= ref_gathers - 2 * len(model.decoder.blocks)  # no key/value reorder

@@ -12,7 +12,9 @@ The step function contract (shared by `greedy_search` and `beam_search`):
     ids:       int32 `[rows, max_length + 1]`; column 0 holds the start token (BOS) and columns
                `1 .. index` the tokens generated so far; later columns are 0.
     index:     int32 scalar, the column of the last token (the one to feed to a cached decoder).
-    state:     any nest of tensors with leading dimension `rows` (e.g. a key/value cache).
+    state:     any nest of tensors with leading dimension `rows` (e.g. a key/value cache); beam
+               search repeats it for each beam and reorders it with the beams, except the parts
+               wrapped in `SharedByBeams` (held once per input, e.g. caches the beams share).
     log_probs: float `[rows, vocab]`, log p(token at column `index + 1` | ids[:, :index + 1]).
 
 References:
@@ -28,7 +30,9 @@ from keras import ops
 
 from keras_transformer.config import EOS_ID, DecodingSettings
 from keras_transformer.decoding.sampling import sampling_picker
+from keras_transformer import fast_paths
 from keras_transformer.fast_paths import inplace_cache_writes
+from keras_transformer.layers.attention import BeamCache
 
 # A finite "minus infinity": sums of a few of these stay finite in float32 (no inf - inf = NaN),
 # and anything below HALF_NEG_INF is treated as impossible.
@@ -199,6 +203,25 @@ def greedy_search(
 # --------------------------------------------------------------------------- beam search
 
 
+class SharedByBeams(NamedTuple):
+    """Marks the part of a step function's state held once per input, not once per beam: beam
+    search neither repeats it for each beam nor reorders it with the beams (e.g. key/value caches
+    the beams of one input share, `layers.attention.BeamCache`)."""
+
+    value: Any
+
+
+def _map_per_beam(fn, state):
+    """`fn` applied to every tensor of the nest `state` outside its `SharedByBeams` parts."""
+
+    def visit(node):
+        if isinstance(node, SharedByBeams):
+            return node  # kept as it is
+        return None if keras.tree.is_nested(node) else fn(node)  # None: look inside
+
+    return keras.tree.traverse(visit, state, top_down=True)
+
+
 class BeamState(NamedTuple):
     """The loop state of `beam_search` (`k` beams; `L = max_length + 1` columns, BOS first).
 
@@ -237,7 +260,7 @@ def _initial_beam_state(initial_ids, initial_state, k, max_length, batch):
         finished_token_scores=no_token_scores,
         finished_scores=ops.full((batch, k), NEG_INF, "float32"),
         finished_flags=ops.zeros((batch, k), "bool"),
-        cache=keras.tree.map_structure(lambda x: expand_to_beams(x, k), initial_state),
+        cache=_map_per_beam(lambda x: expand_to_beams(x, k), initial_state),
     )
 
 
@@ -324,7 +347,7 @@ def _beam_search_step(state, step_fn, k, caps, alpha, eos_id):
         finished_token_scores=finished_rows[1],
         finished_scores=finished_scores,
         finished_flags=finished_flags,
-        cache=keras.tree.map_structure(lambda x: gather_flat_beams(x, origin, k), cache),
+        cache=_map_per_beam(lambda x: gather_flat_beams(x, origin, k), cache),
     )
 
 
@@ -583,8 +606,11 @@ def _cached_step(model, encoder_output, source_mask, buffer, k):
     The state is the per-layer self-attention cache; the rest is fixed during the search: the
     encoder's keys/values (computed once, repeated per beam) and the tied embedding transposed
     once. The search owns these caches (fresh buffers, see `init_cache`), so each step's
-    keys/values may be written into them in place (`inplace_cache_writes`).
+    keys/values may be written into them in place (`inplace_cache_writes`). For beam search the
+    fast path `shared_beam_caches` holds the caches once per input instead (`_shared_step`).
     """
+    if k > 1 and fast_paths.enabled("shared_beam_caches"):
+        return _shared_step(model, encoder_output, source_mask, buffer, k)
     cache = model.init_cache(encoder_output, buffer)
     initial_state = cache.pop("self_attention")  # per layer ([batch, h, buffer, d], same)
     fixed = dict(cache)
@@ -599,6 +625,43 @@ def _cached_step(model, encoder_output, source_mask, buffer, k):
         logits, cache = model.decode_step(tokens, index, cache, memory_mask)
         return logits[:, 0], cache["self_attention"]  # [rows, vocab]
 
+    return step_fn, initial_state
+
+
+def _shared_step(model, encoder_output, source_mask, buffer, k):
+    """`(step_fn, initial_state)` as `_cached_step`'s for `k` beams, each input's caches held once
+    for all its beams (`layers.attention.BeamCache`): no cache is repeated per beam or reordered.
+
+    Each step writes every beam's keys/values into its own slot of its input's cache. The state
+    that follows the beams is each hypothesis's slot history: int32 `[rows, buffer]`, the slot
+    holding its key/value at each position (its own slot for the current one, its ancestors'
+    before), from which each step builds the self-attention mask.
+    """
+    cache = model.init_cache(encoder_output, buffer, beams=k)
+    self_attention = cache.pop("self_attention")  # per layer ([batch, h * k, buffer, d], same)
+    batch, s_len = ops.shape(source_mask)[0], ops.shape(source_mask)[1]
+    source_mask = ops.reshape(ops.cast(source_mask, "bool"), (-1, 1, 1, s_len))
+    source_mask = ops.broadcast_to(source_mask, (batch, 1, k, s_len))  # [batch, 1, k, s_len]
+    cache["cross_attention"] = [
+        BeamCache(keys, values, source_mask) for keys, values in cache["cross_attention"]
+    ]  # per layer, keys/values [batch, h, s_len, d]
+    slots = ops.arange(batch * k, dtype="int32") % k  # [rows] each row's own slot
+    positions = ops.arange(buffer, dtype="int32")  # [buffer]
+    slot_ids = ops.reshape(ops.arange(k, dtype="int32"), (1, 1, k, 1))
+
+    def step_fn(ids, index, state):
+        history, shared = state  # [rows, buffer], SharedByBeams(per layer (keys, values))
+        history = _write_column(history, index, slots)
+        own = ops.equal(ops.reshape(history, (-1, k, 1, buffer)), slot_ids)  # [batch, k, k, buf]
+        own = ops.logical_and(own, ops.less_equal(positions, index))  # written so far
+        mask = ops.reshape(own, (-1, 1, k, k * buffer))  # [batch, 1, k, k * buffer]
+        tokens = ops.take(ids, ops.reshape(index, (1,)), axis=1)  # [rows, 1]
+        layers = [BeamCache(keys, values, mask) for keys, values in shared.value]
+        logits, new = model.decode_step(tokens, index, {**cache, "self_attention": layers}, None)
+        layers = [(c.keys, c.values) for c in new["self_attention"]]
+        return logits[:, 0], (history, SharedByBeams(layers))  # [rows, vocab]
+
+    initial_state = (ops.zeros((batch, buffer), "int32"), SharedByBeams(self_attention))
     return step_fn, initial_state
 
 
