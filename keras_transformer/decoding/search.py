@@ -118,10 +118,17 @@ def _output_caps(batch_shape_like, max_length, max_lengths):
 
 
 def _force_eos(log_probs, must_end, eos_id):
-    """Leaves only EOS possible in the rows where `must_end` (broadcast over the vocabulary)."""
+    """Leaves only EOS possible in the rows where `must_end` (broadcast over the vocabulary).
+
+    Most steps no row must end: they skip this pass over the `[rows, vocab]` log-probabilities.
+    """
     vocab = ops.shape(log_probs)[-1]
-    not_eos = ops.not_equal(ops.arange(vocab, dtype="int32"), eos_id)  # [vocab]
-    return ops.where(ops.logical_and(must_end, not_eos), NEG_INF, log_probs)
+
+    def forced():
+        not_eos = ops.not_equal(ops.arange(vocab, dtype="int32"), eos_id)  # [vocab]
+        return ops.where(ops.logical_and(must_end, not_eos), NEG_INF, log_probs)
+
+    return ops.cond(ops.any(must_end), forced, lambda: log_probs)
 
 
 # --------------------------------------------------------------------------- greedy search
