@@ -28,9 +28,9 @@ from typing import Any, NamedTuple
 import keras
 from keras import ops
 
+from keras_transformer import fast_paths
 from keras_transformer.config import EOS_ID, DecodingSettings
 from keras_transformer.decoding.sampling import sampling_picker
-from keras_transformer import fast_paths
 from keras_transformer.fast_paths import inplace_cache_writes
 from keras_transformer.layers.attention import BeamCache
 
