@@ -3,6 +3,7 @@
 Usage (from the repository root, PYTHONPATH=$PWD):
     python benchmarks/serve_compare.py                       # small and base shapes
     python benchmarks/serve_compare.py --shapes small --runs 3 --no-peer
+    python benchmarks/serve_compare.py --no-peer --beam-size 1  # greedy: our beam-1 export, CT2
 
 For each shape (../shared/bench/README.md: small, base) one model with random weights is
 1. exported as our SavedModel and run through its `serving_default` signature, strings in and
@@ -105,14 +106,14 @@ def time_calls(fn, runs):
     return time.perf_counter() - start, result
 
 
-def saved_model_decoder(model, spm_bytes, cfg, work):
+def saved_model_decoder(model, spm_bytes, cfg, work, beam=4):
     """Our SavedModel's `serving_default`, loaded as TF Serving loads it: `() -> lengths`."""
     import tensorflow as tf
     import tensorflow_text  # noqa: F401
 
     from keras_transformer.export import export_saved_model
 
-    decode = {"beam_size": 4, "alpha": 0.6, "batch_size": SENTENCES, "n_best": 1,
+    decode = {"beam_size": beam, "alpha": 0.6, "batch_size": SENTENCES, "n_best": 1,
               "max_extra_length": cfg["tgt"] - cfg["src"]}  # fmt: skip
     data = {"max_source_length": cfg["src"] + 1, "max_target_length": cfg["tgt"] + 1}
     path = export_saved_model(model, spm_bytes, decode, data, work, "bench")
@@ -125,7 +126,7 @@ def saved_model_decoder(model, spm_bytes, cfg, work):
     return decode_batch
 
 
-def ctranslate2_decoders(model, spm_bytes, cfg, work, compute_types):
+def ctranslate2_decoders(model, spm_bytes, cfg, work, compute_types, beam=4):
     """`{compute type: () -> lengths}` on the converted model, 2 intra-op threads."""
     import ctranslate2
 
@@ -134,7 +135,7 @@ def ctranslate2_decoders(model, spm_bytes, cfg, work, compute_types):
     data = {"max_source_length": cfg["src"] + 1, "max_target_length": cfg["tgt"] + 1}
     model_dir = export_ctranslate2(model, spm_bytes, os.path.join(work, "ct2"), None, data)
     batch = [s.split() for s in sources(cfg)]
-    options = dict(beam_size=4, length_penalty=0.6, max_decoding_length=cfg["tgt"],
+    options = dict(beam_size=beam, length_penalty=0.6, max_decoding_length=cfg["tgt"],
                    min_decoding_length=cfg["tgt"], max_batch_size=0)  # fmt: skip
     decoders = {}
     for compute_type in compute_types:
@@ -180,20 +181,24 @@ def bench_model_garden(cfg):
     return None
 
 
-def run_shape(name, cfg, runs, rounds, peer):
+def run_shape(name, cfg, runs, rounds, peer, beam=4):
     load = os.getloadavg()[0]
     model = build_model(cfg)
     spm_bytes = word_vocabulary(cfg["vocab"])
-    common = dict(shapes=name, beam=4, sentences=SENTENCES, src=cfg["src"], tgt=cfg["tgt"],
+    what = f"beam{beam}_decode"
+    common = dict(shapes=name, beam=beam, sentences=SENTENCES, src=cfg["src"], tgt=cfg["tgt"],
                   runs=runs, rounds=rounds)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="kt-serve-compare-") as work:
-        decoders = {"ours_saved_model_signature": saved_model_decoder(model, spm_bytes, cfg, work)}
-        decoders.update(ctranslate2_decoders(model, spm_bytes, cfg, work, ("float32", "int8")))
+        signature = saved_model_decoder(model, spm_bytes, cfg, work, beam)
+        decoders = {"ours_saved_model_signature": signature}
+        decoders.update(
+            ctranslate2_decoders(model, spm_bytes, cfg, work, ("float32", "int8"), beam)
+        )
         figures = measure(decoders, cfg, runs, rounds)
     for system, (tokens_per_s, seconds) in figures.items():
-        emit(what="beam4_decode", system=system, tokens_per_s=round(tokens_per_s, 1),
+        emit(what=what, system=system, tokens_per_s=round(tokens_per_s, 1),
              seconds=round(seconds, 3), load1=load, **common)  # fmt: skip
-    mg = bench_model_garden(cfg) if peer else None
+    mg = bench_model_garden(cfg) if peer and beam == 4 else None
     if mg is not None:
         emit(what="beam4_decode", system="model_garden", tokens_per_s=round(mg, 1),
              load1=os.getloadavg()[0], **common)  # fmt: skip
@@ -206,7 +211,7 @@ def run_shape(name, cfg, runs, rounds, peer):
     if mg is not None:
         ratios["ours_over_model_garden"] = round(ours / mg, 3)
         ratios["ct2_float32_over_model_garden"] = round(ct2_float32 / mg, 3)
-    emit(what="beam4_decode_ratios", load1_end=os.getloadavg()[0], **ratios, **common)
+    emit(what=what + "_ratios", load1_end=os.getloadavg()[0], **ratios, **common)
 
 
 def main():
@@ -215,9 +220,13 @@ def main():
     parser.add_argument("--runs", type=int, default=2, help="timed calls per round")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; the best one counts")
     parser.add_argument("--no-peer", action="store_true", help="skip TF Model Garden")
+    parser.add_argument(
+        "--beam-size", type=int, default=4,
+        help="beam size of our export and CTranslate2 (1: greedy; Model Garden runs at 4 only)",
+    )  # fmt: skip
     args = parser.parse_args()
     for name in args.shapes.split(","):
-        run_shape(name, SHAPES[name], args.runs, args.rounds, not args.no_peer)
+        run_shape(name, SHAPES[name], args.runs, args.rounds, not args.no_peer, args.beam_size)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,12 @@ enabled here. `tests/test_fast_paths.py` proves every one equal to its plain for
 - `fused_layer_norm`: LayerNormalization with a hand-written TensorFlow gradient.
 - `fused_loss`: label-smoothed cross-entropy with its gradient formed in the forward pass (TF).
 - `fused_adam`: Adam's update as TensorFlow's one-kernel `ResourceApplyAdam`.
+- `tracked_token_scores`: the exported `Translator`'s per-token scores (`token_scores`, the
+  confidence) tracked with the hypotheses during the search instead of a second, forced-decoding
+  pass over the model.
+- `shared_beam_caches`: beam search's decoding caches held once per input for all its beams
+  (`layers.attention.BeamCache`), each beam attending to its own positions through a mask: no
+  cache is repeated per beam or reordered with the beams at every step.
 
 The setting: the environment variable `KERAS_TRANSFORMER_FAST_PATHS` read at import (`all`, the
 default; `none`; or a comma-separated list of names, e.g. `fused_loss,fused_adam`), or
@@ -41,6 +47,8 @@ NAMES = (
     "fused_layer_norm",
     "fused_loss",
     "fused_adam",
+    "tracked_token_scores",
+    "shared_beam_caches",
 )
 
 

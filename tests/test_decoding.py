@@ -91,6 +91,15 @@ class MarkovFake:
             last = token
         return total / lp(len(tokens), alpha)
 
+    def token_log_probs(self, row, tokens, bos=2):
+        """log p of each of `tokens` (an output, EOS included) after the ones before it."""
+        code, last, found = row, bos, []
+        for i, token in enumerate(tokens):
+            code = (code * self.vocab + last) % self.buckets
+            found.append(float(self.table[i, code, token]))
+            last = token
+        return found
+
 
 def _strip(row):
     row = list(np.asarray(row))
@@ -157,6 +166,28 @@ def test_beam_size_one_equals_greedy():
     )
     np.testing.assert_array_equal(beam_ids, greedy_ids)
     np.testing.assert_allclose(beam_scores, greedy_scores, rtol=1e-6)
+
+
+@pytest.mark.parametrize("beam_size", [1, 2, 4])
+def test_token_scores_are_the_log_probs_of_each_output_token(beam_size):
+    """Tracked with the hypotheses (reordered with them at every step), each output's token
+    scores are the log-probabilities of its tokens, then 0; they sum to its unnormalised score."""
+    fake = MarkovFake(vocab=6, length=5, seed=3)
+    args = (fake.step_fn, np.full((4,), 2), np.arange(4))
+    kwargs = dict(max_length=5, alpha=0.6, eos_id=EOS, return_token_scores=True)
+    if beam_size == 1:
+        ids, scores, token_scores = (np.asarray(x)[:, None] for x in greedy_search(*args, **kwargs))
+    else:
+        found = beam_search(*args, beam_size=beam_size, return_all=True, **kwargs)
+        ids, scores, token_scores = (np.asarray(x) for x in found)
+    assert token_scores.shape == ids.shape and token_scores.dtype == np.float32
+    for row, j in itertools.product(range(4), range(beam_size)):
+        tokens = _strip(ids[row, j])
+        expected = fake.token_log_probs(row, tokens)
+        np.testing.assert_allclose(token_scores[row, j, : len(tokens)], expected, atol=1e-6)
+        assert not np.any(token_scores[row, j, len(tokens) :])
+        total = scores[row, j] * lp(len(tokens), 0.6)
+        assert token_scores[row, j].sum() == pytest.approx(total, rel=1e-5)
 
 
 # --------------------------------------------------------------------------- a position-only fake

@@ -4,7 +4,8 @@ The fast paths (docs/guides/performance.md explains why each is the default): fu
 projections, einsum attention logits, per-layer (keys, values) decoding caches written by
 scatter, the fused softmax-cross-entropy loss (gradient formed in the forward pass, per-token
 statistics handed to the metrics), the argmax-free accuracy, the one-kernel Adam update, the
-LayerNorm with a hand-written gradient and the in-place decoding-cache writes of translate_ids.
+LayerNorm with a hand-written gradient, the in-place decoding-cache writes of translate_ids and
+the exported per-token scores tracked during the search.
 """
 
 import keras
@@ -547,3 +548,89 @@ def test_translate_loop_does_not_transpose_the_embedding_per_step():
     bodies = [f.signature.name for f in concrete.graph.as_graph_def().library.function]
     assert any("body" in name for name in bodies)
     assert not {k: v for k, v in _loop_body_2d_transposes(concrete).items() if "body" in k}
+
+
+# ----------------------------------------------------------------------- exported token scores
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_tracked_token_scores_equal_forced_decoding(
+    copy_model, toy_spm_bytes, monkeypatch, beam_size
+):
+    """The SavedModel's per-token scores (and the confidence made from them), tracked with the
+    hypotheses during the search, equal the plain form's forced-decoding pass over the outputs
+    (trained model: same translations, scores to 1e-4), for the best hypothesis and the n-best;
+    with the fast path the forced pass is not even traced."""
+    import _inference_fixtures as fx
+
+    from keras_transformer.export import Translator
+
+    texts = tf.constant([*fx.NORMAL, *fx.HOSTILE])
+
+    def translate():
+        translator = Translator(
+            copy_model, toy_spm_bytes, beam_size=beam_size, alpha=0.6, max_extra_length=8,
+            max_source_length=fx.MAX_SOURCE_LENGTH, batch_size=4,
+        )  # fmt: skip
+        return translator(texts), translator.translate_nbest(texts)
+
+    with fast_paths.without("tracked_token_scores"):
+        expected = translate()
+    monkeypatch.setattr(Translator, "_token_log_probs", lambda *args: pytest.fail("forced pass"))
+    tracked = translate()
+    for out, reference in zip(tracked, expected):
+        assert set(out) == set(reference)
+        for key, value in out.items():
+            if value.dtype == tf.string:
+                np.testing.assert_array_equal(value.numpy(), reference[key].numpy())
+            else:
+                np.testing.assert_allclose(value.numpy(), reference[key].numpy(), atol=1e-4)
+    assert np.any(tracked[0]["token_scores"].numpy() < -1e-3)  # not all zeros
+
+
+# ----------------------------------------------------------------------- shared beam caches
+
+
+def _loop_gathers(concrete):
+    """GatherV2 ops inside the while loop's body functions of a traced graph."""
+    graph_def = concrete.graph.as_graph_def()
+    return sum(
+        node.op == "GatherV2"
+        for function in graph_def.library.function
+        if "body" in function.signature.name
+        for node in function.node_def
+    )
+
+
+@pytest.mark.parametrize("trained", [True, False])
+def test_shared_beam_caches_equal_reordered_caches(copy_model, trained):
+    """Beam search with each input's caches held once for all its beams (no reorder) finds what
+    it finds with per-beam caches reordered at every step: the same n-best ids, scores and token
+    scores (to 1e-5), a forced prefix included, in a graph; and its loop gathers no cache."""
+    import _inference_fixtures as fx
+
+    keras.utils.set_random_seed(3)
+    model = copy_model if trained else tiny_model()
+    src = fx.encode_sources(fx.NORMAL + [""])  # [5, s_len]
+    prefix = np.zeros((len(src), 2), "int32")
+    prefix[1], prefix[3, 0] = src[0, :2], src[3, 1]  # other rows: no prefix
+
+    def run():
+        fn = tf.function(
+            lambda s, p: translate_ids(
+                model, s, beam_size=4, alpha=0.6, max_extra_length=5, return_all=True,
+                return_token_scores=True, prefix_ids=p,
+            )  # fmt: skip
+        )
+        outputs = [np.asarray(x) for x in fn(src, prefix)]
+        return outputs, _loop_gathers(fn.get_concrete_function(tf.constant(src), prefix))
+
+    (ids, scores, token_scores), gathers = run()
+    with fast_paths.without("shared_beam_caches"):
+        (ref_ids, ref_scores, ref_token_scores), ref_gathers = run()
+    np.testing.assert_array_equal(ids, ref_ids)
+    np.testing.assert_allclose(scores, ref_scores, atol=1e-5)
+    np.testing.assert_allclose(token_scores, ref_token_scores, atol=1e-5)
+    assert ids[1, 0, 0] == src[0, 0] and ids[1, 0, 1] == src[0, 1]  # the prefix was forced
+    # One gather of the slot history in place of two per layer (keys, values).
+    assert gathers == ref_gathers - 2 * len(model.decoder.blocks) + 1

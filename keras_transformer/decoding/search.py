@@ -12,7 +12,9 @@ The step function contract (shared by `greedy_search` and `beam_search`):
     ids:       int32 `[rows, max_length + 1]`; column 0 holds the start token (BOS) and columns
                `1 .. index` the tokens generated so far; later columns are 0.
     index:     int32 scalar, the column of the last token (the one to feed to a cached decoder).
-    state:     any nest of tensors with leading dimension `rows` (e.g. a key/value cache).
+    state:     any nest of tensors with leading dimension `rows` (e.g. a key/value cache); beam
+               search repeats it for each beam and reorders it with the beams, except the parts
+               wrapped in `SharedByBeams` (held once per input, e.g. caches the beams share).
     log_probs: float `[rows, vocab]`, log p(token at column `index + 1` | ids[:, :index + 1]).
 
 References:
@@ -26,9 +28,11 @@ from typing import Any, NamedTuple
 import keras
 from keras import ops
 
+from keras_transformer import fast_paths
 from keras_transformer.config import EOS_ID, DecodingSettings
 from keras_transformer.decoding.sampling import sampling_picker
 from keras_transformer.fast_paths import inplace_cache_writes
+from keras_transformer.layers.attention import BeamCache
 
 # A finite "minus infinity": sums of a few of these stay finite in float32 (no inf - inf = NaN),
 # and anything below HALF_NEG_INF is treated as impossible.
@@ -98,10 +102,12 @@ def _initial_sequences(initial_ids, rows_shape, max_length):
 
 
 def _write_column(sequences, column, tokens):
-    """`sequences` `[..., length]` with `tokens` `[...]` written at `column` (a scalar)."""
+    """`sequences` `[..., length]` with `tokens` `[...]` written at `column` (a scalar), in
+    `sequences`' dtype (token ids, or per-token log-probabilities)."""
     length = ops.shape(sequences)[-1]
     at_column = ops.equal(ops.arange(length, dtype="int32"), column)  # [length]
-    return ops.where(at_column, ops.expand_dims(ops.cast(tokens, "int32"), -1), sequences)
+    tokens = ops.cast(tokens, sequences.dtype)
+    return ops.where(at_column, ops.expand_dims(tokens, -1), sequences)
 
 
 def _output_caps(batch_shape_like, max_length, max_lengths):
@@ -112,10 +118,17 @@ def _output_caps(batch_shape_like, max_length, max_lengths):
 
 
 def _force_eos(log_probs, must_end, eos_id):
-    """Leaves only EOS possible in the rows where `must_end` (broadcast over the vocabulary)."""
+    """Leaves only EOS possible in the rows where `must_end` (broadcast over the vocabulary).
+
+    Most steps no row must end: they skip this pass over the `[rows, vocab]` log-probabilities.
+    """
     vocab = ops.shape(log_probs)[-1]
-    not_eos = ops.not_equal(ops.arange(vocab, dtype="int32"), eos_id)  # [vocab]
-    return ops.where(ops.logical_and(must_end, not_eos), NEG_INF, log_probs)
+
+    def forced():
+        not_eos = ops.not_equal(ops.arange(vocab, dtype="int32"), eos_id)  # [vocab]
+        return ops.where(ops.logical_and(must_end, not_eos), NEG_INF, log_probs)
+
+    return ops.cond(ops.any(must_end), forced, lambda: log_probs)
 
 
 # --------------------------------------------------------------------------- greedy search
@@ -123,7 +136,7 @@ def _force_eos(log_probs, must_end, eos_id):
 
 def greedy_search(
     step_fn, initial_ids, initial_state, max_length, eos_id=EOS_ID, alpha=0.0, max_lengths=None,
-    pick=None,
+    pick=None, return_token_scores=False,
 ):  # fmt: skip
     """Picks the most likely next token at every step until EOS (or the one `pick` draws).
 
@@ -138,11 +151,13 @@ def greedy_search(
         max_lengths: optional int `[batch]`, a smaller limit per input; EOS is forced at the limit.
         pick: optional `pick(log_probs [batch, vocab], index) -> int32 [batch]` choosing each
             token instead of the argmax (e.g. `decoding.sampling.sampling_picker`).
+        return_token_scores: also return the log-probability of each output token.
 
     Returns:
         `(ids, scores)`: int32 `[batch, max_length]` generated tokens (EOS included, then 0) and
         float32 `[batch]` scores `sum(log p) / length_penalty(length, alpha)` (the model's
-        log-probabilities, whatever `pick` does).
+        log-probabilities, whatever `pick` does); with `return_token_scores` a third, float32
+        `[batch, max_length]`: log p of each token of `ids` (EOS included, then 0).
 
     Example:
     ```python
@@ -152,14 +167,15 @@ def greedy_search(
     caps = _output_caps(initial_ids, max_length, max_lengths)  # [batch]
     batch_shape = ops.shape(caps)
     sequences = _initial_sequences(initial_ids, batch_shape, max_length)  # [batch, max_len + 1]
+    token_scores = ops.zeros(ops.shape(sequences), dtype="float32")  # [batch, max_len + 1]
     log_prob_sums = ops.zeros(batch_shape, dtype="float32")  # [batch]
     finished = ops.zeros(batch_shape, dtype="bool")  # [batch]
     lengths = ops.zeros(batch_shape, dtype="int32")  # [batch] tokens generated, EOS included
 
-    def cond(index, sequences, log_prob_sums, finished, lengths, state):
+    def cond(index, sequences, token_scores, log_prob_sums, finished, lengths, state):
         return ops.logical_and(ops.less(index, max_length), ops.logical_not(ops.all(finished)))
 
-    def body(index, sequences, log_prob_sums, finished, lengths, state):
+    def body(index, sequences, token_scores, log_prob_sums, finished, lengths, state):
         log_probs, state = step_fn(sequences, index, state)  # [batch, vocab]
         log_probs = ops.cast(log_probs, "float32")
         must_end = ops.expand_dims(ops.greater_equal(index + 1, caps), 1)  # [batch, 1]
@@ -172,34 +188,62 @@ def greedy_search(
         token_log_probs = ops.squeeze(token_log_probs, 1)  # [batch]
         # Rows that already ended keep 0 (padding) and their score.
         tokens = ops.where(finished, 0, tokens)
+        token_log_probs = ops.where(finished, 0.0, token_log_probs)
         log_prob_sums = ops.where(finished, log_prob_sums, log_prob_sums + token_log_probs)
         lengths = ops.where(finished, lengths, index + 1)
         finished = ops.logical_or(finished, ops.equal(tokens, eos_id))
         sequences = _write_column(sequences, index + 1, tokens)
-        return index + 1, sequences, log_prob_sums, finished, lengths, state
+        token_scores = _write_column(token_scores, index + 1, token_log_probs)
+        return index + 1, sequences, token_scores, log_prob_sums, finished, lengths, state
 
     index = ops.convert_to_tensor(0, dtype="int32")
-    _, sequences, log_prob_sums, _, lengths, _ = ops.while_loop(
-        cond, body, (index, sequences, log_prob_sums, finished, lengths, initial_state)
+    loop_vars = (index, sequences, token_scores, log_prob_sums, finished, lengths, initial_state)
+    _, sequences, token_scores, log_prob_sums, _, lengths, _ = ops.while_loop(
+        cond, body, loop_vars
     )
     scores = log_prob_sums / length_penalty(ops.maximum(lengths, 1), alpha)
+    if return_token_scores:
+        return sequences[:, 1:], scores, token_scores[:, 1:]
     return sequences[:, 1:], scores
 
 
 # --------------------------------------------------------------------------- beam search
 
 
+class SharedByBeams(NamedTuple):
+    """Marks the part of a step function's state held once per input, not once per beam: beam
+    search neither repeats it for each beam nor reorders it with the beams (e.g. key/value caches
+    the beams of one input share, `layers.attention.BeamCache`)."""
+
+    value: Any
+
+
+def _map_per_beam(fn, state):
+    """`fn` applied to every tensor of the nest `state` outside its `SharedByBeams` parts."""
+
+    def visit(node):
+        if isinstance(node, SharedByBeams):
+            return node  # kept as it is
+        return None if keras.tree.is_nested(node) else fn(node)  # None: look inside
+
+    return keras.tree.traverse(visit, state, top_down=True)
+
+
 class BeamState(NamedTuple):
     """The loop state of `beam_search` (`k` beams; `L = max_length + 1` columns, BOS first).
 
     Alive and finished hypotheses are kept apart, each sorted from the best down, so column 0
-    is the best alive hypothesis and column `k - 1` the worst finished one.
+    is the best alive hypothesis and column `k - 1` the worst finished one. Each hypothesis
+    carries the log-probability of each of its tokens (column `t` for the token in column `t`
+    of its sequence; 0 at BOS and after EOS), reordered with it.
     """
 
     index: Any  # [] int32: tokens generated so far (the column of the last one)
     alive_seqs: Any  # [batch, k, L] int32
     alive_log_probs: Any  # [batch, k] float32, NEG_INF for empty slots
+    alive_token_scores: Any  # [batch, k, L] float32: log p of each token of alive_seqs
     finished_seqs: Any  # [batch, k, L] int32
+    finished_token_scores: Any  # [batch, k, L] float32: log p of each token of finished_seqs
     finished_scores: Any  # [batch, k] float32: log p / length_penalty, NEG_INF when empty
     finished_flags: Any  # [batch, k] bool: the slot holds a finished hypothesis
     cache: Any  # the step function's state, leading dimension batch * k
@@ -213,14 +257,17 @@ def _initial_beam_state(initial_ids, initial_state, k, max_length, batch):
     alive_log_probs = ops.where(
         first_beam, ops.zeros((batch, k), "float32"), ops.full((batch, k), NEG_INF, "float32")
     )  # [batch, k]
+    no_token_scores = ops.zeros(ops.shape(alive_seqs), "float32")  # [batch, k, L]
     return BeamState(
         index=ops.convert_to_tensor(0, dtype="int32"),
         alive_seqs=alive_seqs,
         alive_log_probs=alive_log_probs,
+        alive_token_scores=no_token_scores,
         finished_seqs=ops.zeros_like(alive_seqs),
+        finished_token_scores=no_token_scores,
         finished_scores=ops.full((batch, k), NEG_INF, "float32"),
         finished_flags=ops.zeros((batch, k), "bool"),
-        cache=keras.tree.map_structure(lambda x: expand_to_beams(x, k), initial_state),
+        cache=_map_per_beam(lambda x: expand_to_beams(x, k), initial_state),
     )
 
 
@@ -239,7 +286,7 @@ def _top_candidates(state, log_probs, k, length):
     """The best `2k` one-token extensions of the alive beams.
 
     Returns `(log_probs [batch, 2k], source beams [batch, 2k], tokens [batch, 2k],
-    sequences [batch, 2k, L])`.
+    (sequences [batch, 2k, L], token scores [batch, 2k, L]))`.
     """
     vocab = ops.shape(log_probs)[-1]
     candidates = ops.expand_dims(state.alive_log_probs, 2) + log_probs  # [batch, k, vocab]
@@ -247,13 +294,19 @@ def _top_candidates(state, log_probs, k, length):
     top_log_probs, top_indices = ops.top_k(candidates, 2 * k)  # [batch, 2k]
     top_beams = ops.cast(top_indices // vocab, "int32")  # [batch, 2k]
     top_tokens = ops.cast(top_indices % vocab, "int32")  # [batch, 2k]
+    # log p of each candidate's new token alone (not a difference of sums: no rounding).
+    flat_log_probs = ops.reshape(log_probs, (-1, k * vocab))  # [batch, k * vocab]
+    top_token_log_probs = ops.take_along_axis(flat_log_probs, top_indices, axis=1)  # [batch, 2k]
     top_seqs = gather_beams(state.alive_seqs, top_beams)  # [batch, 2k, L]
     top_seqs = _write_column(top_seqs, length, top_tokens)
-    return top_log_probs, top_beams, top_tokens, top_seqs
+    top_token_scores = gather_beams(state.alive_token_scores, top_beams)  # [batch, 2k, L]
+    top_token_scores = _write_column(top_token_scores, length, top_token_log_probs)
+    return top_log_probs, top_beams, top_tokens, (top_seqs, top_token_scores)
 
 
-def _merge_finished(state, top_log_probs, top_seqs, ends, k, alpha, length):
-    """The best `k` of the old finished hypotheses and the candidates that end now.
+def _merge_finished(state, top_log_probs, top_rows, ends, k, alpha, length):
+    """The best `k` of the old finished hypotheses and the candidates that end now:
+    `((sequences, token scores), scores, flags)`.
 
     As in fairseq, an EOS candidate counts only if it ranks among the top k (the 2k only keep
     the alive beams full), so beam size 1 is exactly greedy search.
@@ -265,10 +318,14 @@ def _merge_finished(state, top_log_probs, top_seqs, ends, k, alpha, length):
     new_scores = ops.where(new_flags, new_scores, NEG_INF)  # [batch, 2k]
     all_scores = ops.concatenate([state.finished_scores, new_scores], axis=1)  # [batch, 3k]
     all_flags = ops.concatenate([state.finished_flags, new_flags], axis=1)  # [batch, 3k]
-    all_seqs = ops.concatenate([state.finished_seqs, top_seqs], axis=1)  # [batch, 3k, L]
     finished_scores, keep = ops.top_k(all_scores, k)  # [batch, k]
     finished_flags = ops.take_along_axis(all_flags, keep, axis=1)  # [batch, k]
-    return gather_beams(all_seqs, keep), finished_scores, finished_flags
+    old_rows = (state.finished_seqs, state.finished_token_scores)
+    rows = tuple(
+        gather_beams(ops.concatenate([old, new], axis=1), keep)  # [batch, 3k, L] -> [batch, k, L]
+        for old, new in zip(old_rows, top_rows)
+    )
+    return rows, finished_scores, finished_flags
 
 
 def _beam_search_step(state, step_fn, k, caps, alpha, eos_id):
@@ -278,36 +335,45 @@ def _beam_search_step(state, step_fn, k, caps, alpha, eos_id):
     length = state.index + 1  # tokens in each candidate, EOS included
     must_end = ops.reshape(ops.greater_equal(length, caps), (-1, 1, 1))
     log_probs = _force_eos(log_probs, must_end, eos_id)
-    top_log_probs, top_beams, top_tokens, top_seqs = _top_candidates(state, log_probs, k, length)
+    top_log_probs, top_beams, top_tokens, top_rows = _top_candidates(state, log_probs, k, length)
     ends = ops.equal(top_tokens, eos_id)  # [batch, 2k]
 
     # Alive: the best k candidates that did not end; their caches follow them.
     alive_log_probs, alive_indices = ops.top_k(ops.where(ends, NEG_INF, top_log_probs), k)
     origin = ops.take_along_axis(top_beams, alive_indices, axis=1)  # [batch, k] source beam
-    finished = _merge_finished(state, top_log_probs, top_seqs, ends, k, alpha, length)
+    alive_seqs, alive_token_scores = (gather_beams(x, alive_indices) for x in top_rows)
+    finished_rows, finished_scores, finished_flags = _merge_finished(
+        state, top_log_probs, top_rows, ends, k, alpha, length
+    )
     return BeamState(
-        length,
-        gather_beams(top_seqs, alive_indices),  # [batch, k, L]
-        alive_log_probs,
-        *finished,
-        keras.tree.map_structure(lambda x: gather_flat_beams(x, origin, k), cache),
+        index=length,
+        alive_seqs=alive_seqs,  # [batch, k, L]
+        alive_log_probs=alive_log_probs,
+        alive_token_scores=alive_token_scores,  # [batch, k, L]
+        finished_seqs=finished_rows[0],
+        finished_token_scores=finished_rows[1],
+        finished_scores=finished_scores,
+        finished_flags=finished_flags,
+        cache=_map_per_beam(lambda x: gather_flat_beams(x, origin, k), cache),
     )
 
 
 def _best_hypotheses(state, alpha, return_all):
-    """`(ids, scores)` of the finished hypotheses, without the BOS column."""
+    """`(ids, scores, token scores)` of the finished hypotheses, without the BOS column."""
     # With EOS forced at every limit an input always has finished hypotheses; fall back to the
     # alive ones anyway so the result never holds an empty slot.
     any_finished = state.finished_flags[:, 0]  # [batch]
     alive_scores = state.alive_log_probs / length_penalty(ops.maximum(state.index, 1), alpha)
-    sequences = ops.where(
-        ops.reshape(any_finished, (-1, 1, 1)), state.finished_seqs, state.alive_seqs
-    )
+    rows_finished = ops.reshape(any_finished, (-1, 1, 1))  # [batch, 1, 1]
+    sequences = ops.where(rows_finished, state.finished_seqs, state.alive_seqs)
+    token_scores = ops.where(
+        rows_finished, state.finished_token_scores, state.alive_token_scores
+    )  # [batch, k, L]
     scores = ops.where(ops.expand_dims(any_finished, 1), state.finished_scores, alive_scores)
-    sequences = sequences[:, :, 1:]  # [batch, k, max_len]
+    sequences, token_scores = sequences[:, :, 1:], token_scores[:, :, 1:]  # [batch, k, max_len]
     if return_all:
-        return sequences, scores
-    return sequences[:, 0], scores[:, 0]
+        return sequences, scores, token_scores
+    return sequences[:, 0], scores[:, 0], token_scores[:, 0]
 
 
 def beam_search(
@@ -320,6 +386,7 @@ def beam_search(
     eos_id=EOS_ID,
     max_lengths=None,
     return_all=False,
+    return_token_scores=False,
 ):
     """Beam search with GNMT's length penalty, keeping alive and finished hypotheses apart.
 
@@ -347,11 +414,14 @@ def beam_search(
         eos_id: the end-of-sequence token.
         max_lengths: optional int `[batch]`, a smaller limit per input.
         return_all: return all `beam_size` finished hypotheses (n-best) instead of the best.
+        return_token_scores: also return the log-probability of each output token, tracked
+            with the hypotheses during the search.
 
     Returns:
         `(ids, scores)`: int32 `[batch, max_length]` (EOS included, then 0) and float32 `[batch]`;
         with `return_all`, `[batch, beam_size, max_length]` and `[batch, beam_size]` sorted from
-        the best score down.
+        the best score down; with `return_token_scores` a third, float32 like `ids`: log p of
+        each token (EOS included, then 0), summing to the unnormalised score.
 
     Example:
     ```python
@@ -371,7 +441,8 @@ def beam_search(
         lambda state: (_beam_search_step(state, step_fn, k, caps, alpha, eos_id),),
         (state,),
     )
-    return _best_hypotheses(state, alpha, return_all)
+    ids, scores, token_scores = _best_hypotheses(state, alpha, return_all)
+    return (ids, scores, token_scores) if return_token_scores else (ids, scores)
 
 
 # --------------------------------------------------------------------------- the model
@@ -399,6 +470,7 @@ def translate_ids(
     return_all=False,
     prefix_ids=None,
     seed=0,
+    return_token_scores=False,
     **changes,
 ):
     """Translates padded source ids with a `Transformer`: beam search (greedy for beam 1), or
@@ -424,13 +496,17 @@ def translate_ids(
             `max_length`).
         seed: sampling only: an int (input `i` gets `seed + i`) or int `[batch]`, one seed per
             input; an input's sample depends on its seed alone, and repeats with it.
+        return_token_scores: also return the log-probability of each output token (tracked
+            with the hypotheses during the search: no second pass over the model).
         **changes: fields of `settings` to replace (e.g. `beam_size=1`).
 
     Returns:
         `(output_ids, scores)`: int32 `[batch, T]` without BOS, EOS included and 0-padded after
         it (`T = min(s_len + max_extra_length, max_length)`), and float32 `[batch]` length-
         normalised log-probabilities; with `return_all`, `[batch, beam_size, T]` and
-        `[batch, beam_size]` (greedy search's or sampling's one output as a beam of one).
+        `[batch, beam_size]` (greedy search's or sampling's one output as a beam of one); with
+        `return_token_scores` a third, float32 shaped like `output_ids`: log p of each token
+        (EOS included, then 0; they sum to the score times the length penalty).
 
     Example:
     ```python
@@ -455,7 +531,7 @@ def translate_ids(
         if k > 1:
             return beam_search(
                 *search, k, buffer, settings.alpha, settings.eos_id, max_lengths=caps,
-                return_all=return_all,
+                return_all=return_all, return_token_scores=return_token_scores,
             )  # fmt: skip
         pick = None
         if settings.sampling:
@@ -463,12 +539,13 @@ def translate_ids(
             pick = sampling_picker(
                 settings.sampling_topk, settings.sampling_temperature, settings.sampling_topp, seeds
             )
-        ids, scores = greedy_search(
-            *search, buffer, settings.eos_id, settings.alpha, max_lengths=caps, pick=pick
-        )
+        outputs = greedy_search(
+            *search, buffer, settings.eos_id, settings.alpha, max_lengths=caps, pick=pick,
+            return_token_scores=return_token_scores,
+        )  # fmt: skip
         if return_all:  # a beam of one: [batch, 1, T], [batch, 1]
-            return ops.expand_dims(ids, 1), ops.expand_dims(scores, 1)
-        return ids, scores
+            return tuple(ops.expand_dims(x, 1) for x in outputs)
+        return outputs
 
 
 def _row_seeds(seed, initial_ids):
@@ -536,8 +613,11 @@ def _cached_step(model, encoder_output, source_mask, buffer, k):
     The state is the per-layer self-attention cache; the rest is fixed during the search: the
     encoder's keys/values (computed once, repeated per beam) and the tied embedding transposed
     once. The search owns these caches (fresh buffers, see `init_cache`), so each step's
-    keys/values may be written into them in place (`inplace_cache_writes`).
+    keys/values may be written into them in place (`inplace_cache_writes`). For beam search the
+    fast path `shared_beam_caches` holds the caches once per input instead (`_shared_step`).
     """
+    if k > 1 and fast_paths.enabled("shared_beam_caches"):
+        return _shared_step(model, encoder_output, source_mask, buffer, k)
     cache = model.init_cache(encoder_output, buffer)
     initial_state = cache.pop("self_attention")  # per layer ([batch, h, buffer, d], same)
     fixed = dict(cache)
@@ -552,6 +632,43 @@ def _cached_step(model, encoder_output, source_mask, buffer, k):
         logits, cache = model.decode_step(tokens, index, cache, memory_mask)
         return logits[:, 0], cache["self_attention"]  # [rows, vocab]
 
+    return step_fn, initial_state
+
+
+def _shared_step(model, encoder_output, source_mask, buffer, k):
+    """`(step_fn, initial_state)` as `_cached_step`'s for `k` beams, each input's caches held once
+    for all its beams (`layers.attention.BeamCache`): no cache is repeated per beam or reordered.
+
+    Each step writes every beam's keys/values into its own slot of its input's cache. The state
+    that follows the beams is each hypothesis's slot history: int32 `[rows, buffer]`, the slot
+    holding its key/value at each position (its own slot for the current one, its ancestors'
+    before), from which each step builds the self-attention mask.
+    """
+    cache = model.init_cache(encoder_output, buffer, beams=k)
+    self_attention = cache.pop("self_attention")  # per layer ([batch, h * k, buffer, d], same)
+    batch, s_len = ops.shape(source_mask)[0], ops.shape(source_mask)[1]
+    source_mask = ops.reshape(ops.cast(source_mask, "bool"), (-1, 1, 1, s_len))
+    source_mask = ops.broadcast_to(source_mask, (batch, 1, k, s_len))  # [batch, 1, k, s_len]
+    cache["cross_attention"] = [
+        BeamCache(keys, values, source_mask) for keys, values in cache["cross_attention"]
+    ]  # per layer, keys/values [batch, h, s_len, d]
+    slots = ops.arange(batch * k, dtype="int32") % k  # [rows] each row's own slot
+    positions = ops.arange(buffer, dtype="int32")  # [buffer]
+    slot_ids = ops.reshape(ops.arange(k, dtype="int32"), (1, 1, k, 1))
+
+    def step_fn(ids, index, state):
+        history, shared = state  # [rows, buffer], SharedByBeams(per layer (keys, values))
+        history = _write_column(history, index, slots)
+        own = ops.equal(ops.reshape(history, (-1, k, 1, buffer)), slot_ids)  # [batch, k, k, buf]
+        own = ops.logical_and(own, ops.less_equal(positions, index))  # written so far
+        mask = ops.reshape(own, (-1, 1, k, k * buffer))  # [batch, 1, k, k * buffer]
+        tokens = ops.take(ids, ops.reshape(index, (1,)), axis=1)  # [rows, 1]
+        layers = [BeamCache(keys, values, mask) for keys, values in shared.value]
+        logits, new = model.decode_step(tokens, index, {**cache, "self_attention": layers}, None)
+        layers = [(c.keys, c.values) for c in new["self_attention"]]
+        return logits[:, 0], (history, SharedByBeams(layers))  # [rows, vocab]
+
+    initial_state = (ops.zeros((batch, buffer), "int32"), SharedByBeams(self_attention))
     return step_fn, initial_state
 
 

@@ -11,6 +11,7 @@ import keras
 import tensorflow as tf
 import tensorflow_text as tf_text
 
+from keras_transformer import fast_paths
 from keras_transformer.config import DecodingSettings
 from keras_transformer.data.pipeline import encode_sources
 from keras_transformer.decoding.search import translate_ids
@@ -56,8 +57,10 @@ class Translator(tf.Module):
        (the training layout);
     3. sorts the batch by length and decodes it in chunks of `batch_size` sentences (each chunk
        padded only to its own longest sentence, memory bounded for large requests);
-    4. scores each output piece in one forced-decoding pass (`token_scores`) and maps the mean
-       token log-probability and the n-best margin to the calibrated `confidence`;
+    4. takes the log-probability of each output piece (`token_scores`), tracked with the
+       hypotheses during the search (one forced-decoding pass over the outputs with the fast
+       path `tracked_token_scores` off), and maps the mean token log-probability and the n-best
+       margin to the calibrated `confidence`;
     5. detokenizes the best hypothesis of each input, and returns it with its scores in the
        original order.
 
@@ -223,11 +226,14 @@ class Translator(tf.Module):
 
     def _search_chunk(self, source, prefix=None, seeds=None):
         """Ragged int32 `[c, (tokens)]` (and prefixes, or int64 `[c]` sampling seeds) ->
-        (int32 `[c, K, T]` hypotheses, EOS then padding, float32 `[c, K]` scores), best first;
-        `K` = the beam size (1 when sampling)."""
+        (int32 `[c, K, T]` hypotheses, EOS then padding, float32 `[c, K]` scores, float32
+        `[c, K, T]` log p of each token), best first; `K` = the beam size (1 when sampling). The
+        token scores are tracked during the search (fast path `tracked_token_scores`), else None:
+        `_token_log_probs` computes them by forced decoding."""
         # Only `translate_sample` samples; the other signatures search.
         settings = self.settings if seeds is not None else self.settings.without_sampling()
-        ids, scores = translate_ids(
+        tracked = fast_paths.enabled("tracked_token_scores")
+        outputs = translate_ids(
             self.model,
             source.to_tensor(default_value=settings.pad_id),  # [c, s_len]
             settings,
@@ -235,8 +241,10 @@ class Translator(tf.Module):
             return_all=True,
             prefix_ids=None if prefix is None else prefix.to_tensor(default_value=settings.pad_id),
             seed=0 if seeds is None else _fold_seeds(seeds),
+            return_token_scores=tracked,
         )
-        return tf.convert_to_tensor(ids), tf.convert_to_tensor(scores)
+        outputs = [tf.convert_to_tensor(x) for x in outputs]
+        return outputs if tracked else (*outputs, None)
 
     def _token_log_probs(self, source, ids):
         """Forced decoding of the hypotheses: `source` ragged `[c, (tokens)]`, `ids` int32
@@ -283,10 +291,13 @@ class Translator(tf.Module):
         """Ragged int32 `[c, (tokens)]` -> `(text [c, keep], score [c, keep], token_scores
         [c, keep, W], margin [c, keep], length [c, keep])` of the `keep` best hypotheses;
         `W = max_target_length` (the widest output), token scores 0-padded."""
-        ids, scores = self._search_chunk(source, prefix, seeds)  # [c, K, T], [c, K]
+        ids, scores, token_scores = self._search_chunk(source, prefix, seeds)  # [c, K, (T)]
         ids = ids[:, :keep]  # [c, keep, T]
         lengths = tf.reduce_sum(tf.cast(tf.not_equal(ids, self.settings.pad_id), tf.int32), -1)
-        token_scores = self._token_log_probs(source, ids)  # [c, keep, T]
+        if token_scores is None:  # the plain form: one forced-decoding pass
+            token_scores = self._token_log_probs(source, ids)  # [c, keep, T]
+        else:
+            token_scores = token_scores[:, :keep]  # [c, keep, T]
         width = self.max_target_length
         token_scores = tf.pad(token_scores, [[0, 0], [0, 0], [0, width - tf.shape(ids)[2]]])
         # Outputs hold tokens, EOS, then padding; only the tokens are text.

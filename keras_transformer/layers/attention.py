@@ -1,6 +1,7 @@
 """Scaled dot-product attention and multi-head attention with a fixed-size key/value cache."""
 
 import math
+from typing import Any, NamedTuple
 
 import keras
 from keras import ops
@@ -68,6 +69,70 @@ def write_cache(cache, update, index):
     return ops.slice_update(cache, [0, 0, index, 0], ops.cast(update, cache.dtype))
 
 
+class BeamCache(NamedTuple):
+    """A decoding cache held once per input and shared by its `beams` beam-search hypotheses.
+
+    The attention's query rows are `batch * beams` (the beams of one input adjacent), one
+    position each; every row attends to the keys/values of its input that `mask` allows. With
+    it, beam search never reorders the caches (`keras_transformer.decoding`, fast path
+    `shared_beam_caches`).
+    - Self-attention (with `cache_update_index`): `keys`, `values` `[batch, heads * beams,
+      max_len, d]`, beam slot `i` of head `h` at row `h * beams + i`: each step writes the
+      keys/values of the hypothesis in slot `i` there. `mask` bool `[batch, 1, beams,
+      beams * max_len]`: True at (slot `s`, position `j`) when slot `s` holds, at position `j`,
+      the querying hypothesis's own key (written by it or by its ancestor at step `j`).
+    - Cross-attention: `keys`, `values` `[batch, heads, s_len, d]` (from
+      `compute_key_value_cache`, not repeated per beam); `mask` bool `[batch, 1, beams, s_len]`.
+    The mask replaces `attention_mask` and the causal mask.
+    """
+
+    keys: Any
+    values: Any
+    mask: Any
+
+
+def _group_beams(x, beams):
+    """`[batch * beams, heads, 1, d]` -> `[batch, heads, beams, d]`."""
+    shape = ops.shape(x)
+    x = ops.reshape(x, (-1, beams, shape[1], shape[3]))  # [batch, beams, heads, d]
+    return ops.transpose(x, (0, 2, 1, 3))
+
+
+def _ungroup_beams(x):
+    """`[batch, heads, beams, d]` -> `[batch * beams, heads, 1, d]`."""
+    shape = ops.shape(x)
+    x = ops.transpose(x, (0, 2, 1, 3))  # [batch, beams, heads, d]
+    return ops.reshape(x, (-1, shape[1], 1, shape[3]))
+
+
+def _per_head(x, heads):
+    """`[batch, heads * n, length, d]` -> `[batch, heads, n * length, d]` (a view)."""
+    shape = ops.shape(x)
+    return ops.reshape(x, (-1, heads, (shape[1] // heads) * shape[2], shape[3]))
+
+
+def _beam_cache_attention(q, k, v, cache, cache_update_index, dropout_fn):
+    """Attention of `batch * beams` one-position queries on a `BeamCache`.
+
+    `q` (and, for self-attention, this step's `k`, `v`) `[batch * beams, heads, 1, d]`. Returns
+    `(output [batch * beams, heads, 1, d_v], weights [batch, heads, beams, keys], cache)`, with
+    the step's keys/values written into a self-attention cache.
+    """
+    beams, heads = cache.mask.shape[2], q.shape[1]
+    if cache_update_index is not None:  # self-attention: each beam's keys/values into its slot
+        writes = []
+        for buffer, x in ((cache.keys, k), (cache.values, v)):
+            x = _group_beams(x, beams)  # [batch, heads, beams, d]
+            x = ops.reshape(x, (-1, heads * beams, 1, x.shape[-1]))  # row h * beams + i
+            writes.append(write_cache(buffer, x, cache_update_index))
+        cache = BeamCache(*writes, cache.mask)
+    keys, values = _per_head(cache.keys, heads), _per_head(cache.values, heads)
+    out, weights = scaled_dot_product_attention(
+        _group_beams(q, beams), keys, values, mask=cache.mask, dropout_fn=dropout_fn
+    )  # [batch, heads, beams, d_v]
+    return _ungroup_beams(out), weights, cache
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class MultiHeadAttention(CallTracedSpec, keras.layers.Layer):
     """Multi-head attention (paper section 3.2.2) with an optional fixed-size key/value cache.
@@ -82,6 +147,8 @@ class MultiHeadAttention(CallTracedSpec, keras.layers.Layer):
       static for XLA) and the layer returns `(output, updated_cache)`;
     - cross-attention: build the cache once with `compute_key_value_cache(encoder_output)` and pass
       it with `cache_update_index=None`; keys and values are then not recomputed.
+    - beam search: a `BeamCache` holds the keys/values once per input for all its beams (the
+      query rows are `batch * beams`), each beam attending through the cache's mask.
 
     Args:
         num_heads: number of attention heads `h`.
@@ -98,7 +165,7 @@ class MultiHeadAttention(CallTracedSpec, keras.layers.Layer):
         key: `[batch, k_len, dim]`; defaults to `value`.
         attention_mask: boolean `[batch, q_len, k_len]` (or broadcastable), True = may attend.
         use_causal_mask: also forbid attending to later positions.
-        cache: `(keys, values)` cache, see above.
+        cache: `(keys, values)` cache or `BeamCache`, see above.
         cache_update_index: int scalar, position of `query` inside the cache (self-attention).
         return_attention_scores: also return the weights `[batch, heads, q_len, k_len]`.
         training: enables dropout.
@@ -219,11 +286,22 @@ class MultiHeadAttention(CallTracedSpec, keras.layers.Layer):
     ):
         value = query if value is None else value
         key = value if key is None else key
-        (q, k, v), cache = self._queries_keys_values(query, key, value, cache, cache_update_index)
-        mask = self._compute_mask(q, k, attention_mask, use_causal_mask, cache, cache_update_index)
-        out, weights = scaled_dot_product_attention(
-            q, k, v, mask=mask, dropout_fn=lambda w: self.dropout_layer(w, training=training)
-        )
+
+        def dropout_fn(weights):
+            return self.dropout_layer(weights, training=training)
+
+        if isinstance(cache, BeamCache):  # beam search's caches, one per input
+            out, weights, cache = self._attend_beam_cache(
+                query, cache, cache_update_index, dropout_fn
+            )
+        else:
+            (q, k, v), cache = self._queries_keys_values(
+                query, key, value, cache, cache_update_index
+            )
+            mask = self._compute_mask(
+                q, k, attention_mask, use_causal_mask, cache, cache_update_index
+            )
+            out, weights = scaled_dot_product_attention(q, k, v, mask=mask, dropout_fn=dropout_fn)
         # [b, h, q_len, d_v] -> [b, q_len, h * d_v]
         out = ops.transpose(out, (0, 2, 1, 3))
         shape = ops.shape(out)
@@ -236,6 +314,17 @@ class MultiHeadAttention(CallTracedSpec, keras.layers.Layer):
         if cache is not None:
             results.append(cache)
         return results[0] if len(results) == 1 else tuple(results)
+
+    def _attend_beam_cache(self, query, cache, cache_update_index, dropout_fn):
+        """`(output [rows, heads, 1, d_v], weights, cache)` of `query` (`[batch * beams, 1, dim]`)
+        on a `BeamCache`: self-attention projects the query, key and value and writes the
+        step's keys/values into the cache; cross-attention projects the query only."""
+        if cache_update_index is None:  # cross-attention: keys and values are in the cache
+            (q,) = self._project(query, (self.query_dense,))
+            k = v = None
+        else:
+            q, k, v = self._project(query, (self.query_dense, self.key_dense, self.value_dense))
+        return _beam_cache_attention(q, k, v, cache, cache_update_index, dropout_fn)
 
     def _compute_mask(self, q, k, attention_mask, use_causal_mask, cache, cache_update_index):
         """Boolean mask `[batch or 1, 1, q_len, k_len]` (None when nothing is masked)."""

@@ -133,19 +133,21 @@ class Transformer(TrainStep, keras.Model):
         x = self.source_dropout(self.positional_encoding(x), training=training)
         return self.encoder(x, padding_mask=source_mask, training=training), source_mask
 
-    def init_cache(self, encoder_output, max_length):
+    def init_cache(self, encoder_output, max_length, beams=1):
         """The decoding cache for `max_length` target positions.
 
         Returns a dict with `"self_attention"`, one `(keys, values)` pair of zeros
         `[batch, heads, max_length, head_dim]` per decoder layer, and `"cross_attention"`, one
         `(keys, values)` pair `[batch, heads, s_len, head_dim]` per layer: the encoder output's
-        keys/values, computed here once per sentence. With tied embeddings it also holds
+        keys/values, computed here once per sentence. With `beams > 1` the self-attention caches
+        are `[batch, heads * beams, max_length, head_dim]`: one slot per beam of each sentence
+        (`layers.attention.BeamCache`). With tied embeddings it also holds
         `"output_kernel"` (`output_kernel()`): the embedding transposed once here rather than at
         every step.
         """
         batch = ops.shape(encoder_output)[0]
         layers = self.num_decoder_layers or self.num_layers
-        shape = (batch, self.num_heads, max_length, self.head_dim)
+        shape = (batch, self.num_heads * beams, max_length, self.head_dim)
         dtype = self.decoder.compute_dtype
         cache = {
             "cross_attention": self.decoder.compute_cross_attention_cache(encoder_output),
@@ -177,7 +179,9 @@ class Transformer(TrainStep, keras.Model):
 
         Returns float32 logits `[batch, n, vocab_size]` for the next tokens and the cache with
         those positions' keys/values written in. Run step by step from `cache_index=0` this equals
-        the full forward pass.
+        the full forward pass. The per-layer caches may be `layers.attention.BeamCache`s (beam
+        search's caches shared by the beams of each sentence): `target_ids` then has
+        `batch * beams` rows, and the caches' masks replace `source_mask` (None).
         """
         y = self.positional_encoding(self.target_embedding(target_ids), start_index=cache_index)
         y, self_cache = self.decoder(

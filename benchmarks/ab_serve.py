@@ -1,0 +1,66 @@
+"""In-process A/B of the exported `Translator`'s `serving_default` (strings in, strings out)
+under fast-path variants (a development aid for noisy machines).
+
+Usage: python benchmarks/ab_serve.py '<shapes JSON>' '<JSON list of variants>' [rounds] [beam]
+The shapes override the small ones (benchmarks/common.py), e.g. '{"vocab": 32000, "d": 512,
+"layers": 6, "heads": 8, "ff": 2048}' for base. A variant is {"fast_paths": setting} or
+{"without": [names]} (see ab_train.py): the fast paths in force while its Translator is traced.
+Model and inputs as in serve_compare.py (32 random sources of `src` words, outputs pinned to
+`tgt` tokens), beam 4 unless given. The variants' calls alternate, one call each per round;
+prints each variant's median output tokens/s, its ratio to the first one and how many of its
+translations differ from the first variant's.
+"""
+
+import json
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import tensorflow as tf  # noqa: E402
+
+from benchmarks.ab_train import variant_fast_paths  # noqa: E402
+from benchmarks.common import parse_shapes  # noqa: E402
+from benchmarks.serve_compare import SENTENCES, build_model, sources, word_vocabulary  # noqa: E402
+from keras_transformer import fast_paths  # noqa: E402
+from keras_transformer.export import Translator  # noqa: E402
+
+
+def main(argv):
+    cfg = parse_shapes(argv[:2])
+    variants = json.loads(argv[2])
+    rounds = int(argv[3]) if len(argv) > 3 else 4
+    beam = int(argv[4]) if len(argv) > 4 else 4
+    model, spm_bytes = build_model(cfg), word_vocabulary(cfg["vocab"])
+    text = tf.constant(sources(cfg))
+    runs, translations = [], []
+    for variant in variants:
+        translator = Translator(
+            model, spm_bytes, beam_size=beam, alpha=0.6, batch_size=SENTENCES,
+            max_extra_length=cfg["tgt"] - cfg["src"], max_source_length=cfg["src"] + 1,
+            max_length=cfg["tgt"] + 1,
+        )  # fmt: skip
+        with fast_paths.fast_paths(variant_fast_paths(variant)):
+            out = translator(text)  # traced with the variant's fast paths
+        translations.append(out["translation"].numpy().tolist())
+        runs.append((variant, translator, []))
+    differing = [sum(a != b for a, b in zip(t, translations[0])) for t in translations]
+    for _ in range(rounds):
+        for _, translator, times in runs:
+            start = time.perf_counter()
+            translator(text)["translation"].numpy()
+            times.append(SENTENCES * cfg["tgt"] / (time.perf_counter() - start))
+    first = statistics.median(runs[0][2])
+    for (variant, _, times), differs in zip(runs, differing):
+        median = statistics.median(times)
+        line = dict(variant=variant, beam=beam, median_tokens_per_s=round(median, 1),
+                    ratio=round(median / first, 3), all=[round(t) for t in times],
+                    translations_unlike_the_first_variant=differs)  # fmt: skip
+        print(json.dumps(line))
+
+
+if __name__ == "__main__":
+    main(sys.argv)
