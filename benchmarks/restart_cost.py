@@ -18,8 +18,10 @@ line says whether both restored their iterators.
 Prints one JSON line per figure, then the ratio (target: 100,000 within 1.2x of 100). Run alone,
 from the repository root:
 
-    PYTHONPATH=$PWD TF_CPP_MIN_LOG_LEVEL=2 python benchmarks/restart_cost.py --skip \\
-        | tee benchmarks/results/restart_cost_$(date -u +%Y-%m-%dT%H%MZ).jsonl
+    BENCH_LABEL=restart_cost PYTHONPATH=$PWD TF_CPP_MIN_LOG_LEVEL=2 \\
+        python benchmarks/restart_cost.py --skip
+
+(`BENCH_LABEL` appends the lines to the ledger `benchmarks/results/restart_cost.jsonl`.)
 
 Options: `--pairs N` (default 200000), `--positions P ...`, `--config FILE`
 (default configs/quickstart.yaml, its data section with `text:` files of the generated corpus),
