@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-from training_helpers import RUNNER, files_under, subprocess_env
+from training_helpers import RUNNER, call_in_runner, files_under, subprocess_env
 
 
 @pytest.mark.slow
@@ -446,14 +446,7 @@ def test_mirrored_resume_state_holds_the_data_iterator_restart_reads_do_not_grow
     a restart at batch 600 reads as many records as one at batch 5, while skipping reads every
     batch before the position; the batches after the restart are the uninterrupted run's."""
     report = tmp_path / "report.json"
-    run = subprocess.run(
-        [sys.executable, RUNNER, "--logical-cpus", "2", "--call"]
-        + ["test_training_cluster:mirrored_restarts", str(report)],
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    run = call_in_runner("test_training_cluster:mirrored_restarts", report)
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
     with open(report) as f:
         found = json.load(f)
@@ -541,14 +534,7 @@ def test_worker_batches_hand_out_what_tensorflow_does_and_restore_their_place(tm
     """`WorkerBatches` (several workers' data, `train()` under MultiWorkerMirroredStrategy)
     with two replicas on one worker: TensorFlow's order, one trace, `IteratorBackup`."""
     report = tmp_path / "report.json"
-    run = subprocess.run(
-        [sys.executable, RUNNER, "--logical-cpus", "2", "--call"]
-        + ["test_training_cluster:worker_batches_as_tensorflow_hands_them", str(report)],
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    run = call_in_runner("test_training_cluster:worker_batches_as_tensorflow_hands_them", report)
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
     assert json.loads(report.read_text()) == {"ok": True}
 

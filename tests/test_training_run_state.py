@@ -10,6 +10,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from training_helpers import RecordRate
 
 from keras_transformer.errors import Preempted
 from keras_transformer.training.callbacks import ResumeState, StopAtStep, optimizer_step
@@ -43,14 +44,6 @@ class _SignalAfter:
         return signal.SIGTERM
 
 
-class _RecordRate(keras.callbacks.Callback):
-    def __init__(self):
-        super().__init__()
-        self.rates = []
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self.rates.append(float(self.model.optimizer.learning_rate))
-
 
 def _run(directory, order, shared_by, signal_after=None):
     """Fits a toy model with the stopper (a 75-second budget), the resume state (every step)
@@ -72,7 +65,7 @@ def _run(directory, order, shared_by, signal_after=None):
     signals = _SignalAfter(signal_after)
     signals.model = model
     parts = {"stopper": stopper, "resume": resume, "signal": StopOnSignal(signals, resume)}
-    record = _RecordRate()
+    record = RecordRate()
     x, y = np.ones((50, 3), "float32"), np.ones((50, 1), "float32")
     fit = dict(batch_size=1, epochs=1, verbose=0, shuffle=False)
     try:

@@ -9,7 +9,7 @@ import re
 import keras
 import numpy as np
 import pytest
-from training_helpers import read_scalars, tiny_config
+from training_helpers import RecordRate, read_scalars, tiny_config
 
 from keras_transformer.config import ConfigError, load_config
 from keras_transformer.training import train
@@ -108,14 +108,6 @@ def _toy(schedule):
     return model
 
 
-class _RecordRate(keras.callbacks.Callback):
-    def __init__(self):
-        super().__init__()
-        self.rates = []
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self.rates.append(float(self.model.optimizer.learning_rate))
-
 
 def _fit(model, callbacks, steps):
     x, y = np.ones((steps, 3), "float32"), np.ones((steps, 1), "float32")
@@ -125,7 +117,7 @@ def _fit(model, callbacks, steps):
 def test_stop_at_step_feeds_the_time_to_the_schedule_and_stops_at_zero():
     schedule = BudgetSchedule(16, warmup_steps=2, total_steps=10**6, total_seconds=100.0)
     model = _toy(schedule)
-    record = _RecordRate()
+    record = RecordRate()
     stopper = StopAtStep(10**6, max_seconds=100.0, timer=_FakeTimer())
     _fit(model, [stopper, record], steps=50)
     # The timer reads once at the start and once after each step: 10 s per step, the budget of
@@ -146,7 +138,7 @@ def test_resume_continues_the_same_curve(tmp_path):
         state = ResumeState(model, str(directory), every=1, keep=1, clock=clock)
         state.restore()
         stopper = StopAtStep(10**6, max_seconds=200.0, clock=clock, timer=timer)
-        record = _RecordRate()
+        record = RecordRate()
         # The clock is advanced before the state saves it (the trainer's order too).
         _fit(model, [stopper, state, record], steps=steps)
         return record.rates, model

@@ -15,6 +15,7 @@ import pytest
 from training_helpers import (
     RUNNER,
     assert_one_run_in_workdir,
+    call_in_runner,
     load_npz_weights,
     subprocess_env,
     tiny_yaml,
@@ -121,13 +122,6 @@ def paper_configs_two_steps():
 
 @pytest.mark.slow
 def test_paper_configs_run_two_steps_under_mirrored_strategy():
-    run = subprocess.run(
-        [sys.executable, RUNNER, "--logical-cpus", "2", "--call"]
-        + ["test_training_strategies:paper_configs_two_steps"],
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=540,
-    )
+    run = call_in_runner("test_training_strategies:paper_configs_two_steps", timeout=540)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "transformer_big: " in run.stdout

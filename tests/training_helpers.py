@@ -2,7 +2,10 @@
 
 import glob
 import os
+import subprocess
+import sys
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -91,6 +94,31 @@ def subprocess_env(**extra):
     env["CUDA_VISIBLE_DEVICES"] = ""
     env.update(extra)
     return env
+
+
+def call_in_runner(target, *args, logical_cpus=2, timeout=300):
+    """Runs `module:function` of the tests in a fresh `train_runner.py` process with
+    `logical_cpus` logical CPU devices (for MirroredStrategy on a CPU); returns the
+    `subprocess.CompletedProcess` (stdout and stderr captured as text)."""
+    command = [sys.executable, RUNNER, "--logical-cpus", str(logical_cpus), "--call", target]
+    return subprocess.run(
+        command + [str(arg) for arg in args],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+class RecordRate(keras.callbacks.Callback):
+    """Records the optimizer's learning rate at the start of every training batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.rates = []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.rates.append(float(self.model.optimizer.learning_rate))
 
 
 def free_ports(n):
