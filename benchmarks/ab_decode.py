@@ -10,7 +10,6 @@ import json
 import os
 import statistics
 import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -18,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tensorflow as tf  # noqa: E402
 
 from benchmarks.ab_train import variant_fast_paths  # noqa: E402
-from benchmarks.common import parse_shapes  # noqa: E402
+from benchmarks.common import alternate, parse_shapes  # noqa: E402
 from benchmarks.decode_throughput import build_model, sources  # noqa: E402
 from keras_transformer import fast_paths  # noqa: E402
 from keras_transformer.decoding import translate_ids  # noqa: E402
@@ -39,14 +38,10 @@ def main(argv):
 
         with fast_paths.fast_paths(variant_fast_paths(variant)):
             fn(src)[0].numpy()  # traced with the variant's fast paths
-        fns.append((variant, fn, []))
-    for _ in range(rounds):
-        for variant, fn, times in fns:
-            start = time.perf_counter()
-            ids = fn(src)[0].numpy()
-            times.append(ids.size / (time.perf_counter() - start))
-    first = statistics.median(fns[0][2])
-    for variant, _, times in fns:
+        fns.append((variant, fn))
+    rates = alternate([lambda fn=fn: fn(src)[0].numpy().size for _, fn in fns], rounds)
+    first = statistics.median(rates[0])
+    for (variant, _), times in zip(fns, rates):
         med = statistics.median(times)
         print(
             json.dumps(

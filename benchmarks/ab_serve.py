@@ -15,7 +15,6 @@ import json
 import os
 import statistics
 import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -23,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tensorflow as tf  # noqa: E402
 
 from benchmarks.ab_train import variant_fast_paths  # noqa: E402
-from benchmarks.common import parse_shapes  # noqa: E402
+from benchmarks.common import alternate, parse_shapes  # noqa: E402
 from benchmarks.serve_compare import SENTENCES, build_model, sources, word_vocabulary  # noqa: E402
 from keras_transformer import fast_paths  # noqa: E402
 from keras_transformer.export import Translator  # noqa: E402
@@ -46,15 +45,19 @@ def main(argv):
         with fast_paths.fast_paths(variant_fast_paths(variant)):
             out = translator(text)  # traced with the variant's fast paths
         translations.append(out["translation"].numpy().tolist())
-        runs.append((variant, translator, []))
+        runs.append((variant, translator))
     differing = [sum(a != b for a, b in zip(t, translations[0])) for t in translations]
-    for _ in range(rounds):
-        for _, translator, times in runs:
-            start = time.perf_counter()
+
+    def call(translator):
+        def translate():
             translator(text)["translation"].numpy()
-            times.append(SENTENCES * cfg["tgt"] / (time.perf_counter() - start))
-    first = statistics.median(runs[0][2])
-    for (variant, _, times), differs in zip(runs, differing):
+            return SENTENCES * cfg["tgt"]  # every output runs to tgt tokens
+
+        return translate
+
+    rates = alternate([call(translator) for _, translator in runs], rounds)
+    first = statistics.median(rates[0])
+    for (variant, _), times, differs in zip(runs, rates, differing):
         median = statistics.median(times)
         line = dict(variant=variant, beam=beam, median_tokens_per_s=round(median, 1),
                     ratio=round(median / first, 3), all=[round(t) for t in times],

@@ -5,6 +5,7 @@ import json
 import os
 import resource
 import sys
+import time
 
 try:
     from benchmarks import ledger
@@ -22,6 +23,19 @@ def parse_shapes(argv, defaults=None):
     if len(argv) > 1 and argv[1].strip():
         cfg.update(json.loads(argv[1]))
     return cfg
+
+
+def alternate(calls, rounds):
+    """Times `calls` (zero-argument functions, each returning the tokens it made) in turn,
+    `rounds` times, so that drifts in the machine's load fall on all of them alike; returns
+    each call's tokens/s, one list per call, in the order of `calls`."""
+    rates = [[] for _ in calls]
+    for _ in range(rounds):
+        for call, times in zip(calls, rates):
+            start = time.perf_counter()
+            tokens = call()
+            times.append(tokens / (time.perf_counter() - start))
+    return rates
 
 
 def train_flops_per_token(cfg):
