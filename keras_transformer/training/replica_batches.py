@@ -82,14 +82,20 @@ class ReplicaBatches:
     def as_dataset(self):
         """The distributed dataset `fit` takes, iterated through this object."""
         distributed = self.strategy.experimental_distribute_dataset(self.dataset)
-        batches = self
+        return iterated_from(distributed, self.restart)
 
-        class Resumed(type(distributed)):
-            """The distributed dataset, iterated from `ReplicaBatches` (Keras's `fit` calls
-            `iter` on it)."""
 
-            def __iter__(self):
-                return batches.restart()
+def iterated_from(dataset, make_iterator):
+    """`dataset` (a `tf.data.Dataset` or a distributed dataset), changed in place so that
+    `iter(dataset)` returns `make_iterator()`: Keras's `fit` then draws its batches from an
+    iterator of ours (one a checkpoint saves) while it still sees the dataset's own type and
+    element spec."""
 
-        distributed.__class__ = Resumed
-        return distributed
+    class Resumed(type(dataset)):
+        """The dataset, iterated from `make_iterator()` (Keras's `fit` calls `iter` on it)."""
+
+        def __iter__(self):
+            return make_iterator()
+
+    dataset.__class__ = Resumed
+    return dataset

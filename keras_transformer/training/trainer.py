@@ -49,7 +49,7 @@ from keras_transformer.training.losses import MaskedSparseCrossEntropy
 from keras_transformer.training.metrics import MaskedAccuracy, Perplexity, TokenCount
 from keras_transformer.training.optimizers import FusedAdam
 from keras_transformer.training.preemption import CatchSignals, StopOnSignal, make_any_worker
-from keras_transformer.training.replica_batches import ReplicaBatches
+from keras_transformer.training.replica_batches import ReplicaBatches, iterated_from
 from keras_transformer.training.run_state import RunState
 from keras_transformer.training.schedules import BudgetSchedule, TransformerSchedule
 from keras_transformer.training.visuals import AttentionSummaries, write_hparams
@@ -644,15 +644,7 @@ def _resumed_batches(data, dataset, iterator, position, resume):
     if isinstance(iterator, ReplicaBatches):
         iterator.reset_position(position)
         return iterator.as_dataset()
-
-    class Resumed(type(dataset)):
-        """The dataset, iterated from `iterator` (Keras's `fit` calls `iter` once)."""
-
-        def __iter__(self):
-            return iterator
-
-    dataset.__class__ = Resumed
-    return dataset
+    return iterated_from(dataset, lambda: iterator)
 
 
 def _is_peer_failure(error):

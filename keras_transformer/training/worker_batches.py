@@ -18,6 +18,7 @@ import re
 import tensorflow as tf
 
 from keras_transformer.training.callbacks import _first_line
+from keras_transformer.training.replica_batches import iterated_from
 from keras_transformer.workdir import read_text, write_atomically
 
 
@@ -102,17 +103,7 @@ class WorkerBatches(tf.distribute.DistributedIterator):
 
     def as_dataset(self):
         """The distributed dataset `fit` takes, iterated through this object."""
-        distributed, batches = self.input.distributed, self
-
-        class Resumed(type(distributed)):
-            """The worker's distributed dataset, iterated from `WorkerBatches` (Keras's `fit`
-            calls `iter` on it)."""
-
-            def __iter__(self):
-                return batches
-
-        distributed.__class__ = Resumed
-        return distributed
+        return iterated_from(self.input.distributed, lambda: self)
 
 
 class IteratorBackup:
