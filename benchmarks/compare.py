@@ -7,8 +7,13 @@ Usage (from the repository root):
 (`benchmarks/compare.sh` runs it with the defaults.)
 
 Each round runs, one after the other: the Model Garden peer (training then beam-4 decoding, one
-process), our `train_throughput.py`, our `decode_throughput.py`. `peak_matmul.py` runs once at the
-start, for MFU. The peer's peak memory is read from its own process at the moment it prints its
+process), our `train_throughput.py` in float32, then (unless `--no-bf16`) in mixed_bfloat16, our
+`decode_throughput.py`. At the start, `../shared/bench/peak_matmul.py` (float32) and our
+`benchmarks/peak_matmul.py bfloat16` run once each, for MFU: float32 training against the float32
+peak, bfloat16 training against the bfloat16 peak. The summary also says which precision
+`runtime.mixed_precision: auto` picks from the two training rates (`training.precision.choose`:
+bfloat16 when at least 1.1x faster); Model Garden trains in float32 only (see ../shared/bench).
+The peer's peak memory is read from its own process at the moment it prints its
 training figure (so it covers model building and training, as ours does).
 
 Every process inherits this one's environment, so TensorFlow runtime settings apply to both sides
@@ -29,6 +34,7 @@ sys.path.insert(0, ROOT)
 
 from benchmarks import ledger  # noqa: E402
 from benchmarks.common import BASE, SMALL  # noqa: E402
+from keras_transformer.training.precision import choose  # noqa: E402
 
 SHAPES = {"small": SMALL, "base": BASE}
 
@@ -83,16 +89,24 @@ def main():
     parser.add_argument("--peer-python", default="/tmp/peers/mg/bin/python")
     parser.add_argument("--peers-dir", default=os.path.join(ROOT, "..", "shared", "bench"))
     parser.add_argument("--check", type=int, default=8, help="sources checked cached vs uncached")
+    parser.add_argument(
+        "--no-bf16", action="store_true", help="skip our mixed_bfloat16 training and its peak"
+    )
     args = parser.parse_args()
     peers = os.path.abspath(args.peers_dir)
     py = sys.executable
 
     peak = run([args.peer_python, os.path.join(peers, "peak_matmul.py")], "peak_matmul")
     peak_gflops = peak[0]["gflops"] if peak else None
+    peak_bf16 = None
+    if not args.no_bf16:
+        rec = run([py, os.path.join(HERE, "peak_matmul.py"), "bfloat16"], "peak_matmul_bf16")
+        peak_bf16 = rec[0]["gflops"] if rec else None
     summary = []
     for name in args.shapes.split(","):
         shapes = dict(SHAPES[name])
         ours = dict(shapes, peak_gflops=peak_gflops)
+        ours_bf16 = dict(shapes, dtype="mixed_bfloat16", peak_gflops=peak_bf16)
         figures = {}
         for r in range(args.rounds):
             for rec in run(
@@ -111,6 +125,12 @@ def main():
                 f"{name}/ours_train/{r}",
             ):
                 figures.setdefault(("ours", rec["what"]), []).append(rec)
+            if not args.no_bf16:
+                for rec in run(
+                    [py, os.path.join(HERE, "train_throughput.py"), json.dumps(ours_bf16)],
+                    f"{name}/ours_train_bf16/{r}",
+                ):
+                    figures.setdefault(("ours_bf16", rec["what"]), []).append(rec)
             decode_cfg = dict(shapes, check=args.check if r == 0 else 0)
             for rec in run(
                 [py, os.path.join(HERE, "decode_throughput.py"), json.dumps(decode_cfg)],
@@ -124,6 +144,16 @@ def main():
         train_ratio = med("ours", "train") / med("mg", "train")
         decode_ratio = med("ours", "beam4_decode") / med("mg", "beam4_decode")
         checks = [rec["identical_ids"] for rec in figures.get(("ours", "beam4_cache_check"), [])]
+        bf16 = {}
+        if not args.no_bf16:
+            rates = {"float32": med("ours", "train"), "mixed_bfloat16": med("ours_bf16", "train")}
+            bf16 = dict(
+                ours_bf16_train_tokens_per_s=round(rates["mixed_bfloat16"], 1),
+                ours_bf16_mfu=round(med("ours_bf16", "train", "mfu"), 3),
+                bf16_over_fp32=round(rates["mixed_bfloat16"] / rates["float32"], 3),
+                auto_picks=choose(rates),
+                peak_matmul_bf16_gflops=peak_bf16,
+            )
         summary.append(
             dict(
                 shapes=name,
@@ -141,6 +171,7 @@ def main():
                 mg_train_max_rss_mb=med("mg", "train", "max_rss_mb"),
                 peak_matmul_gflops=peak_gflops,
                 tf_enable_onednn_opts=os.environ.get("TF_ENABLE_ONEDNN_OPTS", "tf default"),
+                **bf16,
             )
         )
     print("=== ratios of medians (ours / Model Garden)")

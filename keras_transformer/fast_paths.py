@@ -22,6 +22,10 @@ enabled here. `tests/test_fast_paths.py` proves every one equal to its plain for
 - `shared_beam_caches`: beam search's decoding caches held once per input for all its beams
   (`layers.attention.BeamCache`), each beam attending to its own positions through a mask: no
   cache is repeated per beam or reordered with the beams at every step.
+- `projection_gradients`: in training, a Dense projection's input gradient `g @ kernel^T`
+  computed as an einsum (oneDNN runs the transposed-operand matmul of TensorFlow's own MatMul
+  gradient up to a quarter slower), with the forward matmul, bias and ReLU left for TensorFlow
+  to fuse into one oneDNN kernel.
 
 The setting: the environment variable `KERAS_TRANSFORMER_FAST_PATHS` read at import (`all`, the
 default; `none`; or a comma-separated list of names, e.g. `fused_loss,fused_adam`), or
@@ -49,6 +53,7 @@ NAMES = (
     "fused_adam",
     "tracked_token_scores",
     "shared_beam_caches",
+    "projection_gradients",
 )
 
 

@@ -4,8 +4,9 @@ The fast paths (docs/guides/performance.md explains why each is the default): fu
 projections, einsum attention logits, per-layer (keys, values) decoding caches written by
 scatter, the fused softmax-cross-entropy loss (gradient formed in the forward pass, per-token
 statistics handed to the metrics), the argmax-free accuracy, the one-kernel Adam update, the
-LayerNorm with a hand-written gradient, the in-place decoding-cache writes of translate_ids and
-the exported per-token scores tracked during the search.
+LayerNorm with a hand-written gradient, the Dense layers' einsum input gradients in training, the
+in-place decoding-cache writes of translate_ids and the exported per-token scores tracked during
+the search.
 """
 
 import keras
@@ -127,6 +128,80 @@ def test_fused_training_step_equals_separate(unfused):
 
     for a, b in zip(train_once(True), train_once(False)):
         np.testing.assert_allclose(a, b, atol=ATOL)
+
+
+# ----------------------------------------------------------------------- projection gradients
+
+
+@pytest.mark.parametrize("activation", ["relu", None])
+@pytest.mark.parametrize("use_bias", [True, False])
+def test_projection_gradients_equal_keras_dense(activation, use_bias):
+    """In training, `call_dense`'s fast path gives the Dense layer's output and the gradients of
+    the input, kernel and bias (to 1e-5), and its input gradient is an einsum."""
+    from keras_transformer.layers import _fast_paths as layer_paths
+
+    layer = keras.layers.Dense(24, activation=activation, use_bias=use_bias)
+    layer.build((2, 5, 16))
+    x, upstream = tf.constant(rand((2, 5, 16), 1)), tf.constant(rand((2, 5, 24), 2))
+
+    @tf.function
+    def run(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer_paths.call_dense(layer, x, training=True)
+        grads = tape.gradient(y, [x] + [w.value for w in layer.trainable_weights], upstream)
+        return y, grads
+
+    fast_out, fast_grads = run(x)
+    assert "Einsum" in _graph_op_types(run.get_concrete_function(x))
+    with fast_paths.without("projection_gradients"):
+        plain = tf.function(run.python_function)
+        plain_out, plain_grads = plain(x)
+        assert "Einsum" not in _graph_op_types(plain.get_concrete_function(x))
+    np.testing.assert_allclose(np.asarray(fast_out), np.asarray(plain_out), atol=ATOL)
+    for a, b in zip(fast_grads, plain_grads):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=ATOL)
+
+
+def test_projection_gradients_apply_only_in_training():
+    """Outside training (decoding steps, evaluation) the Dense layers run as Keras runs them."""
+    from keras_transformer.layers import _fast_paths as layer_paths
+
+    layer = keras.layers.Dense(8, activation="relu")
+    layer.build((3, 4))
+    x = rand((3, 4))
+    for training in (None, False):
+        assert layer_paths.dense(layer, x, training) is None
+    assert layer_paths.dense(keras.layers.Dense(8, activation="gelu"), x, True) is None
+
+
+def test_training_step_with_projection_gradients_equals_plain():
+    """One optimizer step of the whole model (dropout on) gives the same weights with and
+    without the projection-gradient fast path."""
+    src = np.random.default_rng(0).integers(1, 40, (3, 6)).astype("int32")
+    tgt = np.random.default_rng(1).integers(1, 40, (3, 5)).astype("int32")
+
+    def train_once():
+        keras.utils.set_random_seed(7)
+        model = tiny_model()
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss=_sparse_loss, jit_compile=False)
+        model.train_on_batch({"source_ids": src, "target_ids": tgt}, tgt)
+        return [np.asarray(w) for w in model.weights]
+
+    fast = train_once()
+    with fast_paths.without("projection_gradients"):
+        plain = train_once()
+    moved = [not np.allclose(a, b0) for a, b0 in zip(fast, _initial_weights())]
+    assert any(moved)
+    for a, b in zip(fast, plain):
+        np.testing.assert_allclose(a, b, atol=ATOL)
+
+
+def _initial_weights():
+    keras.utils.set_random_seed(7)
+    model = tiny_model()
+    model({"source_ids": np.ones((1, 2), "int32"), "target_ids": np.ones((1, 2), "int32")})
+    return [np.asarray(w) for w in model.weights]
 
 
 def _sparse_loss(y_true, y_pred):

@@ -239,33 +239,39 @@ class MultiHeadAttention(CallTracedSpec, keras.layers.Layer):
         x = ops.reshape(x, (shape[0], shape[1], self.num_heads, x.shape[-1] // self.num_heads))
         return ops.transpose(x, (0, 2, 1, 3))
 
-    def _project(self, x, denses):
+    def _project(self, x, denses, training=None):
         """`x` through each Dense of `denses`, split into heads: one `[b, h, len, d]` each."""
-        fast = _fast_paths.fused_projection(x, denses, self.compute_dtype, self._split_heads)
-        return fast if fast is not None else [self._split_heads(d(x)) for d in denses]
+        fast = _fast_paths.fused_projection(
+            x, denses, self.compute_dtype, self._split_heads, training
+        )
+        if fast is not None:
+            return fast
+        return [self._split_heads(_fast_paths.call_dense(d, x, training)) for d in denses]
 
-    def compute_key_value_cache(self, value, key=None):
+    def compute_key_value_cache(self, value, key=None, training=None):
         """Projects `key`/`value` once: the pair `(keys, values)` of `[batch, heads, k_len, d]`
         for cross-attention during decoding."""
         if key is None or key is value:
-            keys, values = self._project(value, (self.key_dense, self.value_dense))
+            keys, values = self._project(value, (self.key_dense, self.value_dense), training)
         else:
             (keys,), (values,) = (
-                self._project(key, (self.key_dense,)),
-                self._project(value, (self.value_dense,)),
+                self._project(key, (self.key_dense,), training),
+                self._project(value, (self.value_dense,), training),
             )
         return keys, values
 
-    def _queries_keys_values(self, query, key, value, cache, cache_update_index):
+    def _queries_keys_values(self, query, key, value, cache, cache_update_index, training=None):
         """Projected `(q, k, v)`, each `[b, h, len, d]`, the cache written where there is one."""
         if cache is not None and cache_update_index is None:  # cross-attention, cached
             (q,) = self._project(query, (self.query_dense,))
             return (q, *cache), cache
         if query is key and key is value:
-            q, k, v = self._project(query, (self.query_dense, self.key_dense, self.value_dense))
+            q, k, v = self._project(
+                query, (self.query_dense, self.key_dense, self.value_dense), training
+            )
         else:
-            (q,) = self._project(query, (self.query_dense,))
-            k, v = self.compute_key_value_cache(value, key)
+            (q,) = self._project(query, (self.query_dense,), training)
+            k, v = self.compute_key_value_cache(value, key, training)
         if cache is not None:  # self-attention while decoding: k, v are this step's
             k = write_cache(cache[0], k, cache_update_index)
             v = write_cache(cache[1], v, cache_update_index)
@@ -296,7 +302,7 @@ class MultiHeadAttention(CallTracedSpec, keras.layers.Layer):
             )
         else:
             (q, k, v), cache = self._queries_keys_values(
-                query, key, value, cache, cache_update_index
+                query, key, value, cache, cache_update_index, training
             )
             mask = self._compute_mask(
                 q, k, attention_mask, use_causal_mask, cache, cache_update_index
@@ -306,7 +312,7 @@ class MultiHeadAttention(CallTracedSpec, keras.layers.Layer):
         out = ops.transpose(out, (0, 2, 1, 3))
         shape = ops.shape(out)
         out = ops.reshape(out, (shape[0], shape[1], self.num_heads * self.value_dim))
-        out = self.output_dense(out)
+        out = _fast_paths.call_dense(self.output_dense, out, training)
 
         results = [out]
         if return_attention_scores:

@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_transformer.layers import _fast_paths
 from keras_transformer.layers._initializers import clone_initializer
 from keras_transformer.layers._specs import CallTracedSpec
 
@@ -68,7 +69,10 @@ class PositionwiseFeedForward(CallTracedSpec, keras.layers.Layer):
         self.built = True
 
     def call(self, inputs, training=None):
-        return self.outer(self.inner_dropout(self.inner(inputs), training=training))
+        inner = _fast_paths.call_dense(self.inner, inputs, training)
+        return _fast_paths.call_dense(
+            self.outer, self.inner_dropout(inner, training=training), training
+        )
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.output_dim or input_shape[-1],)
