@@ -4,7 +4,8 @@ under fast-path variants (a development aid for noisy machines).
 Usage: python benchmarks/ab_serve.py '<shapes JSON>' '<JSON list of variants>' [rounds] [beam]
 The shapes override the small ones (benchmarks/common.py), e.g. '{"vocab": 32000, "d": 512,
 "layers": 6, "heads": 8, "ff": 2048}' for base. A variant is {"fast_paths": setting} or
-{"without": [names]} (see ab_train.py): the fast paths in force while its Translator is traced.
+{"without": [names]} (see ab_train.py): the fast paths in force while its Translator is traced;
+`"jit_compile": true` compiles its search with XLA (`Translator(jit_compile=True)`).
 Model and inputs as in serve_compare.py (32 random sources of `src` words, outputs pinned to
 `tgt` tokens), beam 4 unless given. The variants' calls alternate, one call each per round;
 prints each variant's median output tokens/s, its ratio to the first one and how many of its
@@ -40,7 +41,7 @@ def main(argv):
         translator = Translator(
             model, spm_bytes, beam_size=beam, alpha=0.6, batch_size=SENTENCES,
             max_extra_length=cfg["tgt"] - cfg["src"], max_source_length=cfg["src"] + 1,
-            max_length=cfg["tgt"] + 1,
+            max_length=cfg["tgt"] + 1, jit_compile=bool(variant.get("jit_compile")),
         )  # fmt: skip
         with fast_paths.fast_paths(variant_fast_paths(variant)):
             out = translator(text)  # traced with the variant's fast paths

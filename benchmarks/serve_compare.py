@@ -4,6 +4,7 @@ Usage (from the repository root, PYTHONPATH=$PWD):
     python benchmarks/serve_compare.py                       # small and base shapes
     python benchmarks/serve_compare.py --shapes small --runs 3 --no-peer
     python benchmarks/serve_compare.py --no-peer --beam-size 1  # greedy: our beam-1 export, CT2
+    python benchmarks/serve_compare.py --no-peer --xla  # also the export with XLA's search
 
 For each shape (../shared/bench/README.md: small, base) one model with random weights is
 1. exported as our SavedModel and run through its `serving_default` signature, strings in and
@@ -106,8 +107,9 @@ def time_calls(fn, runs):
     return time.perf_counter() - start, result
 
 
-def saved_model_decoder(model, spm_bytes, cfg, work, beam=4):
-    """Our SavedModel's `serving_default`, loaded as TF Serving loads it: `() -> lengths`."""
+def saved_model_decoder(model, spm_bytes, cfg, work, beam=4, jit_compile=False):
+    """Our SavedModel's `serving_default`, loaded as TF Serving loads it: `() -> lengths`
+    (`jit_compile`: the export's search compiled with XLA, `export.jit_compile`)."""
     import tensorflow as tf
     import tensorflow_text  # noqa: F401
 
@@ -116,7 +118,8 @@ def saved_model_decoder(model, spm_bytes, cfg, work, beam=4):
     decode = {"beam_size": beam, "alpha": 0.6, "batch_size": SENTENCES, "n_best": 1,
               "max_extra_length": cfg["tgt"] - cfg["src"]}  # fmt: skip
     data = {"max_source_length": cfg["src"] + 1, "max_target_length": cfg["tgt"] + 1}
-    path = export_saved_model(model, spm_bytes, decode, data, work, "bench")
+    name = "bench_xla" if jit_compile else "bench"
+    path = export_saved_model(model, spm_bytes, decode, data, work, name, jit_compile=jit_compile)
     serve = tf.saved_model.load(path).signatures["serving_default"]
     text = tf.constant(sources(cfg))
 
@@ -181,7 +184,7 @@ def bench_model_garden(cfg):
     return None
 
 
-def run_shape(name, cfg, runs, rounds, peer, beam=4):
+def run_shape(name, cfg, runs, rounds, peer, beam=4, xla=False):
     load = os.getloadavg()[0]
     model = build_model(cfg)
     spm_bytes = word_vocabulary(cfg["vocab"])
@@ -191,6 +194,10 @@ def run_shape(name, cfg, runs, rounds, peer, beam=4):
     with tempfile.TemporaryDirectory(prefix="kt-serve-compare-") as work:
         signature = saved_model_decoder(model, spm_bytes, cfg, work, beam)
         decoders = {"ours_saved_model_signature": signature}
+        if xla:
+            decoders["ours_saved_model_xla"] = saved_model_decoder(
+                model, spm_bytes, cfg, work, beam, jit_compile=True
+            )
         decoders.update(
             ctranslate2_decoders(model, spm_bytes, cfg, work, ("float32", "int8"), beam)
         )
@@ -208,6 +215,10 @@ def run_shape(name, cfg, runs, rounds, peer, beam=4):
         "ours_over_ct2_float32": round(ours / ct2_float32, 3),
         "ct2_int8_over_ct2_float32": round(figures["ctranslate2_int8"][0] / ct2_float32, 3),
     }
+    if xla:
+        ratios["ours_xla_over_ct2_float32"] = round(
+            figures["ours_saved_model_xla"][0] / ct2_float32, 3
+        )
     if mg is not None:
         ratios["ours_over_model_garden"] = round(ours / mg, 3)
         ratios["ct2_float32_over_model_garden"] = round(ct2_float32 / mg, 3)
@@ -224,9 +235,15 @@ def main():
         "--beam-size", type=int, default=4,
         help="beam size of our export and CTranslate2 (1: greedy; Model Garden runs at 4 only)",
     )  # fmt: skip
+    parser.add_argument(
+        "--xla", action="store_true",
+        help="also our export with its search compiled by XLA (export.jit_compile: true)",
+    )  # fmt: skip
     args = parser.parse_args()
     for name in args.shapes.split(","):
-        run_shape(name, SHAPES[name], args.runs, args.rounds, not args.no_peer, args.beam_size)
+        run_shape(
+            name, SHAPES[name], args.runs, args.rounds, not args.no_peer, args.beam_size, args.xla
+        )
 
 
 if __name__ == "__main__":

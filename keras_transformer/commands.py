@@ -591,7 +591,15 @@ def export_command(args):
     base_dir = args.output or config.export.base_dir
     facts, dev_pairs = _card_inputs(args.workdir, config, model.vocab_size, final.selection)
     path = export_saved_model(
-        model, spm_bytes, settings, config.data, base_dir, name, facts, dev_pairs
+        model,
+        spm_bytes,
+        settings,
+        config.data,
+        base_dir,
+        name,
+        facts,
+        dev_pairs,
+        jit_compile=config.export.jit_compile,
     )
     print(f"exported {averaged or f'step {steps[-1]}'} to {path}")
 

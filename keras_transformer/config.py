@@ -411,6 +411,11 @@ class ExportConfig:
         "outputs stop at source length + this; null: decode.max_extra_length",
         valid=f"[0, {_MAX_LENGTH}]",
     )
+    jit_compile: bool = _field(
+        False,
+        "compile the SavedModel's search with XLA: faster decoding on CPUs, one compile per new "
+        "input shape; TF Serving needs --xla_cpu_compilation_enabled=true on a CPU",
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -221,3 +221,55 @@ def test_translator_survives_eager_cache_clears(exported_copy_model):
     before = _as_strings(translator(NORMAL)["translation"])
     keras.utils.set_random_seed(7)  # clears TensorFlow's eager kernel cache
     assert _as_strings(translator(NORMAL)["translation"]) == before
+
+
+def _xla_calls(concrete):
+    """Nodes of `concrete`'s graph (and its library) that must be compiled by XLA."""
+    graph_def = concrete.graph.as_graph_def()
+    nodes = list(graph_def.node)
+    for function in graph_def.library.function:
+        nodes.extend(function.node_def)
+    return [n.name for n in nodes if n.attr["_XlaMustCompile"].b]
+
+
+def test_xla_compiled_search_answers_as_the_graph_search(tmp_path, copy_model, toy_spm_bytes):
+    """`export.jit_compile`: the search compiled by XLA (string ops outside; chunks padded to
+    shape buckets) gives the plain export's translations, n-best lists and prefixed translations
+    (scores to 1e-4), before and after a save/load round trip; only the compiled export holds
+    an XLA-compiled call."""
+    texts = tf.constant(NORMAL)
+    prefixes = tf.constant(["red", "", "", "plum"])
+    outputs = {}
+    for jit in (False, True):
+        path = export_saved_model(
+            copy_model, toy_spm_bytes, DECODE, DATA, str(tmp_path), f"m{int(jit)}",
+            jit_compile=jit,
+        )  # fmt: skip
+        loaded = tf.saved_model.load(path)
+        signatures = loaded.signatures
+        outputs[jit] = [
+            signatures["serving_default"](text=texts),
+            signatures["translate_nbest"](text=texts),
+            signatures["translate_prefix"](text=texts, prefix=prefixes),
+            signatures["serving_default"](text=texts[:3]),  # rows padded to 4 under XLA
+        ]
+        with open(os.path.join(path, "assets.extra", "keras_transformer.json")) as f:
+            assert json.load(f)["jit_compile"] is jit
+        translator = Translator(
+            copy_model, toy_spm_bytes, max_source_length=DATA["max_source_length"],
+            jit_compile=jit, **DECODE,
+        )  # fmt: skip
+        concrete = translator.serve.get_concrete_function()
+        assert bool(_xla_calls(concrete)) is jit
+        if jit:
+            in_process = translator(texts)
+            np.testing.assert_array_equal(
+                in_process["translation"].numpy(), outputs[jit][0]["translation"].numpy()
+            )
+    for compiled, plain in zip(outputs[True], outputs[False]):
+        assert set(compiled) == set(plain)
+        for key, value in compiled.items():
+            if value.dtype == tf.string:
+                np.testing.assert_array_equal(value.numpy(), plain[key].numpy())
+            else:
+                np.testing.assert_allclose(value.numpy(), plain[key].numpy(), atol=1e-4)

@@ -64,11 +64,11 @@ def _field(config, key, default):
     return getattr(config, key, default)
 
 
-def export_translator(model, tokenizer, settings=None, data_config=None):
+def export_translator(model, tokenizer, settings=None, data_config=None, jit_compile=False):
     """The `Translator` that `export_saved_model` saves, with the same decoding settings.
 
-    `settings` and `data_config` are as in `export_saved_model`; use it to decode with
-    exactly the graph an export would serve (e.g. `benchmarks/decode_sweep.py`).
+    `settings`, `data_config` and `jit_compile` are as in `export_saved_model`; use it to
+    decode with exactly the graph an export would serve (e.g. `benchmarks/decode_sweep.py`).
     """
     if settings is not None and not isinstance(settings, DecodingSettings):
         settings = DecodingSettings(**settings)  # a mapping of its fields
@@ -79,6 +79,7 @@ def export_translator(model, tokenizer, settings=None, data_config=None):
         max_source_length=_field(data_config, "max_source_length", 128),
         # As in the dev-set decoding during training: no output longer than the training targets.
         max_length=_field(data_config, "max_target_length", None),
+        jit_compile=jit_compile,
     )
 
 
@@ -95,6 +96,7 @@ def export_saved_model(
     name="model",
     card_facts=None,
     dev_pairs=None,
+    jit_compile=False,
 ):
     """Exports `Translator(model, tokenizer)` as the next version of `base_dir/name`.
 
@@ -127,6 +129,9 @@ def export_saved_model(
         dev_pairs: `[(source, reference), ...]`; the first `MAX_CALIBRATION_SENTENCES` calibrate
             the confidence against sentence chrF and time the decoding. None keeps the default
             map (`Translator.set_calibration`) and leaves the speed unmeasured.
+        jit_compile: compile the search with XLA (`Translator`'s `jit_compile`; the config's
+            `export.jit_compile`): faster on CPUs, a compile per new input shape, and TF
+            Serving needs `--xla_cpu_compilation_enabled=true` to run it on a CPU.
 
     Returns:
         The path of the new version directory, e.g. `saved_models/quickstart/3`.
@@ -140,7 +145,7 @@ def export_saved_model(
     """
     if not name or os.sep in str(name) or str(name) in (".", ".."):
         raise ValueError(f"invalid model name {name!r}")
-    translator = export_translator(model, tokenizer, settings, data_config)
+    translator = export_translator(model, tokenizer, settings, data_config, jit_compile)
     calibration, speed = _calibrate(translator, dev_pairs)
 
     def write_assets(export_dir):
@@ -312,6 +317,7 @@ def _write_metadata(export_dir, translator, name):
         "max_source_length": translator.max_source_length,
         "max_length": translator.max_length,
         "vocab_size": translator.model.vocab_size,
+        "jit_compile": translator.jit_compile,
     }
     if settings.sampling:
         metadata["signatures"]["translate_sample"] = {

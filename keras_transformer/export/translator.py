@@ -16,6 +16,7 @@ from keras_transformer.config import DecodingSettings
 from keras_transformer.data.pipeline import encode_sources
 from keras_transformer.decoding.search import translate_ids
 from keras_transformer.export.calibration import MAX_MARGIN, MIN_MEAN_LOG_PROB
+from keras_transformer.export.warmup import bucket_lengths
 
 # The confidence's map before any calibration: sigmoid(1 + 2 * mean log p), 0.5 at a mean
 # token log-probability of -0.5 (`set_calibration` replaces it with one fitted on a dev set).
@@ -74,6 +75,10 @@ class Translator(tf.Module):
             sampling, special ids.
         max_source_length: longest source in tokens, EOS included (longer inputs are truncated).
         max_length: optional cap on the output length.
+        jit_compile: compile the search (ids in, ids out; the string ops stay outside) with XLA.
+            Faster decoding on CPUs (`docs/guides/performance.md`), but XLA compiles once per
+            new chunk shape (sentences x longest source), and TF Serving runs XLA on a CPU only
+            with `--xla_cpu_compilation_enabled=true`. Off by default.
         **changes: fields of `settings` to replace (e.g. `beam_size=1`).
 
     Call arguments:
@@ -117,6 +122,7 @@ class Translator(tf.Module):
         settings=None,
         max_source_length=128,
         max_length=None,
+        jit_compile=False,
         name=None,
         **changes,
     ):
@@ -138,6 +144,9 @@ class Translator(tf.Module):
         self.settings = dataclasses.replace(settings, **changes) if changes else settings
         self.max_source_length = int(max_source_length)
         self.max_length = None if max_length is None else int(max_length)
+        self.jit_compile = bool(jit_compile)
+        # The search alone, compiled by XLA when asked (a nested function of every signature).
+        self._search = tf.function(self._search_ids, jit_compile=self.jit_compile, autograph=False)
         # The confidence's map (see `set_calibration`); read as constants when a signature is
         # traced, so it must be set before the first call.
         self.calibration = dict(DEFAULT_CALIBRATION)
@@ -230,21 +239,58 @@ class Translator(tf.Module):
         `[c, K, T]` log p of each token), best first; `K` = the beam size (1 when sampling). The
         token scores are tracked during the search (fast path `tracked_token_scores`), else None:
         `_token_log_probs` computes them by forced decoding."""
-        # Only `translate_sample` samples; the other signatures search.
-        settings = self.settings if seeds is not None else self.settings.without_sampling()
+        pad_id = self.settings.pad_id
         tracked = fast_paths.enabled("tracked_token_scores")
-        outputs = translate_ids(
+        inputs = (
+            source.to_tensor(default_value=pad_id),  # [c, s_len]
+            None if prefix is None else prefix.to_tensor(default_value=pad_id),
+            None if seeds is None else _fold_seeds(seeds),
+        )
+        rows = tf.shape(inputs[0])[0]
+        if self.jit_compile:
+            inputs = self._shape_buckets(*inputs)
+        outputs = self._search(*inputs, tracked)
+        outputs = [tf.convert_to_tensor(x)[:rows] for x in outputs]
+        return outputs if tracked else (*outputs, None)
+
+    def _shape_buckets(self, source, prefix, seed):
+        """The chunk padded to a few shapes, so that XLA compiles a few programs: sources to the
+        next source-length bucket (`export.warmup.bucket_lengths`, the lengths the warmup
+        requests run) with padding (masked: the answers do not change), rows to the next power
+        of two up to `batch_size` with copies of the first row (their answers are dropped)."""
+        pad_id = self.settings.pad_id
+        lengths = tf.constant(bucket_lengths(self.max_source_length), tf.int32)
+        width = tf.shape(source)[1]
+        index = tf.minimum(tf.searchsorted(lengths, [width])[0], tf.size(lengths) - 1)
+        source = tf.pad(source, [[0, 0], [0, tf.maximum(lengths[index] - width, 0)]],
+                        constant_values=pad_id)  # fmt: skip
+        sizes = [1]
+        while sizes[-1] < self.settings.batch_size:
+            sizes.append(min(2 * sizes[-1], self.settings.batch_size))
+        sizes = tf.constant(sizes, tf.int32)
+        rows = tf.shape(source)[0]
+        extra = sizes[tf.minimum(tf.searchsorted(sizes, [rows])[0], tf.size(sizes) - 1)] - rows
+        extra = tf.maximum(extra, 0)
+
+        def padded(x):
+            return None if x is None else tf.concat([x, tf.repeat(x[:1], extra, axis=0)], 0)
+
+        return padded(source), padded(prefix), padded(seed)
+
+    def _search_ids(self, source, prefix, seed, tracked):
+        """`translate_ids` on padded int32 ids (`seed` None: search, else sample)."""
+        # Only `translate_sample` samples; the other signatures search.
+        settings = self.settings if seed is not None else self.settings.without_sampling()
+        return translate_ids(
             self.model,
-            source.to_tensor(default_value=settings.pad_id),  # [c, s_len]
+            source,
             settings,
             max_length=self.max_length,
             return_all=True,
-            prefix_ids=None if prefix is None else prefix.to_tensor(default_value=settings.pad_id),
-            seed=0 if seeds is None else _fold_seeds(seeds),
+            prefix_ids=prefix,
+            seed=0 if seed is None else seed,
             return_token_scores=tracked,
         )
-        outputs = [tf.convert_to_tensor(x) for x in outputs]
-        return outputs if tracked else (*outputs, None)
 
     def _token_log_probs(self, source, ids):
         """Forced decoding of the hypotheses: `source` ragged `[c, (tokens)]`, `ids` int32

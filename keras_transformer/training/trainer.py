@@ -184,6 +184,7 @@ def _export(model, tokenizer, config, result=None, alpha=None):
         config.export.name or config.name,
         card_facts=card_facts(config, manifest, result, tokenizer.vocab_size),
         dev_pairs=_read_split(config.data.dev),
+        jit_compile=config.export.jit_compile,
     )
 
 
