@@ -4,6 +4,7 @@ CTranslate2's `Translator.translate_file`, on the same exported model.
 Usage (from the repository root, PYTHONPATH=$PWD), with a trained workdir (the quickstart's:
 `keras-transformer train --config configs/quickstart.yaml`, a few minutes):
     python benchmarks/translate_file.py --workdir workdirs/quickstart            # 100k lines
+    python benchmarks/translate_file.py --workdir workdirs/quickstart --jit-compile  # XLA export
     python benchmarks/translate_file.py --model saved_models/quickstart \\
         --ct2-model saved_models/quickstart-ctranslate2 --input FILE --threads 2
 
@@ -52,18 +53,23 @@ def parse_args(argv=None):
     parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch (32)")
     parser.add_argument("--chunk-lines", type=int, default=4096, help="lines sorted at a time")
     parser.add_argument("--systems", default="keras-transformer,ctranslate2")
+    parser.add_argument(
+        "--jit-compile", action="store_true",
+        help="with --workdir: export our SavedModel with export.jit_compile=true (XLA's search)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if bool(args.workdir) == bool(args.model and args.ct2_model):
         parser.error("give --workdir, or --model and --ct2-model")
     return args
 
 
-def export_both(workdir, directory):
+def export_both(workdir, directory, jit_compile=False):
     """`(SavedModel dir, CTranslate2 dir)` exported from `workdir` into `directory`."""
     from keras_transformer import cli
 
     saved, ct2 = os.path.join(directory, "saved_models"), os.path.join(directory, "ct2")
-    for extra in (["--output", saved], ["--output", ct2, "--format", "ctranslate2"]):
+    ours = ["--output", saved] + (["--jit-compile"] if jit_compile else [])
+    for extra in (ours, ["--output", ct2, "--format", "ctranslate2"]):
         if cli.main(["export", "--workdir", workdir, *extra]) != 0:
             sys.exit("export failed")
     (name,) = os.listdir(saved)
@@ -135,7 +141,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory(prefix="translate-file-bench-") as directory:
         model, ct2_model = args.model, args.ct2_model
         if args.workdir:
-            model, ct2_model = export_both(args.workdir, directory)
+            model, ct2_model = export_both(args.workdir, directory, args.jit_compile)
         source = args.input or os.path.join(directory, "source.txt")
         if not args.input:
             write_synthetic(source, args.lines)
@@ -144,7 +150,8 @@ def main(argv=None):
         settings = card(model)
         common = dict(what="translate_file", lines=lines, batch_size=args.batch_size,
                       chunk_lines=args.chunk_lines, beam_size=settings["beam_size"],
-                      intra_threads=args.threads, load=os.getloadavg()[0])  # fmt: skip
+                      intra_threads=args.threads, load=os.getloadavg()[0],
+                      jit_compile=bool(settings.get("jit_compile")))  # fmt: skip
         ours = os.path.join(directory, "ours.txt")
         systems = args.systems.split(",")
         if "keras-transformer" in systems:

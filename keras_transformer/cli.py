@@ -217,6 +217,13 @@ def _add_export_command(sub, common):
     p.add_argument("--max-extra-length", type=int, help="outputs stop at source length + this")
     _sampling_flags(p, "adds the translate_sample signature; default decode.sampling_*")
     p.add_argument(
+        "--jit-compile",
+        action="store_true",
+        default=None,
+        help="compile the SavedModel's search with XLA (export.jit_compile; TF Serving then "
+        "needs --xla_cpu_compilation_enabled=true on a CPU)",
+    )
+    p.add_argument(
         "--format",
         choices=("saved_model", "ctranslate2"),
         default="saved_model",

@@ -599,7 +599,7 @@ def export_command(args):
         name,
         facts,
         dev_pairs,
-        jit_compile=config.export.jit_compile,
+        jit_compile=bool(args.jit_compile or config.export.jit_compile),
     )
     print(f"exported {averaged or f'step {steps[-1]}'} to {path}")
 

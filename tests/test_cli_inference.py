@@ -94,12 +94,17 @@ def test_export_from_workdir(tmp_path, copy_model, toy_spm_path, run_cli):
     assert list_versions(str(model_dir)) == [1]
     assert "200, 300" in out and str(model_dir / "1") in out
     output = tmp_path / "elsewhere"
-    code, out, err = run_cli("export", "--workdir", str(workdir), "--output", str(output))
+    code, out, err = run_cli(
+        "export", "--workdir", str(workdir), "--output", str(output), "--jit-compile"
+    )
     assert code == 0, err
     assert list_versions(str(output / "toy")) == [1]
-    code, out, err = run_cli("translate", "--model", str(model_dir), *SENTENCES)
-    assert code == 0, err
-    assert out.splitlines() == SENTENCES
+    metadata = output / "toy" / "1" / "assets.extra" / "keras_transformer.json"
+    assert json.loads(metadata.read_text())["jit_compile"] is True
+    for exported in (model_dir, output / "toy"):  # the graph search, then XLA's
+        code, out, err = run_cli("translate", "--model", str(exported), *SENTENCES)
+        assert code == 0, err
+        assert out.splitlines() == SENTENCES
 
 
 @pytest.mark.parametrize(
