@@ -1,4 +1,5 @@
-"""Helpers shared by the benchmark scripts: shapes, FLOP counting, JSON output, peak memory."""
+"""Helpers shared by the benchmark scripts (and the cluster tests): shapes, FLOP counting, JSON
+output, peak memory, free local ports."""
 
 import datetime
 import json
@@ -65,3 +66,16 @@ def emit(**fields):
     print(json.dumps(fields), flush=True)
     sys.stdout.flush()
     ledger.record(os.path.splitext(os.path.basename(sys.argv[0]))[0], fields)
+
+
+def free_ports(count):
+    """`count` TCP ports on 127.0.0.1 that were free a moment ago (for a local `TF_CONFIG`)."""
+    import socket
+
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports

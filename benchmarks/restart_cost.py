@@ -39,7 +39,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import emit  # noqa: E402
+from common import emit, free_ports  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -193,7 +193,7 @@ def _child(args, *rest):
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     envs = [env]
     if args.strategy == "multi_worker":
-        cluster = {"worker": [f"127.0.0.1:{port}" for port in _free_ports(2)]}
+        cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(2)]}
         tasks = [{"cluster": cluster, "task": {"type": "worker", "index": i}} for i in range(2)]
         envs = [dict(env, TF_CONFIG=json.dumps(task)) for task in tasks]
     # Outputs to files, not pipes: a worker blocked on a full pipe would stall its peer.
@@ -215,18 +215,6 @@ def _child(args, *rest):
         return {}
     slowest = max(results, key=lambda result: result["seconds"])
     return dict(slowest, restored=all(result.get("restored", True) for result in results))
-
-
-def _free_ports(count):
-    import socket
-
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def main(argv=None):

@@ -9,6 +9,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from benchmarks.common import free_ports  # noqa: F401 (the cluster tests take it from here)
 from keras_transformer.config import from_dict
 
 
@@ -119,18 +120,6 @@ class RecordRate(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         self.rates.append(float(self.model.optimizer.learning_rate))
-
-
-def free_ports(n):
-    import socket
-
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def files_under(root):
