@@ -1,7 +1,8 @@
 """Recipes behind conftest.py's shared fixtures (`toy_spm_path`, `copy_model`,
 `exported_copy_model`): a tiny SentencePiece model and a tiny Transformer trained on a toy copy
 task (a few hundred steps, a few seconds on a CPU); plus the numpy references the inference
-tests compare with (`encode_sources`, `decode_outputs`). Tests use the fixtures.
+tests compare with (`encode_sources`, `decode_outputs`) and `assert_same_answers` for two
+signatures' outputs. Tests use the fixtures.
 """
 
 import atexit
@@ -56,6 +57,17 @@ def spm_processor():
     import sentencepiece as spm
 
     return spm.SentencePieceProcessor(model_file=spm_model_path())
+
+
+def assert_same_answers(out, reference, atol=1e-4):
+    """Two outputs of an exported signature (`{name: tensor}`) agree: the same names, the same
+    strings, and the numbers to `atol`."""
+    assert set(out) == set(reference)
+    for key, value in out.items():
+        if value.dtype.name == "string":
+            np.testing.assert_array_equal(value.numpy(), reference[key].numpy())
+        else:
+            np.testing.assert_allclose(value.numpy(), reference[key].numpy(), atol=atol)
 
 
 def encode_sources(texts, max_source_length=MAX_SOURCE_LENGTH):

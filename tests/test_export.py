@@ -267,9 +267,4 @@ def test_xla_compiled_search_answers_as_the_graph_search(tmp_path, copy_model, t
                 in_process["translation"].numpy(), outputs[jit][0]["translation"].numpy()
             )
     for compiled, plain in zip(outputs[True], outputs[False]):
-        assert set(compiled) == set(plain)
-        for key, value in compiled.items():
-            if value.dtype == tf.string:
-                np.testing.assert_array_equal(value.numpy(), plain[key].numpy())
-            else:
-                np.testing.assert_allclose(value.numpy(), plain[key].numpy(), atol=1e-4)
+        fx.assert_same_answers(compiled, plain)

@@ -654,12 +654,7 @@ def test_tracked_token_scores_equal_forced_decoding(
     monkeypatch.setattr(Translator, "_token_log_probs", lambda *args: pytest.fail("forced pass"))
     tracked = translate()
     for out, reference in zip(tracked, expected):
-        assert set(out) == set(reference)
-        for key, value in out.items():
-            if value.dtype == tf.string:
-                np.testing.assert_array_equal(value.numpy(), reference[key].numpy())
-            else:
-                np.testing.assert_allclose(value.numpy(), reference[key].numpy(), atol=1e-4)
+        fx.assert_same_answers(out, reference)
     assert np.any(tracked[0]["token_scores"].numpy() < -1e-3)  # not all zeros
 
 
