@@ -30,6 +30,14 @@ def _fold_seeds(seeds):
     return tf.cast(tf.bitwise.bitwise_and(folded, 0xFFFFFFFF) - (1 << 31), tf.int32)
 
 
+def _bucket(boundaries, value):
+    """The smallest of the increasing ints `boundaries` that is at least `value` (an int32
+    scalar tensor), or `value` itself beyond the last one."""
+    boundaries = tf.constant(boundaries, tf.int32)
+    index = tf.minimum(tf.searchsorted(boundaries, [value])[0], tf.size(boundaries) - 1)
+    return tf.maximum(boundaries[index], value)
+
+
 class _Untracked:
     """Holds an object without making it part of the saved object graph."""
 
@@ -246,31 +254,27 @@ class Translator(tf.Module):
             None if prefix is None else prefix.to_tensor(default_value=pad_id),
             None if seeds is None else _fold_seeds(seeds),
         )
-        rows = tf.shape(inputs[0])[0]
-        if self.jit_compile:
-            inputs = self._shape_buckets(*inputs)
-        outputs = self._search(*inputs, tracked)
-        outputs = [tf.convert_to_tensor(x)[:rows] for x in outputs]
+        outputs = self._search(*self._shape_buckets(*inputs), tracked)
+        outputs = [tf.convert_to_tensor(x) for x in outputs]
+        if self.jit_compile:  # drop the padding rows' answers
+            outputs = [x[: tf.shape(inputs[0])[0]] for x in outputs]
         return outputs if tracked else (*outputs, None)
 
     def _shape_buckets(self, source, prefix, seed):
-        """The chunk padded to a few shapes, so that XLA compiles a few programs: sources to the
-        next source-length bucket (`export.warmup.bucket_lengths`, the lengths the warmup
-        requests run) with padding (masked: the answers do not change), rows to the next power
-        of two up to `batch_size` with copies of the first row (their answers are dropped)."""
-        pad_id = self.settings.pad_id
-        lengths = tf.constant(bucket_lengths(self.max_source_length), tf.int32)
-        width = tf.shape(source)[1]
-        index = tf.minimum(tf.searchsorted(lengths, [width])[0], tf.size(lengths) - 1)
-        source = tf.pad(source, [[0, 0], [0, tf.maximum(lengths[index] - width, 0)]],
-                        constant_values=pad_id)  # fmt: skip
+        """Under `jit_compile`, the chunk padded to a few shapes, so that XLA compiles a few
+        programs: sources to the next source-length bucket (`export.warmup.bucket_lengths`, the
+        lengths the warmup requests run) with padding (masked: the answers do not change), rows
+        to the next power of two up to `batch_size` with copies of the first row (their answers
+        are dropped). Otherwise the chunk as it is."""
+        if not self.jit_compile:
+            return source, prefix, seed
         sizes = [1]
         while sizes[-1] < self.settings.batch_size:
             sizes.append(min(2 * sizes[-1], self.settings.batch_size))
-        sizes = tf.constant(sizes, tf.int32)
-        rows = tf.shape(source)[0]
-        extra = sizes[tf.minimum(tf.searchsorted(sizes, [rows])[0], tf.size(sizes) - 1)] - rows
-        extra = tf.maximum(extra, 0)
+        width, rows = tf.shape(source)[1], tf.shape(source)[0]
+        width_pad = _bucket(bucket_lengths(self.max_source_length), width) - width
+        source = tf.pad(source, [[0, 0], [0, width_pad]], constant_values=self.settings.pad_id)
+        extra = _bucket(sizes, rows) - rows
 
         def padded(x):
             return None if x is None else tf.concat([x, tf.repeat(x[:1], extra, axis=0)], 0)
