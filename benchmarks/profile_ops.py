@@ -4,10 +4,19 @@ Usage: python benchmarks/profile_ops.py '{"xla": false}' [top_n]
        python benchmarks/profile_ops.py '{"decode": true, ...shapes}' [top_n]
 Prints the `top_n` TensorFlow op types by total self time, per training step or per decoding call
 (a development aid, not a benchmark).
+
+Op times overlap: TensorFlow runs independent ops side by side, so their sum exceeds the wall time
+and an op that shares the cores looks slower than it is. The second table divides the wall time
+instead: every moment is split evenly among the ops running then (idle moments are counted
+apart), so the rows add up to the step and show what each kind of op costs in wall time. The last
+line (JSON, `what="wall_breakdown"`; appended to `results/profile_ops.jsonl` when `BENCH_LABEL`
+names the run) gives the matrix products' share (MatMul, fused MatMul, Einsum, BatchMatMul) and,
+for training, the model FLOP rate they reach in that share.
 """
 
 import glob
 import os
+import shutil
 import sys
 import tempfile
 
@@ -17,8 +26,45 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tensorflow as tf  # noqa: E402
 from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: E402
 
-from benchmarks.common import parse_shapes  # noqa: E402
+from benchmarks.common import emit, parse_shapes, train_flops_per_token  # noqa: E402
 from benchmarks.train_throughput import build_and_compile, make_dataset  # noqa: E402
+
+MATMUL_OPS = ("MatMul", "FusedMatMul", "Einsum", "BatchMatMul")
+
+
+def is_matmul(op_type):
+    """Whether a TF op type (with or without oneDNN's `_Mkl` / `_MklNative` prefix) is a matrix
+    product."""
+    return any(
+        op_type.replace("_MklNative", "").replace("_Mkl", "").startswith(m) for m in MATMUL_OPS
+    )
+
+
+def attribute_wall_time(intervals, start, end):
+    """Divides the wall time `[start, end)` among the `(op_start, op_end, key)` intervals: each
+    moment goes in equal parts to the ops running then. Returns `({key: time}, idle_time)`; the
+    times add up to `end - start`."""
+    edges = []
+    for op_start, op_end, key in intervals:
+        op_start, op_end = max(op_start, start), min(op_end, end)
+        if op_end > op_start:
+            edges += [(op_start, 1, key), (op_end, -1, key)]
+    edges.sort(key=lambda e: (e[0], e[1]))
+    shares, running, idle, last = {}, {}, 0, start
+    for t, delta, key in edges + [(end, 0, None)]:
+        if t > last:
+            if running:
+                n = sum(running.values())
+                for k, c in running.items():
+                    shares[k] = shares.get(k, 0) + (t - last) * c / n
+            else:
+                idle += t - last
+            last = t
+        if key is not None:
+            running[key] = running.get(key, 0) + delta
+            if not running[key]:
+                del running[key]
+    return shares, idle
 
 
 def main(argv):
@@ -51,7 +97,9 @@ def main(argv):
     space = xplane_pb2.XSpace()
     with open(path, "rb") as f:
         space.ParseFromString(f.read())
+    shutil.rmtree(logdir, ignore_errors=True)
     by_type, by_op, count = {}, {}, {}
+    kernels, calls = [], []  # (start, end, op type) of the ops; of the traced function's calls
     for plane in space.planes:
         names = {k: v.name for k, v in plane.event_metadata.items()}
         for line in plane.lines:
@@ -64,6 +112,12 @@ def main(argv):
                 by_type[op_type] = by_type.get(op_type, 0.0) + dur
                 by_op[name] = by_op.get(name, 0.0) + dur
                 count[op_type] = count.get(op_type, 0) + 1
+                begin = line.timestamp_ns * 1000 + ev.offset_ps  # picoseconds
+                span = (begin, begin + ev.duration_ps, op_type)
+                if "/" in name.rsplit(":", 1)[0]:  # an op inside the function's graph
+                    kernels.append(span)
+                elif name.startswith("EagerLocalExecute: __inference"):
+                    calls.append(span)
     total = sum(by_type.values())
     steps = cfg["steps"]
     print(f"total op time {total / 1e3 / steps:.1f} ms per step (summed over threads)")
@@ -73,6 +127,35 @@ def main(argv):
     print("--- top ops")
     for name, t in sorted(by_op.items(), key=lambda kv: -kv[1])[:top_n]:
         print(f"{t / 1e3 / steps:9.1f} ms {100 * t / total:5.1f}%  {name[-120:]}")
+    if not calls:
+        return
+    start, end = min(c[0] for c in calls), max(c[1] for c in calls)
+    shares, idle = attribute_wall_time(kernels, start, end)
+    wall = (end - start) / 1e9 / steps  # ms per step
+    matmul = sum(t for k, t in shares.items() if is_matmul(k)) / 1e9 / steps
+    print(f"--- wall time, {wall:.1f} ms per step, divided among the ops running at each moment")
+    print(
+        f"{matmul:9.1f} ms {100 * matmul / wall:5.1f}%  matrix products ({', '.join(MATMUL_OPS)})"
+    )
+    others = sorted(((t, k) for k, t in shares.items() if not is_matmul(k)), reverse=True)
+    for t, k in others[:top_n]:
+        print(f"{t / 1e9 / steps:9.1f} ms {100 * t / 1e9 / steps / wall:5.1f}%  {k}")
+    print(f"{idle / 1e9 / steps:9.1f} ms {100 * idle / 1e9 / steps / wall:5.1f}%  (no op running)")
+    fields = dict(
+        what="wall_breakdown",
+        mode="decode" if cfg.get("decode") else "train",
+        step_ms=round(wall, 1),
+        matmul_ms=round(matmul, 1),
+        other_ms=round(wall - matmul - idle / 1e9 / steps, 1),
+        idle_ms=round(idle / 1e9 / steps, 1),
+        matmul_share=round(matmul / wall, 3),
+        top_other_ms={k: round(t / 1e9 / steps, 1) for t, k in others[:8]},
+        cfg=cfg,
+    )
+    if not cfg.get("decode"):
+        flops = train_flops_per_token(cfg) * cfg["batch"] * cfg["tgt"]  # per step
+        fields["model_gflops_per_s_in_matmul_time"] = round(flops / (matmul / 1e3) / 1e9, 1)
+    emit(**fields)
 
 
 if __name__ == "__main__":

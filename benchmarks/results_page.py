@@ -138,6 +138,14 @@ COLUMNS = {
         ("restart s", _field("restart_seconds")),
         ("ratio", _field("restart_ratio")),
     ],
+    "profile_ops": [
+        ("mode", _field("mode")),
+        ("step ms", _field("step_ms")),
+        ("matmul ms (share)", lambda r: f"{r.get('matmul_ms')} ({r.get('matmul_share')})"),
+        ("other ms", _field("other_ms")),
+        ("idle ms", _field("idle_ms")),
+        ("model GFLOP/s in matmul time", _field("model_gflops_per_s_in_matmul_time")),
+    ],
     "select_on_dev": [
         ("seed", _field("seed")),
         ("steps", _field("steps")),
@@ -166,6 +174,7 @@ TITLES = {
     "translate_file": "Translating a file against CTranslate2 (`benchmarks/translate_file.py`)",
     "prepare_workers": "`prepare` with 1 and 2 workers (`benchmarks/prepare_workers.py`)",
     "restart_cost": "What a resume costs at steps 100 and 100,000 (`benchmarks/restart_cost.py`)",
+    "profile_ops": "Where a step's wall time goes (`benchmarks/profile_ops.py`)",
 }
 INTRO = """\
 # Results
