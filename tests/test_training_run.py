@@ -109,6 +109,25 @@ def test_mixed_float16_uses_loss_scaling():
     assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
 
 
+@pytest.mark.parametrize("precision", [None, "mixed_float16"])
+def test_compile_model_creates_the_optimizer_moments_before_the_first_step(precision):
+    config = _small_config(mixed_precision=precision)
+    model = build_transformer(config.model, vocab_size=50, dtype=precision)
+    compile_model(model, config)
+    optimizer = model.optimizer
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    # One momentum and one velocity per trainable variable, zero until the first update.
+    assert len(inner._momentums) == len(inner._velocities) == len(model.trainable_variables)
+    for moment, weight in zip(inner._momentums, model.trainable_variables):
+        assert tuple(moment.shape) == tuple(weight.shape)
+        assert not np.any(np.asarray(moment))
+    count = len(optimizer.variables)
+    x, y = _batches()
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    assert len(optimizer.variables) == count  # nothing created inside the step
+    assert any(np.any(np.asarray(m)) for m in inner._momentums)
+
+
 def test_gradient_accumulation_counts_optimizer_updates():
     config = from_dict(
         {

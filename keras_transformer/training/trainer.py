@@ -107,6 +107,8 @@ def compile_model(model, config, jit_compile=False, steps_per_execution=1):
 
     Call it inside `strategy.scope()` when training distributed. Afterwards `model.fit` on
     `keras_transformer.data.make_dataset(...)` trains with the same recipe as `train(config)`.
+    A built model (as `build_transformer` returns it) gets its optimizer's variables now (Adam's
+    moments), so an optimizer state can be restored before the first step.
 
     `train.gradient_accumulation_steps` (k) goes to the model's train step
     (`model.gradient_accumulation_steps`): each batch fed to `fit` holds k micro-batches (build
@@ -139,6 +141,12 @@ def compile_model(model, config, jit_compile=False, steps_per_execution=1):
         jit_compile=jit_compile,
         steps_per_execution=steps_per_execution,
     )
+    if model.built and not model.optimizer.built:
+        # Adam's moments exist from here on, as in `train`: a saved optimizer state restores
+        # into them before any step, and the first step's peak memory already holds them
+        # (Keras's TensorFlow trainer otherwise creates them inside the first step, after
+        # that step's peak, so the second step's peak touches ~2 model sizes of fresh pages).
+        model.optimizer.build(model.trainable_variables)
     return model
 
 
@@ -449,14 +457,13 @@ def _resolve_auto_precision(run, data):
 
 
 def _build_model(run, vocab_size, num_pairs):
-    """The compiled model (in the strategy's scope), its optimizer's variables created so the
-    resume state can be restored into them."""
+    """The compiled model (in the strategy's scope), its optimizer's variables created (by
+    `compile_model`) so the resume state can be restored into them."""
     config, strategy = run.config, run.strategy
     jit_compile = resolve_jit_compile(config.runtime.jit_compile, strategy)
     with strategy.scope():
         model = build_transformer(config.model, vocab_size, dtype=_model_dtype(config))
         compile_model(model, config, jit_compile=jit_compile)
-        model.optimizer.build(model.trainable_variables)
     t = config.train
     print(
         f"Training {config.name}: {model.count_params():,} parameters, vocabulary "
