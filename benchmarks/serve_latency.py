@@ -5,10 +5,15 @@ Usage (from the repository root, PYTHONPATH=$PWD):
     python benchmarks/serve_latency.py --demo     # exports an untrained small model first
 
 Loads the SavedModel with TensorFlow alone (plus tensorflow_text for its tokenizer ops), as TF
-Serving would, and prints JSON lines: `single_sentence_latency` (p50/p95/mean milliseconds over
-`--calls` one-sentence requests after a warm-up call) and `batch32_throughput` (sentences/s over
-`--batches` requests of 32 sentences). Sentences come from `--source` (one per line) or the
-built-in synthetic corpus. `--model` takes the model directory (latest version) or a version.
+Serving would, and prints one JSON line (`what="request_size"`) per request size of `--sizes`
+(default 1, 2, 4, 8, 16, 32, 64 sentences): p50/p99/mean milliseconds over `--calls` requests of
+that many sentences (each request different sentences, after a warm-up request of that size) and
+sentences/s. TF Serving's batching (`--enable_batching`) merges concurrent requests into one call
+of the signature with their sentences concatenated, so the row of size n is what a batch of n
+costs: the figures behind `batching_parameters` (docs/guides/export-serving.md). Sentences come
+from `--source` (one per line) or the built-in synthetic corpus. `--model` takes the model
+directory (latest version) or a version. With `BENCH_LABEL`, the lines also go to the ledger
+`benchmarks/results/serve_latency.jsonl`.
 """
 
 import argparse
@@ -69,46 +74,50 @@ def main():
     parser.add_argument("--demo", action="store_true", help="export an untrained model first")
     parser.add_argument("--preset", default="transformer_small", help="preset of --demo")
     parser.add_argument("--source", help="sentences, one per line (default: synthetic)")
-    parser.add_argument("--calls", type=int, default=30)
-    parser.add_argument("--batches", type=int, default=3)
+    parser.add_argument("--calls", type=int, default=50, help="requests per size")
+    parser.add_argument("--sizes", default="1,2,4,8,16,32,64", help="sentences per request")
     args = parser.parse_args()
     if not args.model and not args.demo:
         parser.error("give --model DIR or --demo")
     path = export_demo(args.preset) if args.demo else latest_version(args.model)
+    sizes = [int(n) for n in args.sizes.split(",")]
     if args.source:
         with open(args.source, encoding="utf-8") as f:
             sentences = [line.rstrip("\n") for line in f if line.strip()]
     else:
-        sentences = synthetic_sentences(max(32 * args.batches, args.calls))
+        sentences = synthetic_sentences(max(sizes) * args.calls)
     serve = tf.saved_model.load(path).signatures["serving_default"]
+    for size in sizes:
+        figures = request_size_figures(serve, sentences, size, args.calls)
+        emit(what="request_size", model=path, **figures)
 
-    serve(text=tf.constant(sentences[:1]))  # warm-up (first-call tracing of the graph's functions)
+
+def requests_of(sentences, size, count):
+    """`count` requests of `size` sentences each, taken one after the other from `sentences`
+    (cycling when they run out)."""
+    return [[sentences[(i * size + j) % len(sentences)] for j in range(size)] for i in range(count)]
+
+
+def request_size_figures(serve, sentences, size, calls):
+    """Latency percentiles (ms) and sentences/s of `calls` requests of `size` sentences through
+    the signature `serve`, after one warm-up request of that size."""
+    requests = requests_of(sentences, size, calls + 1)
+    serve(text=tf.constant(requests[0]))  # warm-up: first use of this batch shape
     times = []
-    for i in range(args.calls):
-        one = tf.constant([sentences[i % len(sentences)]])
+    for request in requests[1:]:
         start = time.perf_counter()
-        serve(text=one)["translation"].numpy()
-        times.append((time.perf_counter() - start) * 1e3)
-    emit(
-        what="single_sentence_latency",
-        model=path,
-        calls=args.calls,
-        p50_ms=round(float(np.percentile(times, 50)), 1),
-        p95_ms=round(float(np.percentile(times, 95)), 1),
-        mean_ms=round(float(np.mean(times)), 1),
-    )
-
-    batches = [sentences[(i * 32) % len(sentences) :][:32] for i in range(args.batches)]
-    serve(text=tf.constant(batches[0]))
-    start = time.perf_counter()
-    for batch in batches:
-        serve(text=tf.constant(batch))["translation"].numpy()
-    seconds = time.perf_counter() - start
-    emit(
-        what="batch32_throughput",
-        model=path,
-        batches=args.batches,
-        sentences_per_s=round(sum(len(b) for b in batches) / seconds, 2),
+        answers = serve(text=tf.constant(request))["translation"].numpy()
+        times.append(time.perf_counter() - start)
+        if len(answers) != size:
+            raise RuntimeError(f"{len(answers)} translations for a request of {size} sentences")
+    ms = np.asarray(times) * 1e3
+    return dict(
+        sentences=size,
+        calls=calls,
+        p50_ms=round(float(np.percentile(ms, 50)), 1),
+        p99_ms=round(float(np.percentile(ms, 99)), 1),
+        mean_ms=round(float(ms.mean()), 1),
+        sentences_per_s=round(size * calls / float(np.sum(times)), 1),
     )
 
 

@@ -38,3 +38,52 @@ def test_wall_time_outside_the_window_is_not_counted():
 )
 def test_matrix_products_are_told_from_other_ops(op_type, expected):
     assert is_matmul(op_type) is expected
+
+
+class _FakeSignature:
+    """A `serving_default` stand-in: records each request and advances a fake clock by the
+    request's size in milliseconds (so each request's latency is known)."""
+
+    def __init__(self, clock, short=False):
+        self.clock, self.short, self.requests = clock, short, []
+
+    def __call__(self, text):
+        import tensorflow as tf
+
+        batch = [t.decode() for t in text.numpy()]
+        self.requests.append(batch)
+        self.clock.now += len(batch) * 1e-3 * (1 + len(self.requests) % 3)  # 1, 2 or 3 ms each
+        answers = batch[:-1] if self.short else batch
+        return {"translation": tf.constant(answers, dtype=tf.string)}
+
+
+def test_request_size_figures_time_each_request_of_n_sentences(monkeypatch):
+    from benchmarks import serve_latency
+
+    clock = type("Clock", (), {"now": 0.0})()
+    monkeypatch.setattr(serve_latency.time, "perf_counter", lambda: clock.now)
+    sentences = [f"s{i}" for i in range(10)]
+    serve = _FakeSignature(clock)
+    figures = serve_latency.request_size_figures(serve, sentences, size=4, calls=3)
+    # A warm-up request, then 3 timed ones; consecutive sentences, cycling through the pool.
+    assert serve.requests == [
+        ["s0", "s1", "s2", "s3"],
+        ["s4", "s5", "s6", "s7"],
+        ["s8", "s9", "s0", "s1"],
+        ["s2", "s3", "s4", "s5"],
+    ]
+    latencies = [4 * 3, 4 * 1, 4 * 2]  # ms: requests 2, 3 and 4 of the fake's sequence
+    assert figures["sentences"] == 4 and figures["calls"] == 3
+    assert figures["p50_ms"] == pytest.approx(8.0)
+    assert figures["p99_ms"] == pytest.approx(11.92, abs=0.05)  # interpolated, rounded
+    assert figures["mean_ms"] == pytest.approx(8.0)
+    assert figures["sentences_per_s"] == pytest.approx(12 / (sum(latencies) / 1e3), rel=1e-3)
+
+
+def test_request_size_figures_reject_an_answer_per_sentence_missing(monkeypatch):
+    from benchmarks import serve_latency
+
+    clock = type("Clock", (), {"now": 0.0})()
+    monkeypatch.setattr(serve_latency.time, "perf_counter", lambda: clock.now)
+    with pytest.raises(RuntimeError, match="3 translations for a request of 4 sentences"):
+        serve_latency.request_size_figures(_FakeSignature(clock, short=True), ["a"] * 8, 4, 2)
