@@ -138,6 +138,12 @@ COLUMNS = {
         ("restart s", _field("restart_seconds")),
         ("ratio", _field("restart_ratio")),
     ],
+    "serve_latency": [
+        ("sentences per request", _field("sentences")),
+        ("calls", _field("calls")),
+        ("p50 / p99 ms", _pair("p50_ms", "p99_ms")),
+        ("sentences/s", _field("sentences_per_s")),
+    ],
     "profile_ops": [
         ("mode", _field("mode")),
         ("step ms", _field("step_ms")),
@@ -175,6 +181,8 @@ TITLES = {
     "prepare_workers": "`prepare` with 1 and 2 workers (`benchmarks/prepare_workers.py`)",
     "restart_cost": "What a resume costs at steps 100 and 100,000 (`benchmarks/restart_cost.py`)",
     "profile_ops": "Where a step's wall time goes (`benchmarks/profile_ops.py`)",
+    "serve_latency": "Requests of 1 to 64 sentences through `serving_default` "
+    "(`benchmarks/serve_latency.py`)",
 }
 INTRO = """\
 # Results
