@@ -131,25 +131,25 @@ def main(argv):
         return
     start, end = min(c[0] for c in calls), max(c[1] for c in calls)
     shares, idle = attribute_wall_time(kernels, start, end)
-    wall = (end - start) / 1e9 / steps  # ms per step
-    matmul = sum(t for k, t in shares.items() if is_matmul(k)) / 1e9 / steps
+    ms = {k: t / 1e9 / steps for k, t in shares.items()}  # picoseconds -> ms per step
+    wall, idle = (end - start) / 1e9 / steps, idle / 1e9 / steps
+    matmul = sum(t for k, t in ms.items() if is_matmul(k))
+    others = sorted(((t, k) for k, t in ms.items() if not is_matmul(k)), reverse=True)
     print(f"--- wall time, {wall:.1f} ms per step, divided among the ops running at each moment")
     print(
         f"{matmul:9.1f} ms {100 * matmul / wall:5.1f}%  matrix products ({', '.join(MATMUL_OPS)})"
     )
-    others = sorted(((t, k) for k, t in shares.items() if not is_matmul(k)), reverse=True)
-    for t, k in others[:top_n]:
-        print(f"{t / 1e9 / steps:9.1f} ms {100 * t / 1e9 / steps / wall:5.1f}%  {k}")
-    print(f"{idle / 1e9 / steps:9.1f} ms {100 * idle / 1e9 / steps / wall:5.1f}%  (no op running)")
+    for t, k in others[:top_n] + [(idle, "(no op running)")]:
+        print(f"{t:9.1f} ms {100 * t / wall:5.1f}%  {k}")
     fields = dict(
         what="wall_breakdown",
         mode="decode" if cfg.get("decode") else "train",
         step_ms=round(wall, 1),
         matmul_ms=round(matmul, 1),
-        other_ms=round(wall - matmul - idle / 1e9 / steps, 1),
-        idle_ms=round(idle / 1e9 / steps, 1),
+        other_ms=round(wall - matmul - idle, 1),
+        idle_ms=round(idle, 1),
         matmul_share=round(matmul / wall, 3),
-        top_other_ms={k: round(t / 1e9 / steps, 1) for t, k in others[:8]},
+        top_other_ms={k: round(t, 1) for t, k in others[:8]},
         cfg=cfg,
     )
     if not cfg.get("decode"):
