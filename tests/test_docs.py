@@ -204,6 +204,102 @@ def test_results_page_is_generated_from_the_ledgers():
             assert not missing, (name, missing)
 
 
+FIGURES_START, FIGURES_END = "<!-- results-figures:start -->", "<!-- results-figures:end -->"
+
+
+def _readme_results_rows():
+    """The cells of each row of the README's Results table (header and rule left out)."""
+    text = _readme()
+    section = text[text.index("\n## Results\n") + 1 :]
+    section = section[: section.index("\n## ")]
+    rows = [line for line in section.splitlines() if line.startswith("| ")][1:]
+    return [[c.strip() for c in re.split(r"(?<!\\)\|", row.strip())[1:-1]] for row in rows]
+
+
+def test_readme_figures_are_the_ledger_lines_they_link():
+    """Every number in the README's Results table is what `benchmarks/results/figures.yaml`
+    reads from the ledgers (one line's field, a ratio, the mean of several lines), to the
+    digits shown, and its row links exactly the lines that number is read from."""
+    from benchmarks import figures
+
+    entries = figures.load()
+    rows = _readme_results_rows()
+    assert len(rows) == len(entries), "README's Results rows are not figures.yaml's entries"
+    wrong = []
+    for (what, shown, *_), entry in zip(rows, entries):
+        quotes = figures.quotes(entry)
+        linked = {
+            (name, int(number))
+            for name, number in re.findall(r"\(docs/results\.md#(\w+)-(\d+)\)", what)
+        }
+        read = set(figures.lines(quotes))
+        if linked != read:
+            wrong.append(
+                f"{entry['what']!r} links {sorted(linked)}, its figure reads {sorted(read)}"
+            )
+        numbers = figures.NUMBER.findall(shown)
+        if len(numbers) != len(quotes):
+            wrong.append(f"{entry['what']!r} shows {numbers}, figures.yaml has {len(quotes)}")
+            continue
+        for text, quote in zip(numbers, quotes):
+            if not figures.shows(text, quote.value):
+                wrong.append(f"{entry['what']!r} shows {text}: {quote.expression} = {quote.value}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_readme_results_table_is_generated_from_figures_yaml():
+    from benchmarks import figures
+
+    text = _readme()
+    assert text.count(FIGURES_START) == 1 and text.count(FIGURES_END) == 1
+    current = text[text.index(FIGURES_START) + len(FIGURES_START) : text.index(FIGURES_END)]
+    assert current.strip() == figures.readme_rows(), (
+        "README.md's Results table is stale: python -m benchmarks.results_page"
+    )
+
+
+def test_figures_are_read_exactly_from_their_lines():
+    """The expressions of figures.yaml: one line, means, ratios, rounding half up in decimal
+    (17.03 and 17.2 average to 17.115, shown 17.12, which binary floats round to 17.11)."""
+    from benchmarks import figures
+
+    ledgers = {
+        "q": [{"bleu": 17.03, "name": "a"}, {"bleu": 17.2, "flag": True}, {"bleu": 20}],
+        "t": [{"tps": 2053.8}],
+    }
+
+    def quote(figure, ledger="q"):
+        return figures.quotes({"figure": figure, "ledger": ledger}, ledgers.__getitem__)
+
+    [mean] = quote("{mean(bleu[1,2]):.2f}")
+    assert (mean.text, mean.lines) == ("17.12", [("q", 1), ("q", 2)])
+    assert format(17.115, ".2f") == "17.11"
+    [ratio, total] = quote("{bleu[3] / t.tps[1]:.3f}x {t.tps[1] * 1000:+,.0f}")
+    assert (ratio.text, total.text) == ("0.010", "+2,053,800")
+    assert ratio.lines == [("q", 3), ("t", 1)]
+    assert [q.text for q in quote("{min(bleu[1,2,3]):.1f}-{max(bleu[1,2,3]):.1f}")] == [
+        "17.0",
+        "20.0",
+    ]
+    assert figures.shows("17.12", mean.value) and figures.shows("17.1", mean.value)
+    assert not figures.shows("17.11", mean.value) and not figures.shows("17.115", mean.value + 1)
+    assert figures.shows("2,054", figures.decimal.Decimal("2053.8"))
+    for bad, message in [
+        ("{bleu[1,2]:.2f}", "mean, min or max"),
+        ("{bleu[4]:.2f}", "no line 4"),
+        ("{bleu[0]:.2f}", "no line 0"),
+        ("{missing[1]:.2f}", "no field 'missing'"),
+        ("{name[1]:.2f}", "not a number"),
+        ("{flag[2]:.2f}", "not a number"),
+        ("{bleu[1]}", "{expression:.Nf}"),
+        ("{__import__('os'):.2f}", "not allowed"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            quote(bad)
+    with pytest.raises(ValueError, match="names no ledger"):
+        quote("{bleu[1]:.2f}", ledger=None)
+
+
 def test_commands_use_real_configs_and_subcommands():
     from keras_transformer.cli import build_parser
 
