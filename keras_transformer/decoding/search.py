@@ -492,6 +492,9 @@ def translate_ids(
         return_all: return every beam's finished hypothesis (n-best), best first.
         prefix_ids: optional int `[batch, p]`, 0-padded target prefixes: output `i` starts with
             the non-zero ids of row `i` (forced one per step; the search continues after them).
+            The prefix counts in the output's length limit (as in CTranslate2's
+            `max_decoding_length`) but not in its score: forced ids score log p = 0, so the
+            score is the continuation's log-probability over the whole output's length penalty.
             A row must leave room for EOS (at most `max_extra_length` ids, and fewer than
             `max_length`).
         seed: sampling only: an int (input `i` gets `seed + i`) or int `[batch]`, one seed per
@@ -574,7 +577,10 @@ def _log_probs_step(model, source_ids, encoded, settings, buffer, k, use_cache):
 
 def _forcing_prefix(log_probs_fn, initial_state, prefix_ids):
     """`(step_fn, initial_state)` that leave only the prefix's next id possible while a row's
-    prefix lasts. The prefixes travel in the state, so they follow the beams."""
+    prefix lasts, at log-probability 0: the prefix is given, not chosen, so its cost enters
+    neither the search's ranking nor the score (as CTranslate2's `target_prefix`). Counting it
+    would make a costly prefix favour long outputs, since the length penalty divides it by more.
+    The prefixes travel in the state, so they follow the beams."""
     prefix_ids = ops.cast(ops.convert_to_tensor(prefix_ids), "int32")  # [batch, p]
     prefix_ids = ops.pad(prefix_ids, ((0, 0), (0, 1)))  # a 0 column: no prefix past the end
 
@@ -586,7 +592,10 @@ def _forcing_prefix(log_probs_fn, initial_state, prefix_ids):
         forced = ops.take_along_axis(prefix, column, axis=1)  # [rows, 1] the id to force now,
         # 0 once the prefix is over
         vocab = ops.arange(ops.shape(log_probs)[-1], dtype="int32")  # [vocab]
-        other = ops.logical_and(ops.greater(forced, 0), ops.not_equal(vocab, forced))
+        active = ops.greater(forced, 0)  # [rows, 1]
+        is_forced = ops.logical_and(active, ops.equal(vocab, forced))  # [rows, vocab]
+        other = ops.logical_and(active, ops.logical_not(is_forced))
+        log_probs = ops.where(is_forced, 0.0, log_probs)
         return ops.where(other, NEG_INF, log_probs), (inner, prefix)
 
     return step_fn, (initial_state, prefix_ids)

@@ -106,7 +106,8 @@ class Translator(tf.Module):
       best first; the first column equals `serve`'s answer.
     - `translate_prefix(text, prefix)`: `{"translation", "score"}` as `serve`, each translation
       starting with its prefix's pieces (forced, then the search continues; cut to leave room
-      for EOS); an empty prefix gives `serve`'s answer. Sizes that differ raise
+      for EOS); the score is the continuation's (the prefix's log-probabilities are not
+      counted); an empty prefix gives `serve`'s answer. Sizes that differ raise
       `InvalidArgumentError`.
     - `score(source, target)`: `{"log_probability": tf.float32 [batch], "length": tf.int32
       [batch]}`: the target's log-probability under the model (tokens and EOS, one forced-
