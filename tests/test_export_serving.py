@@ -37,7 +37,34 @@ def test_a_forced_prefix_starts_every_translation(exported_copy_model):
         assert _pieces(translation)[: len(_pieces(prefix))] == _pieces(prefix), translation
     # The search continues after the prefix: the copy model copies the rest of the sentence.
     assert translations[1].startswith("fish white") and translations[1] != "fish white"
-    assert np.all(np.asarray(out["score"]) < np.asarray(translator(NORMAL)["score"]))
+
+
+def test_a_prefixed_score_is_its_continuations(exported_copy_model, copy_model):
+    """The prefix is given: the score is the log-probability of what follows it (EOS included)
+    over the whole output's length penalty, by a full forward pass; counting the prefix would
+    make a costly prefix favour long outputs (the Intel Xeon failure against CTranslate2)."""
+    translator, _ = exported_copy_model
+    prefixes = ["cat", "fish white", "blue blue blue", "dog"]
+    out = translator.translate_prefix(tf.constant(NORMAL), tf.constant(prefixes))
+    for text, prefix, translation, score in zip(
+        NORMAL, prefixes, _strings(out["translation"]), np.asarray(out["score"])
+    ):
+        target = [*_pieces(translation), fx.EOS]
+        logits = copy_model(
+            {
+                "source_ids": fx.encode_sources([text]),
+                "target_ids": np.array([[fx.BOS, *target[:-1]]], "int32"),
+            }
+        )
+        logits = np.asarray(logits, "float64")[0]
+        top = logits.max(-1, keepdims=True)
+        log_probs = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+        token_log_probs = log_probs[np.arange(len(target)), target]
+        given = len(_pieces(prefix))
+        penalty = float(length_penalty(len(target), DECODE["alpha"]))
+        assert score == pytest.approx(token_log_probs[given:].sum() / penalty, abs=1e-4)
+        # The prefix was not the model's choice: counting it would have cost more than 1 nat.
+        assert token_log_probs[:given].sum() < -1.0
 
 
 def test_an_empty_prefix_equals_serving_default(exported_copy_model):
@@ -87,14 +114,42 @@ def test_token_scores_sum_to_the_score_before_the_length_penalty(exported_copy_m
     )
 
 
-def test_confidence_is_in_0_1_and_the_best_hypothesis_is_the_most_confident(exported_copy_model):
+def test_confidence_is_in_0_1_and_never_rises_along_the_n_best_list(exported_copy_model):
+    """The map is monotone in the score and the margin (weights >= 0), and both fall along an
+    n-best list (best first), so the confidence cannot rise there: an invariant of the formula,
+    whatever the CPU's rounding (the mean token log-probability, used before, is not: the best
+    hypothesis by length-penalised score need not have the highest mean)."""
     translator, _ = exported_copy_model
     out = translator(tf.constant(HOSTILE))
     confidence = np.asarray(out["confidence"])
     assert confidence.shape == (len(HOSTILE),) and np.all((confidence > 0) & (confidence < 1))
-    nbest = translator.translate_nbest(tf.constant(NORMAL))
-    np.testing.assert_allclose(nbest["confidence"][:, 0], translator(NORMAL)["confidence"])
-    assert np.all(np.argmax(nbest["confidence"], axis=1) == 0)
+    nbest = translator.translate_nbest(tf.constant(HOSTILE))
+    np.testing.assert_allclose(nbest["confidence"][:, 0], confidence, rtol=1e-6)
+    scores, nbest_confidence = np.asarray(nbest["scores"]), np.asarray(nbest["confidence"])
+    assert np.all(np.diff(scores, axis=1) <= 1e-6)  # best first
+    assert np.all(np.diff(nbest_confidence, axis=1) <= 1e-6), nbest_confidence
+
+
+def test_the_exported_confidence_is_the_map_fitted_on_the_dev_set(exported_copy_model):
+    """The SavedModel's `confidence` is the map the export fitted (the card's constants) on the
+    search's score and n-best margin, and not the unfitted default map."""
+    from keras_transformer.export.translator import DEFAULT_CALIBRATION
+
+    _, path = exported_copy_model
+    with open(os.path.join(path, "assets.extra", "model_card.json")) as f:
+        fitted = json.load(f)["calibration"]
+    assert fitted["fitted"]
+    loaded = tf.saved_model.load(path)
+    texts = tf.constant(HOSTILE)
+    answer = loaded.signatures["serving_default"](text=texts)
+    nbest = loaded.signatures["translate_nbest"](text=texts)
+    scores = np.asarray(nbest["scores"], "float64")  # [n, K] best first
+    np.testing.assert_allclose(answer["score"], scores[:, 0], rtol=1e-6)
+    x = calib.features(scores[:, 0], scores[:, 0] - scores[:, 1])  # the best's margin
+    expected = calib.apply_calibration(fitted, x)
+    np.testing.assert_allclose(answer["confidence"], expected, atol=1e-5)
+    default = calib.apply_calibration(DEFAULT_CALIBRATION, x)
+    assert np.max(np.abs(default - expected)) > 0.05, (fitted, DEFAULT_CALIBRATION)
 
 
 def test_calibration_fits_a_monotone_map_that_ranks_by_chrf():
@@ -102,11 +157,11 @@ def test_calibration_fits_a_monotone_map_that_ranks_by_chrf():
     x = np.stack([rng.uniform(-3, 0, 400), rng.uniform(0, 5, 400)], axis=1)
     target = 1 / (1 + np.exp(-(1.5 * x[:, 0] + 0.5 * x[:, 1] + 1)))
     fitted = calib.fit_calibration(x, target)
-    assert fitted["log_prob_weight"] == pytest.approx(1.5, abs=0.1)
+    assert fitted["score_weight"] == pytest.approx(1.5, abs=0.1)
     assert fitted["margin_weight"] == pytest.approx(0.5, abs=0.1)
     assert calib.spearman(calib.apply_calibration(fitted, x), target) > 0.99
     # A feature that lowers quality gets weight 0, not a negative one: the map stays monotone.
-    assert calib.fit_calibration(x, 1 - target)["log_prob_weight"] == 0.0
+    assert calib.fit_calibration(x, 1 - target)["score_weight"] == 0.0
     assert calib.spearman([1, 2, 3, 4], [10, 20, 30, 5]) == pytest.approx(-0.2)
 
 

@@ -1,17 +1,20 @@
 """The confidence's calibration: a monotone logistic map fitted on a dev set against chrF.
 
-The `Translator`'s `confidence` output is `sigmoid(bias + a * mean token log-probability +
-b * n-best margin)` with `a, b >= 0` (more probable and more clearly preferred translations
-never get a lower confidence). `fit_calibration` fits `a`, `b` and `bias` at export on the dev
-set, the target being each sentence's chrF / 100 (a logistic regression on soft labels), and
-`calibration_report` measures how well the confidence ranks the sentences.
+The `Translator`'s `confidence` output is `sigmoid(bias + a * score + b * n-best margin)` with
+`a, b >= 0`, the score being the search's own (the length-normalised log-probability the
+hypotheses are ranked by). More probable and more clearly preferred translations never get a
+lower confidence, and along an n-best list, where both the score and the margin fall, the
+confidence never rises: the best hypothesis is always the most confident. `fit_calibration`
+fits `a`, `b` and `bias` at export on the dev set, the target being each sentence's chrF / 100
+(a logistic regression on soft labels), and `calibration_report` measures how well the
+confidence ranks the sentences.
 """
 
 import numpy as np
 import sacrebleu
 
 MAX_MARGIN = 20.0
-MIN_MEAN_LOG_PROB = -50.0
+MIN_SCORE = -50.0
 
 
 def sentence_chrf(hypotheses, references):
@@ -22,12 +25,12 @@ def sentence_chrf(hypotheses, references):
     )
 
 
-def features(token_scores, lengths, margins):
-    """`[n, 2]` float64: the mean token log-probability and the n-best margin, clipped as the
-    graph clips them (`Translator._confidence`)."""
-    mean = np.sum(token_scores, axis=-1) / np.maximum(lengths, 1)
+def features(scores, margins):
+    """`[n, 2]` float64: the search's scores and the n-best margins, clipped as the graph clips
+    them (`Translator._confidence`)."""
+    scores = np.asarray(scores, "float64")
     return np.stack(
-        [np.maximum(mean, MIN_MEAN_LOG_PROB), np.clip(margins, -MAX_MARGIN, MAX_MARGIN)], axis=1
+        [np.maximum(scores, MIN_SCORE), np.clip(margins, -MAX_MARGIN, MAX_MARGIN)], axis=1
     )
 
 
@@ -39,7 +42,7 @@ def fit_calibration(x, target, steps=2000, learning_rate=0.5):
     """Fits `sigmoid(bias + x @ w)` to `target` in [0, 1] (cross-entropy, `w >= 0`).
 
     Projected gradient descent on standardised features (the loss is convex; the projection
-    keeps the map monotone). Returns `{"log_prob_weight", "margin_weight", "bias"}` in the
+    keeps the map monotone). Returns `{"score_weight", "margin_weight", "bias"}` in the
     original units.
     """
     x = np.asarray(x, "float64")
@@ -54,7 +57,7 @@ def fit_calibration(x, target, steps=2000, learning_rate=0.5):
         bias -= learning_rate * float(np.mean(error))
     weights = w / scale
     return {
-        "log_prob_weight": float(weights[0]),
+        "score_weight": float(weights[0]),
         "margin_weight": float(weights[1]),
         "bias": float(bias - np.sum(weights * center)),
     }
@@ -66,7 +69,7 @@ def apply_calibration(calibration, x):
     x = np.asarray(x, "float64")
     logit = (
         calibration["bias"]
-        + calibration["log_prob_weight"] * x[:, 0]
+        + calibration["score_weight"] * x[:, 0]
         + calibration["margin_weight"] * x[:, 1]
     )
     return _sigmoid(logit)

@@ -137,8 +137,9 @@ def render_markdown(card):
     calibration = card.get("calibration", {})
     lines += ["## Confidence", ""]
     lines += [
-        "`confidence` = sigmoid(bias + log_prob_weight x mean token log-probability + "
-        "margin_weight x n-best margin), fitted on the dev set against sentence chrF / 100.",
+        "`confidence` = sigmoid(bias + score_weight x score + margin_weight x n-best margin), "
+        "fitted on the dev set against sentence chrF / 100 (the Spearman and decile figures "
+        "below are on those same sentences).",
         "",
     ]
     lines += _table(calibration.items()) + [""]

@@ -191,7 +191,7 @@ def _features_function(translator):
 
     def features(text):
         out = translator._hypotheses(text, 1)
-        return {key: out[key][:, 0] for key in ("text", "token_scores", "length", "margin")}
+        return {key: out[key][:, 0] for key in ("text", "score", "length", "margin")}
 
     return tf.function(
         features, input_signature=[tf.TensorSpec([None], tf.string)], autograph=False
@@ -214,7 +214,7 @@ def _calibrate(translator, dev_pairs):
     out = features(tf.constant(sources))
     seconds = time.perf_counter() - started
     hypotheses = [t.decode("utf-8") for t in out["text"].numpy()]
-    x = calib.features(out["token_scores"].numpy(), out["length"].numpy(), out["margin"].numpy())
+    x = calib.features(out["score"].numpy(), out["margin"].numpy())
     chrf = calib.sentence_chrf(hypotheses, references)
     fitted = calib.fit_calibration(x, chrf / 100.0)
     translator.set_calibration(**fitted)

@@ -15,12 +15,12 @@ from keras_transformer import fast_paths
 from keras_transformer.config import DecodingSettings
 from keras_transformer.data.pipeline import encode_sources
 from keras_transformer.decoding.search import translate_ids
-from keras_transformer.export.calibration import MAX_MARGIN, MIN_MEAN_LOG_PROB
+from keras_transformer.export.calibration import MAX_MARGIN, MIN_SCORE
 from keras_transformer.export.warmup import bucket_lengths
 
-# The confidence's map before any calibration: sigmoid(1 + 2 * mean log p), 0.5 at a mean
-# token log-probability of -0.5 (`set_calibration` replaces it with one fitted on a dev set).
-DEFAULT_CALIBRATION = {"log_prob_weight": 2.0, "margin_weight": 0.0, "bias": 1.0}
+# The confidence's map before any calibration: sigmoid(1 + 2 * score), 0.5 at a score of -0.5
+# (`set_calibration` replaces it with one fitted on a dev set).
+DEFAULT_CALIBRATION = {"score_weight": 2.0, "margin_weight": 0.0, "bias": 1.0}
 NEG_SCORE = -1.0e9
 
 
@@ -68,8 +68,8 @@ class Translator(tf.Module):
        padded only to its own longest sentence, memory bounded for large requests);
     4. takes the log-probability of each output piece (`token_scores`), tracked with the
        hypotheses during the search (one forced-decoding pass over the outputs with the fast
-       path `tracked_token_scores` off), and maps the mean token log-probability and the n-best
-       margin to the calibrated `confidence`;
+       path `tracked_token_scores` off), and maps the score and the n-best margin to the
+       calibrated `confidence` (never higher for a hypothesis ranked lower);
     5. detokenizes the best hypothesis of each input, and returns it with its scores in the
        original order.
 
@@ -196,14 +196,15 @@ class Translator(tf.Module):
             signatures["translate_sample"] = self.translate_sample
         return signatures
 
-    def set_calibration(self, log_prob_weight, margin_weight, bias):
-        """Sets the confidence's map `sigmoid(bias + log_prob_weight * mean token log-probability
-        + margin_weight * n-best margin)` (weights >= 0: monotone in both). Call it before the
-        signatures are first traced (before calling or saving the translator)."""
-        if log_prob_weight < 0 or margin_weight < 0:
+    def set_calibration(self, score_weight, margin_weight, bias):
+        """Sets the confidence's map `sigmoid(bias + score_weight * score + margin_weight *
+        n-best margin)` (weights >= 0: monotone in both, so along an n-best list, where both
+        fall, the confidence never rises). Call it before the signatures are first traced
+        (before calling or saving the translator)."""
+        if score_weight < 0 or margin_weight < 0:
             raise ValueError("calibration weights must be >= 0 (a monotone map)")
         self.calibration = {
-            "log_prob_weight": float(log_prob_weight),
+            "score_weight": float(score_weight),
             "margin_weight": float(margin_weight),
             "bias": float(bias),
         }
@@ -326,14 +327,13 @@ class Translator(tf.Module):
         margin = scores - tf.reduce_max(others, axis=-1)  # [c, K]
         return tf.clip_by_value(margin[:, :keep], -MAX_MARGIN, MAX_MARGIN)
 
-    def _confidence(self, token_scores, lengths, margins):
-        """The calibrated confidence (`set_calibration`) from the token scores `[..., T]`, the
-        lengths and the n-best margins `[...]`."""
-        mean = tf.reduce_sum(token_scores, -1) / tf.cast(tf.maximum(lengths, 1), tf.float32)
+    def _confidence(self, scores, margins):
+        """The calibrated confidence (`set_calibration`) of hypotheses with these scores and
+        n-best margins (both `[...]`)."""
         cal = self.calibration
         logit = (
             cal["bias"]
-            + cal["log_prob_weight"] * tf.maximum(mean, MIN_MEAN_LOG_PROB)
+            + cal["score_weight"] * tf.maximum(scores, MIN_SCORE)
             + cal["margin_weight"] * margins
         )
         return tf.sigmoid(logit)
@@ -430,7 +430,7 @@ class Translator(tf.Module):
             "token_scores": token_scores,
             "margin": margin,
             "length": lengths,
-            "confidence": self._confidence(token_scores, lengths, margin),
+            "confidence": self._confidence(score, margin),
         }
 
     def _translate(self, text):
