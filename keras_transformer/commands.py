@@ -536,10 +536,7 @@ def _card_inputs(workdir, config, vocab_size, selection=None):
     from keras_transformer.export.card import card_facts
 
     layout = Workdir(workdir)
-    result = None
-    if os.path.isfile(layout.result):
-        with open(layout.result, encoding="utf-8") as f:
-            result = json.load(f)
+    result = _read_result(layout)
     if selection:  # this export's own choice on dev
         result = {**(result or {}), "selection": selection}
     try:
@@ -547,6 +544,34 @@ def _card_inputs(workdir, config, vocab_size, selection=None):
     except (OSError, ValueError, KerasTransformerError):
         dev_pairs = None  # the export goes on; its card says the confidence is not fitted
     return card_facts(config, read_manifest(layout.prepared), result, vocab_size), dev_pairs
+
+
+def _read_result(layout):
+    """The workdir's `result.json` as a dict (any filesystem), or None."""
+    from keras_transformer.workdir import read_text
+
+    try:
+        return json.loads(read_text(layout.result))
+    except (OSError, ValueError):
+        return None
+
+
+def _record_export(workdir, path, final):
+    """Appends this export's choice on dev to `result.json`'s `exports` (written whole): the
+    training's own figures stay those of the model it exported."""
+    from keras_transformer.integrity import write_atomically
+
+    layout = Workdir(workdir)
+    result = _read_result(layout) or {}
+    result.setdefault("exports", []).append(
+        {
+            "saved_model": path,
+            "checkpoint_steps": final.steps,
+            "alpha": final.alpha,
+            "selection": final.selection,
+        }
+    )
+    write_atomically(layout.result, json.dumps(result, indent=2))
 
 
 def export_command(args):
@@ -601,6 +626,8 @@ def export_command(args):
         dev_pairs,
         jit_compile=bool(args.jit_compile or config.export.jit_compile),
     )
+    if final.selection:
+        _record_export(args.workdir, path, final)
     print(f"exported {averaged or f'step {steps[-1]}'} to {path}")
 
 

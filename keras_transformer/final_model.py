@@ -97,6 +97,16 @@ def selects_on_dev(config):
     return config.export.average_checkpoints == AUTO or _auto_alpha(config)
 
 
+def choosing_everything(config):
+    """`config` with `auto` averaging and length penalty: every candidate is chosen among (what
+    `export --select-on-dev` asks for where the config fixes both)."""
+    return dataclasses.replace(
+        config,
+        decode=dataclasses.replace(config.decode, alpha=AUTO),
+        export=dataclasses.replace(config.export, average_checkpoints=AUTO, alpha=None),
+    )
+
+
 def _auto_alpha(config):
     return config.decode.alpha == AUTO and config.export.alpha is None
 
@@ -247,6 +257,8 @@ def final_model(config, layout, vocab_size, tokenizer=None, dev_pairs=None, sele
     """
     report = kw.get("report", print)
     model = build_transformer(config.model, vocab_size)
+    if select and not selects_on_dev(config):
+        config = choosing_everything(config)  # asked for (export --select-on-dev): all candidates
     select = selects_on_dev(config) if select is None else select
     if select and dev_pairs:
         return select_on_dev(model, tokenizer, config, layout, dev_pairs, kw.get("alpha"), report)

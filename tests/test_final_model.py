@@ -31,7 +31,10 @@ def chosen_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("select")
     config = tiny_config(
         workdir,
-        data=dict(dev="synthetic:split=dev,size=24,max_words=8"),
+        data=dict(
+            dev="synthetic:split=dev,size=24,max_words=8",
+            test="synthetic:split=test,size=10,max_words=8",
+        ),
         train=dict(
             steps=40,
             steps_per_epoch=8,
@@ -120,6 +123,87 @@ def test_the_same_workdir_chooses_the_same_candidate(chosen_run):
     )  # fmt: skip
     assert again.selection["candidates"] == result["selection"]["candidates"]
     assert (again.steps, again.alpha) == (result["checkpoint_steps"], result["alpha"])
+
+
+def test_the_model_card_states_the_workdirs_facts(chosen_run):
+    """Every fact of the card against its source: the config, the prepared manifest,
+    `result.json`, and the calibration recomputed from the exported model's own answers."""
+    import tensorflow as tf
+
+    from keras_transformer.data.prepare import read_manifest
+    from keras_transformer.export import calibration as calib
+
+    config, layout, result = chosen_run
+    with open(os.path.join(result["saved_model"], "assets.extra", "model_card.json")) as f:
+        card = json.load(f)
+    manifest = read_manifest(layout.prepared)
+    corpora = card["corpora"]
+    assert corpora["train"]["spec"] == config.data.train
+    for key in ("lines", "written", "truncated", "skipped"):
+        assert corpora["train"][key] == manifest["counts"][key], key
+    assert corpora["train"]["written"] > 0
+    for split, spec, size in (("dev", config.data.dev, 24), ("test", config.data.test, 10)):
+        assert corpora[split] == {"spec": spec, "sentences": size}
+        evaluation = card["evaluation"][split]
+        assert evaluation == {**result[split], "beam_size": config.decode.beam_size}
+        assert evaluation["signature"]["bleu"].startswith("nrefs:1|")
+    assert card["vocabulary"]["size"] == Tokenizer(layout.spm).vocab_size
+    training = card["training"]
+    for key in ("step", "training_seconds", "precision", "checkpoint_steps", "alpha"):
+        assert training[key] == result[key], key
+    assert training["step"] == config.train.steps and training["precision"] == "float32"
+    assert card["decoding"]["alpha"] == result["alpha"]
+    # The confidence's map, refitted from the export's own answers on the dev sentences.
+    pairs = read_pairs(config.data.dev)
+    loaded = tf.saved_model.load(result["saved_model"])
+    nbest = loaded.signatures["translate_nbest"](text=tf.constant([s for s, _ in pairs]))
+    scores = np.asarray(nbest["scores"], "float64")
+    hypotheses = [t.decode("utf-8") for t in np.asarray(nbest["translations"])[:, 0]]
+    x = calib.features(scores[:, 0], scores[:, 0] - scores[:, 1])
+    chrf = calib.sentence_chrf(hypotheses, [r for _, r in pairs])
+    fitted = calib.fit_calibration(x, chrf / 100.0)
+    report = calib.calibration_report(calib.apply_calibration(fitted, x), hypotheses,
+                                      [r for _, r in pairs], chrf)  # fmt: skip
+    calibration = card["calibration"]
+    assert calibration["fitted"] and calibration["sentences"] == len(pairs)
+    for key, value in fitted.items():
+        assert calibration[key] == pytest.approx(value, rel=1e-3, abs=1e-3), key
+    for key in ("spearman_chrf", "mean_confidence"):
+        assert calibration[key] == pytest.approx(report[key], abs=2e-3), key
+    assert calibration["mean_sentence_chrf"] == pytest.approx(report["mean_sentence_chrf"])
+
+
+def test_export_select_on_dev_from_the_command_line(tmp_path, copy_model, toy_spm_path, capsys):
+    """`export --select-on-dev` on a workdir whose config averages a fixed number: the flag
+    makes the dev set choose, and both the card and `result.json` record the choice."""
+    config, layout = _copy_workdir(tmp_path, copy_model, toy_spm_path)
+    fixed = dataclasses.replace(
+        config,
+        decode=dataclasses.replace(config.decode, alpha=1.0),
+        export=dataclasses.replace(
+            config.export, average_checkpoints=2, base_dir=str(tmp_path / "saved_models")
+        ),
+    )
+    save_config(fixed, layout.config)
+    code = cli.main(["export", "--workdir", str(tmp_path), "--select-on-dev"])
+    assert code == 0, capsys.readouterr().err
+    path = str(tmp_path / "saved_models" / "copy" / "1")
+    assert f"to {path}" in capsys.readouterr().out
+    with open(os.path.join(path, "assets.extra", "model_card.json")) as f:
+        card = json.load(f)
+    selection = card["training"]["selection"]
+    assert len(selection["candidates"]) == 6 and selection["sentences"] == 40
+    tokenizer = Tokenizer(layout.spm)
+    again = final_model(
+        fixed, layout, tokenizer.vocab_size, tokenizer, read_pairs(config.data.dev),
+        report=lambda line: None, select=True,
+    )  # fmt: skip
+    timeless = lambda d: {k: v for k, v in d.items() if k != "seconds"}  # noqa: E731
+    assert timeless(selection) == timeless(again.selection)
+    with open(layout.result) as f:
+        (recorded,) = json.load(f)["exports"]
+    assert recorded["saved_model"] == path and recorded["selection"] == selection
+    assert (recorded["checkpoint_steps"], recorded["alpha"]) == (again.steps, again.alpha)
 
 
 def test_average_and_select_on_dev_exclude_each_other(tmp_path, capsys):
