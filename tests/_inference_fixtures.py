@@ -118,7 +118,7 @@ def dev_pairs(n=64, seed=7):
 
 
 @functools.lru_cache(maxsize=None)
-def trained_model(steps=300):
+def trained_model(steps=600):
     """A tiny Transformer trained with `model.fit` to copy its input (target = source)."""
     import keras
 

@@ -149,6 +149,7 @@ def _losses_by_step(logdir, pid=None):
 
 
 @pytest.mark.slow
+@pytest.mark.numerics
 def test_sigkilled_run_resumes_exactly(tmp_path):
     """Killed (SIGKILL) after a backup and started again with the same command, the run sees
     the data, learning rate, optimizer state and dropout randomness of the uninterrupted run:

@@ -21,6 +21,9 @@ from keras_transformer.decoding.search import (
     unflatten_beams,
 )
 
+# Numerically sensitive: CI runs this module again with oneDNN off and with one thread.
+pytestmark = pytest.mark.numerics
+
 EOS = 3
 
 

@@ -14,6 +14,9 @@ from _fresh_process import latin1, run_fresh
 from keras_transformer.decoding.search import length_penalty
 from keras_transformer.export import calibration as calib
 
+# Numerically sensitive: CI runs this module again with oneDNN off and with one thread.
+pytestmark = pytest.mark.numerics
+
 DECODE = fx.EXPORT_DECODE
 NORMAL = fx.NORMAL
 HOSTILE = [*fx.HOSTILE, *fx.NORMAL]

@@ -16,6 +16,9 @@ from keras_transformer.models import Transformer
 from keras_transformer.training.losses import MaskedSparseCrossEntropy
 from keras_transformer.training.metrics import MaskedAccuracy, Perplexity, TokenCount
 
+# Numerically sensitive: CI runs this module again with oneDNN off and with one thread.
+pytestmark = pytest.mark.numerics
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 

@@ -17,6 +17,9 @@ from keras_transformer.training.callbacks import ResumeState, StepCheckpoint, av
 from keras_transformer.training.trainer import make_optimizer
 from keras_transformer.workdir import average_checkpoints, list_checkpoints, load_last_checkpoints
 
+# Numerically sensitive: CI runs this module again with oneDNN off and with one thread.
+pytestmark = pytest.mark.numerics
+
 TOY_MODEL = dict(num_layers=1, d_model=16, num_heads=2, d_ff=32, dropout=0.1)
 
 
