@@ -19,6 +19,7 @@ from keras_transformer.layers import (
     TransformerDecoder,
     TransformerDecoderBlock,
 )
+from keras_transformer.layers.attention import BeamCache
 from keras_transformer.models import DecoderOnlyTransformer
 
 
@@ -161,6 +162,9 @@ def test_attention_refuses_calls_whose_missing_argument_would_change_it():
         mha(x[:, :1], x[:, :1], cache=cache)  # a self-attention cache without its index
     with pytest.raises(ValueError, match="cache_update_index"):
         mha(x, x, cache_update_index=1)  # an index without a cache
+    beam_cache = BeamCache(ops.zeros((1, 2, 5, 4)), ops.zeros((1, 2, 5, 4)), np.ones((1, 1, 2, 5)))
+    with pytest.raises(ValueError, match="attention_mask"):  # the cache's mask replaces it
+        mha(x[:2, :1], None, attention_mask=np.ones((2, 1, 5), bool), cache=beam_cache)
     # The documented uses stay: a cross-attention cache replaces value; a self-attention cache
     # with its index takes the step's keys/values from the query.
     out, _ = mha(x, None, cache=cache)

@@ -171,7 +171,8 @@ class MultiHeadAttention(CallTracedSpec, keras.layers.Layer):
     - cross-attention: build the cache once with `compute_key_value_cache(encoder_output)` and pass
       it with `cache_update_index=None`; keys and values are then not recomputed.
     - beam search: a `BeamCache` holds the keys/values once per input for all its beams (the
-      query rows are `batch * beams`), each beam attending through the cache's mask.
+      query rows are `batch * beams`), each beam attending through the cache's mask (an
+      `attention_mask` as well is an error).
 
     Args:
         num_heads: number of attention heads `h`.
@@ -327,6 +328,11 @@ class MultiHeadAttention(CallTracedSpec, keras.layers.Layer):
             return self.dropout_layer(weights, training=training)
 
         if isinstance(cache, BeamCache):  # beam search's caches, one per input
+            if attention_mask is not None:
+                raise ValueError(
+                    f"MultiHeadAttention {self.name!r} got an `attention_mask` with a "
+                    "`BeamCache`, whose own mask replaces it: fold the mask into the cache's"
+                )
             out, weights, cache = self._attend_beam_cache(
                 query, cache, cache_update_index, dropout_fn
             )
