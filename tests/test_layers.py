@@ -361,6 +361,16 @@ CALL_VARIANTS = {
         (X, MEMORY),
         dict(return_attention_scores=True),
     ),
+    "decoder-only scores": (
+        lambda: TransformerDecoderBlock(2, 16),
+        (X,),
+        dict(decoder_padding_mask=np.ones((2, 3), bool), return_attention_scores=True),
+    ),
+    "decoder-only cache": (
+        lambda: TransformerDecoder(2, 2, 16),
+        (X[:, :1],),
+        dict(self_attention_cache=[CACHE] * 2, cache_update_index=1, return_attention_scores=True),
+    ),
     "decoder cache": (
         lambda: TransformerDecoder(2, 2, 16, norm_first=True),
         (X[:, :1], None),

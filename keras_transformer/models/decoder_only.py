@@ -99,7 +99,9 @@ class DecoderOnlyTransformer(keras.Model):
 
         Returns float32 logits `[batch, n, vocab_size]` (each predicting the token after its
         position) and the cache with those positions' keys/values written in. Run from
-        `cache_index=0` one token at a time, it equals the full forward pass.
+        `cache_index=0` one token at a time, it equals the full forward pass. The ids must be
+        real tokens: the cache keeps no padding mask (a prompt batch of several lengths goes
+        through `decoding.language_model_step`'s `prompt_ids`, forced one token per step).
         """
         x = self.positional_encoding(self.token_embedding(token_ids), start_index=cache_index)
         x, cache = self.decoder(x, self_attention_cache=cache, cache_update_index=cache_index)
