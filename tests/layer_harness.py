@@ -13,6 +13,18 @@ def _np(x):
     return np.asarray(ops.convert_to_numpy(x))
 
 
+def _call(layer, data):
+    """`layer` on `data`: one input, or a dict of named call arguments (`{"query": ...}`)."""
+    return layer(**data) if isinstance(data, dict) else layer(data)
+
+
+def _inputs(data, dtype, name=None):
+    """`keras.Input`s shaped like `data` (one array or a dict of them, named by their keys)."""
+    if isinstance(data, dict):
+        return {key: _inputs(x, dtype, key) for key, x in data.items()}
+    return keras.Input(shape=tuple(data.shape[1:]), dtype=dtype, name=name)
+
+
 def run_layer_test(
     make,
     input_data,
@@ -22,7 +34,8 @@ def run_layer_test(
     input_dtype="float32",
     check_training=True,
 ):
-    """Builds `make()` on `input_data` and checks, in turn:
+    """Builds `make()` on `input_data` (an array, or a dict of named call arguments) and
+    checks, in turn:
 
     1. eager call: the output shape;
     2. trainable weights: their number;
@@ -36,21 +49,21 @@ def run_layer_test(
        `compute_output_shape`, agree with the call's output (`check_output_spec`).
     """
     layer = make()
-    output = layer(input_data)
+    output = _call(layer, input_data)
     assert tuple(output.shape) == tuple(expected_output_shape)
     assert len(layer.trainable_weights) == expected_num_trainable_weights
 
     config = layer.get_config()
     clone = layer.__class__.from_config(config)
     assert clone.get_config() == config
-    clone(input_data)
+    _call(clone, input_data)
     clone.set_weights(layer.get_weights())
-    np.testing.assert_allclose(_np(clone(input_data)), _np(output), atol=1e-6)
+    np.testing.assert_allclose(_np(_call(clone, input_data)), _np(output), atol=1e-6)
     restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer))
     assert type(restored) is type(layer)
 
-    inputs = keras.Input(shape=tuple(input_data.shape[1:]), dtype=input_dtype)
-    symbolic = make()(inputs)
+    inputs = _inputs(input_data, input_dtype)
+    symbolic = _call(make(), inputs)
     assert tuple(symbolic.shape[1:]) == tuple(expected_output_shape[1:])
 
     model = keras.Model(inputs, symbolic)
@@ -74,14 +87,15 @@ def run_layer_test(
     keras.config.set_dtype_policy("mixed_bfloat16")
     try:
         half = make()
-        y = half(input_data)
+        y = _call(half, input_data)
         assert keras.backend.standardize_dtype(y.dtype) == "bfloat16"
         assert all(keras.backend.standardize_dtype(w.dtype) == "float32" for w in half.weights)
     finally:
         keras.config.set_dtype_policy(policy)
 
+    args, kwargs = ((), input_data) if isinstance(input_data, dict) else ((input_data,), {})
     for dtype in POLICIES:
-        check_output_spec(make, (input_data,), {}, dtype, shape_check=True)
+        check_output_spec(make, args, kwargs, dtype, shape_check=True)
 
 
 def _spec(x):
@@ -92,7 +106,8 @@ def check_output_spec(make, args, kwargs, dtype_policy, shape_check=False):
     """Under `dtype_policy`, `make()`'s `compute_output_spec(*args, **kwargs)` has the structure,
     shapes and dtypes of its eager call, whether the tensor arguments are numpy arrays, backend
     tensors or `KerasTensor`s; calling it on `KerasTensor`s gives the same; with `shape_check`,
-    `compute_output_shape` of the first argument's shape gives the output's shape too."""
+    `compute_output_shape` of the first argument's shape (or keyword argument's, when there are
+    no positional ones) gives the output's shape too."""
     policy = keras.config.dtype_policy()
     keras.config.set_dtype_policy(dtype_policy)
     try:
@@ -116,4 +131,5 @@ def _check_output_spec(make, args, kwargs, shape_check):
     symbolic = make()(*symbolic_args, **symbolic_kwargs)
     assert tree.map_structure(_spec, symbolic) == expected
     if shape_check:
-        assert tuple(layer.compute_output_shape(args[0].shape)) == expected[0]
+        first = args[0] if args else next(iter(kwargs.values()))
+        assert tuple(layer.compute_output_shape(first.shape)) == expected[0]

@@ -28,8 +28,14 @@ PUBLIC = {
         "TransformerEncoder",
         "TransformerDecoder",
     },
-    "models": {"Transformer", "build_transformer"},
-    "decoding": {"DecodingSettings", "greedy_search", "beam_search", "translate_ids"},
+    "models": {"Transformer", "DecoderOnlyTransformer", "build_transformer"},
+    "decoding": {
+        "DecodingSettings",
+        "greedy_search",
+        "beam_search",
+        "translate_ids",
+        "language_model_step",
+    },
     "export": {"Translator", "export_saved_model", "export_ctranslate2"},
     "training": {"train", "compile_model"},
     "data": {

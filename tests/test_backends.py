@@ -1,4 +1,4 @@
-"""The layers use keras.ops only: their test module must also pass on the JAX backend."""
+"""The layers use keras.ops only: their test modules must also pass on the JAX backend."""
 
 import os
 import subprocess
@@ -9,12 +9,11 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.slow
-def test_layers_pass_on_jax_backend():
+def _pytest_on_jax(*arguments):
     pytest.importorskip("jax")
     env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_layers.py"],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *arguments],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -23,3 +22,17 @@ def test_layers_pass_on_jax_backend():
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert " passed" in result.stdout and "failed" not in result.stdout
+
+
+@pytest.mark.slow
+def test_layers_pass_on_jax_backend():
+    _pytest_on_jax("tests/test_layers.py")
+
+
+@pytest.mark.slow
+def test_decoder_only_passes_on_jax_backend():
+    """The decoder-only tests (causality, no cross-attention weights, mismatched calls, `.keras`,
+    fit and generation, cached equal to uncached) and KerasHub's layer test of the decoders in
+    both modes."""
+    pytest.importorskip("keras_hub")
+    _pytest_on_jax("tests/test_decoder_only.py", "tests/test_layers_keras_hub.py", "-k", "Decoder")

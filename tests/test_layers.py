@@ -256,12 +256,13 @@ def test_decoder_block_returns_scores():
 
 X = np.random.default_rng(13).normal(size=(2, 3, 8)).astype("float32")
 IDS = np.array([[3, 7, 1, 0], [5, 2, 0, 0]], "int32")
+MEMORY = np.random.default_rng(14).normal(size=(2, 4, 8)).astype("float32")
 
 # (layer factory, input, output shape, trainable weights, input dtype)
 LAYER_CASES = {
     "MultiHeadAttention": (
         lambda: MultiHeadAttention(num_heads=2, key_dim=4, dropout=0.1),
-        X,
+        {"query": X, "value": X},
         (2, 3, 8),
         8,  # query, key, value, output: kernel and bias each
         "float32",
@@ -291,9 +292,16 @@ LAYER_CASES = {
     ),
     "TransformerDecoderBlock": (
         lambda: TransformerDecoderBlock(num_heads=2, d_ff=16, dropout=0.2),
-        X,
+        {"inputs": X, "encoder_output": MEMORY},
         (2, 3, 8),
         2 * 8 + 4 + 6,  # two attentions, feed-forward, three LayerNorms
+        "float32",
+    ),
+    "TransformerDecoderBlock decoder-only": (
+        lambda: TransformerDecoderBlock(num_heads=2, d_ff=16, dropout=0.2),
+        X,
+        (2, 3, 8),
+        8 + 4 + 4,  # self-attention, feed-forward, two LayerNorms: no cross-attention
         "float32",
     ),
     "TransformerEncoder": (
@@ -305,9 +313,16 @@ LAYER_CASES = {
     ),
     "TransformerDecoder": (
         lambda: TransformerDecoder(num_layers=2, num_heads=2, d_ff=16, norm_first=True),
-        X,
+        {"inputs": X, "encoder_output": MEMORY},
         (2, 3, 8),
         2 * 26 + 2,  # and the pre-norm stack's final LayerNorm
+        "float32",
+    ),
+    "TransformerDecoder decoder-only": (
+        lambda: TransformerDecoder(num_layers=2, num_heads=2, d_ff=16, norm_first=True),
+        X,
+        (2, 3, 8),
+        2 * 16 + 2,
         "float32",
     ),
 }
@@ -320,7 +335,6 @@ def test_layer_by_the_book(name, tmp_path):
 
 
 CACHE = (np.zeros((2, 2, 5, 4), "float32"),) * 2  # [batch, heads, max_len, head_dim]
-MEMORY = np.random.default_rng(14).normal(size=(2, 4, 8)).astype("float32")
 
 # Calls beyond the default one: (layer factory, args, kwargs).
 CALL_VARIANTS = {
@@ -346,6 +360,16 @@ CALL_VARIANTS = {
         lambda: TransformerDecoderBlock(2, 16),
         (X, MEMORY),
         dict(return_attention_scores=True),
+    ),
+    "decoder-only scores": (
+        lambda: TransformerDecoderBlock(2, 16),
+        (X,),
+        dict(decoder_padding_mask=np.ones((2, 3), bool), return_attention_scores=True),
+    ),
+    "decoder-only cache": (
+        lambda: TransformerDecoder(2, 2, 16),
+        (X[:, :1],),
+        dict(self_attention_cache=[CACHE] * 2, cache_update_index=1, return_attention_scores=True),
     ),
     "decoder cache": (
         lambda: TransformerDecoder(2, 2, 16, norm_first=True),
@@ -393,7 +417,7 @@ def test_every_public_layer_is_covered():
                 and value.__module__ == module.__name__
             }
     assert public and public <= defined
-    assert defined == set(LAYER_CASES)
+    assert defined == {name.split()[0] for name in LAYER_CASES}
 
 
 def test_bad_arguments_fail_clearly():

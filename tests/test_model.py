@@ -82,6 +82,17 @@ def test_cached_decoding_equals_full_pass(norm_first):
     np.testing.assert_allclose(np.concatenate([prefix, rest], 1), full, atol=1e-5)
 
 
+def test_decode_step_without_source_mask_raises():
+    """Without the source mask the cross-attention would attend the padded source positions:
+    `decode_step` refuses instead (only beam search's `BeamCache`s carry their own mask)."""
+    model = tiny()
+    src = np.pad(ids((1, 4)), ((0, 0), (0, 2)))
+    memory, _ = model.encode(src)
+    cache = model.init_cache(memory, max_length=3)
+    with pytest.raises(ValueError, match="source_mask"):
+        model.decode_step(ids((1, 1)), 0, cache, None)
+
+
 def test_paper_parameter_counts():
     base = Transformer.from_preset("transformer_base", vocab_size=37000)
     assert 62e6 <= base.count_params() <= 66e6

@@ -117,7 +117,11 @@ class StackBase(CallTracedSpec, keras.layers.Layer):
     block_class = None
 
     def __init__(self, num_layers, num_heads, d_ff, **kwargs):
-        block_names = inspect.signature(self.block_class.__init__).parameters
+        # The shared arguments, and those a block class adds (the decoder's `decoder_only`).
+        block_names = {
+            **inspect.signature(BlockBase.__init__).parameters,
+            **inspect.signature(self.block_class.__init__).parameters,
+        }
         block_kwargs = {name: kwargs.pop(name) for name in list(kwargs) if name in block_names}
         # The initializer as an object, made here once per stack (as Keras makes any default
         # seed): the same seed stream, so the same weights for a given global seed, as before.

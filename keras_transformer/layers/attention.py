@@ -133,6 +133,29 @@ def _beam_cache_attention(q, k, v, cache, cache_update_index, dropout_fn):
     return _ungroup_beams(out), weights, cache
 
 
+def _check_call_arguments(name, value, key, cache, cache_update_index):
+    """Refuses the calls whose missing argument would silently change what is attended: no
+    `value` (bidirectional self-attention where causal may have been meant), a cache with
+    `value` but no `cache_update_index` (a forgotten index would make a self-attention cache a
+    cross-attention one) and an index without a cache."""
+    layer = f"MultiHeadAttention {name!r}"
+    if cache is None:
+        if value is None:
+            raise ValueError(
+                f"{layer} got no `value`: pass `value=query` for self-attention (and "
+                "`use_causal_mask=True` where a position must not see later ones); only a "
+                "`cache` may stand in for `value`"
+            )
+        if cache_update_index is not None:
+            raise ValueError(f"{layer} got a `cache_update_index` but no `cache` to write at it")
+    elif cache_update_index is None and (value is not None or key is not None):
+        raise ValueError(
+            f"{layer} got a `cache` without `cache_update_index`, which makes it a "
+            "cross-attention cache whose keys/values replace `value` and `key`: pass "
+            "`value=None` for that, or `cache_update_index` to write a self-attention cache"
+        )
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class MultiHeadAttention(CallTracedSpec, keras.layers.Layer):
     """Multi-head attention (paper section 3.2.2) with an optional fixed-size key/value cache.
@@ -148,7 +171,8 @@ class MultiHeadAttention(CallTracedSpec, keras.layers.Layer):
     - cross-attention: build the cache once with `compute_key_value_cache(encoder_output)` and pass
       it with `cache_update_index=None`; keys and values are then not recomputed.
     - beam search: a `BeamCache` holds the keys/values once per input for all its beams (the
-      query rows are `batch * beams`), each beam attending through the cache's mask.
+      query rows are `batch * beams`), each beam attending through the cache's mask (an
+      `attention_mask` as well is an error).
 
     Args:
         num_heads: number of attention heads `h`.
@@ -161,10 +185,16 @@ class MultiHeadAttention(CallTracedSpec, keras.layers.Layer):
 
     Call arguments:
         query: `[batch, q_len, dim]`.
-        value: `[batch, k_len, dim]`; ignored when a cross-attention cache is given.
-        key: `[batch, k_len, dim]`; defaults to `value`.
-        attention_mask: boolean `[batch, q_len, k_len]` (or broadcastable), True = may attend.
-        use_causal_mask: also forbid attending to later positions.
+        value: `[batch, k_len, dim]`, required: `value=query` for self-attention (the layer
+            never guesses it). None only with a `cache`: with `cache_update_index` (a
+            self-attention cache) the step's keys/values come from `query`; without it (a
+            cross-attention cache) the cache's keys/values replace `value`, and passing `value`
+            or `key` as well is an error.
+        key: `[batch, k_len, dim]`; defaults to `value` (the usual case).
+        attention_mask: boolean `[batch, q_len, k_len]` (or broadcastable), True = may attend;
+            None lets every query attend every key.
+        use_causal_mask: also forbid attending to later positions (False by default: a
+            decoder's self-attention must ask for it; a self-attention cache is always causal).
         cache: `(keys, values)` cache or `BeamCache`, see above.
         cache_update_index: int scalar, position of `query` inside the cache (self-attention).
         return_attention_scores: also return the weights `[batch, heads, q_len, k_len]`.
@@ -290,6 +320,7 @@ class MultiHeadAttention(CallTracedSpec, keras.layers.Layer):
         return_attention_scores=False,
         training=None,
     ):
+        _check_call_arguments(self.name, value, key, cache, cache_update_index)
         value = query if value is None else value
         key = value if key is None else key
 
@@ -297,6 +328,11 @@ class MultiHeadAttention(CallTracedSpec, keras.layers.Layer):
             return self.dropout_layer(weights, training=training)
 
         if isinstance(cache, BeamCache):  # beam search's caches, one per input
+            if attention_mask is not None:
+                raise ValueError(
+                    f"MultiHeadAttention {self.name!r} got an `attention_mask` with a "
+                    "`BeamCache`, whose own mask replaces it: fold the mask into the cache's"
+                )
             out, weights, cache = self._attend_beam_cache(
                 query, cache, cache_update_index, dropout_fn
             )

@@ -1,6 +1,8 @@
-"""Transformer decoder block and the stack of N blocks, with key/value caches for decoding."""
+"""Transformer decoder block and the stack of N blocks, with key/value caches for decoding;
+encoder-decoder (the paper's) or decoder-only (GPT-style: no encoder-decoder attention)."""
 
 import keras
+from keras import ops
 
 from keras_transformer.layers._blocks import BlockBase, StackBase
 from keras_transformer.layers.masks import key_padding_mask
@@ -14,6 +16,15 @@ class TransformerDecoderBlock(BlockBase):
     `norm_first=True` for pre-norm). The self-attention is causal: position i attends positions
     <= i only.
 
+    Two modes, fixed when the layer is built (by its first call, or by `decoder_only`):
+    - encoder-decoder (the paper's): built with an `encoder_output` (or a
+      `cross_attention_cache`); every call needs one of them.
+    - decoder-only (GPT-style, as KerasHub's): built without an encoder sequence; it has no
+      encoder-decoder attention weights at all (causal self-attention and the feed-forward net
+      only) and refuses `encoder_output`, `encoder_padding_mask` and `cross_attention_cache`.
+    A call that does not match the mode raises a `ValueError` naming the argument; it never
+    runs another computation. The mode is part of `get_config`.
+
     Args:
         num_heads: attention heads; must divide the input width `d_model`.
         d_ff: inner width of the feed-forward network.
@@ -24,18 +35,25 @@ class TransformerDecoderBlock(BlockBase):
         norm_first: pre-norm instead of the paper's post-norm.
         layer_norm_epsilon: LayerNorm epsilon.
         kernel_initializer: initializer of all projection kernels.
+        decoder_only: None (default): the mode is chosen by the first call, decoder-only when it
+            has no `encoder_output` (nor `cross_attention_cache`); True or False fix it.
 
     Call arguments:
         inputs: embedded target `[batch, t_len, d_model]`.
-        encoder_output: `[batch, s_len, d_model]`; None when `cross_attention_cache` is given.
-        decoder_padding_mask: boolean `[batch, t_len]`, True at real target tokens.
-        encoder_padding_mask: boolean `[batch, s_len]`, True at real source tokens.
-        self_attention_cache: `(keys, values)`, each `[batch, heads, max_len, head_dim]`, for
-            incremental decoding.
-        cache_update_index: int scalar, the position of `inputs` in the cache.
+        encoder_output: `[batch, s_len, d_model]` (encoder-decoder mode); None when
+            `cross_attention_cache` is given, and always None in decoder-only mode.
+        decoder_padding_mask: boolean `[batch, t_len]`, True at real target tokens (a Keras mask
+            is used when this is not given; None: every token is real).
+        encoder_padding_mask: boolean `[batch, s_len]`, True at real source tokens
+            (encoder-decoder mode; None: every source token is real).
+        self_attention_cache: `(keys, values)`, each `[batch, heads, max_len, head_dim]`
+            (`init_self_attention_cache`), for incremental decoding; needs `cache_update_index`.
+        cache_update_index: int scalar, the position of `inputs` in the cache; needs
+            `self_attention_cache`.
         cross_attention_cache: `(keys, values)`, each `[batch, heads, s_len, head_dim]`, from
-            `compute_cross_attention_cache`.
-        return_attention_scores: also return `{"self_attention": ..., "cross_attention": ...}`.
+            `compute_cross_attention_cache` (encoder-decoder mode, instead of `encoder_output`).
+        return_attention_scores: also return `{"self_attention": ..., "cross_attention": ...}`
+            (`{"self_attention": ...}` in decoder-only mode).
         training: enables dropout.
 
     Returns:
@@ -51,30 +69,50 @@ class TransformerDecoderBlock(BlockBase):
     >>> y = block(target_x, encoder_output=memory, encoder_padding_mask=source_ids != 0)
     >>> tuple(y.shape)
     (2, 7, 512)
+    >>> gpt_block = TransformerDecoderBlock(num_heads=8, d_ff=2048)  # decoder-only
+    >>> tuple(gpt_block(target_x, decoder_padding_mask=np.ones((2, 7), bool)).shape)
+    (2, 7, 512)
 
     References:
         Vaswani et al., 2017, "Attention Is All You Need", section 3.1.
     """
 
-    def build(self, inputs_shape, encoder_output_shape=None):
+    def __init__(self, num_heads, d_ff, decoder_only=None, **kwargs):
+        super().__init__(num_heads, d_ff, **kwargs)
+        self.decoder_only = None if decoder_only is None else bool(decoder_only)
+
+    def build(self, inputs_shape, encoder_output_shape=None, cross_attention_cache_shape=None):
         input_shape = inputs_shape
+        if self.decoder_only is None:
+            self.decoder_only = encoder_output_shape is None and cross_attention_cache_shape is None
         d_model = input_shape[-1]
-        encoder_output_shape = encoder_output_shape or input_shape
         self.self_attention = self._attention(d_model, "self_attention")
         self.self_attention.build(input_shape, input_shape)
         self.self_attention_norm = self._norm("self_attention_norm")
         self.self_attention_norm.build(input_shape)
-        self.cross_attention = self._attention(d_model, "cross_attention")
-        self.cross_attention.build(input_shape, encoder_output_shape)
-        self.cross_attention_norm = self._norm("cross_attention_norm")
-        self.cross_attention_norm.build(input_shape)
+        self.cross_attention = self.cross_attention_norm = None
+        if not self.decoder_only:
+            self.cross_attention = self._attention(d_model, "cross_attention")
+            self.cross_attention.build(input_shape, encoder_output_shape or input_shape)
+            self.cross_attention_norm = self._norm("cross_attention_norm")
+            self.cross_attention_norm.build(input_shape)
         self._build_feed_forward(input_shape)
         self.built = True
 
     def compute_cross_attention_cache(self, encoder_output):
         """Keys/values of the encoder output: `(keys, values)`, each
-        `[batch, heads, s_len, head_dim]`."""
+        `[batch, heads, s_len, head_dim]` (encoder-decoder mode only)."""
+        if self.decoder_only:
+            raise ValueError(f"{_describe(self)} is decoder-only: it has no cross-attention cache")
         return self.cross_attention.compute_key_value_cache(encoder_output)
+
+    def init_self_attention_cache(self, batch_size, max_length):
+        """The empty self-attention cache for `max_length` positions: `(keys, values)` zeros,
+        each `[batch_size, heads, max_length, head_dim]`, in the compute dtype."""
+        attention = self.self_attention
+        keys = (batch_size, attention.num_heads, max_length, attention.key_dim)
+        values = (batch_size, attention.num_heads, max_length, attention.value_dim)
+        return ops.zeros(keys, self.compute_dtype), ops.zeros(values, self.compute_dtype)
 
     def call(
         self,
@@ -86,19 +124,27 @@ class TransformerDecoderBlock(BlockBase):
         cache_update_index=None,
         cross_attention_cache=None,
         return_attention_scores=False,
+        mask=None,
         training=None,
     ):
+        check_decoder_call(
+            self, encoder_output, encoder_padding_mask, cross_attention_cache,
+            self_attention_cache, cache_update_index,
+        )  # fmt: skip
+        decoder_padding_mask = mask if decoder_padding_mask is None else decoder_padding_mask
         x, self_scores, *new_cache = self._self_attention_sublayer(
             inputs, decoder_padding_mask, self_attention_cache, cache_update_index, training
         )
-        x, cross_scores = self._cross_attention_sublayer(
-            x, encoder_output, encoder_padding_mask, cross_attention_cache, training
-        )
+        scores = {"self_attention": self_scores}
+        if not self.decoder_only:
+            x, scores["cross_attention"] = self._cross_attention_sublayer(
+                x, encoder_output, encoder_padding_mask, cross_attention_cache, training
+            )
         x = self._feed_forward_sublayer(x, training)
 
         results = [x]
         if return_attention_scores:
-            results.append({"self_attention": self_scores, "cross_attention": cross_scores})
+            results.append(scores)
         if self_attention_cache is not None:
             results.append(new_cache[0])
         return results[0] if len(results) == 1 else tuple(results)
@@ -143,26 +189,81 @@ class TransformerDecoderBlock(BlockBase):
             x = self.cross_attention_norm(x)
         return x, scores
 
+    def get_config(self):
+        return {**super().get_config(), "decoder_only": self.decoder_only}
+
+
+def _describe(layer):
+    return f"{type(layer).__name__} {layer.name!r}"
+
+
+def check_decoder_call(
+    layer, encoder_output, encoder_padding_mask, cross_attention_cache, self_attention_cache,
+    cache_update_index,
+):  # fmt: skip
+    """Refuses a call that does not match `layer`'s mode (`layer.decoder_only`) or gives half of
+    a pair of arguments: a missing argument never selects another computation silently."""
+    if layer.decoder_only:
+        for name, value in (
+            ("encoder_output", encoder_output),
+            ("encoder_padding_mask", encoder_padding_mask),
+            ("cross_attention_cache", cross_attention_cache),
+        ):
+            if value is not None:
+                raise ValueError(
+                    f"{_describe(layer)} is decoder-only (built without an encoder sequence: no "
+                    f"encoder-decoder attention) but got `{name}`; an encoder-decoder layer is "
+                    "built by a first call with `encoder_output`, or with `decoder_only=False`"
+                )
+    elif encoder_output is None and cross_attention_cache is None:
+        raise ValueError(
+            f"{_describe(layer)} has encoder-decoder attention and needs `encoder_output` (or "
+            "its `cross_attention_cache`); a decoder-only layer is built by a first call "
+            "without one, or with `decoder_only=True`"
+        )
+    elif encoder_output is not None and cross_attention_cache is not None:
+        raise ValueError(
+            f"{_describe(layer)} got both `encoder_output` and `cross_attention_cache`: pass one"
+        )
+    if (self_attention_cache is None) != (cache_update_index is None):
+        missing = "cache_update_index" if cache_update_index is None else "self_attention_cache"
+        raise ValueError(
+            f"{_describe(layer)}: `self_attention_cache` and `cache_update_index` go together, "
+            f"`{missing}` is missing"
+        )
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class TransformerDecoder(StackBase):
     """A stack of `num_layers` `TransformerDecoderBlock`s (the paper's N = 6).
 
+    Encoder-decoder or decoder-only as its blocks (see `TransformerDecoderBlock`): the first
+    call chooses, decoder-only when it has no `encoder_output` (nor `cross_attention_cache`),
+    unless `decoder_only` fixes the mode; a call that does not match it raises. A decoder-only
+    stack with a causal-LM head is a GPT-style model (`keras_transformer.models.
+    DecoderOnlyTransformer`, or one of your own: docs/guides/causal-lm.md).
+
     For incremental decoding each cache is a list with one `(keys, values)` pair of
     `[batch, heads, length, head_dim]` tensors per layer (`length` = the longest output for the
-    self-attention cache, the source length for the cross-attention cache); the updated
-    self-attention cache comes back as such a list.
+    self-attention cache, from `init_self_attention_cache`; the source length for the
+    cross-attention cache, from `compute_cross_attention_cache`); the updated self-attention
+    cache comes back as such a list.
 
     Args:
         num_layers: number of blocks.
         num_heads, d_ff, dropout, attention_dropout, activation_dropout, activation, norm_first,
-        layer_norm_epsilon, kernel_initializer: passed to every `TransformerDecoderBlock`.
+        layer_norm_epsilon, kernel_initializer, decoder_only: passed to every
+        `TransformerDecoderBlock`.
 
     Call arguments:
         inputs: embedded target `[batch, t_len, d_model]`.
-        encoder_output: `[batch, s_len, d_model]` (may be None when the cross cache is given).
-        decoder_padding_mask, encoder_padding_mask: boolean token masks, True at real tokens.
-        self_attention_cache, cache_update_index, cross_attention_cache: see above.
+        encoder_output: `[batch, s_len, d_model]` in encoder-decoder mode (may be None when the
+            cross cache is given); always None in decoder-only mode.
+        decoder_padding_mask, encoder_padding_mask: boolean token masks, True at real tokens
+            (a Keras mask stands in for `decoder_padding_mask`; None: every token is real);
+            `encoder_padding_mask` in encoder-decoder mode only.
+        self_attention_cache, cache_update_index: see above; one needs the other.
+        cross_attention_cache: see above; encoder-decoder mode only.
         return_attention_scores: also return a list of each block's scores dict.
         training: enables dropout.
 
@@ -174,6 +275,9 @@ class TransformerDecoder(StackBase):
     >>> y = decoder(embedded_target, memory, encoder_padding_mask=source_ids != 0)
     >>> tuple(y.shape)
     (2, 7, 512)
+    >>> gpt = TransformerDecoder(num_layers=2, num_heads=8, d_ff=2048)  # no encoder: decoder-only
+    >>> tuple(gpt(embedded_target).shape), gpt.decoder_only
+    ((2, 7, 512), True)
 
     References:
         Vaswani et al., 2017, "Attention Is All You Need", section 3.1.
@@ -181,7 +285,16 @@ class TransformerDecoder(StackBase):
 
     block_class = TransformerDecoderBlock
 
-    def build(self, inputs_shape, encoder_output_shape=None):
+    @property
+    def decoder_only(self):
+        """True or False once built (or given); None while the first call is to choose."""
+        return self.block_kwargs.get("decoder_only")
+
+    def build(self, inputs_shape, encoder_output_shape=None, cross_attention_cache_shape=None):
+        if self.decoder_only is None:
+            self.block_kwargs["decoder_only"] = (
+                encoder_output_shape is None and cross_attention_cache_shape is None
+            )
         self._encoder_output_shape = encoder_output_shape
         super().build(inputs_shape)
 
@@ -190,8 +303,13 @@ class TransformerDecoder(StackBase):
 
     def compute_cross_attention_cache(self, encoder_output):
         """One `(keys, values)` pair per layer, each `[batch, heads, s_len, head_dim]`, computed
-        once per source sentence."""
+        once per source sentence (encoder-decoder mode only)."""
         return [block.compute_cross_attention_cache(encoder_output) for block in self.blocks]
+
+    def init_self_attention_cache(self, batch_size, max_length):
+        """The empty self-attention cache: one `(keys, values)` pair of zeros
+        `[batch_size, heads, max_length, head_dim]` per layer."""
+        return [block.init_self_attention_cache(batch_size, max_length) for block in self.blocks]
 
     def call(
         self,
@@ -203,12 +321,17 @@ class TransformerDecoder(StackBase):
         cache_update_index=None,
         cross_attention_cache=None,
         return_attention_scores=False,
+        mask=None,
         training=None,
     ):
+        check_decoder_call(
+            self, encoder_output, encoder_padding_mask, cross_attention_cache,
+            self_attention_cache, cache_update_index,
+        )  # fmt: skip
+        decoder_padding_mask = mask if decoder_padding_mask is None else decoder_padding_mask
+        self_caches = self._per_layer("self_attention_cache", self_attention_cache)
+        cross_caches = self._per_layer("cross_attention_cache", cross_attention_cache)
         x, all_scores, new_caches = inputs, [], []
-        none = [None] * len(self.blocks)
-        self_caches = none if self_attention_cache is None else self_attention_cache
-        cross_caches = none if cross_attention_cache is None else cross_attention_cache
         for block, self_cache, cross_cache in zip(self.blocks, self_caches, cross_caches):
             out = block(
                 x,
@@ -232,3 +355,14 @@ class TransformerDecoder(StackBase):
         if self_attention_cache is not None:
             results.append(new_caches)
         return results[0] if len(results) == 1 else tuple(results)
+
+    def _per_layer(self, name, caches):
+        """`caches` (one per block), or one None per block; a list of another length raises."""
+        if caches is None:
+            return [None] * len(self.blocks)
+        if len(caches) != len(self.blocks):
+            raise ValueError(
+                f"{_describe(self)} has {len(self.blocks)} layers but `{name}` holds "
+                f"{len(caches)} caches"
+            )
+        return caches

@@ -27,7 +27,7 @@ class TransformerEncoderBlock(BlockBase):
     Call arguments:
         inputs: `[batch, length, d_model]`.
         padding_mask: boolean `[batch, length]`, True at real tokens (a Keras mask is used when
-            this is not given).
+            this is not given; with neither, every token is real).
         return_attention_scores: also return the self-attention weights
             `[batch, heads, length, length]`.
         training: enables dropout.
@@ -87,7 +87,8 @@ class TransformerEncoder(StackBase):
 
     Call arguments:
         inputs: embedded source `[batch, length, d_model]` (token embedding + positions).
-        padding_mask: boolean `[batch, length]`, True at real tokens.
+        padding_mask: boolean `[batch, length]`, True at real tokens (a Keras mask is used when
+            this is not given; with neither, every token is real).
         return_attention_scores: also return a list with each block's self-attention weights.
         training: enables dropout.
 

@@ -7,6 +7,7 @@ from keras import ops
 
 from keras_transformer.layers._blocks import head_size
 from keras_transformer.layers._fast_paths import fresh_zeros
+from keras_transformer.layers.attention import BeamCache
 from keras_transformer.layers.decoder import TransformerDecoder
 from keras_transformer.layers.embedding import SinusoidalPositionalEncoding, TokenEmbedding
 from keras_transformer.layers.encoder import TransformerEncoder
@@ -181,8 +182,14 @@ class Transformer(TrainStep, keras.Model):
         those positions' keys/values written in. Run step by step from `cache_index=0` this equals
         the full forward pass. The per-layer caches may be `layers.attention.BeamCache`s (beam
         search's caches shared by the beams of each sentence): `target_ids` then has
-        `batch * beams` rows, and the caches' masks replace `source_mask` (None).
+        `batch * beams` rows, and the caches' masks replace `source_mask` (None). Otherwise
+        `source_mask` is required: without it the padded source positions would be attended.
         """
+        if source_mask is None and not isinstance(cache["cross_attention"][0], BeamCache):
+            raise ValueError(
+                "decode_step needs `source_mask` (from `encode`), True at real source tokens; "
+                "only beam search's shared caches (`BeamCache`) carry their own"
+            )
         y = self.positional_encoding(self.target_embedding(target_ids), start_index=cache_index)
         y, self_cache = self.decoder(
             y,

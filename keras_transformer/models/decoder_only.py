@@ -1,0 +1,123 @@
+"""A decoder-only (GPT-style) Transformer language model from the library's layers."""
+
+import keras
+
+from keras_transformer.layers.decoder import TransformerDecoder
+from keras_transformer.layers.embedding import SinusoidalPositionalEncoding, TokenEmbedding
+from keras_transformer.layers.masks import padding_mask
+from keras_transformer.models.transformer import _arguments
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class DecoderOnlyTransformer(keras.Model):
+    """A causal language model: the paper's decoder without encoder-decoder attention.
+
+    A functional Keras model wired from the library's layers: a token embedding (scaled by
+    sqrt(d_model)) that is also the pre-softmax projection, sinusoidal positions, dropout and a
+    decoder-only `TransformerDecoder` (causal self-attention and feed-forward blocks). Logit
+    `t` predicts token `t + 1` from tokens `0 .. t` only. Train it with `model.fit` on
+    `(ids[:, :-1], ids[:, 1:])` pairs; generate with `keras_transformer.decoding`'s searches
+    through `decoding.language_model_step`, which runs `init_cache` / `decode_step`.
+
+    Args:
+        vocab_size: vocabulary size; id 0 is padding.
+        num_layers: decoder blocks.
+        d_model: model width.
+        num_heads: attention heads.
+        d_ff: feed-forward inner width.
+        dropout: residual dropout (sub-layer outputs and the embedding sums).
+        attention_dropout: dropout on attention weights.
+        activation_dropout: dropout inside the feed-forward networks.
+        activation: feed-forward activation.
+        norm_first: pre-norm blocks instead of the paper's post-norm.
+        layer_norm_epsilon: LayerNorm epsilon.
+        dtype: dtype policy of the layers (e.g. `"mixed_bfloat16"`); logits are always float32.
+
+    Call arguments:
+        inputs: int `[batch, length]` token ids (0 = padding).
+
+    Returns:
+        Logits `[batch, length, vocab_size]` (float32).
+
+    Example:
+    ```python
+    model = DecoderOnlyTransformer(vocab_size=1000, num_layers=2, d_model=64, num_heads=4,
+                                   d_ff=128)
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(ids[:, :-1], ids[:, 1:], epochs=5)
+    ```
+
+    References:
+        Vaswani et al., 2017, "Attention Is All You Need"; Radford et al., 2018, "Improving
+        Language Understanding by Generative Pre-Training" (the decoder-only language model).
+    """
+
+    def __init__(
+        self,
+        vocab_size,
+        num_layers=6,
+        d_model=512,
+        num_heads=8,
+        d_ff=2048,
+        dropout=0.1,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        activation="relu",
+        norm_first=False,
+        layer_norm_epsilon=1e-6,
+        dtype=None,
+        **kwargs,
+    ):
+        hyper_parameters = _arguments(DecoderOnlyTransformer.__init__, locals())
+        token_embedding = TokenEmbedding(vocab_size, d_model, dtype=dtype, name="token_embedding")
+        positional_encoding = SinusoidalPositionalEncoding(dtype=dtype, name="positional_encoding")
+        decoder = TransformerDecoder(
+            num_layers, num_heads, d_ff, dropout=dropout, attention_dropout=attention_dropout,
+            activation_dropout=activation_dropout, activation=activation, norm_first=norm_first,
+            layer_norm_epsilon=layer_norm_epsilon, decoder_only=True, dtype=dtype, name="decoder",
+        )  # fmt: skip
+        to_float32 = keras.layers.Activation("linear", dtype="float32", name="logits")
+        ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
+        x = positional_encoding(token_embedding(ids))
+        x = keras.layers.Dropout(dropout, dtype=dtype, name="embedding_dropout")(x)
+        x = decoder(x, decoder_padding_mask=padding_mask(ids))
+        logits = to_float32(token_embedding(x, reverse=True))
+        super().__init__(inputs=ids, outputs=logits, **kwargs)
+        self.token_embedding, self.positional_encoding = token_embedding, positional_encoding
+        self.decoder, self.to_float32 = decoder, to_float32
+        self.hyper_parameters = hyper_parameters
+        for name, value in hyper_parameters.items():
+            setattr(self, name, value)
+
+    def init_cache(self, batch_size, max_length):
+        """The empty key/value cache for `max_length` positions: one `(keys, values)` pair of
+        zeros `[batch_size, heads, max_length, head_dim]` per decoder layer."""
+        return self.decoder.init_self_attention_cache(batch_size, max_length)
+
+    def decode_step(self, token_ids, cache_index, cache):
+        """Runs `token_ids` `[batch, n]` placed at positions `cache_index .. cache_index + n - 1`.
+
+        Returns float32 logits `[batch, n, vocab_size]` (each predicting the token after its
+        position) and the cache with those positions' keys/values written in. Run from
+        `cache_index=0` one token at a time, it equals the full forward pass. The ids must be
+        real tokens: the cache keeps no padding mask (a prompt batch of several lengths goes
+        through `decoding.language_model_step`'s `prompt_ids`, forced one token per step).
+        """
+        x = self.positional_encoding(self.token_embedding(token_ids), start_index=cache_index)
+        x, cache = self.decoder(x, self_attention_cache=cache, cache_update_index=cache_index)
+        return self.to_float32(self.token_embedding(x, reverse=True)), cache
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "trainable": self.trainable,
+            **self.hyper_parameters,
+            "dtype": keras.dtype_policies.serialize(self.decoder.dtype_policy),
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        if isinstance(config.get("dtype"), dict):
+            config["dtype"] = keras.dtype_policies.deserialize(config["dtype"])
+        return cls(**config)
