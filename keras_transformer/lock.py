@@ -131,6 +131,9 @@ class WorkdirLock:
             else:
                 gfile.rename(temporary, path, overwrite=False)
         except Exception as e:
+            # It existed (and may be gone again already: a claim released meanwhile).
+            if isinstance(e, FileExistsError) or "exist" in str(e).lower():
+                return False
             if not gfile.exists(path):
                 raise e
             return False

@@ -91,7 +91,8 @@ _CHECKED_PAIRS = 2 * _CHUNK
 # Seconds between progress lines.
 _PROGRESS_SECONDS = 10.0
 # What `stopping.check` names, and what a preparation stopped during its shards keeps.
-_PHASE = "prepare"
+_PHASE = "prepare (writing the shards)"
+_SAMPLING = "prepare (sampling sentences for the vocabulary)"
 _KEPT = "the trained vocabulary is kept, no shard is taken as done"
 # A stored side is cut at this many pieces (the uint16 length header; far beyond any max length).
 _MAX_STORED = 65_535
@@ -286,7 +287,7 @@ def _sentences(spec, counter, progress):
         yield target
         if counter.kept % 4096 == 0:
             progress.update(counter.lines, 0)
-            stopping.check(_PHASE)
+            stopping.check(_SAMPLING)
 
 
 def _known_size(train):
@@ -1031,11 +1032,9 @@ def _vocabulary(config, layout, vocabulary, verbose, pool, phases):
         _log(f"preparing {d.train} with the existing vocabulary {layout.spm}", verbose)
         _install_vocabulary(layout.spm, vocabulary)
         return total, False, 0
-    found = kept_vocabulary.kept(layout.root, _vocabulary_settings(d))
-    if found is not None:  # a preparation stopped after training it
-        proto, record = found
+    record = kept_vocabulary.restore(layout.root, _vocabulary_settings(d), vocabulary)
+    if record is not None:  # a preparation stopped after training it
         _log(f"preparing {d.train} with the vocabulary a stopped preparation trained", verbose)
-        write_atomically(vocabulary, proto)
         phases.update(record["phase_seconds"])
         return record["pairs"], True, record["sample_sentences"]
     from keras_transformer.data.tokenizer import train_sentencepiece
@@ -1062,10 +1061,9 @@ def _vocabulary(config, layout, vocabulary, verbose, pool, phases):
         user_defined_symbols=[corpora.TAG] if corpora.is_tagged(d.train) else None,
     )
     phases["vocabulary_training"] = time.time() - started
-    with _gfile().GFile(vocabulary, "rb") as f:
-        record = {"settings": _vocabulary_settings(d), "pairs": counter.kept}
-        record.update(sample_sentences=len(sample), phase_seconds=phases)
-        kept_vocabulary.keep(layout.root, f.read(), record)
+    record = {"settings": _vocabulary_settings(d), "pairs": counter.kept}
+    record.update(sample_sentences=len(sample), phase_seconds=phases)
+    kept_vocabulary.keep(layout.root, vocabulary, record)
     return counter.kept, True, len(sample)  # the count is now known exactly
 
 
