@@ -109,12 +109,35 @@ def _result(workdir):
     return result
 
 
-def _export_files(workdir):
-    """The export's files; the model card's measured speed (a timing) left out."""
-    files = _read_bytes(workdir / "saved_models" / "tiny" / "1")
-    for name in ("assets.extra/model_card.json", "assets.extra/model_card.md"):
-        files.pop(name)
-    return files
+def _export(workdir):
+    """What an export holds, comparable between two workdirs: its files byte for byte but
+    the graph, the model card without its timings and paths, the warmup requests and the
+    signatures as parsed protos. (TensorFlow numbers a graph's functions in the order the
+    process traced them, and writes maps in no fixed order: `saved_model.pb`,
+    `fingerprint.pb` and the warmup file's bytes differ between two processes exporting the
+    same model.)"""
+    import tensorflow as tf
+    from tensorflow.core.protobuf import saved_model_pb2
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    version = workdir / "saved_models" / "tiny" / "1"
+    files = _read_bytes(version)
+    extra = "assets.extra/"
+    card = json.loads(files.pop(extra + "model_card.json").decode().replace(str(workdir), "W"))
+    files.pop(extra + "model_card.md")  # the same card, in Markdown
+    for key in ("created", "decoding_speed"):
+        card.pop(key)
+    card["training"]["selection"].pop("seconds")
+    graph = saved_model_pb2.SavedModel.FromString(files.pop("saved_model.pb"))
+    files.pop("fingerprint.pb")  # of the graph
+    signatures = dict(graph.meta_graphs[0].signature_def)
+    warmup = files.pop(extra + "tf_serving_warmup_requests")
+    requests = [
+        prediction_log_pb2.PredictionLog.FromString(record.numpy())
+        for record in tf.data.TFRecordDataset(str(version / extra / "tf_serving_warmup_requests"))
+    ]
+    assert warmup and requests
+    return files, card, signatures, requests
 
 
 @pytest.mark.slow
@@ -155,7 +178,7 @@ def test_sigterm_during_the_dev_choice_and_the_export_exits_75_and_the_same_comm
     assert code == 0, err[-3000:]
 
     assert _result(first) == _result(second)
-    assert _export_files(first) == _export_files(second)
+    assert _export(first) == _export(second)
     for workdir in (first, second):
         left = files_under(workdir)
         assert "lock.json" not in left and "final.partial.json" not in left, left
