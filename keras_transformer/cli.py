@@ -7,9 +7,10 @@ start-up log is kept off the terminal unless `--verbose` is given or `TF_CPP_MIN
 """
 
 import argparse
+import contextlib
 import sys
 
-from keras_transformer import commands
+from keras_transformer import commands, stopping
 from keras_transformer.errors import (
     PREEMPTED_EXIT_CODE,
     KerasTransformerError,
@@ -91,6 +92,8 @@ def _add_training_commands(sub, common):
             "On SIGTERM or SIGINT (a preemption, Ctrl-C) training finishes its step, saves its "
             "resume state and a step checkpoint and exits with code "
             f"{PREEMPTED_EXIT_CODE} (EX_TEMPFAIL): run the same command again to resume exactly. "
+            "Every other phase (prepare, the dev-set choice, scoring, the export) stops at a safe "
+            f"point with nothing half-written and exits {PREEMPTED_EXIT_CODE} too. "
             "Other exit codes: 0 done, 2 bad input. The workdir may be on any TensorFlow "
             "filesystem (gs://bucket/run)."
         ),
@@ -102,7 +105,7 @@ def _add_training_commands(sub, common):
         help="fine-tune: start from a trained workdir (its last checkpoint) or a step checkpoint "
         "(ckpt-<step>.weights.h5), its weights and vocabulary, in a new workdir (train.init_from)",
     )
-    p.set_defaults(func=commands.train_command)
+    p.set_defaults(func=commands.train_command, stops_safely=True)
 
     p = sub.add_parser(
         "prepare",
@@ -110,10 +113,12 @@ def _add_training_commands(sub, common):
         help="stream the training corpus once into a vocabulary and tokenized shards",
         description="Reads data.train once as a stream, trains the SentencePiece vocabulary "
         "on a bounded sample and writes tokenized TFRecord shards with a manifest to "
-        "WORKDIR/prepared (train does this itself when needed).",
+        "WORKDIR/prepared (train does this itself when needed). On SIGTERM or SIGINT it "
+        f"stops at a safe point, keeps the trained vocabulary and exits {PREEMPTED_EXIT_CODE}: "
+        "the same command goes on from there.",
     )
     _add_config_arguments(p, "data.train=text:train.en,train.de")
-    p.set_defaults(func=commands.prepare_command)
+    p.set_defaults(func=commands.prepare_command, stops_safely=True)
 
 
 def _add_translate_command(sub, common):
@@ -234,13 +239,16 @@ def _add_export_command(sub, common):
         choices=QUANTIZATIONS,
         help="CTranslate2 weight type (default: float32 as trained)",
     )
-    p.set_defaults(func=commands.export_command)
+    p.set_defaults(func=commands.export_command, stops_safely=True)
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    # train, prepare and export stop at a safe point of their phase on SIGTERM/SIGINT (exit 75).
+    safe = stopping.catching() if getattr(args, "stops_safely", False) else contextlib.nullcontext()
     try:
-        args.func(args)
+        with safe:
+            args.func(args)
     except Preempted as e:
         print(f"keras-transformer {args.command}: {e}", file=sys.stderr, flush=True)
         return PREEMPTED_EXIT_CODE

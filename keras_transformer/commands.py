@@ -687,8 +687,9 @@ def load_command_config(args):
 
 
 def workdir_lock(config, command):
-    """The lock on the config's workdir (`keras_transformer.lock.WorkdirLock`): one `train` or
-    `prepare` at a time; a second one exits 2 naming the holder."""
+    """The lock on the config's workdir (`keras_transformer.lock.WorkdirLock`, a lease of
+    `runtime.lock_lease_seconds`): one `train` or `prepare` at a time; a second one exits 2
+    naming the holder."""
     from keras_transformer.lock import WorkdirLock
 
-    return WorkdirLock(Workdir.of(config).root, command)
+    return WorkdirLock(Workdir.of(config).root, command, config.runtime.lock_lease_seconds)

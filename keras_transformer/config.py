@@ -370,6 +370,13 @@ class RuntimeConfig:
         "evaluation time; null: wait forever",
         valid=f"(0, {_MAX_SECONDS}]",
     )
+    lock_lease_seconds: float = _field(
+        120.0,
+        "the workdir lock's lease: `train` and `prepare` renew WORKDIR/lock.json every quarter "
+        "of it; a lock not renewed for this long is stale on any host and is taken over (a "
+        "run rescheduled on another machine waits at most this long for a dead holder's lock)",
+        valid=f"[1, {_MAX_SECONDS}]",
+    )
 
 
 @dataclasses.dataclass

@@ -94,25 +94,26 @@ def disk_full(error):
     return None
 
 
-# The exit code of `keras-transformer train` stopped by SIGTERM or SIGINT after saving its resume
-# state and a step checkpoint: sysexits.h's EX_TEMPFAIL ("a temporary failure; the user is
-# invited to retry"). A job scheduler should run the same command again (which resumes exactly),
-# and not count it as a failure: it is neither 0 (done), 1 (a crash), 2 (bad input) nor 128+N
-# (killed by signal N before anything was saved).
+# The exit code of a `keras-transformer` command stopped by SIGTERM or SIGINT at a safe point
+# (training: after its step, with the resume state and a step checkpoint saved): sysexits.h's
+# EX_TEMPFAIL ("a temporary failure; the user is invited to retry"). A job scheduler should run
+# the same command again (which resumes), and not count it as a failure: it is neither 0 (done),
+# 1 (a crash), 2 (bad input) nor 128+N (killed by signal N before anything was saved).
 PREEMPTED_EXIT_CODE = 75
 
 
 class Preempted(Exception):
-    """Training stopped on a signal (SIGTERM or SIGINT, to this process or, under several
-    workers, to any of them) after finishing its step and saving its resume state and a step
-    checkpoint; running the same command again resumes exactly. `keras-transformer train`
-    prints the message and exits with `PREEMPTED_EXIT_CODE`.
+    """A command stopped on a signal (SIGTERM or SIGINT; under several workers, to any of them)
+    at a safe point of its phase, nothing half-written (training: after finishing its step and
+    saving its resume state and a step checkpoint); running the same command again resumes.
+    `keras-transformer` prints the message and exits with `PREEMPTED_EXIT_CODE`. Raised by
+    `keras_transformer.stopping.check` and by training's `StopOnSignal`.
 
     Args:
         message: the one line to print.
-        step: the optimizer step saved.
+        step: the optimizer step saved (training), else None.
     """
 
-    def __init__(self, message, step):
+    def __init__(self, message, step=None):
         super().__init__(message)
         self.step = step

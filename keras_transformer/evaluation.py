@@ -9,6 +9,7 @@ import numpy as np
 import sacrebleu
 import tensorflow as tf
 
+from keras_transformer import stopping
 from keras_transformer.config import DecodingSettings
 from keras_transformer.data.pipeline import encode_sources
 from keras_transformer.decoding import translate_ids
@@ -37,12 +38,16 @@ def score_translations(hypotheses, references):
     }
 
 
-def translate_sentences(model, tokenizer, sources, data_config, settings=None, _cache=None):
+def translate_sentences(
+    model, tokenizer, sources, data_config, settings=None, _cache=None, stop_phase=None
+):
     """Translates a list of strings with `model` (in Python, for evaluation during training).
 
     Sentences are sorted by length and decoded `settings.batch_size` at a time with
     `keras_transformer.decoding.translate_ids` compiled by `tf.function`; `settings` is a
-    `DecodingSettings` (None: greedy search, the cheap choice during training).
+    `DecodingSettings` (None: greedy search, the cheap choice during training). With
+    `stop_phase`, each batch is a safe point of that phase (`stopping.check`: a SIGTERM stops
+    there); without it (the dev evaluation inside `fit`) a signal is acted on afterwards.
 
     Returns:
         The list of detokenized translations, in the order of `sources`.
@@ -75,6 +80,8 @@ def translate_sentences(model, tokenizer, sources, data_config, settings=None, _
     order = np.argsort(lengths, kind="stable")
     outputs = [None] * len(sources)
     for start in range(0, len(order), batch_size):
+        if stop_phase is not None:
+            stopping.check(stop_phase)
         chunk = order[start : start + batch_size]
         ids = tf.gather(padded, chunk)
         # Full batches only (padded with one-EOS sentences): static shapes, one trace per length.
@@ -98,14 +105,16 @@ def translate_sentences(model, tokenizer, sources, data_config, settings=None, _
     return outputs
 
 
-def evaluate_bleu(model, tokenizer, pairs, data_config, settings=None, _cache=None):
+def evaluate_bleu(
+    model, tokenizer, pairs, data_config, settings=None, _cache=None, stop_phase=None
+):
     """sacreBLEU/chrF of `model` on `pairs` `[(source, reference), ...]`, translated with the
-    `DecodingSettings` `settings` (None: greedy search).
+    `DecodingSettings` `settings` (None: greedy search); `stop_phase`: see `translate_sentences`.
 
     Returns:
         `(scores, hypotheses)`: `evaluation.score_translations`'s dict and the translations.
     """
     hypotheses = translate_sentences(
-        model, tokenizer, [s for s, _ in pairs], data_config, settings, _cache
+        model, tokenizer, [s for s, _ in pairs], data_config, settings, _cache, stop_phase
     )
     return score_translations(hypotheses, [t for _, t in pairs]), hypotheses

@@ -22,6 +22,7 @@ validation set choose in the same way.
 """
 
 import dataclasses
+import hashlib
 import json
 import time
 
@@ -35,6 +36,7 @@ from keras_transformer.workdir import (
     join,
     load_model_weights,
     read_text,
+    write_atomically,
 )
 
 PAPER_ALPHA = DecodingSettings.alpha
@@ -42,6 +44,8 @@ PAPER_ALPHA = DecodingSettings.alpha
 # on short budgets preferred; docs/history.md).
 ALPHA_CANDIDATES = (PAPER_ALPHA, 1.0)
 BEST_SCORES = "scores.json"  # in WORKDIR/best: {"scores": {step: dev BLEU}, "kept": [steps]}
+KEPT_FIGURES = "final.partial.json"  # in WORKDIR: see `KeptFigures`
+PHASE = "the final model's choice on the dev set"  # what `stopping.check` names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,23 +190,72 @@ def _best_sets(layout, known):
     return sets
 
 
-def select_on_dev(model, tokenizer, config, layout, dev_pairs, alpha=None, report=print):
+class KeptFigures:
+    """Figures of `train`'s last phases kept as they come in `WORKDIR/final.partial.json` (the
+    dev BLEU of each candidate of the choice; the final model's dev and test scores), so that
+    a run stopped there (SIGTERM) does not compute them again: the same command goes on from
+    the last one. Each `section` holds the figures of one `key` (what they depend on); another
+    key starts it afresh. `train` removes the file once `result.json` is written.
+
+    Args:
+        path: the file (any filesystem); None keeps nothing (`export` on a workdir).
+    """
+
+    def __init__(self, path):
+        self.path = path
+        try:
+            self.kept = json.loads(read_text(path)) if path else {}
+        except (OSError, ValueError):
+            self.kept = {}
+
+    def get(self, section, key, name):
+        """The figure `name` of `section` computed under `key`, or None."""
+        found = self.kept.get(section, {})
+        return found.get("figures", {}).get(name) if found.get("key") == key else None
+
+    def put(self, section, key, name, value):
+        if not self.path:
+            return
+        found = self.kept.get(section, {})
+        figures = found.get("figures", {}) if found.get("key") == key else {}
+        self.kept[section] = {"key": key, "figures": {**figures, name: value}}
+        write_atomically(self.path, json.dumps(self.kept, indent=1))
+
+
+def figures_key(**what):
+    """A key of `KeptFigures`: the sha256 of what the figures depend on."""
+    text = json.dumps(what, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def select_on_dev(model, tokenizer, config, layout, dev_pairs, alpha=None, report=print, kept=None):
     """Decodes the first `export.select_max_sentences` of `dev_pairs` with each candidate (the
-    export's beam), loads the best into `model` and returns the `FinalModel`."""
+    export's beam), loads the best into `model` and returns the `FinalModel`. Each dev batch is
+    a safe point (`stopping.check`); `kept` (a `KeptFigures`) keeps each candidate's BLEU, so a
+    stopped choice goes on from the next candidate."""
     started = time.perf_counter()
     pairs = list(dev_pairs)[: config.export.select_max_sentences]
     base = decoding_settings(config, export=True).without_sampling()
     found = candidates(config, layout, alpha)
     report(f"choosing the final model on {len(pairs)} dev sentences: {len(found)} candidates")
     scores, cache, loaded = [], {}, None
+    kept = kept or KeptFigures(None)
+    key = figures_key(pairs=pairs, settings=dataclasses.asdict(base), data=config.data)
     for candidate in sorted(found, key=lambda c: (c.steps, c.kind, c.alpha)):
-        if loaded != candidate.checkpoints:  # each set of checkpoints loaded once
-            load_checkpoints(model, candidate.checkpoints)
-            loaded = candidate.checkpoints
-        settings = dataclasses.replace(base, alpha=candidate.alpha)
-        figures, _ = evaluate_bleu(model, tokenizer, pairs, config.data, settings, _cache=cache)
-        scores.append((candidate, figures["bleu"]))
-        report(f"  dev BLEU {figures['bleu']:6.2f}  {candidate.describe()}")
+        name = json.dumps([candidate.steps, candidate.kind, candidate.alpha])
+        bleu = kept.get("choice", key, name)
+        if bleu is None:
+            if loaded != candidate.checkpoints:  # each set of checkpoints loaded once
+                load_checkpoints(model, candidate.checkpoints)
+                loaded = candidate.checkpoints
+            settings = dataclasses.replace(base, alpha=candidate.alpha)
+            figures, _ = evaluate_bleu(
+                model, tokenizer, pairs, config.data, settings, _cache=cache, stop_phase=PHASE
+            )
+            bleu = figures["bleu"]
+            kept.put("choice", key, name, bleu)
+        scores.append((candidate, bleu))
+        report(f"  dev BLEU {bleu:6.2f}  {candidate.describe()}")
     ranked = sorted(scores, key=lambda cs: (-cs[1], cs[0].simplicity()))
     chosen = ranked[0][0]
     if loaded != chosen.checkpoints:
@@ -243,7 +296,8 @@ def final_model(config, layout, vocab_size, tokenizer=None, dev_pairs=None, sele
         select: choose on dev (None: when the config says `auto`).
         **kw: `average` (a count instead of the config's), `alpha` (a fixed length penalty for
             the choice), `strict` (refuse fewer checkpoints than asked; default True),
-            `report` (`line -> None`, default print).
+            `report` (`line -> None`, default print), `kept` (a `KeptFigures` for the
+            choice).
 
     Returns:
         A `FinalModel`.
@@ -261,7 +315,9 @@ def final_model(config, layout, vocab_size, tokenizer=None, dev_pairs=None, sele
         config = choosing_everything(config)  # asked for (export --select-on-dev): all candidates
     select = selects_on_dev(config) if select is None else select
     if select and dev_pairs:
-        return select_on_dev(model, tokenizer, config, layout, dev_pairs, kw.get("alpha"), report)
+        return select_on_dev(
+            model, tokenizer, config, layout, dev_pairs, kw.get("alpha"), report, kw.get("kept")
+        )
     if select:
         report("no dev set to choose the final model on: the last checkpoint, alpha as configured")
     count = kw.get("average") or config.export.average_checkpoints

@@ -1,15 +1,28 @@
-"""One run per workdir: the lock that `keras-transformer train` and `prepare` hold.
+"""One run per workdir: the lock that `keras-transformer train` and `prepare` hold, as a lease.
 
 Two runs writing one workdir (a job submitted twice) would interleave checkpoints, resume states
 and shards. Like a database on its data directory, a run takes `WORKDIR/lock.json` first, naming
 its holder (host, pid, command, start time); a second run exits with a one-line error naming
-it. A lock left by a process that is gone on the same host (killed with SIGKILL, a crash) is
-taken over with a line saying so; one held from another host is reported, with the file to
-delete if that run is known to be gone. Under several workers only the chief takes it (the
-workers of one job share its lock).
+it. Under several workers only the chief takes it (the workers of one job share its lock).
 
-The file is written through `tf.io.gfile`, so the workdir may be on `gs://`. On a local disk it
-is created exclusively (`os.link`, atomic); elsewhere it is written beside and renamed without
+The lock is a lease (`runtime.lock_lease_seconds`, 120 s by default): the holder renews it (the
+time in the file) from a background thread every quarter of the lease while it runs, and removes
+it when it ends, also when stopped by SIGTERM. A lock that was not renewed for a whole lease is
+stale on any host: a run rescheduled on another machine after its node was lost, its pod
+evicted or OOM-killed finds the dead run's lock, waits until its lease has run out (at most one
+lease), and takes it over with a line naming the old holder. A holder that renews is never
+taken over: the waiting run exits 2 as soon as it sees a renewal. On the same host the holder's
+process is checked directly: a lock of a process that is gone (its pid free, or reused since)
+is taken over at once, a live one refused at once. A lock without a lease (written by an older
+version) from another host is never taken over. The clocks of the machines that share a
+workdir must agree to well within a lease (NTP).
+
+Takeover is atomic: a taker first creates a claim file named after the stale lock's token
+exclusively (`.lock.json.takeover-TOKEN`), so of two runs that find the same stale lock at the
+same instant exactly one replaces it; the other sees the new holder and exits 2.
+
+The files go through `tf.io.gfile`, so the workdir may be on `gs://`. On a local disk a file is
+created exclusively with `os.link` (atomic); elsewhere it is written beside and renamed without
 overwriting, then read back (two runs starting in the same instant on an object store may both
 get through; a later one never does).
 """
@@ -18,12 +31,15 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 import uuid
 
+from keras_transformer import stopping
 from keras_transformer.errors import WorkdirInUseError
 
 LOCK_FILE = "lock.json"
+DEFAULT_LEASE_SECONDS = 120.0
 
 
 def _gfile():
@@ -69,11 +85,14 @@ def describe(holder):
 
 
 class WorkdirLock:
-    """Holds `WORKDIR/lock.json` while a run writes the workdir (a context manager).
+    """Holds `WORKDIR/lock.json` while a run writes the workdir (a context manager), renewing
+    its lease from a background thread.
 
     Args:
         root: the workdir (created if missing).
         command: what the holder runs (shown to a second run), e.g. `train`.
+        lease_seconds: the lease (`runtime.lock_lease_seconds`): renewed every quarter of it;
+            a lock not renewed for this long is taken over.
 
     Example:
     ```python
@@ -82,10 +101,11 @@ class WorkdirLock:
     ```
     """
 
-    def __init__(self, root, command):
+    def __init__(self, root, command, lease_seconds=DEFAULT_LEASE_SECONDS):
         self.root = os.fspath(root)
         self.path = os.path.join(self.root, LOCK_FILE)
         self.token = uuid.uuid4().hex
+        self.lease = float(lease_seconds)
         self.holder = {
             "host": socket.gethostname(),
             "pid": os.getpid(),
@@ -93,71 +113,165 @@ class WorkdirLock:
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "token": self.token,
             "process": _process_identity(os.getpid()),
+            "lease_seconds": self.lease,
+            "renewed": time.time(),
         }
+        self._stop = threading.Event()
+        self._thread = None
 
-    def _create(self):
-        """Creates the lock file unless one exists; True when this run now holds it."""
+    def _exclusive(self, path, text):
+        """Creates `path` holding `text` unless it exists; True when this call created it."""
         gfile = _gfile()
-        text = json.dumps(self.holder)
         temporary = os.path.join(self.root, f".{LOCK_FILE}.{self.token}")
         with gfile.GFile(temporary, "w") as f:
             f.write(text)
         try:
-            if "://" not in self.path:
-                os.link(temporary, self.path)  # atomic, fails when the lock exists
+            if "://" not in path:
+                os.link(temporary, path)  # atomic, fails when the file exists
             else:
-                gfile.rename(temporary, self.path, overwrite=False)
+                gfile.rename(temporary, path, overwrite=False)
         except Exception as e:
-            if not gfile.exists(self.path):
+            # It existed (and may be gone again already: a claim released meanwhile).
+            if isinstance(e, FileExistsError) or "exist" in str(e).lower():
+                return False
+            if not gfile.exists(path):
                 raise e
             return False
         finally:
             if gfile.exists(temporary):
                 gfile.remove(temporary)
+        return True
+
+    def _create(self):
+        """Creates the lock file unless one exists; True when this run now holds it."""
+        self.holder["renewed"] = time.time()
+        if not self._exclusive(self.path, json.dumps(self.holder)):
+            return False
         return (self._read() or {}).get("token") == self.token
 
-    def _read(self):
+    def _read(self, path=None):
         try:
-            with _gfile().GFile(self.path, "r") as f:
+            with _gfile().GFile(path or self.path, "r") as f:
                 return json.loads(f.read())
         except Exception:  # gone meanwhile, or torn: treated as unreadable
             return None
 
-    def _stale(self, holder):
-        """True when `holder` was a process of this host that is gone (its pid is free, or now
-        names another process: started later, or since a reboot)."""
-        if holder.get("host") != self.holder["host"]:
-            return False
-        pid = holder.get("pid", -1)
-        if not _alive(pid):
-            return True
-        recorded = holder.get("process")
-        return bool(recorded) and _process_identity(pid) not in (None, recorded)
+    def _verdict(self, holder):
+        """`("stale", why)`, `("live", None)` or `("wait", None)` (another host's lease runs)."""
+        if holder.get("host") == self.holder["host"]:
+            pid = holder.get("pid", -1)
+            recorded = holder.get("process")
+            gone = not _alive(pid) or (
+                bool(recorded) and _process_identity(pid) not in (None, recorded)
+            )
+            return ("stale", "that process is gone") if gone else ("live", None)
+        renewed, lease = holder.get("renewed"), holder.get("lease_seconds")
+        if not isinstance(renewed, (int, float)) or not isinstance(lease, (int, float)):
+            return "live", None  # an older version's lock: no lease to run out
+        age = time.time() - renewed
+        if age > lease:
+            return "stale", f"its lease ({lease:g} s) ran out {age - lease:.0f} s ago"
+        return "wait", None
 
-    def acquire(self):
-        """Takes the lock, taking over a stale one; raises `WorkdirInUseError` naming the
-        holder when another live run has it."""
-        _gfile().makedirs(self.root)
-        for _ in range(3):
-            if self._create():
-                return self
-            holder = self._read()
-            if holder is None or not self._stale(holder):
-                break
+    def _take_over(self, holder, why):
+        """Replaces the stale lock `holder`; False when another run took it over first."""
+        claim = os.path.join(self.root, f".{LOCK_FILE}.takeover-{holder.get('token', 'none')}")
+        if not self._exclusive(claim, json.dumps(self.holder)):
+            return False
+        try:
+            if (self._read() or {}).get("token") != holder.get("token"):
+                return False  # replaced meanwhile (its holder came back, or another taker)
             print(
-                f"taking over the lock {self.path} of {describe(holder)}: that process is gone",
+                f"taking over the lock {self.path} of {describe(holder)}: {why}",
                 file=sys.stderr,
                 flush=True,
             )
             _gfile().remove(self.path)
+            return self._create()
+        finally:
+            _gfile().remove(claim)
+
+    def acquire(self):
+        """Takes the lock, taking over a stale one (waiting up to its lease for one of another
+        host); raises `WorkdirInUseError` naming the holder when another live run has it."""
+        _gfile().makedirs(self.root)
+        watched, unreadable, held = None, 0, self._create()
+        while not held:
+            holder = self._read()
+            if holder is None:  # removed or replaced meanwhile: look again
+                unreadable += 1
+                if unreadable > 20:
+                    break
+                time.sleep(0.05)
+                held = self._create()
+                continue
+            verdict, why = self._verdict(holder)
+            if verdict == "stale":
+                held = self._take_over(holder, why)
+                if not held:
+                    unreadable += 1  # another run is taking it over: look again
+                    if unreadable > 200:  # a claim left by a taker killed midway
+                        raise WorkdirInUseError(
+                            f"{self.path} is being taken over by another run: delete "
+                            f"{self.root}/.{LOCK_FILE}.takeover-* if no run is starting"
+                        )
+                    time.sleep(0.05)
+                continue
+            if verdict == "live" or _renewed(watched, holder):
+                break
+            if watched is None:
+                watched = holder
+                print(
+                    f"{self.path} is held by {describe(holder)} from another host: waiting up "
+                    f"to its lease ({holder['lease_seconds']:g} s) for it to be renewed or to "
+                    "run out",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            stopping.check("the wait for the workdir lock")
+            time.sleep(min(1.0, holder["lease_seconds"] / 10))
+            held = self._create()
+        if held:
+            self._start_renewing()
+            return self
         holder = self._read() or {}
         raise WorkdirInUseError(
             f"{self.root} is in use by {describe(holder)}: wait for it to finish, use another "
             f"--workdir, or delete {self.path} if that run is gone"
         )
 
+    def _start_renewing(self):
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._renew, name="workdir-lock", daemon=True)
+        self._thread.start()
+
+    def _renew(self):
+        """The heartbeat: rewrites the lock with the time every quarter of the lease."""
+        while not self._stop.wait(self.lease / 4):
+            try:
+                current = self._read()
+                if current is not None and current.get("token") != self.token:
+                    print(
+                        f"warning: the lock {self.path} was taken over by {describe(current)} "
+                        "(this run did not renew it within its lease)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    return
+                self.holder["renewed"] = time.time()
+                temporary = os.path.join(self.root, f".{LOCK_FILE}.{self.token}")
+                with _gfile().GFile(temporary, "w") as f:
+                    f.write(json.dumps(self.holder))
+                _gfile().rename(temporary, self.path, overwrite=True)  # whole, never torn
+            except Exception:  # a missed renewal (a network hiccup): the next one may pass
+                pass
+
     def release(self):
-        """Removes the lock file if this run still holds it."""
+        """Stops renewing and removes the lock file if this run still holds it."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+            self._thread = None
         holder = self._read()
         if holder is not None and holder.get("token") == self.token:
             _gfile().remove(self.path)
@@ -167,3 +281,13 @@ class WorkdirLock:
 
     def __exit__(self, *exc):
         self.release()
+
+
+def _renewed(watched, holder):
+    """True when the lock watched since `watched` was renewed or changed hands: a live holder."""
+    if watched is None:
+        return False
+    return (holder.get("token"), holder.get("renewed")) != (
+        watched.get("token"),
+        watched.get("renewed"),
+    )

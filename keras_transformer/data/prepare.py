@@ -61,7 +61,8 @@ import time
 from array import array
 from typing import Optional
 
-from keras_transformer.data import corpora
+from keras_transformer import stopping
+from keras_transformer.data import corpora, kept_vocabulary
 from keras_transformer.errors import DataError
 from keras_transformer.integrity import file_digest, file_problem
 from keras_transformer.workdir import (
@@ -89,6 +90,10 @@ _WORD_CACHE_SIZE = 500_000
 _CHECKED_PAIRS = 2 * _CHUNK
 # Seconds between progress lines.
 _PROGRESS_SECONDS = 10.0
+# What `stopping.check` names, and what a preparation stopped during its shards keeps.
+_PHASE = "prepare (writing the shards)"
+_SAMPLING = "prepare (sampling sentences for the vocabulary)"
+_KEPT = "the trained vocabulary is kept, no shard is taken as done"
 # A stored side is cut at this many pieces (the uint16 length header; far beyond any max length).
 _MAX_STORED = 65_535
 
@@ -282,6 +287,7 @@ def _sentences(spec, counter, progress):
         yield target
         if counter.kept % 4096 == 0:
             progress.update(counter.lines, 0)
+            stopping.check(_SAMPLING)
 
 
 def _known_size(train):
@@ -608,9 +614,13 @@ _WORKER = {}  # in a worker process: its progress array, result queue and parent
 
 def _start_worker(progress, queue):
     # Imported now, while the parent trains the vocabulary, not when the shards are due.
+    import signal
+
     import sentencepiece  # noqa: F401
     import tensorflow  # noqa: F401
 
+    # Ctrl-C reaches the whole process group: the parent stops at a safe point and ends these.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _WORKER.update(progress=progress, queue=queue, parent=os.getppid())
 
 
@@ -745,6 +755,7 @@ def _write_here(job, shards, progress):
     """Pass 2 in this process (one worker, or a small corpus); returns its `_Written`."""
     done = _Written()
     for _, groups in _segments(job, done, lambda lines: progress.update(lines, shards.offset)):
+        stopping.check(_PHASE, _KEPT)
         if groups is not None:
             shards.add_segment(groups)
     return done
@@ -763,6 +774,7 @@ def _write_in_workers(pool, job, shards, progress):
         results = [pool.pool.apply_async(_run_in_worker, (job,)) for job in jobs]
         ready, next_segment = {}, 0
         while next_segment < job.readings * job.segments_per_reading:
+            stopping.check(_PHASE, _KEPT)
             for result in results:
                 if result.ready() and not result.successful():
                     result.get()  # raises the worker's error
@@ -981,6 +993,7 @@ def prepare(config, verbose=True):
         _log(f"tokenizing {total:,} pairs into shards ({_workers(d)} workers) ...", verbose)
         with _gfile().GFile(vocabulary, "rb") as f:
             proto = f.read()
+        stopping.check(_PHASE, _KEPT if trained else "nothing half-written")
         manifest = _manifest_head(d, proto, trained, sampled)
         shards_started = time.time()
         manifest.update(_write_shards(config, proto, temporary, total, verbose, pool))
@@ -999,6 +1012,7 @@ def prepare(config, verbose=True):
             remove_tree(temporary)
     if not _gfile().exists(layout.spm):
         _install_vocabulary(os.path.join(layout.prepared, VOCABULARY), layout.spm)
+    kept_vocabulary.forget(layout.root)
     _summary(manifest, layout, verbose)
     return manifest
 
@@ -1018,6 +1032,11 @@ def _vocabulary(config, layout, vocabulary, verbose, pool, phases):
         _log(f"preparing {d.train} with the existing vocabulary {layout.spm}", verbose)
         _install_vocabulary(layout.spm, vocabulary)
         return total, False, 0
+    record = kept_vocabulary.restore(layout.root, _vocabulary_settings(d), vocabulary)
+    if record is not None:  # a preparation stopped after training it
+        _log(f"preparing {d.train} with the vocabulary a stopped preparation trained", verbose)
+        phases.update(record["phase_seconds"])
+        return record["pairs"], True, record["sample_sentences"]
     from keras_transformer.data.tokenizer import train_sentencepiece
 
     _log(f"preparing {d.train}: sampling sentences for the vocabulary ...", verbose)
@@ -1042,7 +1061,16 @@ def _vocabulary(config, layout, vocabulary, verbose, pool, phases):
         user_defined_symbols=[corpora.TAG] if corpora.is_tagged(d.train) else None,
     )
     phases["vocabulary_training"] = time.time() - started
+    record = {"settings": _vocabulary_settings(d), "pairs": counter.kept}
+    record.update(sample_sentences=len(sample), phase_seconds=phases)
+    kept_vocabulary.keep(layout.root, vocabulary, record)
     return counter.kept, True, len(sample)  # the count is now known exactly
+
+
+def _vocabulary_settings(data_config):
+    """The settings that shaped the vocabulary (a kept one is reused only when they match)."""
+    settings = _settings(data_config)
+    return {key: settings[key] for key in _VOCABULARY_KEYS}
 
 
 def _manifest_head(data_config, proto, trained, sampled):

@@ -24,6 +24,7 @@ import tempfile
 
 import numpy as np
 
+from keras_transformer import stopping
 from keras_transformer.config import DecodingSettings
 from keras_transformer.errors import UsageError
 from keras_transformer.layers.embedding import positional_encoding
@@ -32,6 +33,7 @@ from keras_transformer.workdir import copy_tree, is_local, local_directory
 INSTALL_HINT = 'pip install "keras-transformer[ctranslate2]" (or pip install "ctranslate2>=4.5,<5")'
 METADATA_FILE = "keras_transformer.json"
 SPM_FILE = "spm.model"
+PHASE = "the CTranslate2 conversion"  # what `stopping.check` names
 # Large enough to never win a softmax, small enough for float16 logits (max 65504).
 BANNED_LOGIT_BIAS = -1.0e4
 
@@ -231,6 +233,7 @@ def export_ctranslate2(
         # No atomic directory rename there: written locally, copied with model.bin last.
         with local_directory() as local:
             _write_ct2(spec, spm_bytes, local, metadata)
+            stopping.check(PHASE)
             copy_tree(local, output_dir, last="model.bin")
         return output_dir
     parent = os.path.dirname(os.path.abspath(output_dir))
@@ -238,6 +241,7 @@ def export_ctranslate2(
     tmp_dir = tempfile.mkdtemp(prefix=".ct2-", dir=parent)
     try:
         _write_ct2(spec, spm_bytes, tmp_dir, metadata)
+        stopping.check(PHASE)  # the last moment: the directory does not appear
         if os.path.isdir(output_dir):
             os.rmdir(output_dir)  # empty: checked above
         os.rename(tmp_dir, output_dir)

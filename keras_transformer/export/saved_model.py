@@ -10,6 +10,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from keras_transformer import stopping
 from keras_transformer.config import DecodingSettings
 from keras_transformer.export import calibration as calib
 from keras_transformer.export.card import build_card, write_card
@@ -25,6 +26,7 @@ from keras_transformer.workdir import copy_tree, is_local, local_directory, writ
 
 SIGNATURE_KEY = "serving_default"
 METADATA_FILE = "keras_transformer.json"
+PHASE = "the export"  # what `stopping.check` names: no version appears, the next one is the same
 
 
 def list_versions(model_dir):
@@ -146,7 +148,9 @@ def export_saved_model(
     if not name or os.sep in str(name) or str(name) in (".", ".."):
         raise ValueError(f"invalid model name {name!r}")
     translator = export_translator(model, tokenizer, settings, data_config, jit_compile)
+    stopping.check(PHASE)
     calibration, speed = _calibrate(translator, dev_pairs)
+    stopping.check(PHASE)
 
     def write_assets(export_dir):
         metadata = _write_metadata(export_dir, translator, name)
@@ -168,6 +172,7 @@ def export_saved_model(
     try:
         tf.saved_model.save(translator, tmp_dir, signatures=translator.signatures)
         write_assets(tmp_dir)
+        stopping.check(PHASE)  # the last moment: the version does not appear
         version_dir = _rename_to_next_version(tmp_dir, model_dir)
     except BaseException:
         shutil.rmtree(tmp_dir, ignore_errors=True)
@@ -262,6 +267,7 @@ def _export_elsewhere(translator, model_dir, write_assets):
     with local_directory() as local:
         tf.saved_model.save(translator, local, signatures=translator.signatures)
         write_assets(local)
+        stopping.check(PHASE)
         version = (list_versions(model_dir) or [0])[-1] + 1
         while tf.io.gfile.exists(os.path.join(model_dir, str(version))):
             version += 1

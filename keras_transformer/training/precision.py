@@ -20,6 +20,7 @@ import time
 
 import tensorflow as tf
 
+from keras_transformer import stopping
 from keras_transformer.training.distribute import device_kind
 from keras_transformer.workdir import read_text, write_atomically
 
@@ -71,6 +72,8 @@ def measure_rates(build, batches, rounds=2):
 
     def one_pass(model):
         for batch in batches:
+            # Nothing is written before the timing ends: a stop here times again next run.
+            stopping.check("the precision timing (runtime.mixed_precision: auto)")
             x, y, weights = (tuple(batch) + (None,))[:3]
             logs = model.train_on_batch(x, y, sample_weight=weights, return_dict=True)
         # The step's values are ready only when read back.

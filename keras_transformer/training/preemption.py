@@ -1,8 +1,9 @@
 """Preemption: SIGTERM and SIGINT stop training after the step in progress, with everything saved.
 
 Spot and preemptible machines, TPU maintenance events and Kubernetes evictions send SIGTERM,
-then SIGKILL after a grace period. While `train()` fits, `CatchSignals` turns SIGTERM and SIGINT
-into a flag; `StopOnSignal` (a callback) looks at it after every step. Under several workers
+then SIGKILL after a grace period. `CatchSignals` turns SIGTERM and SIGINT into the process's
+stop flag (`keras_transformer.stopping`, which the other phases check at their safe points);
+`StopOnSignal` (a callback) looks at it after every step. Under several workers
 they agree in one all-reduce per step whether any worker got a signal, so all of them stop after
 the same step. Then each saves its resume state (the chief also a step checkpoint, and flushes
 TensorBoard) and `Preempted` is raised: `keras-transformer train` prints its one line and exits
@@ -16,21 +17,21 @@ already defines (which also holds the data position and the training clock).
 """
 
 import signal
-import threading
 
 import tensorflow as tf
 
+from keras_transformer import stopping
 from keras_transformer.errors import Preempted
 from keras_transformer.training.run_state import RunStateCallback, optimizer_step
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+SIGNALS = stopping.SIGNALS
 
 
 class CatchSignals:
-    """A context in which SIGTERM and SIGINT set `received` (the signal's number) instead of
-    ending the process; a second SIGINT (Ctrl-C twice) interrupts at once. The previous handlers
-    come back on exit. Outside the main thread (where Python cannot install handlers) it does
-    nothing.
+    """A context in which SIGTERM and SIGINT set the process's stop flag (`stopping.catching`)
+    instead of ending the process; `received` is the signal's number. A second SIGINT (Ctrl-C
+    twice) interrupts at once. The previous handlers come back when the outermost such block
+    ends (the `keras-transformer` command holds one around the whole command).
 
     Example:
     ```python
@@ -40,25 +41,20 @@ class CatchSignals:
     """
 
     def __init__(self):
-        self.received = None
-        self._previous = {}
+        self._block = None
 
-    def _handle(self, signum, frame):
-        if signum == signal.SIGINT and self.received == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.received = signum
+    @property
+    def received(self):
+        return stopping.received()
 
     def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for signum in SIGNALS:
-                self._previous[signum] = signal.signal(signum, self._handle)
+        self._block = stopping.catching()
+        self._block.__enter__()
         return self
 
     def __exit__(self, *exc):
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        self._previous = {}
-        return False
+        block, self._block = self._block, None
+        return block.__exit__(*exc) if block is not None else False
 
 
 def make_any_worker(strategy):

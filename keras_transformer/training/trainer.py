@@ -17,10 +17,17 @@ import time
 import keras
 import tensorflow as tf
 
+from keras_transformer import stopping
 from keras_transformer.config import decoding_settings, save_config
 from keras_transformer.errors import WorkerError
 from keras_transformer.evaluation import evaluate_bleu
-from keras_transformer.final_model import final_model, selects_on_dev
+from keras_transformer.final_model import (
+    KEPT_FIGURES,
+    KeptFigures,
+    figures_key,
+    final_model,
+    selects_on_dev,
+)
 from keras_transformer.models import build_transformer
 from keras_transformer.training.callbacks import (
     ResumeState,
@@ -54,7 +61,7 @@ from keras_transformer.training.run_state import RunState
 from keras_transformer.training.schedules import BudgetSchedule, TransformerSchedule
 from keras_transformer.training.visuals import AttentionSummaries, write_hparams
 from keras_transformer.training.worker_batches import IteratorBackup, WorkerBatches, WorkerInput
-from keras_transformer.workdir import Workdir, read_text, write_atomically
+from keras_transformer.workdir import Workdir, join, read_text, write_atomically
 
 # The chief's heartbeat file in the workdir while it prepares the data (multi-worker).
 PREPARE_HEARTBEAT = "prepare.heartbeat"
@@ -273,7 +280,10 @@ def train(config):
 
     On SIGTERM or SIGINT (to any worker) training finishes its step, saves the resume state and
     a checkpoint of that step, and raises `errors.Preempted` (`keras-transformer train` exits
-    with `errors.PREEMPTED_EXIT_CODE`, 75); running it again resumes exactly. Every path
+    with `errors.PREEMPTED_EXIT_CODE`, 75); running it again resumes exactly. The other phases
+    (prepare, the precision timing, the final model's choice on dev, scoring, the export) stop
+    at a safe point of theirs with nothing half-written (`keras_transformer.stopping`) and raise
+    it too; running it again goes on from the last phase whose result was written. Every path
     (workdir, export) may be on any TensorFlow filesystem (`gs://...`).
 
     Returns:
@@ -289,6 +299,12 @@ def train(config):
     result["dev"]["bleu"]
     ```
     """
+    # SIGTERM/SIGINT set the stop flag that every phase checks at its safe points.
+    with stopping.catching():
+        return _train(config)
+
+
+def _train(config):
     started = time.time()
     layout = Workdir.of(config)
     previous = _finished_result(layout, config)
@@ -723,7 +739,15 @@ def _final_model(run, tokenizer):
     CPU (bfloat16 decoding is slow on CPUs without bfloat16 instructions)."""
     config = run.config
     dev_pairs = _read_split(config.data.dev) if selects_on_dev(config) else None
-    return final_model(config, run.layout, tokenizer.vocab_size, tokenizer, dev_pairs, strict=False)
+    return final_model(
+        config, run.layout, tokenizer.vocab_size, tokenizer, dev_pairs, strict=False,
+        kept=_kept_figures(run.layout),
+    )  # fmt: skip
+
+
+def _kept_figures(layout):
+    """The figures of the last phases kept so far (a stopped run goes on from them)."""
+    return KeptFigures(join(layout.root, KEPT_FIGURES))
 
 
 def _score(run, final, tokenizer, step, stopper):
@@ -748,14 +772,19 @@ def _score(run, final, tokenizer, step, stopper):
     }
     if final.selection:
         result["selection"] = final.selection
-    cache = {}
+    cache, kept = {}, _kept_figures(layout)
+    key = figures_key(steps=final.steps, settings=dataclasses.asdict(settings), data=config.data)
     for split, spec in (("dev", config.data.dev), ("test", config.data.test)):
         pairs = _read_split(spec)
         if not pairs:
             continue
-        scores, _ = evaluate_bleu(
-            final.model, tokenizer, pairs, config.data, settings, _cache=cache
-        )
+        scores = kept.get("scores", key, split)
+        if scores is None:
+            scores, _ = evaluate_bleu(
+                final.model, tokenizer, pairs, config.data, settings, _cache=cache,
+                stop_phase="the final model's scoring",
+            )  # fmt: skip
+            kept.put("scores", key, split, scores)
         result[split] = scores
         writer = tf.summary.create_file_writer(os.path.join(layout.logs, split))
         with writer.as_default(step=step):
@@ -768,5 +797,8 @@ def _finish(run, result):
     result["wall_seconds"] = round(time.time() - run.started, 1)
     # Whole or absent (a full disk leaves no torn result.json that would end the next run).
     write_atomically(run.layout.result, json.dumps(result, indent=2))
+    kept = join(run.layout.root, KEPT_FIGURES)
+    if tf.io.gfile.exists(kept):
+        tf.io.gfile.remove(kept)
     _print_summary(result)
     return result

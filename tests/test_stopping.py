@@ -1,0 +1,328 @@
+"""SIGTERM in every phase (exit 75, nothing half-written, the same command goes on) and the
+workdir lock's lease (renewed; taken over on any host once it runs out; atomically).
+
+The phases are stopped with a real SIGTERM that the process sends itself at a safe point of a
+named phase (`KERAS_TRANSFORMER_SIGTERM_AT`, see `keras_transformer.stopping`): no sleeping
+and polling."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from training_helpers import files_under, subprocess_env, tiny_yaml, write_yaml
+
+from keras_transformer.errors import PREEMPTED_EXIT_CODE
+
+TIMEOUT = 600  # seconds a CLI subprocess may take on a slow, busy machine
+
+
+def _cli(*argv, sigterm_at=None):
+    """`keras-transformer ARGV` in a fresh process: `(exit code, stdout, stderr)`."""
+    extra = {"KERAS_TRANSFORMER_SIGTERM_AT": sigterm_at} if sigterm_at else {}
+    env = subprocess_env(**extra)
+    if not sigterm_at:
+        env.pop("KERAS_TRANSFORMER_SIGTERM_AT", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "keras_transformer.cli", *map(str, argv)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+def _stopped(code, err, phase):
+    assert code == PREEMPTED_EXIT_CODE == 75, err[-3000:]
+    lines = [line for line in err.splitlines() if "stopped by SIGTERM" in line]
+    assert len(lines) == 1 and f"during {phase}" in lines[0], err[-3000:]
+    assert "run the same command again" in lines[0]
+
+
+def _read_bytes(root):
+    out = {}
+    for name in files_under(root):
+        with open(os.path.join(root, name), "rb") as f:
+            out[name] = f.read()
+    return out
+
+
+# ------------------------------------------------------------------ prepare
+
+
+def test_sigterm_during_prepare_exits_75_and_the_same_command_writes_the_same_shards(tmp_path):
+    """SIGTERM after the vocabulary was trained, at the shards' first safe point: exit 75, no
+    lock, no prepared data taken as done, the vocabulary kept; the same command then goes on
+    from that vocabulary and writes the shards of an uninterrupted preparation, byte for
+    byte (and the same manifest but its timings)."""
+    stopped, whole = tmp_path / "stopped", tmp_path / "whole"
+    config = write_yaml(tmp_path / "tiny.yaml", tiny_yaml(stopped))
+    reference = subprocess.Popen(
+        [sys.executable, "-m", "keras_transformer.cli", "prepare", "--config", config,
+         "--workdir", str(whole)],
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        code, _, err = _cli("prepare", "--config", config, sigterm_at="shards")
+        _stopped(code, err, "prepare (writing the shards)")
+        left = files_under(stopped)
+        assert "lock.json" not in left and "spm.model" not in left, left
+        assert not [f for f in left if f.startswith("prepared")], left
+        assert "prepare.vocabulary.json" in left and "prepare.vocabulary.model" in left
+
+        code, _, err = _cli("prepare", "--config", config)
+        assert code == 0, err[-3000:]
+        assert "the vocabulary a stopped preparation trained" in err
+        assert "sampling sentences for the vocabulary" not in err  # not trained again
+    finally:
+        _, reference_err = reference.communicate(timeout=TIMEOUT)
+    assert reference.returncode == 0, reference_err[-3000:]
+    ours, theirs = _read_bytes(stopped / "prepared"), _read_bytes(whole / "prepared")
+    shards = [name for name in theirs if name.endswith(".tfrecord")]
+    assert shards and all(ours[name] == theirs[name] for name in shards)
+    assert sorted(ours) == sorted(theirs)
+    timings = ("seconds", "phase_seconds", "created")
+    manifests = [json.loads(files["manifest.json"]) for files in (ours, theirs)]
+    assert [{k: v for k, v in m.items() if k not in timings} for m in manifests] == [
+        {k: v for k, v in manifests[1].items() if k not in timings}
+    ] * 2
+    left = files_under(stopped)
+    assert "lock.json" not in left and not [f for f in left if f.startswith("prepare.vocab")]
+
+
+# ------------------------------------------------------------------ the dev-set choice, the export
+
+
+def _result(workdir):
+    result = json.loads((workdir / "result.json").read_text())
+    for key in ("wall_seconds", "training_seconds", "logs", "checkpoints", "saved_model"):
+        result.pop(key, None)
+    result["selection"].pop("seconds")
+    return result
+
+
+def _export(workdir):
+    """What an export holds, comparable between two workdirs: its files byte for byte but
+    the graph, the model card without its timings and paths, the warmup requests and the
+    signatures as parsed protos. (TensorFlow numbers a graph's functions in the order the
+    process traced them, and writes maps in no fixed order: `saved_model.pb`,
+    `fingerprint.pb` and the warmup file's bytes differ between two processes exporting the
+    same model.)"""
+    import tensorflow as tf
+    from tensorflow.core.protobuf import saved_model_pb2
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    version = workdir / "saved_models" / "tiny" / "1"
+    files = _read_bytes(version)
+    extra = "assets.extra/"
+    card = json.loads(files.pop(extra + "model_card.json").decode().replace(str(workdir), "W"))
+    files.pop(extra + "model_card.md")  # the same card, in Markdown
+    for key in ("created", "decoding_speed"):
+        card.pop(key)
+    card["training"]["selection"].pop("seconds")
+    graph = saved_model_pb2.SavedModel.FromString(files.pop("saved_model.pb"))
+    files.pop("fingerprint.pb")  # of the graph
+    signatures = dict(graph.meta_graphs[0].signature_def)
+    warmup = files.pop(extra + "tf_serving_warmup_requests")
+    requests = [
+        prediction_log_pb2.PredictionLog.FromString(record.numpy())
+        for record in tf.data.TFRecordDataset(str(version / extra / "tf_serving_warmup_requests"))
+    ]
+    assert warmup and requests
+    return files, card, signatures, requests
+
+
+@pytest.mark.slow
+def test_sigterm_during_the_dev_choice_and_the_export_exits_75_and_the_same_command_finishes(
+    tmp_path,
+):
+    """`train` stopped in the final model's choice on dev (after its first candidate), then a
+    copy of that workdir stopped again at the export's last safe point (before the version is
+    renamed into place): each exits 75 with no lock, no export version, no temporary directory
+    left; the same command then finishes, without deciding a scored candidate again, with the
+    result and the export files of the workdir that went on uninterrupted."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    values = tiny_yaml(first, export=dict(average_checkpoints="auto"))
+    config = write_yaml(tmp_path / "tiny.yaml", values)
+
+    def argv(workdir):
+        base_dir = workdir / "saved_models"
+        return ["train", "--config", config, "--workdir", workdir, "--set",
+                f"export.base_dir={base_dir}"]  # fmt: skip
+
+    code, _, err = _cli(*argv(first), sigterm_at="choice:2")
+    _stopped(code, err, "the final model's choice on the dev set")
+    left = files_under(first)
+    assert "lock.json" not in left and "result.json" not in left
+    assert not [f for f in left if f.startswith("saved_models/")], left
+    kept = json.loads((first / "final.partial.json").read_text())["choice"]["figures"]
+    assert len(kept) == 1  # the first candidate's dev BLEU
+    shutil.copytree(first, second)
+
+    code, out, err = _cli(*argv(first))  # goes on, uninterrupted
+    assert code == 0, err[-3000:]
+    code, _, err = _cli(*argv(second), sigterm_at="export:3")
+    _stopped(code, err, "the export")
+    left = files_under(second)
+    assert "lock.json" not in left and "result.json" not in left
+    assert not [f for f in left if f.startswith("saved_models/")], left  # no version, no .export-*
+    code, out, err = _cli(*argv(second))
+    assert code == 0, err[-3000:]
+
+    assert _result(first) == _result(second)
+    assert _export(first) == _export(second)
+    for workdir in (first, second):
+        left = files_under(workdir)
+        assert "lock.json" not in left and "final.partial.json" not in left, left
+
+
+# ------------------------------------------------------------------ the lock's lease
+
+
+def _write_lock(workdir, **holder):
+    os.makedirs(workdir, exist_ok=True)
+    values = dict(host="another-machine", pid=4242, command="train", started="then", token="old")
+    values.update(holder)
+    with open(os.path.join(workdir, "lock.json"), "w") as f:
+        json.dump(values, f)
+
+
+def test_an_expired_lease_of_another_host_is_taken_over_naming_the_old_holder(tmp_path, capsys):
+    from keras_transformer.lock import WorkdirLock
+
+    _write_lock(tmp_path, lease_seconds=60, renewed=time.time() - 600)
+    with WorkdirLock(tmp_path, "train", lease_seconds=60):
+        holder = json.loads((tmp_path / "lock.json").read_text())
+        assert holder["pid"] == os.getpid() and holder["lease_seconds"] == 60
+    err = capsys.readouterr().err
+    assert f"taking over the lock {tmp_path / 'lock.json'} of another-machine pid 4242" in err
+    assert "lease (60 s) ran out" in err
+    assert not os.listdir(tmp_path)  # released; no claim file left
+
+
+def test_a_live_holder_of_another_host_is_refused_with_exit_2(tmp_path, capsys):
+    """A lock of another host within its lease: `prepare` waits, sees it renewed, exits 2."""
+    from keras_transformer import cli
+
+    workdir = tmp_path / "workdir"
+    _write_lock(workdir, lease_seconds=5, renewed=time.time())
+    stop = threading.Event()
+
+    def renew():  # the other host's heartbeat
+        while not stop.wait(0.5):
+            _write_lock(workdir, lease_seconds=5, renewed=time.time())
+
+    renewer = threading.Thread(target=renew, daemon=True)
+    renewer.start()
+    config = write_yaml(tmp_path / "tiny.yaml", tiny_yaml(workdir))
+    try:
+        code = cli.main(["prepare", "--config", config])
+    finally:
+        stop.set()
+        renewer.join()
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "waiting up to its lease (5 s)" in err
+    assert "is in use by another-machine pid 4242 (train, started then)" in err
+    assert json.loads((workdir / "lock.json").read_text())["token"] == "old"  # untouched
+    assert not (workdir / "prepared").exists()
+
+
+def test_the_holder_renews_its_lease_while_it_runs(tmp_path):
+    from keras_transformer.lock import WorkdirLock
+
+    with WorkdirLock(tmp_path, "train", lease_seconds=1) as lock:
+        first = json.loads((tmp_path / "lock.json").read_text())
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            now = json.loads((tmp_path / "lock.json").read_text())
+            if now["renewed"] != first["renewed"]:
+                break
+            time.sleep(0.05)
+        assert now["renewed"] > first["renewed"] and now["token"] == lock.token
+    assert not (tmp_path / "lock.json").exists()
+
+
+def test_threads_taking_over_one_expired_lock_at_once_exactly_one_wins(tmp_path):
+    from keras_transformer.errors import WorkdirInUseError
+    from keras_transformer.lock import WorkdirLock
+
+    for round in range(10):
+        _write_lock(tmp_path, token=f"old-{round}", lease_seconds=1, renewed=0.0)
+        start = threading.Barrier(6)
+        won, lost = [], []
+
+        def take():
+            lock = WorkdirLock(tmp_path, "train", lease_seconds=60)
+            start.wait()
+            try:
+                won.append(lock.acquire())
+            except WorkdirInUseError:
+                lost.append(lock)
+
+        takers = [threading.Thread(target=take) for _ in range(6)]
+        for taker in takers:
+            taker.start()
+        for taker in takers:
+            taker.join()
+        assert len(won) == 1 and len(lost) == 5, (round, len(won))
+        assert json.loads((tmp_path / "lock.json").read_text())["token"] == won[0].token
+        won[0].release()
+        assert not os.listdir(tmp_path)
+
+
+_TAKER = """
+import os, sys, time
+import tensorflow  # imported before the start: the two takers try at the same instant
+from keras_transformer.errors import WorkdirInUseError
+from keras_transformer.lock import WorkdirLock
+lock = WorkdirLock(sys.argv[1], "train", lease_seconds=60)
+go, done = sys.argv[2], sys.argv[3]
+print("ready", flush=True)
+while not os.path.exists(go):
+    time.sleep(0.001)
+try:
+    lock.acquire()
+except WorkdirInUseError:
+    print("refused", flush=True)
+    sys.exit(2)
+print("runs", flush=True)
+while not os.path.exists(done):
+    time.sleep(0.01)
+lock.release()
+"""
+
+
+def test_two_processes_started_together_on_an_expired_lock_exactly_one_runs(tmp_path):
+    workdir = tmp_path / "workdir"
+    _write_lock(workdir, lease_seconds=30, renewed=time.time() - 3600)
+    go, done = tmp_path / "go", tmp_path / "done"
+    takers = [
+        subprocess.Popen(
+            [sys.executable, "-c", _TAKER, str(workdir), str(go), str(done)],
+            env=subprocess_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    try:
+        assert [taker.stdout.readline().strip() for taker in takers] == ["ready", "ready"]
+        go.touch()
+        answers = sorted(taker.stdout.readline().strip() for taker in takers)
+        assert answers == ["refused", "runs"], [t.stderr.read() for t in takers if t.poll()]
+    finally:
+        done.touch()
+        outputs = [taker.communicate(timeout=TIMEOUT) for taker in takers]
+    assert sorted(taker.returncode for taker in takers) == [0, 2]
+    assert sum("taking over the lock" in err for _, err in outputs) == 1
+    assert not os.listdir(workdir)
