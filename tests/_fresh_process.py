@@ -35,10 +35,11 @@ def latin1(texts):
     return json.dumps([r.decode("latin-1") for r in raw])
 
 
-def run_fresh(script, *args, cwd=None, timeout=300):
+def run_fresh(script, *args, cwd=None, timeout=300, env=None):
     """Runs `PRELUDE + script` with `args` as `sys.argv[1:]` in a fresh process (no
-    PYTHONPATH); asserts it succeeded and returns its last stdout line parsed as JSON."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    PYTHONPATH; `env`: more variables); asserts it succeeded and returns its last stdout line
+    parsed as JSON."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **(env or {}))
     env.pop("PYTHONPATH", None)  # our package must not be needed (the script blocks it too)
     done = subprocess.run(
         [sys.executable, "-c", PRELUDE + script, *map(str, args)],

@@ -268,3 +268,61 @@ def test_xla_compiled_search_answers_as_the_graph_search(tmp_path, copy_model, t
             )
     for compiled, plain in zip(outputs[True], outputs[False]):
         fx.assert_same_answers(compiled, plain)
+
+
+# The XLA export in a fresh process: the warmup file replayed (as TF Serving does at load), then
+# one-sentence requests of every bucket length and of lengths between them, through every
+# signature. XLA dumps each program it compiles: the count after the warmup must not grow.
+_XLA_WARMUP_SCRIPT = r"""
+import glob, os
+from tensorflow_serving.apis import prediction_log_pb2
+
+path = sys.argv[1]
+loaded = tf.saved_model.load(path)
+warmup = os.path.join(path, "assets.extra", "tf_serving_warmup_requests")
+for record in tf.data.TFRecordDataset(warmup):
+    request = prediction_log_pb2.PredictionLog.FromString(record.numpy()).predict_log.request
+    inputs = {k: tf.make_ndarray(v) for k, v in request.inputs.items()}
+    loaded.signatures[request.model_spec.signature_name](**inputs)
+
+
+def compiled():
+    names = glob.glob(os.path.join(os.environ["XLA_DUMP"], "module_*"))
+    return len({os.path.basename(n).split(".")[0] for n in names})
+
+
+after_warmup = compiled()
+for text in json.loads(sys.argv[2]):
+    texts = tf.constant([text])
+    loaded.signatures["serving_default"](text=texts)
+    loaded.signatures["translate_nbest"](text=texts)
+    loaded.signatures["translate_prefix"](text=texts, prefix=tf.constant(["red"]))
+    loaded.signatures["score"](source=texts, target=texts)
+print(json.dumps({"after_warmup": after_warmup, "after_requests": compiled()}))
+"""
+
+
+def test_the_warmup_compiles_every_program_the_xla_export_runs(tmp_path, copy_model, toy_spm_bytes):
+    """The warmup file's lengths are the XLA export's own buckets, whatever the training data's
+    `bucket_boundaries` (they used to come from there, so that a first short request compiled
+    under TF Serving); after replaying it, no request of any length compiles again."""
+    data = {**DATA, "bucket_boundaries": [10, 12]}  # training buckets: all pad to 16 in serving
+    path = export_saved_model(
+        copy_model, toy_spm_bytes, DECODE, data, str(tmp_path), "xla", jit_compile=True
+    )
+    translator = Translator(
+        copy_model, toy_spm_bytes, max_source_length=DATA["max_source_length"], **DECODE
+    )
+    buckets = translator.length_buckets
+    assert buckets == [8, 16]
+    sp = fx.spm_processor()
+    texts = []
+    for length in sorted({n for b in buckets for n in (b, b - 3)}):  # tokens, EOS included
+        words = [fx.WORDS[(5 * i + length) % len(fx.WORDS)] for i in range(length - 1)]
+        texts.append(" ".join(words))  # one piece a word: length - 1 pieces, then EOS
+        assert len(sp.encode(texts[-1])) + 1 == length
+    dump = tmp_path / "xla_dump"
+    env = {"XLA_FLAGS": f"--xla_dump_to={dump}", "XLA_DUMP": str(dump)}
+    result = run_fresh(_XLA_WARMUP_SCRIPT, path, json.dumps(texts), env=env, timeout=600)
+    assert result["after_warmup"] > 0  # the warmup compiled the programs
+    assert result["after_requests"] == result["after_warmup"], result

@@ -17,7 +17,6 @@ from keras_transformer.export.card import build_card, write_card
 from keras_transformer.export.card import card_facts as facts_of_workdir
 from keras_transformer.export.translator import Translator
 from keras_transformer.export.warmup import (
-    bucket_lengths,
     sentence_of_length,
     warmup_requests,
     write_warmup,
@@ -159,7 +158,7 @@ def export_saved_model(
         facts.setdefault("vocabulary", {"size": translator.model.vocab_size})
         card = build_card(facts, name, decoding, calibration, speed, metadata["signatures"])
         write_card(export_dir, card)
-        _write_warmup(export_dir, translator, metadata["signatures"], data_config)
+        _write_warmup(export_dir, translator, metadata["signatures"])
 
     model_dir = os.path.join(base_dir, str(name))
     if not is_local(model_dir):
@@ -250,12 +249,10 @@ def _cpu_name():
     return platform.processor() or platform.machine()
 
 
-def _write_warmup(export_dir, translator, signatures, data_config):
-    """`assets.extra/tf_serving_warmup_requests`: every signature at every bucket length."""
-    lengths = bucket_lengths(
-        translator.max_source_length, _field(data_config, "bucket_boundaries", None)
-    )
-    texts = [sentence_of_length(translator._spm_proto, n) for n in lengths]
+def _write_warmup(export_dir, translator, signatures):
+    """`assets.extra/tf_serving_warmup_requests`: every signature at every length bucket of the
+    translator (those the XLA export compiles)."""
+    texts = [sentence_of_length(translator._spm_proto, n) for n in translator.length_buckets]
     inputs = {key: list(spec["inputs"]) for key, spec in signatures.items()}
     return write_warmup(export_dir, warmup_requests(inputs, texts))
 

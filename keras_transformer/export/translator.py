@@ -210,6 +210,12 @@ class Translator(tf.Module):
         }
 
     @property
+    def length_buckets(self):
+        """The source lengths (tokens, EOS included) that the XLA export pads a chunk to, and
+        that the warmup requests run (`export.warmup.bucket_lengths`)."""
+        return bucket_lengths(self.max_source_length)
+
+    @property
     def max_target_length(self):
         """The longest target (EOS included) that `score` reads: the longest output the model
         can produce."""
@@ -264,8 +270,8 @@ class Translator(tf.Module):
 
     def _shape_buckets(self, source, prefix, seed):
         """Under `jit_compile`, the chunk padded to a few shapes, so that XLA compiles a few
-        programs: sources to the next source-length bucket (`export.warmup.bucket_lengths`, the
-        lengths the warmup requests run) with padding (masked: the answers do not change), rows
+        programs: sources to the next source-length bucket (`length_buckets`, the lengths the
+        warmup requests run) with padding (masked: the answers do not change), rows
         to the next power of two up to `batch_size` with copies of the first row (their answers
         are dropped). Otherwise the chunk as it is."""
         if not self.jit_compile:
@@ -274,7 +280,7 @@ class Translator(tf.Module):
         while sizes[-1] < self.settings.batch_size:
             sizes.append(min(2 * sizes[-1], self.settings.batch_size))
         width, rows = tf.shape(source)[1], tf.shape(source)[0]
-        width_pad = _bucket(bucket_lengths(self.max_source_length), width) - width
+        width_pad = _bucket(self.length_buckets, width) - width
         source = tf.pad(source, [[0, 0], [0, width_pad]], constant_values=self.settings.pad_id)
         extra = _bucket(sizes, rows) - rows
 

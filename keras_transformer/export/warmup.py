@@ -12,11 +12,14 @@ import tensorflow as tf
 WARMUP_FILE = "tf_serving_warmup_requests"
 
 
-def bucket_lengths(max_source_length, boundaries=None):
-    """Source lengths (tokens, EOS included) to warm: the data buckets up to the max length."""
+def bucket_lengths(max_source_length):
+    """The serving source-length buckets (tokens, EOS included), up to the max length: what the
+    XLA export pads a chunk's sources to (`Translator.length_buckets`), and so the lengths the
+    warmup requests run. The training data's `bucket_boundaries` do not enter: they shape
+    training batches, not requests."""
     from keras_transformer.data.pipeline import bucket_boundaries
 
-    lengths = boundaries or bucket_boundaries(max_source_length)
+    lengths = bucket_boundaries(max_source_length)
     lengths = sorted({int(b) for b in lengths if 0 < int(b) < max_source_length})
     return lengths + [int(max_source_length)]
 
