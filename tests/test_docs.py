@@ -64,7 +64,8 @@ def test_ci_blocks_follow_their_markers():
     assert "keras-transformer translate --model saved_models/quickstart" in main
     assert test.strip() == (
         'pip install -e ".[test,docs]" && ruff check . && mkdocs build --strict '
-        "&& python -m pytest -q -n 2"
+        "&& python -m pytest -q -n 2 && TF_ENABLE_ONEDNN_OPTS=0 TF_NUM_INTRAOP_THREADS=1 "
+        "python -m pytest -q -n 2 -m numerics"
     )
 
 
