@@ -290,9 +290,16 @@ class TrainConfig:
     )
     max_minutes: Optional[float] = _field(
         None,
-        "stop training after this many minutes of training (counted across resumes), then "
-        "evaluate and export (a wall-clock budget); null: train all steps",
+        "the run's wall-clock budget in minutes (training counted across resumes): training, "
+        "and the learning rate's decay, end train.end_minutes before it, which the dev set's "
+        "choice, the scoring and the export then fit into; null: train all steps",
         valid=f"(0, {_MAX_MINUTES}]",
+    )
+    end_minutes: Optional[float] = _field(
+        None,
+        "with train.max_minutes, the minutes kept for what follows training (the dev set's "
+        "choice, scoring, export); null: a tenth of train.max_minutes",
+        valid=f"[0, {_MAX_MINUTES}]",
     )
     seed: int = _field(42, "seed of weight initialisation and dropout", valid=_SEEDS)
     init_from: Optional[str] = _field(
@@ -401,6 +408,19 @@ class ExportConfig:
         "where the dev set chooses (auto), the dev sentences each candidate decodes (the first "
         "N): more than train.eval_max_sentences, as candidates often differ by 0.1 BLEU",
         valid=f"[1, {_MAX_COUNT}]",
+    )
+    select_screen_sentences: int = _field(
+        300,
+        "where the dev set chooses, each checkpoint set is first screened by greedy decoding of "
+        "the first N of those sentences, and only the best export.select_finalists sets are "
+        "decoded with the export's beam (at every alpha); 0: every candidate at the beam",
+        valid=f"[0, {_MAX_COUNT}]",
+    )
+    select_finalists: int = _field(
+        2,
+        "checkpoint sets that the greedy screening passes on to the beam (fewer when the end of "
+        "a train.max_minutes budget is short of time)",
+        valid="[1, 100]",
     )
     beam_size: Optional[int] = _field(
         None, "beam size fixed in the SavedModel; null: decode.beam_size", valid=f"[1, {_MAX_BEAM}]"
@@ -669,8 +689,25 @@ def validate(config):
         raise ConfigError(
             f"model.d_model ({m.d_model}) must be divisible by model.num_heads ({m.num_heads})"
         )
+    t = config.train
+    if t.max_minutes is not None and t.end_minutes is not None and t.end_minutes >= t.max_minutes:
+        raise ConfigError(
+            f"train.end_minutes ({t.end_minutes:g}) must be less than train.max_minutes "
+            f"({t.max_minutes:g}): training needs some of the budget"
+        )
     decoding_settings(config, export=True)  # the export's settings must be possible too
     return config
+
+
+def budget_seconds(train):
+    """`(training seconds, end seconds)` of a `TrainConfig`'s `max_minutes` budget: training
+    (and its learning-rate decay) stops `end_minutes` (default a tenth of the budget) before the
+    budget, which the dev set's choice, the scoring and the export then fit into. `(None, None)`
+    without a budget."""
+    if train.max_minutes is None:
+        return None, None
+    end = train.max_minutes / 10 if train.end_minutes is None else train.end_minutes
+    return (train.max_minutes - end) * 60, end * 60
 
 
 _EXPORT_KEYS = ("beam_size", "alpha", "n_best", "max_extra_length")

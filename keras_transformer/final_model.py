@@ -228,37 +228,74 @@ def figures_key(**what):
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def select_on_dev(model, tokenizer, config, layout, dev_pairs, alpha=None, report=print, kept=None):
-    """Decodes the first `export.select_max_sentences` of `dev_pairs` with each candidate (the
-    export's beam), loads the best into `model` and returns the `FinalModel`. Each dev batch is
-    a safe point (`stopping.check`); `kept` (a `KeptFigures`) keeps each candidate's BLEU, so a
-    stopped choice goes on from the next candidate."""
+def select_on_dev(model, tokenizer, config, layout, dev_pairs, alpha=None, report=print, kept=None,
+                  deadline=None, after_sentences=0):  # fmt: skip
+    """Chooses the final model on the first `export.select_max_sentences` of `dev_pairs`, loads
+    it into `model` and returns the `FinalModel`.
+
+    With `export.select_screen_sentences > 0` and more checkpoint sets than
+    `export.select_finalists`, each set is first screened by greedy decoding of the first
+    `select_screen_sentences` of those sentences; only the best finalists (greedy BLEU, then
+    simplicity) are decoded with the export's beam, each at every alpha, and the best beam BLEU
+    wins. Greedy decoding costs a fraction of the beam's and ranks checkpoint sets the same way
+    far more often than not; the length penalty, which greedy decoding ignores, is chosen at the
+    beam. `deadline` (a `time.perf_counter()` value, e.g. the end of a `train.max_minutes`
+    budget) drops the finalists after the first whose beam decoding would not leave time to
+    decode `after_sentences` more sentences at the beam (the scoring and the export), at the
+    speed the beam ran so far.
+
+    Each dev batch is a safe point (`stopping.check`); `kept` (a `KeptFigures`) keeps each
+    candidate's BLEU, so a stopped choice goes on from the next candidate.
+    """
     started = time.perf_counter()
     pairs = list(dev_pairs)[: config.export.select_max_sentences]
     base = decoding_settings(config, export=True).without_sampling()
     found = candidates(config, layout, alpha)
-    report(f"choosing the final model on {len(pairs)} dev sentences: {len(found)} candidates")
-    scores, cache, loaded = [], {}, None
+    sets = list(dict.fromkeys((c.checkpoints, c.kind) for c in found))  # simplest first
+    screen = config.export.select_screen_sentences
+    report(
+        f"choosing the final model on {len(pairs)} dev sentences: {len(found)} candidates "
+        f"({len(sets)} checkpoint sets x {len(found) // len(sets)} alphas)"
+    )
     kept = kept or KeptFigures(None)
+    state = {"loaded": None, "cache": {}}
+    greedy = {}
+    if screen and len(sets) > config.export.select_finalists:
+        screened = pairs[:screen]
+        settings = dataclasses.replace(base, beam_size=1)
+        key = figures_key(pairs=screened, settings=dataclasses.asdict(settings), data=config.data)
+        for checkpoints, kind in sets:
+            greedy[(checkpoints, kind)] = _dev_bleu(
+                model, tokenizer, config, screened, settings, Candidate(checkpoints, 0.0, kind),
+                kept, ("screen", key), state,
+            )  # fmt: skip
+        order = sorted(sets, key=lambda s: -greedy[s])  # stable: the simpler first on a tie
+        for cps, kind in order:
+            what = Candidate(cps, 0.0, kind).describe().rsplit(",", 1)[0]  # no alpha
+            report(f"  greedy dev BLEU {greedy[(cps, kind)]:6.2f}  {what}")
+        sets = order[: config.export.select_finalists]
     key = figures_key(pairs=pairs, settings=dataclasses.asdict(base), data=config.data)
-    for candidate in sorted(found, key=lambda c: (c.steps, c.kind, c.alpha)):
-        name = json.dumps([candidate.steps, candidate.kind, candidate.alpha])
-        bleu = kept.get("choice", key, name)
-        if bleu is None:
-            if loaded != candidate.checkpoints:  # each set of checkpoints loaded once
-                load_checkpoints(model, candidate.checkpoints)
-                loaded = candidate.checkpoints
+    scores, beam_seconds, beam_decoded = [], 0.0, 0
+    for index, (checkpoints, kind) in enumerate(sets):
+        alphas = [c for c in found if (c.checkpoints, c.kind) == (checkpoints, kind)]
+        if deadline is not None and beam_decoded:
+            per_sentence = beam_seconds / beam_decoded
+            needed = per_sentence * (len(alphas) * len(pairs) + after_sentences)
+            if time.perf_counter() + needed > deadline:
+                report(f"  the budget leaves no time for {len(sets) - index} more finalist(s)")
+                break
+        for candidate in alphas:
             settings = dataclasses.replace(base, alpha=candidate.alpha)
-            figures, _ = evaluate_bleu(
-                model, tokenizer, pairs, config.data, settings, _cache=cache, stop_phase=PHASE
-            )
-            bleu = figures["bleu"]
-            kept.put("choice", key, name, bleu)
-        scores.append((candidate, bleu))
-        report(f"  dev BLEU {bleu:6.2f}  {candidate.describe()}")
+            began = time.perf_counter()
+            bleu = _dev_bleu(model, tokenizer, config, pairs, settings, candidate, kept,
+                             ("choice", key), state)  # fmt: skip
+            beam_seconds += time.perf_counter() - began
+            beam_decoded += len(pairs)
+            scores.append((candidate, bleu))
+            report(f"  dev BLEU {bleu:6.2f}  {candidate.describe()}")
     ranked = sorted(scores, key=lambda cs: (-cs[1], cs[0].simplicity()))
     chosen = ranked[0][0]
-    if loaded != chosen.checkpoints:
+    if state["loaded"] != chosen.checkpoints:
         load_checkpoints(model, chosen.checkpoints)
     seconds = round(time.perf_counter() - started, 1)
     report(f"chose {chosen.describe()} (dev BLEU {ranked[0][1]:.2f}) in {seconds:.1f}s")
@@ -269,7 +306,32 @@ def select_on_dev(model, tokenizer, config, layout, dev_pairs, alpha=None, repor
         "chosen": _candidate_json(chosen, ranked[0][1]),
         "candidates": [_candidate_json(c, bleu) for c, bleu in ranked],
     }
+    if greedy:
+        selection["screened"] = {
+            "sentences": len(pairs[:screen]),
+            "greedy_dev_bleu": [
+                {"steps": [st for st, _ in cps], "kind": kind, "dev_bleu": bleu}
+                for (cps, kind), bleu in greedy.items()
+            ],
+        }
     return FinalModel(model, chosen.steps, chosen.alpha, selection)
+
+
+def _dev_bleu(model, tokenizer, config, pairs, settings, candidate, kept, section, state):
+    """The dev BLEU of `candidate` decoded with `settings` (kept in `kept[section]`); loads its
+    checkpoints into `model` unless `state["loaded"]` already holds them."""
+    name = json.dumps([candidate.steps, candidate.kind, candidate.alpha])
+    bleu = kept.get(*section, name)
+    if bleu is None:
+        if state["loaded"] != candidate.checkpoints:  # each set of checkpoints loaded once
+            load_checkpoints(model, candidate.checkpoints)
+            state["loaded"] = candidate.checkpoints
+        figures, _ = evaluate_bleu(
+            model, tokenizer, pairs, config.data, settings, _cache=state["cache"], stop_phase=PHASE
+        )
+        bleu = figures["bleu"]
+        kept.put(*section, name, bleu)
+    return bleu
 
 
 def _candidate_json(candidate, bleu):
@@ -297,7 +359,7 @@ def final_model(config, layout, vocab_size, tokenizer=None, dev_pairs=None, sele
         **kw: `average` (a count instead of the config's), `alpha` (a fixed length penalty for
             the choice), `strict` (refuse fewer checkpoints than asked; default True),
             `report` (`line -> None`, default print), `kept` (a `KeptFigures` for the
-            choice).
+            choice), `deadline` and `after_sentences` (a time budget: see `select_on_dev`).
 
     Returns:
         A `FinalModel`.
@@ -316,8 +378,9 @@ def final_model(config, layout, vocab_size, tokenizer=None, dev_pairs=None, sele
     select = selects_on_dev(config) if select is None else select
     if select and dev_pairs:
         return select_on_dev(
-            model, tokenizer, config, layout, dev_pairs, kw.get("alpha"), report, kw.get("kept")
-        )
+            model, tokenizer, config, layout, dev_pairs, kw.get("alpha"), report, kw.get("kept"),
+            kw.get("deadline"), kw.get("after_sentences", 0),
+        )  # fmt: skip
     if select:
         report("no dev set to choose the final model on: the last checkpoint, alpha as configured")
     count = kw.get("average") or config.export.average_checkpoints

@@ -5,6 +5,7 @@ import dataclasses
 import json
 import os
 import shutil
+import time
 
 import h5py
 import numpy as np
@@ -61,15 +62,39 @@ def _dev_bleu(config, layout, tokenizer, steps, kind, alpha, settings=None, sent
     return evaluate_bleu(model, tokenizer, pairs, config.data, settings)[0]["bleu"]
 
 
+def _finalists(config, layout, tokenizer, screened):
+    """The checkpoint sets the greedy screening passes on, recomputed: every screened set's
+    greedy dev BLEU on the first `select_screen_sentences`, the best `select_finalists` (a tie
+    keeps the simpler: fewer checkpoints, then the last ones)."""
+    greedy = dataclasses.replace(decoding_settings(config, export=True), beam_size=1)
+    n = min(config.export.select_screen_sentences, config.export.select_max_sentences)
+    for entry in screened["greedy_dev_bleu"]:
+        recomputed = _dev_bleu(
+            config, layout, tokenizer, entry["steps"], entry["kind"], None, greedy, n
+        )
+        assert recomputed == entry["dev_bleu"], entry
+    ranked = sorted(
+        screened["greedy_dev_bleu"],
+        key=lambda e: (-e["dev_bleu"], len(e["steps"]), e["kind"] != "last"),
+    )
+    return {(tuple(e["steps"]), e["kind"]) for e in ranked[: config.export.select_finalists]}
+
+
 def test_the_chosen_candidate_has_the_best_dev_bleu_of_all_recomputed(chosen_run):
     config, layout, result = chosen_run
     selection = result["selection"]
     tokenizer = Tokenizer(layout.spm)
     candidates = selection["candidates"]
-    # The last checkpoint, the averages of the last 2, 3 and 4, each at alpha 0.6 and 1.0 (the
-    # best/ ones are new sets only where they differ from these).
-    last_sets = {tuple(c["steps"]) for c in candidates if c["kind"] == "last"}
+    # Screened greedily: the last checkpoint, the averages of the last 2, 3 and 4 (the best/
+    # ones are new sets only where they differ from these); the finalists at the beam, each at
+    # alpha 0.6 and 1.0.
+    screened = selection["screened"]
+    last_sets = {tuple(e["steps"]) for e in screened["greedy_dev_bleu"] if e["kind"] == "last"}
     assert last_sets == {(40,), (32, 40), (24, 32, 40), (16, 24, 32, 40)}
+    assert screened["sentences"] == 20
+    finalists = _finalists(config, layout, tokenizer, screened)
+    assert {(tuple(c["steps"]), c["kind"]) for c in candidates} == finalists
+    assert len(candidates) == 2 * len(finalists) == 2 * config.export.select_finalists
     assert {c["alpha"] for c in candidates} == {PAPER_ALPHA, 1.0}
     recomputed = [
         _dev_bleu(config, layout, tokenizer, c["steps"], c["kind"], c["alpha"]) for c in candidates
@@ -192,7 +217,8 @@ def test_export_select_on_dev_from_the_command_line(tmp_path, copy_model, toy_sp
     with open(os.path.join(path, "assets.extra", "model_card.json")) as f:
         card = json.load(f)
     selection = card["training"]["selection"]
-    assert len(selection["candidates"]) == 6 and selection["sentences"] == 40
+    assert len(selection["candidates"]) == 4 and selection["sentences"] == 40
+    assert len(selection["screened"]["greedy_dev_bleu"]) == 3  # steps 300; 200-300; 100-300
     tokenizer = Tokenizer(layout.spm)
     again = final_model(
         fixed, layout, tokenizer.vocab_size, tokenizer, read_pairs(config.data.dev),
@@ -254,21 +280,33 @@ def _copy_workdir(root, copy_model, toy_spm_path):
     return config, layout
 
 
+@pytest.mark.parametrize("screen", [0, 40])
 def test_the_choice_is_the_recomputed_maximum_where_the_candidates_differ(
-    tmp_path, copy_model, toy_spm_path
+    tmp_path, copy_model, toy_spm_path, screen
 ):
+    """Without screening (0) every candidate is decoded at the beam; with it, the two best of
+    the three checkpoint sets by greedy BLEU are, and the choice is the maximum among those."""
     config, layout = _copy_workdir(tmp_path, copy_model, toy_spm_path)
+    config = dataclasses.replace(
+        config, export=dataclasses.replace(config.export, select_screen_sentences=screen)
+    )
     tokenizer = Tokenizer(layout.spm)
     pairs = read_pairs(config.data.dev)
     lines = []
     final = final_model(config, layout, tokenizer.vocab_size, tokenizer, pairs, report=lines.append)
     candidates = final.selection["candidates"]
-    assert len(candidates) == 6  # step 300; 200-300; 100-300; x alpha 0.6, 1.0
+    if screen:
+        finalists = _finalists(config, layout, tokenizer, final.selection["screened"])
+        assert {(tuple(c["steps"]), c["kind"]) for c in candidates} == finalists
+        assert len(candidates) == 4  # 2 of the 3 sets (300; 200-300; 100-300) x 2 alphas
+    else:
+        assert "screened" not in final.selection
+        assert len(candidates) == 6  # step 300; 200-300; 100-300; x alpha 0.6, 1.0
     recomputed = [
         _dev_bleu(config, layout, tokenizer, c["steps"], "last", c["alpha"]) for c in candidates
     ]
     assert recomputed == [c["dev_bleu"] for c in candidates]
-    assert len(set(recomputed)) >= 3, recomputed  # the test has a choice to make
+    assert len(set(recomputed)) >= (2 if screen else 3), recomputed  # a choice to make
     best = max(recomputed)
     simplest = min(
         (c for c in candidates if c["dev_bleu"] == best),
@@ -290,6 +328,24 @@ def test_the_choice_is_the_recomputed_maximum_where_the_candidates_differ(
     )
     plain = final_model(fixed, layout, tokenizer.vocab_size, report=lines.append)
     assert plain.steps == [200, 300] and plain.selection is None and plain.alpha is None
+
+
+def test_a_deadline_passed_keeps_only_the_first_finalist(tmp_path, copy_model, toy_spm_path):
+    """At the end of a `train.max_minutes` budget with no time left, the choice decodes the
+    best-screened finalist at the beam (every alpha) and no other: the scoring and the export
+    still have to fit."""
+    config, layout = _copy_workdir(tmp_path, copy_model, toy_spm_path)
+    tokenizer = Tokenizer(layout.spm)
+    lines = []
+    final = final_model(
+        config, layout, tokenizer.vocab_size, tokenizer, read_pairs(config.data.dev),
+        report=lines.append, deadline=time.perf_counter() - 1.0, after_sentences=100,
+    )  # fmt: skip
+    screened = final.selection["screened"]["greedy_dev_bleu"]
+    first = max(screened, key=lambda e: (e["dev_bleu"], -len(e["steps"])))
+    assert {tuple(c["steps"]) for c in final.selection["candidates"]} == {tuple(first["steps"])}
+    assert len(final.selection["candidates"]) == 2  # its two alphas
+    assert any("leaves no time for 1 more finalist" in line for line in lines)
 
 
 class _ScriptedEvaluator:

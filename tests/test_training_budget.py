@@ -35,3 +35,32 @@ def test_budget_config_validation():
         assert "train.max_minutes" in str(e)
     else:
         raise AssertionError("max_minutes=0 accepted")
+
+
+def test_training_ends_the_end_minutes_before_the_budget():
+    """`train.max_minutes` bounds the whole run: training (and the learning rate's decay) ends
+    `train.end_minutes` before it (a tenth of the budget by default), the time the dev set's
+    choice, the scoring and the export then fit into."""
+    from keras_transformer.config import budget_seconds
+    from keras_transformer.training.schedules import BudgetSchedule
+    from keras_transformer.training.trainer import make_optimizer
+
+    def train_config(*overrides):
+        return load_config(overrides=["train.schedule=linear", *overrides]).train
+
+    assert budget_seconds(train_config()) == (None, None)
+    assert budget_seconds(train_config("train.max_minutes=50")) == (2700.0, 300.0)
+    assert budget_seconds(
+        train_config("train.max_minutes=50", "train.end_minutes=8")
+    ) == (2520.0, 480.0)
+    config = load_config(overrides=["train.schedule=linear", "train.max_minutes=50"])
+    schedule = make_optimizer(config, d_model=64)._learning_rate
+    assert isinstance(schedule, BudgetSchedule) and schedule.total_seconds == 2700.0
+    schedule.elapsed_seconds.assign(2700.0)
+    assert float(schedule(config.train.warmup_steps)) == 0.0  # decayed when training ends
+    try:
+        load_config(overrides=["train.max_minutes=10", "train.end_minutes=10"])
+    except ConfigError as e:
+        assert "train.end_minutes" in str(e) and "train.max_minutes" in str(e)
+    else:
+        raise AssertionError("end_minutes >= max_minutes accepted")

@@ -18,7 +18,7 @@ import keras
 import tensorflow as tf
 
 from keras_transformer import stopping
-from keras_transformer.config import decoding_settings, save_config
+from keras_transformer.config import budget_seconds, decoding_settings, save_config
 from keras_transformer.errors import WorkerError
 from keras_transformer.evaluation import evaluate_bleu
 from keras_transformer.final_model import (
@@ -91,7 +91,7 @@ def make_optimizer(config, d_model=None):
             t.steps,
             t.learning_rate_scale,
             decay=t.schedule,
-            total_seconds=None if t.max_minutes is None else t.max_minutes * 60,
+            total_seconds=budget_seconds(t)[0],  # training's part of train.max_minutes
         )
     optimizer = FusedAdam(
         learning_rate=schedule,
@@ -325,7 +325,9 @@ def _train(config):
     if not run.chief:
         return _worker_done(run, model)
     step = optimizer_step(model)
-    final = _final_model(run, data.tokenizer)
+    end_seconds = budget_seconds(run.config.train)[1]
+    deadline = None if end_seconds is None else time.perf_counter() + end_seconds
+    final = _final_model(run, data.tokenizer, deadline)
     result = _score(run, final, data.tokenizer, step, stopper)
     if parent:
         result["init_from"] = {key: parent[key] for key in ("path", "checkpoint", "step")}
@@ -336,12 +338,12 @@ def _train(config):
 def _finished_result(layout, config):
     """The result of a finished run in this workdir (printed), or None."""
     previous = _read_result(layout.result)
-    budget = config.train.max_minutes
+    budget = budget_seconds(config.train)[0]
     out_of_time = (
         previous
         and budget is not None
         and previous.get("stopped_by_time_budget")
-        and previous.get("training_seconds", 0) >= budget * 60
+        and previous.get("training_seconds", 0) >= budget
     )
     if previous and (previous.get("step", 0) >= config.train.steps or out_of_time):
         print(f"{layout.root} already holds a finished run ({previous['step']} steps).", flush=True)
@@ -588,7 +590,7 @@ def _callbacks(run, model, data, resume):
     t, chief = run.config.train, run.chief
     stopper = StopAtStep(
         t.steps,
-        None if t.max_minutes is None else t.max_minutes * 60,
+        budget_seconds(t)[0],
         run_state=resume.run_state,
     )
     callbacks = [stopper, resume, keras.callbacks.TerminateOnNaN()]
@@ -728,7 +730,7 @@ def _worker_done(run, model):
     return {"name": run.config.name, "step": step, "chief": False}
 
 
-def _final_model(run, tokenizer):
+def _final_model(run, tokenizer, deadline=None):
     """The final model (`final_model.final_model`, as `keras-transformer export` makes it): the
     average of the last `export.average_checkpoints` checkpoints (the paper's final models), or
     the candidate the dev set chooses where the config says `auto`.
@@ -736,12 +738,21 @@ def _final_model(run, tokenizer):
     It is float32 whatever the training precision, and outside the strategy (decoding and export
     need no replicas): the dev/test figures of `result.json` are those of the exported
     SavedModel, which gives the same answers as a later re-export of the workdir and runs on any
-    CPU (bfloat16 decoding is slow on CPUs without bfloat16 instructions)."""
+    CPU (bfloat16 decoding is slow on CPUs without bfloat16 instructions).
+
+    `deadline` (`time.perf_counter()`): the end of `train.max_minutes`; the choice leaves time
+    to score the dev and test sets and to calibrate the export on dev after it."""
     config = run.config
     dev_pairs = _read_split(config.data.dev) if selects_on_dev(config) else None
+    after = 0
+    if deadline is not None and dev_pairs:
+        from keras_transformer.export.saved_model import MAX_CALIBRATION_SENTENCES
+
+        test_pairs = _read_split(config.data.test) or []
+        after = len(dev_pairs) + len(test_pairs) + min(len(dev_pairs), MAX_CALIBRATION_SENTENCES)
     return final_model(
         config, run.layout, tokenizer.vocab_size, tokenizer, dev_pairs, strict=False,
-        kept=_kept_figures(run.layout),
+        kept=_kept_figures(run.layout), deadline=deadline, after_sentences=after,
     )  # fmt: skip
 
 
