@@ -15,7 +15,7 @@ from keras_transformer.errors import (
     PREEMPTED_EXIT_CODE,
     KerasTransformerError,
     Preempted,
-    disk_full,
+    write_refused,
 )
 
 QUANTIZATIONS = (
@@ -253,8 +253,9 @@ def main(argv=None):
         print(f"keras-transformer {args.command}: {e}", file=sys.stderr, flush=True)
         return PREEMPTED_EXIT_CODE
     except Exception as e:
-        # A full disk, whichever writer met it, is the user's to fix: one line, not a traceback.
-        error = e if isinstance(e, (KerasTransformerError, FileNotFoundError)) else disk_full(e)
+        # A refused write (a full disk, a file-size limit, a read-only file system, a failing
+        # device), whichever writer met it, is the user's to fix: one line, not a traceback.
+        error = e if isinstance(e, (KerasTransformerError, FileNotFoundError)) else write_refused(e)
         if error is None:
             raise
         message = str(error).splitlines()[0] if str(error) else type(error).__name__

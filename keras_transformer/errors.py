@@ -2,9 +2,14 @@
 
 This module imports nothing from the package, so every module can raise these without import
 circles. The command line catches `KerasTransformerError` (and `FileNotFoundError`, and any
-error that `disk_full` recognises as a full disk), prints its first line and exits with code 2;
-anything else is a bug and keeps its traceback.
+error that `write_refused` recognises as a write the system refused: a full disk or quota, a
+file-size limit, a read-only file system, a failing device), prints its first line and exits
+with code 2; a signal at a safe point exits with `PREEMPTED_EXIT_CODE` (75); anything else is a
+bug and keeps its traceback.
 """
+
+import errno
+import re
 
 
 class KerasTransformerError(Exception):
@@ -38,60 +43,125 @@ class WorkdirInUseError(KerasTransformerError):
     """Another `train` or `prepare` holds the workdir's lock (the message names it)."""
 
 
-class DiskFullError(KerasTransformerError, OSError):
-    """A write failed because the disk (or the user's quota) is full; the message names the path.
+class WriteRefusedError(KerasTransformerError, OSError):
+    """The system refused a write: a full disk or quota (ENOSPC, EDQUOT), a file-size limit
+    (EFBIG, e.g. `ulimit -f`), a read-only file system (EROFS) or a failing device (EIO). The one
+    line names the cause, the path and what to do; `errno` is the refusal's.
 
     Every writer keeps its output invisible until complete (written beside, then renamed), so
-    after freeing space the same command continues from the last complete state.
+    after the cause is fixed the same command continues from the last complete state.
     """
 
 
-_NO_SPACE_TEXTS = ("no space left on device", "disk quota exceeded", "errno = 28")
+class DiskFullError(WriteRefusedError):
+    """A write failed because the disk (or the user's quota) is full; the message names the path."""
 
 
-def _no_space_path(error):
-    """The path a no-space error names: `OSError.filename`, h5py's `filename = '...'`, or the
-    `PATH; No space left on device` of TensorFlow's file systems; None when it names none."""
-    import re
+# The refused writes `write_refused` recognises: (errno, its text in the C library's strerror,
+# which TensorFlow's file systems and h5py repeat, the one line's cause, why it happens, what the
+# user does). TensorFlow raises them as ResourceExhaustedError (ENOSPC, EDQUOT), OutOfRangeError
+# (EFBIG), PermissionDeniedError (EROFS) or UnknownError (EIO), the text after `PATH; ` telling
+# which.
+_REFUSED_WRITES = (
+    (errno.ENOSPC, "no space left on device", "no space left on the device", "", "free some space"),
+    (
+        errno.EDQUOT,
+        "disk quota exceeded",
+        "disk quota exceeded",
+        "",
+        "free some space or raise the quota",
+    ),
+    (
+        errno.EFBIG,
+        "file too large",
+        "file too large",
+        " (over a file-size limit such as `ulimit -f`, or the file system's largest file)",
+        "raise the limit or write to another file system",
+    ),
+    (
+        errno.EROFS,
+        "read-only file system",
+        "read-only file system",
+        "",
+        "write to a writable location (or remount it read-write)",
+    ),
+    (
+        errno.EIO,
+        "input/output error",
+        "input/output error",
+        " (the disk or network file system failed)",
+        "check the device",
+    ),
+)
+_STRERRORS = "|".join(re.escape(text) for _, text, *_ in _REFUSED_WRITES)
 
+
+def _refused_errno(error):
+    """The refused write's errno that `error` itself reports (its `errno`, h5py's
+    `errno = N`, or the strerror text of TensorFlow's `PATH; TEXT`), else None."""
+    known = {number for number, *_ in _REFUSED_WRITES}
+    number = getattr(error, "errno", None)
+    if number in known:
+        return number
+    text = str(error)
+    match = re.search(r"\berrno = (\d+)\b", text)
+    if match and int(match.group(1)) in known:
+        return int(match.group(1))
+    lowered = text.lower()
+    for number, strerror, *_ in _REFUSED_WRITES:
+        if strerror in lowered:
+            return number
+    return None
+
+
+def _refused_path(error):
+    """The path a refused write names: `OSError.filename`, h5py's `filename = '...'`, or the
+    `PATH; File too large` of TensorFlow's file systems; None when it names none."""
     filename = getattr(error, "filename", None)
     if filename:
         return str(filename)
     text = str(error)
     match = re.search(r"filename = '([^']+)'", text) or re.search(
-        r"(\S+?)[;:,]? (?:No space left on device|Disk quota exceeded)", text
+        rf"(\S+?)[;:,]? (?i:{_STRERRORS})", text
     )
     return match.group(1) if match else None
 
 
-def disk_full(error):
-    """A `DiskFullError` (one line naming the path) when `error`, or an error it was raised from,
-    says the disk or quota is full; else None.
+def write_refused(error):
+    """A `WriteRefusedError` (one line naming the cause, the path and what to do) when `error`,
+    or an error it was raised from, is a write the system refused; else None.
 
-    The one place that recognises a full disk, whoever wrote: Python's `OSError(ENOSPC)`,
-    h5py's `OSError` (Keras weight files), TensorFlow's `ResourceExhaustedError` from
-    `tf.io.gfile`, `tf.train.Checkpoint` or `tf.saved_model.save`. `cli.main` turns it into
-    exit code 2 instead of a traceback.
+    The one place that recognises a refused write, whoever wrote: Python's `OSError` (ENOSPC,
+    EDQUOT, EFBIG, EROFS, EIO), h5py's `OSError` (Keras weight files), TensorFlow's
+    `ResourceExhaustedError`, `OutOfRangeError`, `PermissionDeniedError` or `UnknownError` from
+    `tf.io.gfile`, `tf.io.TFRecordWriter`, `tf.train.Checkpoint` (SaveV2) or
+    `tf.saved_model.save`. `cli.main` turns it into one line and exit code 2 instead of a
+    traceback. Out of memory, a missing file or a permission denied are not refused writes.
     """
-    import errno
-
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if isinstance(error, DiskFullError):
+        if isinstance(error, WriteRefusedError):
             return error
-        text = str(error).lower()
-        number = getattr(error, "errno", None)
-        if number in (errno.ENOSPC, errno.EDQUOT) or any(t in text for t in _NO_SPACE_TEXTS):
-            path = _no_space_path(error)
+        number = _refused_errno(error)
+        if number is not None:
+            _, _, cause, why, remedy = next(r for r in _REFUSED_WRITES if r[0] == number)
+            path = _refused_path(error)
             where = f" writing {path}" if path else ""
-            return DiskFullError(
-                f"no space left on the device{where}: free some space and run the same "
-                "command again (it continues from the last complete state; nothing "
-                "incomplete is taken as done)"
+            kind = DiskFullError if number in (errno.ENOSPC, errno.EDQUOT) else WriteRefusedError
+            refused = kind(
+                f"{cause}{where}{why}: {remedy} and run the same command again (it continues from "
+                "the last complete state; nothing incomplete is taken as done)"
             )
+            refused.errno = number
+            return refused
         error = error.__cause__ or error.__context__
     return None
+
+
+def disk_full(error):
+    """`write_refused(error)` (the name it had when only a full disk was recognised)."""
+    return write_refused(error)
 
 
 # The exit code of a `keras-transformer` command stopped by SIGTERM or SIGINT at a safe point

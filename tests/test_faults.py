@@ -87,7 +87,17 @@ def _leftovers(root):
     ]
 
 
-# ------------------------------------------------------------------ a full disk, at every writer
+# -------------------------------------------------------------- a refused write, at every writer
+
+# Each way the system refuses a write: (errno, the TensorFlow error its file systems raise for it
+# (`PATH; STRERROR`), the start of the one line `keras-transformer` prints).
+REFUSALS = {
+    "ENOSPC": (errno.ENOSPC, tf.errors.ResourceExhaustedError, "no space left on the device"),
+    "EDQUOT": (errno.EDQUOT, tf.errors.ResourceExhaustedError, "disk quota exceeded"),
+    "EFBIG": (errno.EFBIG, tf.errors.OutOfRangeError, "file too large"),
+    "EROFS": (errno.EROFS, tf.errors.PermissionDeniedError, "read-only file system"),
+    "EIO": (errno.EIO, tf.errors.UnknownError, "input/output error"),
+}
 
 
 def _no_space_os_error(path):
@@ -100,10 +110,12 @@ def _no_space_tf_error(path):
 
 
 class _Injector:
-    """Makes the `nth` matching write fail like a full disk, after writing part of the data."""
+    """Makes the `nth` matching write fail as `refusal` (a key of REFUSALS) does, after writing
+    part of the data."""
 
-    def __init__(self, nth=1):
+    def __init__(self, nth=1, refusal="ENOSPC"):
         self.nth, self.calls, self.failed_path = nth, 0, None
+        self.errno, self.tf_error_class, _ = REFUSALS[refusal]
 
     def hit(self, path):
         self.calls += 1
@@ -111,6 +123,14 @@ class _Injector:
             self.failed_path = str(path)
             return True
         return False
+
+    def os_error(self, path):
+        """What Python's `open(...).write` (and h5py) raise."""
+        return OSError(self.errno, os.strerror(self.errno), str(path))
+
+    def tf_error(self, path):
+        """What tf.io.gfile, TFRecordWriter, SaveV2 and TensorFlow's file systems raise."""
+        return self.tf_error_class(None, None, f"{path}; {os.strerror(self.errno)}")
 
 
 def _inject_step_checkpoint(monkeypatch, injector):
@@ -122,7 +142,7 @@ def _inject_step_checkpoint(monkeypatch, injector):
         if injector.hit(filepath):
             with open(filepath, "wb") as f:
                 f.write(b"\x89HDF\r\n\x1a\n partial")
-            raise _no_space_os_error(filepath)
+            raise injector.os_error(filepath)
         return real(model, filepath, *args, **kwargs)
 
     monkeypatch.setattr(saving_lib, "save_weights_only", save_weights_only)
@@ -136,7 +156,7 @@ def _inject_resume_state(monkeypatch, injector):
             data = f"{file_prefix}.data-00000-of-00001"
             with open(data, "wb") as f:
                 f.write(b"partial")
-            raise _no_space_tf_error(data)
+            raise injector.tf_error(data)
         return real(self, file_prefix, *args, **kwargs)
 
     monkeypatch.setattr(tf.train.Checkpoint, "_write", write)
@@ -148,7 +168,7 @@ def _inject_gfile_write(monkeypatch, injector, name):
     def write(self, data):
         if os.path.basename(self.name).endswith(name) and injector.hit(self.name):
             real(self, data[: len(data) // 2])
-            raise _no_space_tf_error(self.name)
+            raise injector.tf_error(self.name)
         return real(self, data)
 
     monkeypatch.setattr(tf.io.gfile.GFile, "write", write)
@@ -163,7 +183,7 @@ def _inject_shards(monkeypatch, injector):
 
         def write(self, record):
             if injector.hit(self.path):
-                raise _no_space_tf_error(self.path)
+                raise injector.tf_error(self.path)
             self.writer.write(record)
 
         def close(self):
@@ -180,7 +200,7 @@ def _inject_saved_model(monkeypatch, injector):
             path = os.path.join(export_dir, "saved_model.pb")
             with open(path, "wb") as f:
                 f.write(b"partial")
-            raise _no_space_tf_error(path)
+            raise injector.tf_error(path)
         return real(obj, export_dir, *args, **kwargs)
 
     monkeypatch.setattr(tf.saved_model, "save", save)
@@ -196,7 +216,7 @@ def _inject_ctranslate2(monkeypatch, injector):
             path = os.path.join(output_dir, "model.bin")
             with open(path, "wb") as f:
                 f.write(b"partial")
-            raise _no_space_os_error(path)
+            raise injector.os_error(path)
         return real(self, output_dir)
 
     monkeypatch.setattr(model_spec.ModelSpec, "save", save)
@@ -260,20 +280,25 @@ def _full_disk_command(case, tmp_path, trained):
     return argv, workdir
 
 
+@pytest.mark.parametrize("refusal", sorted(REFUSALS))
 @pytest.mark.parametrize("writer", sorted(WRITERS))
-def test_full_disk_is_one_line_and_the_same_command_continues(
-    writer, trained, tmp_path, monkeypatch, capsys
+def test_a_refused_write_is_one_line_and_the_same_command_continues(
+    writer, refusal, trained, tmp_path, monkeypatch, capsys
 ):
+    """Each refused write (a full disk or quota, a file-size limit, a read-only file system, a
+    failing device) at each writer, raised as that writer's library raises it: one line naming
+    the cause and the path, exit 2, nothing half-written; then the same command completes from
+    the last complete state."""
     case = WRITERS[writer]
     argv, workdir = _full_disk_command(case, tmp_path, trained)
-    injector = _Injector(case["nth"])
+    injector = _Injector(case["nth"], refusal)
     with monkeypatch.context() as patch:
         case["inject"](patch, injector)
         code, out, err = _run(capsys, *argv)
     assert injector.failed_path, f"the {writer} write was never reached"
     errors = _error_lines(err)
     assert code == 2, err
-    assert len(errors) == 1 and "no space left on the device" in errors[0], err
+    assert len(errors) == 1 and f"error: {REFUSALS[refusal][2]}" in errors[0], err
     assert injector.failed_path in errors[0] and case["fragment"] in errors[0]
     assert "Traceback" not in err
     # Nothing torn that a later run would take as complete, no temporary leftovers.
@@ -286,7 +311,12 @@ def test_full_disk_is_one_line_and_the_same_command_continues(
         assert glob.glob(str(tmp_path / "exports" / "*" / "*")) == []
     if case["kind"] == "ctranslate2":
         assert not os.path.exists(tmp_path / "exports")
-    # Space is back: the same command completes, from the last complete state.
+    # The cause is fixed: the same command completes, from the last complete state. The writers
+    # clean up whatever the errno, so the retry runs for a full disk and for EFBIG (TensorFlow's
+    # OutOfRangeError, which Keras's loop would take for the end of the data) only: the other
+    # three would add ten train runs for no other code path.
+    if refusal not in ("ENOSPC", "EFBIG"):
+        return
     code, out, err = _run(capsys, *argv)
     assert code == 0, err
     if case["kind"] == "train":
@@ -295,6 +325,46 @@ def test_full_disk_is_one_line_and_the_same_command_continues(
         from keras_transformer.workdir import complete_checkpoints
 
         assert [s for s, _ in complete_checkpoints(str(workdir / "checkpoints"))] == [2, 4]
+
+
+def _file_size_limit(limit):
+    """A `preexec_fn`: writes past `limit` bytes fail with EFBIG ("File too large"), as under
+    `ulimit -f`; SIGXFSZ ignored, as Python does, so write() returns the error."""
+    import resource
+    import signal
+
+    def apply():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+def test_export_under_a_real_file_size_limit_is_one_line_and_the_retry_gets_version_1(
+    trained, tmp_path
+):
+    """`export` in a process whose files may not grow past 64 KiB (`ulimit -f 64`): TensorFlow's
+    SaveV2 or file system refuses with EFBIG. One line naming the cause, exit 2, no traceback,
+    nothing half-written; without the limit the same command writes version 1."""
+    _, trained_workdir = trained
+    workdir = tmp_path / "workdir"
+    shutil.copytree(trained_workdir, workdir)
+    exports = tmp_path / "exports"
+    argv = [sys.executable, "-m", "keras_transformer.cli", "export", "--workdir", str(workdir),
+            "--output", str(exports)]  # fmt: skip
+    done = subprocess.run(
+        argv, env=subprocess_env(), capture_output=True, text=True, timeout=300,
+        preexec_fn=_file_size_limit(64 * 1024),
+    )  # fmt: skip
+    errors = _error_lines(done.stderr)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert len(errors) == 1 and "error: file too large" in errors[0], done.stderr[-3000:]
+    assert "ulimit -f" in errors[0] and str(tmp_path) in errors[0]
+    assert "Traceback" not in done.stderr
+    assert _leftovers(tmp_path) == [] and glob.glob(str(exports / "*" / "*")) == []
+    done = subprocess.run(argv, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [os.path.basename(p) for p in glob.glob(str(exports / "*" / "*"))] == ["1"]
 
 
 def test_disk_full_recognises_each_writers_error():
@@ -322,6 +392,61 @@ def test_disk_full_recognises_each_writers_error():
     # Out of memory is not a full disk; neither is another OSError.
     assert disk_full(tf.errors.ResourceExhaustedError(None, None, "OOM when allocating")) is None
     assert disk_full(OSError(errno.EACCES, "Permission denied", "/w/x")) is None
+
+
+def test_write_refused_recognises_each_refusal_as_tensorflow_h5py_and_python_say_it():
+    """The messages seen under a real `ulimit -f` (SaveV2's OutOfRangeError, h5py's errno 27),
+    TensorFlow's `PATH; STRERROR` for EROFS and EIO, Python's OSErrors: each one line with its
+    cause, the path and the errno; what is not a refused write stays unrecognised."""
+    from keras_transformer.errors import DiskFullError, WriteRefusedError, write_refused
+
+    save_v2 = (
+        "{{function_node __wrapped__SaveV2_dtypes_2_device_/job:localhost/replica:0/task:0/"
+        "device:CPU:0}} /w/backup/ckpt_temp/part-00000-of-00001.data-00000-of-00001.tempstate1; "
+        "File too large [Op:SaveV2]"
+    )
+    h5py_efbig = (
+        "[Errno 27] Can't synchronously write data (file write failed: time = Thu, filename = "
+        "'/w/checkpoints/.tmp-ckpt-4.weights.h5', file descriptor = 3, errno = 27, error message "
+        "= 'File too large', buf = 0x5, total write size = 736512)"
+    )
+    cases = [
+        (tf.errors.OutOfRangeError(None, None, save_v2), errno.EFBIG, "file too large",
+         "/w/backup/ckpt_temp/part-00000-of-00001.data-00000-of-00001.tempstate1"),
+        (OSError(h5py_efbig), errno.EFBIG, "file too large",
+         "/w/checkpoints/.tmp-ckpt-4.weights.h5"),
+        (tf.errors.PermissionDeniedError(None, None, "/w/result.json; Read-only file system"),
+         errno.EROFS, "read-only file system", "/w/result.json"),
+        (tf.errors.UnknownError(None, None, "/w/prepared/s-0.tfrecord; Input/output error"),
+         errno.EIO, "input/output error", "/w/prepared/s-0.tfrecord"),
+        (OSError(errno.EROFS, os.strerror(errno.EROFS), "/w/lock.json"), errno.EROFS,
+         "read-only file system", "/w/lock.json"),
+        (OSError(errno.EIO, os.strerror(errno.EIO), "/w/model.bin"), errno.EIO,
+         "input/output error", "/w/model.bin"),
+        (OSError(errno.EDQUOT, os.strerror(errno.EDQUOT), "/w/x"), errno.EDQUOT,
+         "disk quota exceeded", "/w/x"),
+        (_no_space_tf_error("/w/y"), errno.ENOSPC, "no space left on the device", "/w/y"),
+    ]  # fmt: skip
+    for error, number, cause, path in cases:
+        found = write_refused(error)
+        assert isinstance(found, WriteRefusedError), error
+        assert found.errno == number and isinstance(found, DiskFullError) == (
+            number in (errno.ENOSPC, errno.EDQUOT)
+        )
+        line = str(found)
+        assert line.startswith(f"{cause} writing {path}") and "\n" not in line, line
+        assert line[len(f"{cause} writing {path}")] in ": (", line  # the whole path
+        assert "run the same command again" in line
+    assert write_refused(OSError(errno.EFBIG, "File too large")).errno == errno.EFBIG  # no path
+    # Not refused writes: the end of a dataset, a permission, out of memory, a missing file.
+    for error in (
+        tf.errors.OutOfRangeError(None, None, "End of sequence"),
+        tf.errors.PermissionDeniedError(None, None, "/w/x; Permission denied"),
+        tf.errors.UnknownError(None, None, "something else"),
+        OSError(errno.ENOENT, "No such file or directory", "/w/x"),
+        OSError("errno = 270"),
+    ):
+        assert write_refused(error) is None, error
 
 
 # ------------------------------------------------------------------ torn or corrupted checkpoints

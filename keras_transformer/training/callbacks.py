@@ -1,6 +1,7 @@
 """Training callbacks: step checkpoints, a step limit, TensorBoard summaries and dev-set BLEU."""
 
 import contextlib
+import functools
 import os
 import time
 
@@ -8,7 +9,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_transformer.errors import DataError
+from keras_transformer.errors import DataError, write_refused
 from keras_transformer.integrity import remove_with_checksum
 from keras_transformer.training.run_state import RunStateCallback, optimizer_step, shared
 from keras_transformer.workdir import checkpoint_path, list_checkpoints, save_model_weights
@@ -47,6 +48,23 @@ def averaged_weights(model):
     finally:
         for (weight, _), value in zip(pairs, trained):
             weight.assign(value)
+
+
+def writes_in_the_batch_loop(method):
+    """For a callback's batch hook that writes: an `OutOfRangeError` from it is a refused write
+    (TensorFlow's file systems and SaveV2 raise EFBIG, "File too large", as one), never the end of
+    the data. Keras's epoch loop takes any `OutOfRangeError` for an exhausted dataset and stops
+    training without an error ("Your input ran out of data"), so it leaves as the
+    `WriteRefusedError` it is (unrecognised: a RuntimeError)."""
+
+    @functools.wraps(method)
+    def hook(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except tf.errors.OutOfRangeError as e:
+            raise (write_refused(e) or RuntimeError(f"{type(e).__name__}: {e}")) from e
+
+    return hook
 
 
 class StepCheckpoint(keras.callbacks.Callback):
@@ -96,6 +114,7 @@ class StepCheckpoint(keras.callbacks.Callback):
         """Saves the checkpoint of `step` (a preemption's last), deleting none."""
         self._save(step, prune=False)
 
+    @writes_in_the_batch_loop
     def on_train_batch_end(self, batch, logs=None):
         step = optimizer_step(self.model)
         if step % self.every == 0:
@@ -252,6 +271,7 @@ class ResumeState(RunStateCallback):
         self._manager.save(checkpoint_number=step)
         self._last_saved = step
 
+    @writes_in_the_batch_loop
     def on_train_batch_end(self, batch, logs=None):
         self.run_state.batch_ends()
         if optimizer_step(self.model) % self.every == 0:
@@ -435,6 +455,7 @@ class TrainingSummaries(keras.callbacks.Callback):
                 )
         return means, tokens
 
+    @writes_in_the_batch_loop
     def on_train_batch_end(self, batch, logs=None):
         step = optimizer_step(self.model)
         if step % self.every:

@@ -15,7 +15,11 @@ import tensorflow as tf
 from keras_transformer.evaluation import evaluate_bleu
 from keras_transformer.final_model import BEST_SCORES, read_best
 from keras_transformer.integrity import remove_with_checksum
-from keras_transformer.training.callbacks import averaged_weights, optimizer_step
+from keras_transformer.training.callbacks import (
+    averaged_weights,
+    optimizer_step,
+    writes_in_the_batch_loop,
+)
 from keras_transformer.workdir import (
     checkpoint_path,
     join,
@@ -147,6 +151,7 @@ class KeepBest(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self.scores, _ = read_best(self.directory)
 
+    @writes_in_the_batch_loop
     def on_train_batch_end(self, batch, logs=None):
         step = optimizer_step(self.model)
         if step % self.every or step in self.scores or self.evaluator.skips(step):

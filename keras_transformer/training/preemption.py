@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from keras_transformer import stopping
 from keras_transformer.errors import Preempted
+from keras_transformer.training.callbacks import writes_in_the_batch_loop
 from keras_transformer.training.run_state import RunStateCallback, optimizer_step
 
 SIGNALS = stopping.SIGNALS
@@ -102,6 +103,7 @@ class StopOnSignal(RunStateCallback):
         self.any_worker = any_worker or bool
         self.flush = list(flush)
 
+    @writes_in_the_batch_loop
     def on_train_batch_end(self, batch, logs=None):
         self.run_state.batch_ends()
         if not self.any_worker(self.signals.received is not None):
