@@ -12,6 +12,11 @@ export --select-on-dev` on the trained workdir, with this checkout's settings); 
 JSON line (`benchmarks/common.py`'s `emit`; with `BENCH_LABEL` set, also appended to
 `benchmarks/results/select_on_dev.jsonl`).
 
+Stage `compare` (after `train`, not a timing of the run) chooses again on the trained workdir
+decoding every candidate at the beam (`export.select_screen_sentences: 0`, the choice before the
+screening) and prints the screened choice against it, with the run's budget, training and end
+seconds (JSON line `select_on_dev_screened`).
+
     PYTHONPATH=$PWD python benchmarks/select_on_dev.py --stage train --work /tmp/sel1 --seed 42
     PYTHONPATH=$PWD BENCH_LABEL=run1 python benchmarks/select_on_dev.py --stage evaluate \\
         --work /tmp/sel1
@@ -116,9 +121,64 @@ def evaluate(args):
     )
 
 
+def compare(args):
+    """The screened choice `train` made against decoding every candidate at the beam (the
+    choice before `export.select_screen_sentences`), on the same trained workdir and dev
+    sentences; and whether the run kept its `train.max_minutes` budget."""
+    import dataclasses
+
+    from keras_transformer.config import budget_seconds, load_config
+    from keras_transformer.data import Tokenizer, read_pairs
+    from keras_transformer.final_model import final_model
+    from keras_transformer.workdir import Workdir
+
+    layout = Workdir(os.path.join(args.work, "workdir"))
+    with open(layout.result) as f:
+        result = json.load(f)
+    config = load_config(layout.config)
+    every = dataclasses.replace(
+        config, export=dataclasses.replace(config.export, select_screen_sentences=0)
+    )
+    tokenizer = Tokenizer(layout.spm)
+    exhaustive = final_model(
+        every, layout, tokenizer.vocab_size, tokenizer, read_pairs(config.data.dev),
+        report=lambda line: None,
+    ).selection  # fmt: skip
+    screened = result["selection"]
+    training_budget, end_budget = budget_seconds(config.train)
+    emit(
+        figure="select_on_dev_screened",
+        system="keras-transformer",
+        corpus=args.corpus,
+        seed=args.seed,
+        steps=result["step"],
+        budget_min=config.train.max_minutes,
+        training_budget_s=training_budget,
+        end_budget_s=end_budget,
+        training_s=result["training_seconds"],
+        end_s=result.get("end_seconds"),
+        wall_s=result["wall_seconds"],
+        precision=result.get("precision"),
+        selection_sentences=screened["sentences"],
+        screened_seconds=screened["seconds"],
+        screened_chosen=screened["chosen"]["description"],
+        screened_chosen_dev_bleu=screened["chosen"]["dev_bleu"],
+        screened_candidates=len(screened["candidates"]),
+        exhaustive_seconds=exhaustive["seconds"],
+        exhaustive_chosen=exhaustive["chosen"]["description"],
+        exhaustive_chosen_dev_bleu=exhaustive["chosen"]["dev_bleu"],
+        exhaustive_candidates=len(exhaustive["candidates"]),
+        screened_minus_exhaustive_dev_bleu=round(
+            screened["chosen"]["dev_bleu"] - exhaustive["chosen"]["dev_bleu"], 2
+        ),
+    )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--stage", choices=("train", "evaluate", "both"), default="both")
+    parser.add_argument(
+        "--stage", choices=("train", "evaluate", "both", "compare"), default="both"
+    )
     parser.add_argument(
         "--corpus", default=os.path.join(REPO, "..", "shared", "data", "tatoeba-en-de")
     )
@@ -139,6 +199,8 @@ def main():
         train(args)
     if args.stage in ("evaluate", "both"):
         evaluate(args)
+    if args.stage == "compare":
+        compare(args)
 
 
 if __name__ == "__main__":

@@ -325,13 +325,15 @@ def _train(config):
     if not run.chief:
         return _worker_done(run, model)
     step = optimizer_step(model)
-    end_seconds = budget_seconds(run.config.train)[1]
-    deadline = None if end_seconds is None else time.perf_counter() + end_seconds
+    end_started, end_seconds = time.perf_counter(), budget_seconds(run.config.train)[1]
+    deadline = None if end_seconds is None else end_started + end_seconds
     final = _final_model(run, data.tokenizer, deadline)
     result = _score(run, final, data.tokenizer, step, stopper)
     if parent:
         result["init_from"] = {key: parent[key] for key in ("path", "checkpoint", "step")}
     result["saved_model"] = _export(final.model, data.tokenizer, config, result, final.alpha)
+    # What followed training (choice, scoring, export): within train.end_minutes on a budget.
+    result["end_seconds"] = round(time.perf_counter() - end_started, 1)
     return _finish(run, result)
 
 
