@@ -21,10 +21,11 @@ from keras_transformer.errors import PREEMPTED_EXIT_CODE
 TIMEOUT = 600  # seconds a CLI subprocess may take on a slow, busy machine
 
 
-def _cli(*argv, sigterm_at=None):
-    """`keras-transformer ARGV` in a fresh process: `(exit code, stdout, stderr)`."""
+def _cli(*argv, sigterm_at=None, **environment):
+    """`keras-transformer ARGV` in a fresh process (with `environment` added): `(exit code,
+    stdout, stderr)`."""
     extra = {"KERAS_TRANSFORMER_SIGTERM_AT": sigterm_at} if sigterm_at else {}
-    env = subprocess_env(**extra)
+    env = subprocess_env(**extra, **environment)
     if not sigterm_at:
         env.pop("KERAS_TRANSFORMER_SIGTERM_AT", None)
     done = subprocess.run(
@@ -55,47 +56,105 @@ def _read_bytes(root):
 # ------------------------------------------------------------------ prepare
 
 
-def test_sigterm_during_prepare_exits_75_and_the_same_command_writes_the_same_shards(tmp_path):
-    """SIGTERM after the vocabulary was trained, at the shards' first safe point: exit 75, no
-    lock, no prepared data taken as done, the vocabulary kept; the same command then goes on
-    from that vocabulary and writes the shards of an uninterrupted preparation, byte for
-    byte (and the same manifest but its timings)."""
-    stopped, whole = tmp_path / "stopped", tmp_path / "whole"
-    config = write_yaml(tmp_path / "tiny.yaml", tiny_yaml(stopped))
-    reference = subprocess.Popen(
+# Pairs per segment of prepare's shards (65,536 outside tests): the tiny corpus's 300 pairs
+# make 5 segments, so that a preparation stops with some complete and some not.
+SEGMENT = {"KERAS_TRANSFORMER_PREPARE_SEGMENT": "64"}
+
+
+def _prepare_in_background(config, workdir):
+    """An uninterrupted `keras-transformer prepare` into `workdir` (the reference)."""
+    return subprocess.Popen(
         [sys.executable, "-m", "keras_transformer.cli", "prepare", "--config", config,
-         "--workdir", str(whole)],
-        env=subprocess_env(),
+         "--workdir", str(workdir)],
+        env=subprocess_env(**SEGMENT),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )  # fmt: skip
-    try:
-        code, _, err = _cli("prepare", "--config", config, sigterm_at="shards")
-        _stopped(code, err, "prepare (writing the shards)")
-        left = files_under(stopped)
-        assert "lock.json" not in left and "spm.model" not in left, left
-        assert not [f for f in left if f.startswith("prepared")], left
-        assert "prepare.vocabulary.json" in left and "prepare.vocabulary.model" in left
 
-        code, _, err = _cli("prepare", "--config", config)
-        assert code == 0, err[-3000:]
-        assert "the vocabulary a stopped preparation trained" in err
-        assert "sampling sentences for the vocabulary" not in err  # not trained again
-    finally:
-        _, reference_err = reference.communicate(timeout=TIMEOUT)
-    assert reference.returncode == 0, reference_err[-3000:]
-    ours, theirs = _read_bytes(stopped / "prepared"), _read_bytes(whole / "prepared")
+
+def _same_preparations(ours, theirs):
+    """The same shards byte for byte, the same files, the same manifest but its timings."""
+    ours, theirs = _read_bytes(ours / "prepared"), _read_bytes(theirs / "prepared")
     shards = [name for name in theirs if name.endswith(".tfrecord")]
-    assert shards and all(ours[name] == theirs[name] for name in shards)
+    assert len(shards) == 16 and all(ours[name] == theirs[name] for name in shards)
     assert sorted(ours) == sorted(theirs)
     timings = ("seconds", "phase_seconds", "created")
     manifests = [json.loads(files["manifest.json"]) for files in (ours, theirs)]
     assert [{k: v for k, v in m.items() if k not in timings} for m in manifests] == [
         {k: v for k, v in manifests[1].items() if k not in timings}
     ] * 2
-    left = files_under(stopped)
-    assert "lock.json" not in left and not [f for f in left if f.startswith("prepare.vocab")]
+
+
+def _nothing_of_prepare_left(workdir):
+    left = files_under(workdir)
+    assert "lock.json" not in left, left
+    assert not [f for f in left if f.startswith(("prepare.", "prepared.partial"))], left
+
+
+def test_sigterm_during_prepare_keeps_the_complete_segments_and_the_same_command_continues(
+    tmp_path,
+):
+    """SIGTERM after the shards' second segment: exit 75, no lock, no prepared data taken as
+    done, the vocabulary and the two complete segments kept (with a torn third one, as a
+    SIGKILL midway would leave: cut off); the same command then encodes only the other three
+    segments and writes the shards of an uninterrupted preparation, byte for byte (and the
+    same manifest but its timings)."""
+    stopped, whole = tmp_path / "stopped", tmp_path / "whole"
+    config = write_yaml(tmp_path / "tiny.yaml", tiny_yaml(stopped))
+    reference = _prepare_in_background(config, whole)
+    try:
+        code, _, err = _cli("prepare", "--config", config, sigterm_at="shards:3", **SEGMENT)
+        _stopped(code, err, "prepare (writing the shards)")
+        assert "2 complete segments of the shards are kept" in err
+        left = files_under(stopped)
+        assert "lock.json" not in left and "spm.model" not in left, left
+        assert not [f for f in left if f.startswith("prepared/")], left
+        assert "prepare.vocabulary.json" in left and "prepare.vocabulary.model" in left
+        progress = json.loads((stopped / "prepare.progress.json").read_text())
+        assert progress["segments"] == 2
+        shard = stopped / "prepared.partial" / "train-00003-of-00016.tfrecord"
+        assert shard.stat().st_size == progress["shards"][3]["bytes"] > 0
+        with open(shard, "ab") as f:
+            f.write(b"half a segment")  # past the recorded size: cut off
+
+        code, _, err = _cli("prepare", "--config", config, **SEGMENT)
+        assert code == 0, err[-3000:]
+        assert "the vocabulary a stopped preparation trained" in err
+        assert "sampling sentences for the vocabulary" not in err  # not trained again
+        assert "2 of 5 segments kept" in err
+        assert "3 segments encoded, 2 kept from the stopped one" in err
+    finally:
+        _, reference_err = reference.communicate(timeout=TIMEOUT)
+    assert reference.returncode == 0, reference_err[-3000:]
+    assert "segments kept" not in reference_err
+    _same_preparations(stopped, whole)
+    _nothing_of_prepare_left(stopped)
+
+
+def test_a_kept_segment_that_changed_is_not_trusted_the_shards_are_written_again(tmp_path):
+    """A kept shard whose bytes differ from the recorded sha256 (changed or damaged while
+    stopped): the same command writes every segment again, and the shards are still those of
+    an uninterrupted preparation."""
+    stopped, whole = tmp_path / "stopped", tmp_path / "whole"
+    config = write_yaml(tmp_path / "tiny.yaml", tiny_yaml(stopped))
+    reference = _prepare_in_background(config, whole)
+    try:
+        code, _, err = _cli("prepare", "--config", config, sigterm_at="shards:3", **SEGMENT)
+        _stopped(code, err, "prepare (writing the shards)")
+        shard = stopped / "prepared.partial" / "train-00000-of-00016.tfrecord"
+        data = bytearray(shard.read_bytes())
+        data[-1] ^= 0xFF
+        shard.write_bytes(bytes(data))
+
+        code, _, err = _cli("prepare", "--config", config, **SEGMENT)
+        assert code == 0, err[-3000:]
+        assert "segments kept" not in err and "the vocabulary a stopped preparation" in err
+    finally:
+        _, reference_err = reference.communicate(timeout=TIMEOUT)
+    assert reference.returncode == 0, reference_err[-3000:]
+    _same_preparations(stopped, whole)
+    _nothing_of_prepare_left(stopped)
 
 
 # ------------------------------------------------------------------ the dev-set choice, the export
