@@ -385,3 +385,81 @@ def test_two_processes_started_together_on_an_expired_lock_exactly_one_runs(tmp_
     assert sorted(taker.returncode for taker in takers) == [0, 2]
     assert sum("taking over the lock" in err for _, err in outputs) == 1
     assert not os.listdir(workdir)
+
+
+def test_a_holder_whose_lock_was_taken_over_stops_at_its_next_safe_point(tmp_path):
+    """The renewal thread finds another run's lock (this one stalled for longer than its
+    lease): the next safe point raises `Preempted` naming the new holder, and leaving the block
+    does not remove the new holder's lock."""
+    from keras_transformer import stopping
+    from keras_transformer.errors import Preempted
+    from keras_transformer.lock import WorkdirLock
+
+    with stopping.catching():
+        with pytest.raises(Preempted) as stopped:
+            with WorkdirLock(tmp_path, "prepare", lease_seconds=0.4) as lock:
+                _write_lock(tmp_path, lease_seconds=60, renewed=time.time())  # the taker's
+                deadline = time.monotonic() + 120
+                while time.monotonic() < deadline:  # the work, with its safe points
+                    stopping.check("a phase")
+                    time.sleep(0.01)
+        assert stopping.lost_the_workdir()
+    message = str(stopped.value)
+    assert message.startswith("stopped by the takeover of the workdir lock by another-machine")
+    assert "during a phase" in message
+    assert lock.lost_to["token"] == "old"
+    assert json.loads((tmp_path / "lock.json").read_text())["token"] == "old"  # kept
+    assert stopping.received() is None and not stopping.lost_the_workdir()  # cleared after
+
+
+def test_outside_a_stopping_block_a_takeover_only_warns(tmp_path, capsys):
+    from keras_transformer import stopping
+    from keras_transformer.lock import WorkdirLock
+
+    with WorkdirLock(tmp_path, "prepare", lease_seconds=0.4) as lock:
+        _write_lock(tmp_path, lease_seconds=60, renewed=time.time())
+        deadline = time.monotonic() + 120
+        while lock.lost_to is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stopping.check("a phase")  # nothing to stop: no flag was set
+    assert "warning: the lock" in capsys.readouterr().err
+    assert json.loads((tmp_path / "lock.json").read_text())["token"] == "old"
+
+
+def test_prepare_whose_lock_is_taken_over_midway_exits_75_and_leaves_the_lock(
+    tmp_path, monkeypatch, capsys
+):
+    """`keras-transformer prepare` stalls in its first segment for longer than its lease while
+    another run takes the lock over: it stops at the segment's safe point with exit 75, names
+    the new holder, keeps what was complete and leaves the new holder's lock in place."""
+    import importlib
+
+    from keras_transformer import cli, stopping
+
+    prepare_module = importlib.import_module("keras_transformer.data.prepare")
+    monkeypatch.setenv("KERAS_TRANSFORMER_PREPARE_SEGMENT", "64")
+    real = prepare_module._write_segment_file
+    workdir = tmp_path / "workdir"
+
+    taken = []
+
+    def stall(path, groups):  # the first segment: the lock changes hands meanwhile
+        if not taken:
+            taken.append(path)
+            _write_lock(workdir, lease_seconds=60, renewed=time.time())
+            deadline = time.monotonic() + 120
+            while stopping.received() is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return real(path, groups)
+
+    monkeypatch.setattr(prepare_module, "_write_segment_file", stall)
+    config = write_yaml(tmp_path / "tiny.yaml", tiny_yaml(workdir))
+    code = cli.main(["prepare", "--config", config, "--set", "runtime.lock_lease_seconds=1"])
+    err = capsys.readouterr().err
+    assert code == PREEMPTED_EXIT_CODE == 75, err
+    assert "was taken over by another-machine pid 4242" in err
+    line = [x for x in err.splitlines() if x.startswith("keras-transformer prepare: stopped")]
+    assert len(line) == 1 and "the takeover of the workdir lock by another-machine" in line[0]
+    assert "during prepare (writing the shards)" in line[0]
+    assert json.loads((workdir / "lock.json").read_text())["token"] == "old"
+    assert not (workdir / "prepared").exists()
