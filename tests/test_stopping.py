@@ -164,7 +164,7 @@ def _result(workdir):
     result = json.loads((workdir / "result.json").read_text())
     for key in ("wall_seconds", "training_seconds", "logs", "checkpoints", "saved_model"):
         result.pop(key, None)
-    result["selection"].pop("seconds")
+    result.get("selection", {}).pop("seconds", None)  # a choice among candidates only
     return result
 
 
@@ -186,7 +186,8 @@ def _export(workdir):
     files.pop(extra + "model_card.md")  # the same card, in Markdown
     for key in ("created", "decoding_speed"):
         card.pop(key)
-    card["training"]["selection"].pop("seconds")
+    card["training"].get("selection", {}).pop("seconds", None)
+    card["training"].pop("training_seconds")
     graph = saved_model_pb2.SavedModel.FromString(files.pop("saved_model.pb"))
     files.pop("fingerprint.pb")  # of the graph
     signatures = dict(graph.meta_graphs[0].signature_def)
@@ -463,3 +464,86 @@ def test_prepare_whose_lock_is_taken_over_midway_exits_75_and_leaves_the_lock(
     assert "during prepare (writing the shards)" in line[0]
     assert json.loads((workdir / "lock.json").read_text())["token"] == "old"
     assert not (workdir / "prepared").exists()
+
+
+# ------------------------------------------------------------------ scoring, CTranslate2, precision
+
+
+def _train_argv(config, workdir, *extra):
+    return ["train", "--config", config, "--workdir", workdir, "--set",
+            f"export.base_dir={workdir / 'saved_models'}", *extra]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_sigterm_during_scoring_and_the_ctranslate2_conversion_exits_75_and_the_same_command_finishes(  # noqa: E501
+    tmp_path,
+):
+    """`train` stopped in the final model's scoring (dev BLEU, at the end of training): exit
+    75, no lock, no result, no export; the same command then finishes with the result and the
+    export of an uninterrupted run. `export --format ctranslate2` stopped in its conversion:
+    exit 75, no lock, no output directory and no temporary one; the same command then writes
+    the files of an uninterrupted conversion, byte for byte."""
+    pytest.importorskip("ctranslate2")
+    stopped, whole = tmp_path / "stopped", tmp_path / "whole"
+    config = write_yaml(tmp_path / "tiny.yaml", tiny_yaml(stopped))
+
+    code, _, err = _cli(*_train_argv(config, whole))
+    assert code == 0, err[-3000:]
+    code, _, err = _cli(*_train_argv(config, stopped), sigterm_at="scoring")
+    _stopped(code, err, "the final model's scoring")
+    left = files_under(stopped)
+    assert "lock.json" not in left and "result.json" not in left, left
+    assert not [f for f in left if f.startswith("saved_models/")], left
+    code, _, err = _cli(*_train_argv(config, stopped))
+    assert code == 0, err[-3000:]
+    assert _result(stopped) == _result(whole)
+    assert _export(stopped) == _export(whole)
+    assert "lock.json" not in files_under(stopped)
+
+    def convert(output, **stop):
+        return _cli("export", "--workdir", whole, "--output", output,
+                    "--format", "ctranslate2", **stop)  # fmt: skip
+
+    code, _, err = convert(tmp_path / "ct2-whole")
+    assert code == 0, err[-3000:]
+    code, _, err = convert(tmp_path / "ct2-stopped", sigterm_at="CTranslate2")
+    _stopped(code, err, "the CTranslate2 conversion")
+    assert sorted(os.listdir(tmp_path)) == ["ct2-whole", "stopped", "tiny.yaml", "whole"]
+    assert "lock.json" not in files_under(whole)
+    code, _, err = convert(tmp_path / "ct2-stopped")
+    assert code == 0, err[-3000:]
+    ours, theirs = _read_bytes(tmp_path / "ct2-stopped"), _read_bytes(tmp_path / "ct2-whole")
+    assert "model.bin" in theirs and ours == theirs
+    assert sorted(os.listdir(tmp_path)) == [
+        "ct2-stopped", "ct2-whole", "stopped", "tiny.yaml", "whole"
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_sigterm_during_the_precision_timing_exits_75_and_the_same_command_finishes(tmp_path):
+    """`train` with `runtime.mixed_precision: auto` stopped while it times the precisions (on a
+    CPU): exit 75, no lock, no precision chosen, no checkpoint; the same command then times,
+    trains and finishes with the result of an uninterrupted run that named the chosen
+    precision itself."""
+    stopped, whole = tmp_path / "stopped", tmp_path / "whole"
+    config = write_yaml(tmp_path / "tiny.yaml", tiny_yaml(stopped))
+    auto = ("--set", "runtime.mixed_precision=auto")
+
+    code, _, err = _cli(*_train_argv(config, stopped, *auto), sigterm_at="precision:2")
+    _stopped(code, err, "the precision timing (runtime.mixed_precision: auto)")
+    left = files_under(stopped)
+    assert "lock.json" not in left and "precision.json" not in left, left
+    assert not [f for f in left if f.startswith(("checkpoints/", "backup/"))], left
+    assert "prepared/manifest.json" in left  # the phase before it is done, and kept
+
+    code, _, err = _cli(*_train_argv(config, stopped, *auto))
+    assert code == 0, err[-3000:]
+    assert "using the prepared data" in err  # not prepared again
+    chosen = json.loads((stopped / "precision.json").read_text())["precision"]
+    code, _, err = _cli(*_train_argv(config, whole, "--set", f"runtime.mixed_precision={chosen}"))
+    assert code == 0, err[-3000:]
+    ours, theirs = _result(stopped), _result(whole)
+    assert ours.pop("precision", chosen) == theirs.pop("precision", chosen) == chosen
+    ours.pop("precision_choice", None)
+    assert ours == theirs
+    assert "lock.json" not in files_under(stopped)
