@@ -547,3 +547,34 @@ def test_sigterm_during_the_precision_timing_exits_75_and_the_same_command_finis
     ours.pop("precision_choice", None)
     assert ours == theirs
     assert "lock.json" not in files_under(stopped)
+
+
+def test_a_stopped_preparation_continues_in_worker_processes_to_the_same_shards(tmp_path):
+    """Stopped in one process after two of eleven segments, the same command with two worker
+    processes continues from there (each encodes only its segments after the kept ones) and
+    writes the shards of an uninterrupted preparation in one process, byte for byte."""
+    stopped, whole = tmp_path / "stopped", tmp_path / "whole"
+    values = tiny_yaml(stopped, data=dict(train="synthetic:split=train,size=700"))
+    config = write_yaml(tmp_path / "tiny.yaml", values)
+    one, two = ("--set", "data.prepare_workers=1"), ("--set", "data.prepare_workers=2")
+    reference = subprocess.Popen(
+        [sys.executable, "-m", "keras_transformer.cli", "prepare", "--config", config,
+         "--workdir", str(whole), *one],
+        env=subprocess_env(**SEGMENT),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        code, _, err = _cli("prepare", "--config", config, *one, sigterm_at="shards:3", **SEGMENT)
+        _stopped(code, err, "prepare (writing the shards)")
+        code, _, err = _cli("prepare", "--config", config, *two, **SEGMENT)
+        assert code == 0, err[-3000:]
+        assert "tokenizing 700 pairs into shards (2 workers)" in err
+        assert "2 of 11 segments kept" in err
+        assert "9 segments encoded, 2 kept from the stopped one" in err
+    finally:
+        _, reference_err = reference.communicate(timeout=TIMEOUT)
+    assert reference.returncode == 0, reference_err[-3000:]
+    _same_preparations(stopped, whole)
+    _nothing_of_prepare_left(stopped)
