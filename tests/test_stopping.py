@@ -578,3 +578,35 @@ def test_a_stopped_preparation_continues_in_worker_processes_to_the_same_shards(
     assert reference.returncode == 0, reference_err[-3000:]
     _same_preparations(stopped, whole)
     _nothing_of_prepare_left(stopped)
+
+
+def test_training_whose_lock_was_taken_over_stops_after_the_step_and_saves_nothing(tmp_path):
+    """`StopOnSignal` after a takeover (`stopping.request(..., lost_the_workdir=True)`, as the
+    lock's renewal thread calls it): `Preempted` after the step, and no resume state written
+    (the workdir is the new holder's)."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from keras_transformer import stopping
+    from keras_transformer.errors import Preempted
+    from keras_transformer.training.callbacks import ResumeState
+    from keras_transformer.training.preemption import CatchSignals, StopOnSignal
+    from keras_transformer.training.run_state import RunState
+
+    class TakeOverAt(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 2:
+                assert stopping.request("the takeover of the workdir lock by X", True)
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    resume = ResumeState(model, str(tmp_path), every=1000, keep=1, run_state=RunState())
+    x, y = np.ones((20, 3), "float32"), np.ones((20, 1), "float32")
+    with CatchSignals() as signals:
+        with pytest.raises(Preempted) as stopped:
+            model.fit(x, y, batch_size=1, epochs=1, verbose=0,
+                      callbacks=[TakeOverAt(), StopOnSignal(signals, resume)])  # fmt: skip
+    assert "stopped by the takeover of the workdir lock by X after step 3" in str(stopped.value)
+    assert "nothing saved" in str(stopped.value)
+    assert tf.train.latest_checkpoint(str(tmp_path)) is None
