@@ -7,7 +7,10 @@ it. Under several workers only the chief takes it (the workers of one job share 
 
 The lock is a lease (`runtime.lock_lease_seconds`, 120 s by default): the holder renews it (the
 time in the file) from a background thread every quarter of the lease while it runs, and removes
-it when it ends, also when stopped by SIGTERM. A lock that was not renewed for a whole lease is
+it when it ends, also when stopped by SIGTERM. A holder that finds its lock taken over (it
+stalled, or lost the filesystem, for longer than its lease) stops at its next safe point as if
+it had received SIGTERM (`stopping.request`: exit 75), saving nothing more and leaving the new
+holder's lock in place. A lock that was not renewed for a whole lease is
 stale on any host: a run rescheduled on another machine after its node was lost, its pod
 evicted or OOM-killed finds the dead run's lock, waits until its lease has run out (at most one
 lease), and takes it over with a line naming the old holder. A holder that renews is never
@@ -118,6 +121,7 @@ class WorkdirLock:
         }
         self._stop = threading.Event()
         self._thread = None
+        self.lost_to = None  # the holder that took the lock over, if one did
 
     def _exclusive(self, path, text):
         """Creates `path` holding `text` unless it exists; True when this call created it."""
@@ -251,12 +255,7 @@ class WorkdirLock:
             try:
                 current = self._read()
                 if current is not None and current.get("token") != self.token:
-                    print(
-                        f"warning: the lock {self.path} was taken over by {describe(current)} "
-                        "(this run did not renew it within its lease)",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+                    self._taken_over(current)
                     return
                 self.holder["renewed"] = time.time()
                 temporary = os.path.join(self.root, f".{LOCK_FILE}.{self.token}")
@@ -265,6 +264,20 @@ class WorkdirLock:
                 _gfile().rename(temporary, self.path, overwrite=True)  # whole, never torn
             except Exception:  # a missed renewal (a network hiccup): the next one may pass
                 pass
+
+    def _taken_over(self, holder):
+        """Another run took the lock over (this one stalled for longer than its lease): this
+        run stops at its next safe point, exit 75, leaving the workdir and its lock to it."""
+        self.lost_to = holder
+        reason = f"the takeover of the workdir lock by {describe(holder)}"
+        stops = stopping.request(reason, lost_the_workdir=True)
+        print(
+            f"{'' if stops else 'warning: '}the lock {self.path} was taken over by "
+            f"{describe(holder)} (this run did not renew it within its lease)"
+            + ("; stopping at the next safe point" if stops else ""),
+            file=sys.stderr,
+            flush=True,
+        )
 
     def release(self):
         """Stops renewing and removes the lock file if this run still holds it."""

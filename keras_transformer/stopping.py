@@ -14,6 +14,12 @@ is not run again.
 
 A second SIGINT (Ctrl-C twice) interrupts at once (`KeyboardInterrupt`).
 
+The workdir lock stops its holder the same way when another run took the lock over (this run
+stalled for longer than its lease, see `keras_transformer.lock`): `request(reason)` sets the
+flag from its renewal thread, and the next safe point raises `Preempted` naming the reason. The
+workdir then belongs to the new holder: training stops without saving (`lost_the_workdir`), and
+the lock file, now the new holder's, is left alone.
+
 `KERAS_TRANSFORMER_SIGTERM_AT=WORD[:N]` (tests): the Nth `check` of the phase whose name holds
 WORD sends this process a real SIGTERM, so that a test stops a phase at a known place without
 sleeping and polling.
@@ -39,6 +45,8 @@ class _Flag:
         self.depth = 0  # nested `catching()` blocks
         self.previous = {}
         self.hooked = {}  # safe points met per phase (the test hook)
+        self.reason = None  # why, when not a signal (`request`)
+        self.lost = False  # another run took the workdir over (`request`)
 
 
 _FLAG = _Flag()
@@ -51,8 +59,38 @@ def _handle(signum, frame):
 
 
 def received():
-    """The number of the signal received inside `catching()` (None when none was)."""
+    """The number of the signal received inside `catching()` (None when none was; SIGTERM's
+    after a `request`)."""
     return _FLAG.received
+
+
+def cause():
+    """Why the process stops: the signal's name (`SIGTERM`), a `request`'s reason, or None."""
+    if _FLAG.reason is not None:
+        return _FLAG.reason
+    return signal.Signals(_FLAG.received).name if _FLAG.received is not None else None
+
+
+def request(reason, lost_the_workdir=False):
+    """Asks the process to stop at its next safe point as SIGTERM would (from any thread);
+    `reason` (e.g. "the takeover of the workdir lock by ...") names why in the stop's line;
+    `lost_the_workdir`: another run now writes the workdir, so nothing more is saved.
+
+    Returns:
+        True when it will stop (inside `catching()`); False outside it, where nothing reads
+        the flag (and nothing is changed).
+    """
+    if not _FLAG.depth:
+        return False
+    if _FLAG.received is None:
+        _FLAG.reason, _FLAG.lost = reason, lost_the_workdir
+        _FLAG.received = signal.SIGTERM
+    return True
+
+
+def lost_the_workdir():
+    """True when the stop was requested because another run took the workdir over."""
+    return _FLAG.lost and _FLAG.received is not None
 
 
 @contextlib.contextmanager
@@ -84,6 +122,7 @@ def catching():
             for signum, handler in _FLAG.previous.items():
                 signal.signal(signum, handler)
             _FLAG.previous, _FLAG.received = {}, None
+            _FLAG.reason, _FLAG.lost = None, False
             _FLAG.hooked.clear()
 
 
@@ -108,7 +147,6 @@ def check(phase, done="nothing half-written"):
     _test_hook(phase)
     if _FLAG.received is None:
         return
-    name = signal.Signals(_FLAG.received).name
     raise Preempted(
-        f"stopped by {name} during {phase}: {done}; run the same command again to continue"
+        f"stopped by {cause()} during {phase}: {done}; run the same command again to continue"
     )

@@ -99,7 +99,7 @@ def test_prepare_text_counts_skips_by_reason_and_reads_back_the_same_ids(tmp_pat
     layout = Workdir.of(config)
     assert os.path.exists(layout.prepared_manifest)
     # No temporary directory is left behind; a second call reuses the data.
-    assert not glob.glob(os.path.join(layout.root, "prepared.tmp-*"))
+    assert not glob.glob(os.path.join(layout.root, "prepared.*"))
     assert prepare(config, verbose=False) == manifest
 
 
@@ -301,7 +301,7 @@ def test_a_killed_prepare_is_never_taken_as_complete(tmp_path):
     try:
         # Kill it as soon as it writes shards into its temporary directory.
         deadline = time.time() + 120
-        while not glob.glob(str(workdir / "prepared.tmp-*" / "train-*.tfrecord")):
+        while not glob.glob(str(workdir / "prepared.partial" / "train-*.tfrecord")):
             assert process.poll() is None, "prepare ended before it could be killed"
             assert time.time() < deadline
             time.sleep(0.01)
@@ -315,7 +315,8 @@ def test_a_killed_prepare_is_never_taken_as_complete(tmp_path):
         prepared_examples(layout.prepared)
     manifest = prepare(config, verbose=False)
     assert manifest["counts"]["lines"] == 12000
-    assert not glob.glob(str(workdir / "prepared.tmp-*"))
+    assert not glob.glob(str(workdir / "prepared.*"))
+    assert not glob.glob(str(workdir / "prepare.*"))  # the kept vocabulary, the progress
     # A kill between the rename of prepared/ and the installation of spm.model is repaired.
     os.remove(layout.spm)
     assert check_prepared(config) == manifest

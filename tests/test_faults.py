@@ -83,7 +83,9 @@ def _leftovers(root):
     return [
         p
         for p in glob.glob(os.path.join(str(root), "**", "*"), recursive=True)
-        if os.path.basename(p).startswith((".tmp-", ".export-", ".ct2-", "prepared.tmp-"))
+        if os.path.basename(p).startswith(
+            (".tmp-", ".export-", ".ct2-", "prepared.tmp-", "prepared.partial")
+        )
     ]
 
 

@@ -21,10 +21,11 @@ from keras_transformer.errors import PREEMPTED_EXIT_CODE
 TIMEOUT = 600  # seconds a CLI subprocess may take on a slow, busy machine
 
 
-def _cli(*argv, sigterm_at=None):
-    """`keras-transformer ARGV` in a fresh process: `(exit code, stdout, stderr)`."""
+def _cli(*argv, sigterm_at=None, **environment):
+    """`keras-transformer ARGV` in a fresh process (with `environment` added): `(exit code,
+    stdout, stderr)`."""
     extra = {"KERAS_TRANSFORMER_SIGTERM_AT": sigterm_at} if sigterm_at else {}
-    env = subprocess_env(**extra)
+    env = subprocess_env(**extra, **environment)
     if not sigterm_at:
         env.pop("KERAS_TRANSFORMER_SIGTERM_AT", None)
     done = subprocess.run(
@@ -55,47 +56,105 @@ def _read_bytes(root):
 # ------------------------------------------------------------------ prepare
 
 
-def test_sigterm_during_prepare_exits_75_and_the_same_command_writes_the_same_shards(tmp_path):
-    """SIGTERM after the vocabulary was trained, at the shards' first safe point: exit 75, no
-    lock, no prepared data taken as done, the vocabulary kept; the same command then goes on
-    from that vocabulary and writes the shards of an uninterrupted preparation, byte for
-    byte (and the same manifest but its timings)."""
-    stopped, whole = tmp_path / "stopped", tmp_path / "whole"
-    config = write_yaml(tmp_path / "tiny.yaml", tiny_yaml(stopped))
-    reference = subprocess.Popen(
+# Pairs per segment of prepare's shards (65,536 outside tests): the tiny corpus's 300 pairs
+# make 5 segments, so that a preparation stops with some complete and some not.
+SEGMENT = {"KERAS_TRANSFORMER_PREPARE_SEGMENT": "64"}
+
+
+def _prepare_in_background(config, workdir):
+    """An uninterrupted `keras-transformer prepare` into `workdir` (the reference)."""
+    return subprocess.Popen(
         [sys.executable, "-m", "keras_transformer.cli", "prepare", "--config", config,
-         "--workdir", str(whole)],
-        env=subprocess_env(),
+         "--workdir", str(workdir)],
+        env=subprocess_env(**SEGMENT),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )  # fmt: skip
-    try:
-        code, _, err = _cli("prepare", "--config", config, sigterm_at="shards")
-        _stopped(code, err, "prepare (writing the shards)")
-        left = files_under(stopped)
-        assert "lock.json" not in left and "spm.model" not in left, left
-        assert not [f for f in left if f.startswith("prepared")], left
-        assert "prepare.vocabulary.json" in left and "prepare.vocabulary.model" in left
 
-        code, _, err = _cli("prepare", "--config", config)
-        assert code == 0, err[-3000:]
-        assert "the vocabulary a stopped preparation trained" in err
-        assert "sampling sentences for the vocabulary" not in err  # not trained again
-    finally:
-        _, reference_err = reference.communicate(timeout=TIMEOUT)
-    assert reference.returncode == 0, reference_err[-3000:]
-    ours, theirs = _read_bytes(stopped / "prepared"), _read_bytes(whole / "prepared")
+
+def _same_preparations(ours, theirs):
+    """The same shards byte for byte, the same files, the same manifest but its timings."""
+    ours, theirs = _read_bytes(ours / "prepared"), _read_bytes(theirs / "prepared")
     shards = [name for name in theirs if name.endswith(".tfrecord")]
-    assert shards and all(ours[name] == theirs[name] for name in shards)
+    assert len(shards) == 16 and all(ours[name] == theirs[name] for name in shards)
     assert sorted(ours) == sorted(theirs)
     timings = ("seconds", "phase_seconds", "created")
     manifests = [json.loads(files["manifest.json"]) for files in (ours, theirs)]
     assert [{k: v for k, v in m.items() if k not in timings} for m in manifests] == [
         {k: v for k, v in manifests[1].items() if k not in timings}
     ] * 2
-    left = files_under(stopped)
-    assert "lock.json" not in left and not [f for f in left if f.startswith("prepare.vocab")]
+
+
+def _nothing_of_prepare_left(workdir):
+    left = files_under(workdir)
+    assert "lock.json" not in left, left
+    assert not [f for f in left if f.startswith(("prepare.", "prepared.partial"))], left
+
+
+def test_sigterm_during_prepare_keeps_the_complete_segments_and_the_same_command_continues(
+    tmp_path,
+):
+    """SIGTERM after the shards' second segment: exit 75, no lock, no prepared data taken as
+    done, the vocabulary and the two complete segments kept (with a torn third one, as a
+    SIGKILL midway would leave: cut off); the same command then encodes only the other three
+    segments and writes the shards of an uninterrupted preparation, byte for byte (and the
+    same manifest but its timings)."""
+    stopped, whole = tmp_path / "stopped", tmp_path / "whole"
+    config = write_yaml(tmp_path / "tiny.yaml", tiny_yaml(stopped))
+    reference = _prepare_in_background(config, whole)
+    try:
+        code, _, err = _cli("prepare", "--config", config, sigterm_at="shards:3", **SEGMENT)
+        _stopped(code, err, "prepare (writing the shards)")
+        assert "2 complete segments of the shards are kept" in err
+        left = files_under(stopped)
+        assert "lock.json" not in left and "spm.model" not in left, left
+        assert not [f for f in left if f.startswith("prepared/")], left
+        assert "prepare.vocabulary.json" in left and "prepare.vocabulary.model" in left
+        progress = json.loads((stopped / "prepare.progress.json").read_text())
+        assert progress["segments"] == 2
+        shard = stopped / "prepared.partial" / "train-00003-of-00016.tfrecord"
+        assert shard.stat().st_size == progress["shards"][3]["bytes"] > 0
+        with open(shard, "ab") as f:
+            f.write(b"half a segment")  # past the recorded size: cut off
+
+        code, _, err = _cli("prepare", "--config", config, **SEGMENT)
+        assert code == 0, err[-3000:]
+        assert "the vocabulary a stopped preparation trained" in err
+        assert "sampling sentences for the vocabulary" not in err  # not trained again
+        assert "2 of 5 segments kept" in err
+        assert "3 segments encoded, 2 kept from the stopped one" in err
+    finally:
+        _, reference_err = reference.communicate(timeout=TIMEOUT)
+    assert reference.returncode == 0, reference_err[-3000:]
+    assert "segments kept" not in reference_err
+    _same_preparations(stopped, whole)
+    _nothing_of_prepare_left(stopped)
+
+
+def test_a_kept_segment_that_changed_is_not_trusted_the_shards_are_written_again(tmp_path):
+    """A kept shard whose bytes differ from the recorded sha256 (changed or damaged while
+    stopped): the same command writes every segment again, and the shards are still those of
+    an uninterrupted preparation."""
+    stopped, whole = tmp_path / "stopped", tmp_path / "whole"
+    config = write_yaml(tmp_path / "tiny.yaml", tiny_yaml(stopped))
+    reference = _prepare_in_background(config, whole)
+    try:
+        code, _, err = _cli("prepare", "--config", config, sigterm_at="shards:3", **SEGMENT)
+        _stopped(code, err, "prepare (writing the shards)")
+        shard = stopped / "prepared.partial" / "train-00000-of-00016.tfrecord"
+        data = bytearray(shard.read_bytes())
+        data[-1] ^= 0xFF
+        shard.write_bytes(bytes(data))
+
+        code, _, err = _cli("prepare", "--config", config, **SEGMENT)
+        assert code == 0, err[-3000:]
+        assert "segments kept" not in err and "the vocabulary a stopped preparation" in err
+    finally:
+        _, reference_err = reference.communicate(timeout=TIMEOUT)
+    assert reference.returncode == 0, reference_err[-3000:]
+    _same_preparations(stopped, whole)
+    _nothing_of_prepare_left(stopped)
 
 
 # ------------------------------------------------------------------ the dev-set choice, the export
@@ -105,7 +164,7 @@ def _result(workdir):
     result = json.loads((workdir / "result.json").read_text())
     for key in ("wall_seconds", "training_seconds", "logs", "checkpoints", "saved_model"):
         result.pop(key, None)
-    result["selection"].pop("seconds")
+    result.get("selection", {}).pop("seconds", None)  # a choice among candidates only
     return result
 
 
@@ -127,7 +186,8 @@ def _export(workdir):
     files.pop(extra + "model_card.md")  # the same card, in Markdown
     for key in ("created", "decoding_speed"):
         card.pop(key)
-    card["training"]["selection"].pop("seconds")
+    card["training"].get("selection", {}).pop("seconds", None)
+    card["training"].pop("training_seconds")
     graph = saved_model_pb2.SavedModel.FromString(files.pop("saved_model.pb"))
     files.pop("fingerprint.pb")  # of the graph
     signatures = dict(graph.meta_graphs[0].signature_def)
@@ -326,3 +386,227 @@ def test_two_processes_started_together_on_an_expired_lock_exactly_one_runs(tmp_
     assert sorted(taker.returncode for taker in takers) == [0, 2]
     assert sum("taking over the lock" in err for _, err in outputs) == 1
     assert not os.listdir(workdir)
+
+
+def test_a_holder_whose_lock_was_taken_over_stops_at_its_next_safe_point(tmp_path):
+    """The renewal thread finds another run's lock (this one stalled for longer than its
+    lease): the next safe point raises `Preempted` naming the new holder, and leaving the block
+    does not remove the new holder's lock."""
+    from keras_transformer import stopping
+    from keras_transformer.errors import Preempted
+    from keras_transformer.lock import WorkdirLock
+
+    with stopping.catching():
+        with pytest.raises(Preempted) as stopped:
+            with WorkdirLock(tmp_path, "prepare", lease_seconds=0.4) as lock:
+                _write_lock(tmp_path, lease_seconds=60, renewed=time.time())  # the taker's
+                deadline = time.monotonic() + 120
+                while time.monotonic() < deadline:  # the work, with its safe points
+                    stopping.check("a phase")
+                    time.sleep(0.01)
+        assert stopping.lost_the_workdir()
+    message = str(stopped.value)
+    assert message.startswith("stopped by the takeover of the workdir lock by another-machine")
+    assert "during a phase" in message
+    assert lock.lost_to["token"] == "old"
+    assert json.loads((tmp_path / "lock.json").read_text())["token"] == "old"  # kept
+    assert stopping.received() is None and not stopping.lost_the_workdir()  # cleared after
+
+
+def test_outside_a_stopping_block_a_takeover_only_warns(tmp_path, capsys):
+    from keras_transformer import stopping
+    from keras_transformer.lock import WorkdirLock
+
+    with WorkdirLock(tmp_path, "prepare", lease_seconds=0.4) as lock:
+        _write_lock(tmp_path, lease_seconds=60, renewed=time.time())
+        deadline = time.monotonic() + 120
+        while lock.lost_to is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stopping.check("a phase")  # nothing to stop: no flag was set
+    assert "warning: the lock" in capsys.readouterr().err
+    assert json.loads((tmp_path / "lock.json").read_text())["token"] == "old"
+
+
+def test_prepare_whose_lock_is_taken_over_midway_exits_75_and_leaves_the_lock(
+    tmp_path, monkeypatch, capsys
+):
+    """`keras-transformer prepare` stalls in its first segment for longer than its lease while
+    another run takes the lock over: it stops at the segment's safe point with exit 75, names
+    the new holder, keeps what was complete and leaves the new holder's lock in place."""
+    import importlib
+
+    from keras_transformer import cli, stopping
+
+    prepare_module = importlib.import_module("keras_transformer.data.prepare")
+    monkeypatch.setenv("KERAS_TRANSFORMER_PREPARE_SEGMENT", "64")
+    real = prepare_module._write_segment_file
+    workdir = tmp_path / "workdir"
+
+    taken = []
+
+    def stall(path, groups):  # the first segment: the lock changes hands meanwhile
+        if not taken:
+            taken.append(path)
+            _write_lock(workdir, lease_seconds=60, renewed=time.time())
+            deadline = time.monotonic() + 120
+            while stopping.received() is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return real(path, groups)
+
+    monkeypatch.setattr(prepare_module, "_write_segment_file", stall)
+    config = write_yaml(tmp_path / "tiny.yaml", tiny_yaml(workdir))
+    code = cli.main(["prepare", "--config", config, "--set", "runtime.lock_lease_seconds=1"])
+    err = capsys.readouterr().err
+    assert code == PREEMPTED_EXIT_CODE == 75, err
+    assert "was taken over by another-machine pid 4242" in err
+    line = [x for x in err.splitlines() if x.startswith("keras-transformer prepare: stopped")]
+    assert len(line) == 1 and "the takeover of the workdir lock by another-machine" in line[0]
+    assert "during prepare (writing the shards)" in line[0]
+    assert json.loads((workdir / "lock.json").read_text())["token"] == "old"
+    assert not (workdir / "prepared").exists()
+
+
+# ------------------------------------------------------------------ scoring, CTranslate2, precision
+
+
+def _train_argv(config, workdir, *extra):
+    return ["train", "--config", config, "--workdir", workdir, "--set",
+            f"export.base_dir={workdir / 'saved_models'}", *extra]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_sigterm_during_scoring_and_the_ctranslate2_conversion_exits_75_and_the_same_command_finishes(  # noqa: E501
+    tmp_path,
+):
+    """`train` stopped in the final model's scoring (dev BLEU, at the end of training): exit
+    75, no lock, no result, no export; the same command then finishes with the result and the
+    export of an uninterrupted run. `export --format ctranslate2` stopped in its conversion:
+    exit 75, no lock, no output directory and no temporary one; the same command then writes
+    the files of an uninterrupted conversion, byte for byte."""
+    pytest.importorskip("ctranslate2")
+    stopped, whole = tmp_path / "stopped", tmp_path / "whole"
+    config = write_yaml(tmp_path / "tiny.yaml", tiny_yaml(stopped))
+
+    code, _, err = _cli(*_train_argv(config, whole))
+    assert code == 0, err[-3000:]
+    code, _, err = _cli(*_train_argv(config, stopped), sigterm_at="scoring")
+    _stopped(code, err, "the final model's scoring")
+    left = files_under(stopped)
+    assert "lock.json" not in left and "result.json" not in left, left
+    assert not [f for f in left if f.startswith("saved_models/")], left
+    code, _, err = _cli(*_train_argv(config, stopped))
+    assert code == 0, err[-3000:]
+    assert _result(stopped) == _result(whole)
+    assert _export(stopped) == _export(whole)
+    assert "lock.json" not in files_under(stopped)
+
+    def convert(output, **stop):
+        return _cli("export", "--workdir", whole, "--output", output,
+                    "--format", "ctranslate2", **stop)  # fmt: skip
+
+    code, _, err = convert(tmp_path / "ct2-whole")
+    assert code == 0, err[-3000:]
+    code, _, err = convert(tmp_path / "ct2-stopped", sigterm_at="CTranslate2")
+    _stopped(code, err, "the CTranslate2 conversion")
+    assert sorted(os.listdir(tmp_path)) == ["ct2-whole", "stopped", "tiny.yaml", "whole"]
+    assert "lock.json" not in files_under(whole)
+    code, _, err = convert(tmp_path / "ct2-stopped")
+    assert code == 0, err[-3000:]
+    ours, theirs = _read_bytes(tmp_path / "ct2-stopped"), _read_bytes(tmp_path / "ct2-whole")
+    assert "model.bin" in theirs and ours == theirs
+    assert sorted(os.listdir(tmp_path)) == [
+        "ct2-stopped", "ct2-whole", "stopped", "tiny.yaml", "whole"
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_sigterm_during_the_precision_timing_exits_75_and_the_same_command_finishes(tmp_path):
+    """`train` with `runtime.mixed_precision: auto` stopped while it times the precisions (on a
+    CPU): exit 75, no lock, no precision chosen, no checkpoint; the same command then times,
+    trains and finishes with the result of an uninterrupted run that named the chosen
+    precision itself."""
+    stopped, whole = tmp_path / "stopped", tmp_path / "whole"
+    config = write_yaml(tmp_path / "tiny.yaml", tiny_yaml(stopped))
+    auto = ("--set", "runtime.mixed_precision=auto")
+
+    code, _, err = _cli(*_train_argv(config, stopped, *auto), sigterm_at="precision:2")
+    _stopped(code, err, "the precision timing (runtime.mixed_precision: auto)")
+    left = files_under(stopped)
+    assert "lock.json" not in left and "precision.json" not in left, left
+    assert not [f for f in left if f.startswith(("checkpoints/", "backup/"))], left
+    assert "prepared/manifest.json" in left  # the phase before it is done, and kept
+
+    code, _, err = _cli(*_train_argv(config, stopped, *auto))
+    assert code == 0, err[-3000:]
+    assert "using the prepared data" in err  # not prepared again
+    chosen = json.loads((stopped / "precision.json").read_text())["precision"]
+    code, _, err = _cli(*_train_argv(config, whole, "--set", f"runtime.mixed_precision={chosen}"))
+    assert code == 0, err[-3000:]
+    ours, theirs = _result(stopped), _result(whole)
+    assert ours.pop("precision", chosen) == theirs.pop("precision", chosen) == chosen
+    ours.pop("precision_choice", None)
+    assert ours == theirs
+    assert "lock.json" not in files_under(stopped)
+
+
+def test_a_stopped_preparation_continues_in_worker_processes_to_the_same_shards(tmp_path):
+    """Stopped in one process after two of eleven segments, the same command with two worker
+    processes continues from there (each encodes only its segments after the kept ones) and
+    writes the shards of an uninterrupted preparation in one process, byte for byte."""
+    stopped, whole = tmp_path / "stopped", tmp_path / "whole"
+    values = tiny_yaml(stopped, data=dict(train="synthetic:split=train,size=700"))
+    config = write_yaml(tmp_path / "tiny.yaml", values)
+    one, two = ("--set", "data.prepare_workers=1"), ("--set", "data.prepare_workers=2")
+    reference = subprocess.Popen(
+        [sys.executable, "-m", "keras_transformer.cli", "prepare", "--config", config,
+         "--workdir", str(whole), *one],
+        env=subprocess_env(**SEGMENT),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        code, _, err = _cli("prepare", "--config", config, *one, sigterm_at="shards:3", **SEGMENT)
+        _stopped(code, err, "prepare (writing the shards)")
+        code, _, err = _cli("prepare", "--config", config, *two, **SEGMENT)
+        assert code == 0, err[-3000:]
+        assert "tokenizing 700 pairs into shards (2 workers)" in err
+        assert "2 of 11 segments kept" in err
+        assert "9 segments encoded, 2 kept from the stopped one" in err
+    finally:
+        _, reference_err = reference.communicate(timeout=TIMEOUT)
+    assert reference.returncode == 0, reference_err[-3000:]
+    _same_preparations(stopped, whole)
+    _nothing_of_prepare_left(stopped)
+
+
+def test_training_whose_lock_was_taken_over_stops_after_the_step_and_saves_nothing(tmp_path):
+    """`StopOnSignal` after a takeover (`stopping.request(..., lost_the_workdir=True)`, as the
+    lock's renewal thread calls it): `Preempted` after the step, and no resume state written
+    (the workdir is the new holder's)."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from keras_transformer import stopping
+    from keras_transformer.errors import Preempted
+    from keras_transformer.training.callbacks import ResumeState
+    from keras_transformer.training.preemption import CatchSignals, StopOnSignal
+    from keras_transformer.training.run_state import RunState
+
+    class TakeOverAt(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 2:
+                assert stopping.request("the takeover of the workdir lock by X", True)
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    resume = ResumeState(model, str(tmp_path), every=1000, keep=1, run_state=RunState())
+    x, y = np.ones((20, 3), "float32"), np.ones((20, 1), "float32")
+    with CatchSignals() as signals:
+        with pytest.raises(Preempted) as stopped:
+            model.fit(x, y, batch_size=1, epochs=1, verbose=0,
+                      callbacks=[TakeOverAt(), StopOnSignal(signals, resume)])  # fmt: skip
+    assert "stopped by the takeover of the workdir lock by X after step 3" in str(stopped.value)
+    assert "nothing saved" in str(stopped.value)
+    assert tf.train.latest_checkpoint(str(tmp_path)) is None

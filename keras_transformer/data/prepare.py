@@ -17,12 +17,16 @@ WORKDIR/
     train-00000-of-00016.tfrecord ...
 ```
 
-Atomicity: on the local disk everything of one preparation is written into a temporary sibling
-directory (`WORKDIR/prepared.tmp-*`) that is renamed to `WORKDIR/prepared` in one step once
+Atomicity: on the local disk everything of one preparation is written into a sibling
+directory (`WORKDIR/prepared.partial`) that is renamed to `WORKDIR/prepared` in one step once
 complete; on other filesystems (`gs://...`: no atomic directory rename) the files are written
 into `WORKDIR/prepared` itself, `manifest.json` last. Either way a preparation killed midway
-leaves no `prepared/manifest.json` and is never taken as done (the next run removes the leftover
-and starts again). Every path goes through `tf.io.gfile` (any TensorFlow filesystem).
+leaves no `prepared/manifest.json` and is never taken as done. Stopped (SIGTERM) or killed, it
+goes on where it was: a trained vocabulary is kept (`kept_vocabulary`), and on the local disk
+so are the segments of the shards that were complete (`prepare_progress`: the next run cuts the
+shards back to them, encodes only the rest, and writes the same bytes as an uninterrupted run);
+elsewhere the shards are written again. Every path goes through `tf.io.gfile` (any TensorFlow
+filesystem).
 `WORKDIR/spm.model` is installed after the rename; a
 kill between the two is repaired by `check_prepared`, which restores it from `prepared/spm.model`
 and refuses a `spm.model` whose sha256 differs from the manifest's.
@@ -56,19 +60,17 @@ import math
 import os
 import random
 import sys
-import tempfile
 import time
 from array import array
 from typing import Optional
 
 from keras_transformer import stopping
-from keras_transformer.data import corpora, kept_vocabulary
-from keras_transformer.errors import DataError
+from keras_transformer.data import corpora, kept_vocabulary, prepare_progress
+from keras_transformer.errors import DataError, Preempted
 from keras_transformer.integrity import file_digest, file_problem
 from keras_transformer.workdir import (
     Workdir,
     is_local,
-    join,
     local_directory,
     read_text,
     remove_tree,
@@ -93,7 +95,7 @@ _PROGRESS_SECONDS = 10.0
 # What `stopping.check` names, and what a preparation stopped during its shards keeps.
 _PHASE = "prepare (writing the shards)"
 _SAMPLING = "prepare (sampling sentences for the vocabulary)"
-_KEPT = "the trained vocabulary is kept, no shard is taken as done"
+_KEPT = "the trained vocabulary is kept"
 # A stored side is cut at this many pieces (the uint16 length header; far beyond any max length).
 _MAX_STORED = 65_535
 
@@ -552,21 +554,24 @@ class _ShardJob:
     workers: int = 1
     worker: int = 0
     directory: str = ""  # a worker process's local directory for its segment files
+    start: int = 0  # the first segment to encode (those before it a stopped run kept)
 
 
 @dataclasses.dataclass
 class _Written:
-    """The counts of the pairs one process encoded, and its lines read over the readings."""
+    """What one process of pass 2 did: its lines read over the readings, segments encoded."""
 
-    total: _Chunk = dataclasses.field(default_factory=_Chunk)
     lines: int = 0
+    encoded: int = 0
     counter: object = None  # the first reading's corpora.Counter (every process reads all)
 
 
 def _segments(job, done, report):
-    """Yields `(segment index, groups)` for the segments of `job`'s process, in order: `groups`
-    holds the segment's records (bytes) by their index modulo `num_shards` (see `_ShardJob`).
-    Also yields `(index, None)` for its segments past the corpus's end."""
+    """Yields `(segment index, groups, counts)` for the segments of `job`'s process from
+    `job.start` on, in order: `groups` holds the segment's records (bytes) by their index modulo
+    `num_shards` (see `_ShardJob`), `counts` a `_Chunk` of the manifest's counts of them (no
+    records). Also yields `(index, None, None)` for its segments past the corpus's end. The
+    segments before `job.start` (kept by a stopped preparation) are read, not encoded."""
     encoder, size = _ChunkEncoder(job.encoding), job.segment
     for reading in range(job.readings):
         counter, pairs, current = corpora.Counter(job.spec), [], None
@@ -577,26 +582,27 @@ def _segments(job, done, report):
             segment = base + index // size
             if segment >= base + job.segments_per_reading:
                 raise DataError(f"{job.spec} has more pairs than when prepare counted them")
-            if segment % job.workers != job.worker:
+            if segment % job.workers != job.worker or segment < job.start:
                 continue
             if current is not None and segment != current:
-                yield current, _encode_segment(encoder, job, done, reading, current - base, pairs)
+                yield current, *_encode_segment(encoder, job, done, reading, current - base, pairs)
                 pairs = []
             current = segment
             pairs.append(pair)
         if pairs:
-            yield current, _encode_segment(encoder, job, done, reading, current - base, pairs)
+            yield current, *_encode_segment(encoder, job, done, reading, current - base, pairs)
         last = current if current is not None else base - 1
-        for segment in range(last + 1, base + job.segments_per_reading):
+        for segment in range(max(last + 1, job.start), base + job.segments_per_reading):
             if segment % job.workers == job.worker:
-                yield segment, None
+                yield segment, None, None
         done.lines += counter.lines
         done.counter = done.counter or counter
 
 
 def _encode_segment(encoder, job, done, reading, index, pairs):
-    """The records of segment `index` of a reading, grouped by their index modulo the shards."""
-    groups, record = [[] for _ in range(job.num_shards)], 0
+    """`(groups, counts)` of segment `index` of a reading: its records grouped by their index
+    modulo the shards, and a `_Chunk` of their counts."""
+    groups, record, counts = [[] for _ in range(job.num_shards)], 0, _Chunk(reading)
     for start in range(0, len(pairs), job.chunk):
         # The chunk's index in the reading seeds its sampled segmentations.
         chunk_index = (index * job.segment + start) // job.chunk
@@ -605,8 +611,25 @@ def _encode_segment(encoder, job, done, reading, index, pairs):
             groups[record % job.num_shards].append(data)
             record += 1
         out.records = []
-        _merge(done.total, out)
-    return groups
+        _merge(counts, out, every_reading=True)
+    done.encoded += 1
+    return groups, counts
+
+
+def _write_segment_file(path, groups):
+    """Writes a segment's groups one after the other to the local TFRecord file `path`; returns
+    `(bytes of each group, records of each group)`."""
+    import tensorflow as tf
+
+    writer = tf.io.TFRecordWriter(path)
+    try:
+        for group in groups:
+            for data in group:
+                writer.write(data)
+    finally:
+        writer.close()
+    # A TFRecord is its data and 16 bytes of framing (length and two checksums).
+    return [sum(len(data) + 16 for data in group) for group in groups], [len(g) for g in groups]
 
 
 _WORKER = {}  # in a worker process: its progress array, result queue and parent's pid
@@ -626,9 +649,8 @@ def _start_worker(progress, queue):
 
 def _run_in_worker(job):
     """Writes each segment of `job` to a local TFRecord file, its groups one after the other,
-    and puts `(segment, group sizes in bytes, group records)` on the queue; returns the
-    `_Written`."""
-    import tensorflow as tf
+    and puts `(segment, group sizes in bytes, group records, counts)` on the queue; returns the
+    `_Written` (lines read, segments encoded)."""
 
     def report(lines):
         if os.getppid() != _WORKER["parent"]:  # the parent died (SIGKILL): stop
@@ -636,17 +658,12 @@ def _run_in_worker(job):
         _WORKER["progress"][job.worker] = lines
 
     done = _Written()
-    for segment, groups in _segments(job, done, report):
+    for segment, groups, counts in _segments(job, done, report):
         if groups is None:
-            _WORKER["queue"].put((segment, None, None))
+            _WORKER["queue"].put((segment, None, None, None))
             continue
-        with tf.io.TFRecordWriter(_segment_path(job.directory, segment)) as writer:
-            for group in groups:
-                for data in group:
-                    writer.write(data)
-        # A TFRecord is its data and 16 bytes of framing (length and two checksums).
-        sizes = [sum(len(data) + 16 for data in group) for group in groups]
-        _WORKER["queue"].put((segment, sizes, [len(group) for group in groups]))
+        sizes, records = _write_segment_file(_segment_path(job.directory, segment), groups)
+        _WORKER["queue"].put((segment, sizes, records, counts))
     return done
 
 
@@ -665,7 +682,7 @@ class _WorkerPool:
         """Starts the processes if the corpus (`total` pairs) is worth them: a process for
         every `_SEGMENTS_PER_WORKER` segments at most (starting one costs seconds; the result
         is the same)."""
-        segments = max(total, 1) * readings // (_CHUNK * _SEGMENT_CHUNKS)
+        segments = max(total, 1) * readings // _segment_sizes()[1]
         workers = min(self.workers, segments // _SEGMENTS_PER_WORKER)
         if workers <= 1 or self.pool is not None:
             return
@@ -685,79 +702,25 @@ class _WorkerPool:
             self.pool = None
 
 
-class _Shards:
-    """The shards being written, record groups appended in the stream's order (see `_ShardJob`):
-    here through TensorFlow's TFRecord writers (any filesystem)."""
-
-    def __init__(self, directory, names):
-        import tensorflow as tf
-
-        self.directory, self.names = directory, names
-        self.records, self.offset = [0] * len(names), 0  # offset: records in the stream so far
-        self.writers = [tf.io.TFRecordWriter(join(directory, name)) for name in names]
-
-    def add_segment(self, groups):
-        for group, records in enumerate(groups):
-            shard = (self.offset + group) % len(self.names)
-            for data in records:
-                self.writers[shard].write(data)
-            self.records[shard] += len(records)
-        self.offset += sum(len(records) for records in groups)
-
-    def close(self):
-        for writer in self.writers:
-            writer.close()
-
-    def manifest(self):
-        """The manifest's `shards` (sizes and sha256 read back from the closed files)."""
-        shards = []
-        for name, records in zip(self.names, self.records):
-            size, sha256 = file_digest(join(self.directory, name))
-            shards.append(dict(file=name, pairs=records, bytes=size, sha256=sha256))
-        return shards
-
-
-class _FramedShards(_Shards):
-    """`_Shards` that append the worker processes' segment files: the bytes of each group
-    (TFRecords, framed already) copied through `tf.io.gfile`, each shard's size and sha256
-    counted as it goes."""
-
-    def __init__(self, directory, names):
-        self.directory, self.names = directory, names
-        self.records, self.offset = [0] * len(names), 0
-        self.writers = [_gfile().GFile(join(directory, name), "wb") for name in names]
-        self.digests = [hashlib.sha256() for _ in names]
-        self.bytes = [0] * len(names)
-
-    def add_segment_file(self, path, sizes, counts):
-        """Appends segment file `path`, whose groups have `sizes` bytes and `counts` records."""
-        with open(path, "rb") as f:
-            for group, (size, records) in enumerate(zip(sizes, counts)):
-                data = f.read(size)
-                shard = (self.offset + group) % len(self.names)
-                self.writers[shard].write(data)
-                self.digests[shard].update(data)
-                self.bytes[shard] += size
-                self.records[shard] += records
-        os.remove(path)
-        self.offset += sum(counts)
-
-    def manifest(self):
-        return [
-            dict(file=name, pairs=records, bytes=size, sha256=digest.hexdigest())
-            for name, records, size, digest in zip(
-                self.names, self.records, self.bytes, self.digests
-            )
-        ]
+def _segment_sizes():
+    """`(pairs per chunk, pairs per segment)` (a test may make them smaller: see
+    `prepare_progress.segment_sizes`)."""
+    return prepare_progress.segment_sizes(_CHUNK, _CHUNK * _SEGMENT_CHUNKS)
 
 
 def _write_here(job, shards, progress):
-    """Pass 2 in this process (one worker, or a small corpus); returns its `_Written`."""
+    """Pass 2 in this process (one worker, or a small corpus): each segment goes through a
+    local segment file (as a worker process's) into the shards; returns its `_Written`."""
     done = _Written()
-    for _, groups in _segments(job, done, lambda lines: progress.update(lines, shards.offset)):
-        stopping.check(_PHASE, _KEPT)
-        if groups is not None:
-            shards.add_segment(groups)
+    report = lambda lines: progress.update(lines, shards.offset)  # noqa: E731
+    with local_directory() as local:
+        for segment, groups, counts in _segments(job, done, report):
+            if groups is not None:
+                path = _segment_path(local, segment)
+                sizes, records = _write_segment_file(path, groups)
+                shards.add_segment_file(path, sizes, records, counts)
+            shards.commit(segment + 1)
+            stopping.check(_PHASE, shards.kept_message(segment + 1))
     return done
 
 
@@ -772,27 +735,31 @@ def _write_in_workers(pool, job, shards, progress):
             for w in range(pool.workers)
         ]
         results = [pool.pool.apply_async(_run_in_worker, (job,)) for job in jobs]
-        ready, next_segment = {}, 0
+        ready, next_segment = {}, job.start
         while next_segment < job.readings * job.segments_per_reading:
-            stopping.check(_PHASE, _KEPT)
+            stopping.check(_PHASE, shards.kept_message(next_segment))
             for result in results:
                 if result.ready() and not result.successful():
                     result.get()  # raises the worker's error
             try:
-                segment, sizes, counts = pool.queue.get(timeout=1.0)
-                ready[segment] = (sizes, counts)
+                segment, sizes, records, counts = pool.queue.get(timeout=1.0)
+                ready[segment] = (sizes, records, counts)
             except queue.Empty:
                 pass
+            committed = next_segment
             while next_segment in ready:
-                sizes, counts = ready.pop(next_segment)
+                sizes, records, counts = ready.pop(next_segment)
                 if sizes is not None:
-                    shards.add_segment_file(_segment_path(local, next_segment), sizes, counts)
+                    path = _segment_path(local, next_segment)
+                    shards.add_segment_file(path, sizes, records, counts)
                 next_segment += 1
+            if next_segment != committed:
+                shards.commit(next_segment)
             progress.update(min(pool.progress), shards.offset)
         return [result.get() for result in results]
 
 
-def _write_shards(config, model_proto, directory, total, verbose, pool):
+def _write_shards(config, model_proto, directory, total, verbose, pool, root):
     """Pass 2: tokenize the stream and write the shards; returns the manifest's counts part.
 
     With `data.subword_samples` K > 0 the corpus is read K times and each reading writes one
@@ -807,7 +774,9 @@ def _write_shards(config, model_proto, directory, total, verbose, pool):
     A pair is kept only when both of its records fit the max lengths (`long_pairs: drop`).
 
     The pairs are encoded in the processes of `pool` (`data.prepare_workers`), or here when
-    it has none; the shards are the same bytes either way (see `_ShardJob`).
+    it has none; the shards are the same bytes either way (see `_ShardJob`). On the local disk
+    the segments a stopped preparation completed are kept (`prepare_progress`, in the workdir
+    `root`): only the others are encoded.
     """
     d = config.data
     encoding = _Encoding(
@@ -818,13 +787,30 @@ def _write_shards(config, model_proto, directory, total, verbose, pool):
     readings = max(1, d.subword_samples)
     num_shards = num_shards_for(max(total, 1) * readings)
     names = [f"train-{i:05d}-of-{num_shards:05d}.tfrecord" for i in range(num_shards)]
-    segment = _CHUNK * _SEGMENT_CHUNKS
+    chunk, segment = _segment_sizes()
     per_reading = math.ceil(max(total, 1) / segment)
-    job = _ShardJob(encoding, d.train, readings, per_reading, num_shards, _CHUNK, segment)
+    key = {
+        "settings": _settings(d),
+        "vocabulary": hashlib.sha256(model_proto).hexdigest(),
+        "pairs": total,
+        "readings": readings,
+        "shards": num_shards,
+        "chunk": chunk,
+        "segment": segment,
+    }
+    shards = prepare_progress.Shards(directory, names, root, key, (_Chunk, _merge))
+    segments = readings * per_reading
+    if shards.kept:
+        _log(
+            f"continuing the shards of a stopped preparation: {shards.kept} of {segments} "
+            f"segments kept ({shards.offset:,} records), encoding the others",
+            verbose,
+        )
+    job = _ShardJob(encoding, d.train, readings, per_reading, num_shards, chunk, segment)
+    job = dataclasses.replace(job, start=shards.kept)
     what = "records written" if d.subword_samples else "pairs written"
     progress = _Progress(total * readings if total else None, verbose, what)
     pool.start(total, readings)
-    shards = (_Shards if pool.pool is None else _FramedShards)(directory, names)
     try:
         if pool.pool is None:
             written = _write_here(job, shards, progress)
@@ -832,7 +818,11 @@ def _write_shards(config, model_proto, directory, total, verbose, pool):
             written = _write_in_workers(pool, job, shards, progress)
     finally:
         shards.close()
-    manifest = _shards_manifest(config, shards, written, readings, progress)
+    written = written if isinstance(written, list) else [written]
+    if shards.kept:
+        encoded = sum(part.encoded for part in written)
+        _log(f"  {encoded} segments encoded, {shards.kept} kept from the stopped one", verbose)
+    manifest = _shards_manifest(config, shards, written, progress)
     pieces = _ChunkEncoder(encoding).processor.get_piece_size()
     manifest["record_dtype"] = "uint16" if pieces <= 65_536 else "int32"
     return manifest
@@ -855,9 +845,10 @@ def _bt_tag(model_proto, train):
     return tag
 
 
-def _merge(total, chunk):
-    """Adds a chunk's counts to `total` (pairs are counted in the first reading only)."""
-    if chunk.reading == 0:
+def _merge(total, chunk, every_reading=False):
+    """Adds a chunk's counts to `total` (pairs are counted in the first reading only, unless
+    `every_reading`: a segment's counts, which keep their reading)."""
+    if chunk.reading == 0 or every_reading:
         total.too_long += chunk.too_long
         total.truncated += chunk.truncated
         total.written += chunk.written
@@ -868,12 +859,10 @@ def _merge(total, chunk):
     total.longer_hist.update(chunk.longer_hist)
 
 
-def _shards_manifest(config, shards, written, readings, progress):
-    """The manifest's parts that pass 2 measured (`written`: a `_Written` or one a process)."""
-    written = written if isinstance(written, list) else [written]
-    d, counter, total = config.data, written[0].counter, _Chunk()
-    for part in written:
-        _merge(total, part.total)
+def _shards_manifest(config, shards, written, progress):
+    """The manifest's parts that pass 2 measured (`written`: the `_Written` of each process;
+    the counts: those of every segment in the shards, kept ones included)."""
+    d, counter, total = config.data, written[0].counter, shards.total
     records = shards.offset
     progress.update(min(part.lines for part in written), records, force=True)
     if not total.written:
@@ -889,7 +878,7 @@ def _shards_manifest(config, shards, written, readings, progress):
             "truncated": total.truncated,
             # Records in the shards: `written` times the segmentations times the directions. (A
             # sample longer than the max lengths is replaced by the pair's best segmentation.)
-            "segmentations": readings,
+            "segmentations": max(1, d.subword_samples),
             "directions": 2 if d.both_directions else 1,
             "records": records,
         },
@@ -907,21 +896,27 @@ def _shards_manifest(config, shards, written, readings, progress):
 
 
 def _remove_leftovers(layout):
-    """Removes temporary directories of preparations that were killed midway."""
+    """Removes what preparations killed midway left and cannot be continued: `prepared/`
+    without its manifest, the temporary directories of older versions (`prepared.tmp-*`), a
+    `prepared.partial/` without its progress (see `prepare_progress`)."""
     gfile = _gfile()
     for path in gfile.glob(os.path.join(layout.root, "prepared.tmp-*")):
         remove_tree(path)
     prepared = layout.prepared
     if gfile.isdir(prepared) and not gfile.exists(os.path.join(prepared, MANIFEST)):
         remove_tree(prepared)
+    if not prepare_progress.has_progress(layout.root):
+        remove_tree(os.path.join(layout.root, prepare_progress.PARTIAL))
 
 
 def _temporary_directory(layout):
-    """Where a preparation is written: a temporary sibling of `prepared/` renamed once complete
-    on the local disk; `prepared/` itself elsewhere (no atomic directory rename: the manifest,
-    written last, marks it complete)."""
+    """Where a preparation is written: on the local disk `prepared.partial/`, a sibling of
+    `prepared/` renamed once complete (kept when stopped, to be continued); `prepared/` itself
+    elsewhere (no atomic directory rename: the manifest, written last, marks it complete)."""
     if is_local(layout.root):
-        return tempfile.mkdtemp(prefix="prepared.tmp-", dir=layout.root)
+        directory = os.path.join(layout.root, prepare_progress.PARTIAL)
+        os.makedirs(directory, exist_ok=True)
+        return directory
     _gfile().makedirs(layout.prepared)
     return layout.prepared
 
@@ -943,7 +938,9 @@ def prepare(config, verbose=True):
 
     A workdir that is already prepared is checked against `config` and reused (nothing is
     read); see `check_prepared`. Only one process should prepare a workdir (the chief of a
-    multi-worker job); others wait until `WORKDIR/prepared/manifest.json` exists.
+    multi-worker job); others wait until `WORKDIR/prepared/manifest.json` exists. A
+    preparation that was stopped (SIGTERM: `errors.Preempted`) continues from its trained
+    vocabulary and, on the local disk, from the last complete segment of its shards.
 
     Args:
         config: an `ExperimentConfig` (`data.*` and `runtime.workdir`).
@@ -979,6 +976,7 @@ def prepare(config, verbose=True):
         )
         return existing
     _gfile().makedirs(layout.root)
+    root = layout.root
     _remove_leftovers(layout)
     d = config.data
     started = time.time()
@@ -996,7 +994,7 @@ def prepare(config, verbose=True):
         stopping.check(_PHASE, _KEPT if trained else "nothing half-written")
         manifest = _manifest_head(d, proto, trained, sampled)
         shards_started = time.time()
-        manifest.update(_write_shards(config, proto, temporary, total, verbose, pool))
+        manifest.update(_write_shards(config, proto, temporary, total, verbose, pool, root))
         pool.close()
         phases["shards"] = time.time() - shards_started
         manifest["seconds"] = round(time.time() - started, 1)
@@ -1006,10 +1004,16 @@ def prepare(config, verbose=True):
         write_atomically(os.path.join(temporary, MANIFEST), json.dumps(manifest, indent=1))
         if temporary != layout.prepared:
             os.rename(temporary, layout.prepared)
-    finally:
-        pool.close()
+    except (Preempted, KeyboardInterrupt):
+        raise  # stopped: what is complete is kept (the vocabulary, segments of the shards)
+    except BaseException:
         if temporary != layout.prepared:
             remove_tree(temporary)
+            prepare_progress.forget(root)
+        raise
+    finally:
+        pool.close()
+    prepare_progress.forget(root)
     if not _gfile().exists(layout.spm):
         _install_vocabulary(os.path.join(layout.prepared, VOCABULARY), layout.spm)
     kept_vocabulary.forget(layout.root)

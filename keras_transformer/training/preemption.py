@@ -16,7 +16,6 @@ all-reduce per step, then a save and an exit) as a Keras callback, saving the st
 already defines (which also holds the data position and the training clock).
 """
 
-import signal
 
 import tensorflow as tf
 
@@ -109,13 +108,18 @@ class StopOnSignal(RunStateCallback):
         if not self.any_worker(self.signals.received is not None):
             return
         step = optimizer_step(self.model)
+        if stopping.lost_the_workdir():  # another run writes it now: save nothing
+            raise Preempted(
+                f"stopped by {stopping.cause()} after step {step}: nothing saved (the workdir "
+                "is the new holder's)",
+                step,
+            )
         self.resume.save()
         if self.checkpoint is not None:
             self.checkpoint.save_now(step)
         for flush in self.flush:
             flush()
-        received = self.signals.received
-        cause = signal.Signals(received).name if received else "a signal to another worker"
+        cause = stopping.cause() if self.signals.received else "a signal to another worker"
         raise Preempted(
             f"stopped by {cause} after step {step}: saved the resume state"
             + (" and a step checkpoint" if self.checkpoint is not None else "")
