@@ -5,7 +5,7 @@ import keras
 from keras_transformer.layers.decoder import TransformerDecoder
 from keras_transformer.layers.embedding import SinusoidalPositionalEncoding, TokenEmbedding
 from keras_transformer.layers.masks import padding_mask
-from keras_transformer.models.transformer import _arguments
+from keras_transformer.models.transformer import _arguments, arguments_from, config_of
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -108,16 +108,8 @@ class DecoderOnlyTransformer(keras.Model):
         return self.to_float32(self.token_embedding(x, reverse=True)), cache
 
     def get_config(self):
-        return {
-            "name": self.name,
-            "trainable": self.trainable,
-            **self.hyper_parameters,
-            "dtype": keras.dtype_policies.serialize(self.decoder.dtype_policy),
-        }
+        return config_of(self, self.decoder.dtype_policy)
 
     @classmethod
     def from_config(cls, config):
-        config = dict(config)
-        if isinstance(config.get("dtype"), dict):
-            config["dtype"] = keras.dtype_policies.deserialize(config["dtype"])
-        return cls(**config)
+        return cls(**arguments_from(config))

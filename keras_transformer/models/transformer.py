@@ -237,19 +237,30 @@ class Transformer(TrainStep, keras.Model):
         }
 
     def get_config(self):
-        return {
-            "name": self.name,
-            "trainable": self.trainable,
-            **self.hyper_parameters,
-            "dtype": keras.dtype_policies.serialize(self.encoder.dtype_policy),
-        }
+        return config_of(self, self.encoder.dtype_policy)
 
     @classmethod
     def from_config(cls, config):
-        config = dict(config)
-        if isinstance(config.get("dtype"), dict):
-            config["dtype"] = keras.dtype_policies.deserialize(config["dtype"])
-        return cls(**config)
+        return cls(**arguments_from(config))
+
+
+def config_of(model, dtype_policy):
+    """A functional model's `get_config`: its hyper-parameters and dtype policy (the model is
+    rebuilt from them, not from its graph)."""
+    return {
+        "name": model.name,
+        "trainable": model.trainable,
+        **model.hyper_parameters,
+        "dtype": keras.dtype_policies.serialize(dtype_policy),
+    }
+
+
+def arguments_from(config):
+    """`config_of`'s dict as constructor arguments (the dtype policy deserialized)."""
+    config = dict(config)
+    if isinstance(config.get("dtype"), dict):
+        config["dtype"] = keras.dtype_policies.deserialize(config["dtype"])
+    return config
 
 
 def _arguments(function, arguments):
