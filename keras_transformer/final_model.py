@@ -253,27 +253,15 @@ def select_on_dev(model, tokenizer, config, layout, dev_pairs, alpha=None, repor
     found = candidates(config, layout, alpha)
     sets = list(dict.fromkeys((c.checkpoints, c.kind) for c in found))  # simplest first
     screen = config.export.select_screen_sentences
-    report(
-        f"choosing the final model on {len(pairs)} dev sentences: {len(found)} candidates "
-        f"({len(sets)} checkpoint sets x {len(found) // len(sets)} alphas)"
-    )
-    kept = kept or KeptFigures(None)
-    state = {"loaded": None, "cache": {}}
-    greedy = {}
+    report(f"choosing the final model on {len(pairs)} dev sentences: {len(found)} candidates")
+    kept, state, greedy = kept or KeptFigures(None), {"loaded": None, "cache": {}}, {}
     if screen and len(sets) > config.export.select_finalists:
-        screened = pairs[:screen]
-        settings = dataclasses.replace(base, beam_size=1)
-        key = figures_key(pairs=screened, settings=dataclasses.asdict(settings), data=config.data)
-        for checkpoints, kind in sets:
-            greedy[(checkpoints, kind)] = _dev_bleu(
-                model, tokenizer, config, screened, settings, Candidate(checkpoints, 0.0, kind),
-                kept, ("screen", key), state,
-            )  # fmt: skip
-        order = sorted(sets, key=lambda s: -greedy[s])  # stable: the simpler first on a tie
-        for cps, kind in order:
+        greedy = _screen(model, tokenizer, config, pairs[:screen], base, sets, kept, state)
+        sets = sorted(sets, key=lambda s: -greedy[s])  # stable: the simpler first on a tie
+        for cps, kind in sets:
             what = Candidate(cps, 0.0, kind).describe().rsplit(",", 1)[0]  # no alpha
             report(f"  greedy dev BLEU {greedy[(cps, kind)]:6.2f}  {what}")
-        sets = order[: config.export.select_finalists]
+        sets = sets[: config.export.select_finalists]
     key = figures_key(pairs=pairs, settings=dataclasses.asdict(base), data=config.data)
     scores, beam_seconds, beam_decoded = [], 0.0, 0
     for index, (checkpoints, kind) in enumerate(sets):
@@ -305,16 +293,33 @@ def select_on_dev(model, tokenizer, config, layout, dev_pairs, alpha=None, repor
         "seconds": seconds,
         "chosen": _candidate_json(chosen, ranked[0][1]),
         "candidates": [_candidate_json(c, bleu) for c, bleu in ranked],
+        **_screened_json(greedy, len(pairs[:screen])),
     }
-    if greedy:
-        selection["screened"] = {
-            "sentences": len(pairs[:screen]),
-            "greedy_dev_bleu": [
-                {"steps": [st for st, _ in cps], "kind": kind, "dev_bleu": bleu}
-                for (cps, kind), bleu in greedy.items()
-            ],
-        }
     return FinalModel(model, chosen.steps, chosen.alpha, selection)
+
+
+def _screened_json(greedy, sentences):
+    """The selection's `screened` entry (nothing without a screening)."""
+    if not greedy:
+        return {}
+    rows = [
+        {"steps": [step for step, _ in cps], "kind": kind, "dev_bleu": bleu}
+        for (cps, kind), bleu in greedy.items()
+    ]
+    return {"screened": {"sentences": sentences, "greedy_dev_bleu": rows}}
+
+
+def _screen(model, tokenizer, config, pairs, base, sets, kept, state):
+    """`{(checkpoints, kind): greedy dev BLEU on pairs}` of each checkpoint set."""
+    settings = dataclasses.replace(base, beam_size=1)
+    key = figures_key(pairs=pairs, settings=dataclasses.asdict(settings), data=config.data)
+    return {
+        (checkpoints, kind): _dev_bleu(
+            model, tokenizer, config, pairs, settings, Candidate(checkpoints, 0.0, kind), kept,
+            ("screen", key), state,
+        )  # fmt: skip
+        for checkpoints, kind in sets
+    }
 
 
 def _dev_bleu(model, tokenizer, config, pairs, settings, candidate, kept, section, state):
