@@ -661,6 +661,14 @@ def train_command(args):
     ...]`."""
     # The config is checked before TensorFlow is imported: config mistakes fail in a blink.
     config = load_command_config(args)
+    import keras
+
+    if keras.backend.backend() == "jax":  # model.fit on JAX: no TensorFlow needed
+        from keras_transformer.training import train
+
+        with workdir_lock(config, "train"):
+            train(config)
+        return
     import_tensorflow(getattr(args, "verbose", False))
     from keras_transformer.training import train
     from keras_transformer.training.distribute import is_chief

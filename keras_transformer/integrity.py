@@ -20,14 +20,14 @@ import json
 import os
 import uuid
 
+from keras_transformer import local_files
+
 CHECKSUM_SUFFIX = ".sha256"
 _BLOCK = 1 << 20
 
 
 def _gfile():
-    import tensorflow as tf
-
-    return tf.io.gfile
+    return local_files.gfile()  # tf.io.gfile, or the local disk where TensorFlow is absent
 
 
 def file_digest(path):

@@ -38,7 +38,7 @@ import threading
 import time
 import uuid
 
-from keras_transformer import stopping
+from keras_transformer import local_files, stopping
 from keras_transformer.errors import WorkdirInUseError
 
 LOCK_FILE = "lock.json"
@@ -46,9 +46,7 @@ DEFAULT_LEASE_SECONDS = 120.0
 
 
 def _gfile():
-    import tensorflow as tf
-
-    return tf.io.gfile
+    return local_files.gfile()  # tf.io.gfile, or the local disk where TensorFlow is absent
 
 
 def _alive(pid):

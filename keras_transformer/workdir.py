@@ -57,6 +57,7 @@ import shutil
 import tempfile
 import warnings
 
+from keras_transformer import local_files
 from keras_transformer.integrity import (
     checkpoint_problem,
     is_local,
@@ -148,9 +149,8 @@ class Workdir:
 
 
 def _gfile():
-    import tensorflow as tf  # lazily: config errors come before TensorFlow loads
-
-    return tf.io.gfile
+    # Lazily: config errors come before TensorFlow loads (local files where it is absent).
+    return local_files.gfile()
 
 
 def join(*parts):
@@ -171,9 +171,7 @@ def read_text(path):
 
 
 def _not_found_errors():
-    import tensorflow as tf
-
-    return (tf.errors.NotFoundError, tf.errors.PermissionDeniedError)
+    return local_files.not_found_errors()
 
 
 def copy_atomically(local_path, path):

@@ -24,6 +24,7 @@ LEVELS = {
     "keras_transformer.workdir": 0,
     "keras_transformer.fast_paths": 0,
     "keras_transformer.tf_utils": 0,
+    "keras_transformer.local_files": 0,
     "keras_transformer.stopping": 0,
     "keras_transformer.layers": 1,
     "keras_transformer.data": 1,
