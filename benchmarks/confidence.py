@@ -8,7 +8,7 @@ correlation with sentence chrF and the corpus chrF of the lowest-confidence tent
 rest, beside the card's in-sample dev figures. One JSON line (`figure: confidence`; with
 `BENCH_LABEL` set, appended to `benchmarks/results/confidence.jsonl`).
 
-    PYTHONPATH=$PWD BENCH_LABEL=quickstart python benchmarks/confidence.py --workdir workdirs/quickstart
+    BENCH_LABEL=quickstart python benchmarks/confidence.py --workdir workdirs/quickstart
 
 `--workdir` is a trained workdir: its `result.json` names the export, its config the test set.
 """
