@@ -97,8 +97,9 @@ def lost_the_workdir():
 def catching():
     """A block in which SIGTERM and SIGINT set the stop flag instead of ending the process.
 
-    Nested blocks share the outermost one's handlers; the previous handlers come back, and the
-    flag is cleared, when the outermost block ends. Outside the main thread (where Python cannot
+    Nested blocks share the outermost one's handlers (installing them again where something
+    replaced them meanwhile); the previous handlers come back, and the flag is cleared, when the
+    outermost block ends. Outside the main thread (where Python cannot
     install handlers) it does nothing.
 
     Example:
@@ -110,9 +111,14 @@ def catching():
     ```
     """
     main = threading.current_thread() is threading.main_thread()
-    if main and _FLAG.depth == 0:
+    if main:
         for signum in SIGNALS:
-            _FLAG.previous[signum] = signal.signal(signum, _handle)
+            # Installed again by each nested block: creating a multi-worker strategy installs
+            # TensorFlow's own SIGTERM handler (its preemption notifier, in C++, where Python's
+            # `getsignal` does not see it), which would swallow the signal.
+            previous = signal.signal(signum, _handle)
+            if _FLAG.depth == 0:
+                _FLAG.previous[signum] = previous
     _FLAG.depth += main
     try:
         yield _FLAG

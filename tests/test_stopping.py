@@ -162,7 +162,8 @@ def test_a_kept_segment_that_changed_is_not_trusted_the_shards_are_written_again
 
 def _result(workdir):
     result = json.loads((workdir / "result.json").read_text())
-    for key in ("wall_seconds", "training_seconds", "logs", "checkpoints", "saved_model"):
+    for key in ("wall_seconds", "training_seconds", "end_seconds", "logs", "checkpoints",
+                "saved_model"):
         result.pop(key, None)
     result.get("selection", {}).pop("seconds", None)  # a choice among candidates only
     return result

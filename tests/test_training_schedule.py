@@ -80,7 +80,8 @@ def test_config_chooses_the_schedule():
     )
     schedule = make_optimizer(config)._learning_rate
     assert isinstance(schedule, BudgetSchedule)
-    assert (schedule.decay, schedule.total_steps, schedule.total_seconds) == ("cosine", 5000, 1800)
+    # Training's part of the 30 minutes: the last tenth is the end's (train.end_minutes).
+    assert (schedule.decay, schedule.total_steps, schedule.total_seconds) == ("cosine", 5000, 1620)
     for paper in ("transformer_base.yaml", "transformer_big.yaml"):
         # the paper's schedule stays the paper configs' default
         config = load_config(os.path.join(CONFIGS, paper))
@@ -170,4 +171,4 @@ def _assert_documented_time_keys(path):
     guide = os.path.join(os.path.dirname(CONFIGS), "docs", "guides", "python-api.md")
     with open(guide) as f:
         documented = set(re.findall(r"`(\w+_seconds)`", f.read()))
-    assert times == documented == {"training_seconds", "wall_seconds"}
+    assert times == documented == {"training_seconds", "end_seconds", "wall_seconds"}

@@ -382,7 +382,8 @@ class StopAtStep(RunStateCallback):
         if self.max_seconds is not None and self.elapsed >= self.max_seconds:
             if not self.out_of_time:
                 print(
-                    f"time budget of {self.max_seconds / 60:g} minutes reached at step {step}",
+                    f"training's time budget of {self.max_seconds / 60:g} minutes reached at "
+                    f"step {step}",
                     flush=True,
                 )
             self.out_of_time = True
