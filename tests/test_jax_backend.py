@@ -4,6 +4,7 @@ weights, and `train()` on JAX (resume after SIGKILL, export to the TF SavedModel
 
 Each JAX run is a subprocess (`KERAS_BACKEND=jax`, CPU) running `tests/jax_runner.py`."""
 
+import importlib.util
 import json
 import os
 import signal
@@ -17,7 +18,10 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNNER = os.path.join(ROOT, "tests", "jax_runner.py")
 
-pytest.importorskip("jax")
+# Not imported here: this process (every pytest-xdist worker collects this module) runs
+# TensorFlow, and JAX's XLA runtime beside TensorFlow's in one process is not what users run.
+if importlib.util.find_spec("jax") is None:
+    pytest.skip("jax is not installed", allow_module_level=True)
 
 
 def _env(**more):
