@@ -291,7 +291,10 @@ def test_a_killed_prepare_is_never_taken_as_complete(tmp_path):
     config = _config(workdir, train="synthetic:split=train,size=12000,max_words=20")
     config_path = str(tmp_path / "tiny.yaml")
     save_config(config, config_path)
-    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    # Small segments: shards appear in prepared.partial/ early and keep growing (with one
+    # 65,536-pair segment they appeared just before the rename, and the kill could miss them).
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2",
+               KERAS_TRANSFORMER_PREPARE_SEGMENT="512")  # fmt: skip
     process = subprocess.Popen(
         [sys.executable, "-m", "keras_transformer.cli", "prepare", "--config", config_path],
         env=env,
