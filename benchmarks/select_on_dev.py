@@ -15,7 +15,9 @@ JSON line (`benchmarks/common.py`'s `emit`; with `BENCH_LABEL` set, also appende
 Stage `compare` (after `train`, not a timing of the run) chooses again on the trained workdir
 decoding every candidate at the beam (`export.select_screen_sentences: 0`, the choice before the
 screening) and prints the screened choice against it, with the run's budget, training and end
-seconds (JSON line `select_on_dev_screened`).
+seconds (training's part as the end's estimate moved it, `end_reserve`), the estimate, and
+whether training and the end together kept `train.max_minutes` (JSON line
+`select_on_dev_screened`).
 
     PYTHONPATH=$PWD python benchmarks/select_on_dev.py --stage train --work /tmp/sel1 --seed 42
     PYTHONPATH=$PWD BENCH_LABEL=run1 python benchmarks/select_on_dev.py --stage evaluate \\
@@ -146,6 +148,10 @@ def compare(args):
     ).selection  # fmt: skip
     screened = result["selection"]
     training_budget, end_budget = budget_seconds(config.train)
+    budget = result.get("budget") or {}  # training's part moved by the end's estimate
+    training_budget = budget.get("training_seconds", training_budget)
+    end_budget = config.train.max_minutes * 60 - training_budget
+    used = result["training_seconds"] + result.get("end_seconds", 0.0)
     emit(
         figure="select_on_dev_screened",
         system="keras-transformer",
@@ -157,6 +163,9 @@ def compare(args):
         end_budget_s=end_budget,
         training_s=result["training_seconds"],
         end_s=result.get("end_seconds"),
+        end_estimate_s=budget.get("end_estimate_seconds"),
+        training_plus_end_s=round(used, 1),
+        budget_held=used <= config.train.max_minutes * 60,
         wall_s=result["wall_seconds"],
         precision=result.get("precision"),
         selection_sentences=screened["sentences"],

@@ -18,7 +18,7 @@ import tempfile
 import time
 
 from keras_transformer.errors import KerasTransformerError, UsageError
-from keras_transformer.workdir import Workdir
+from keras_transformer.workdir import Workdir, read_json
 
 # --------------------------------------------------------------------------- helpers
 
@@ -536,7 +536,7 @@ def _card_inputs(workdir, config, vocab_size, selection=None):
     from keras_transformer.export.card import card_facts
 
     layout = Workdir(workdir)
-    result = _read_result(layout)
+    result = read_json(layout.result)
     if selection:  # this export's own choice on dev
         result = {**(result or {}), "selection": selection}
     try:
@@ -546,23 +546,13 @@ def _card_inputs(workdir, config, vocab_size, selection=None):
     return card_facts(config, read_manifest(layout.prepared), result, vocab_size), dev_pairs
 
 
-def _read_result(layout):
-    """The workdir's `result.json` as a dict (any filesystem), or None."""
-    from keras_transformer.workdir import read_text
-
-    try:
-        return json.loads(read_text(layout.result))
-    except (OSError, ValueError):
-        return None
-
-
 def _record_export(workdir, path, final):
     """Appends this export's choice on dev to `result.json`'s `exports` (written whole): the
     training's own figures stay those of the model it exported."""
     from keras_transformer.integrity import write_atomically
 
     layout = Workdir(workdir)
-    result = _read_result(layout) or {}
+    result = read_json(layout.result) or {}
     result.setdefault("exports", []).append(
         {
             "saved_model": path,

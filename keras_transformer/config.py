@@ -298,7 +298,8 @@ class TrainConfig:
     end_minutes: Optional[float] = _field(
         None,
         "with train.max_minutes, the minutes kept for what follows training (the dev set's "
-        "choice, scoring, export); null: a tenth of train.max_minutes",
+        "choice, scoring, export); null: a tenth of train.max_minutes, or more where the end "
+        "needs more at the decoding speed measured at each dev evaluation (one process only)",
         valid=f"[0, {_MAX_MINUTES}]",
     )
     seed: int = _field(42, "seed of weight initialisation and dropout", valid=_SEEDS)

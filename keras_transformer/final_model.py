@@ -88,12 +88,17 @@ class FinalModel:
         steps: the checkpoint steps averaged into it.
         alpha: the length penalty chosen on dev; None: the config's (`decoding_settings`).
         selection: the dev-set choice (`to_json()` goes to `result.json`), or None.
+        dev_scores: `(settings, sentences, scores)`: the chosen candidate's dev figures of the
+            choice (`evaluation.score_translations`), decoded with the `DecodingSettings`
+            `settings` on the first `sentences` dev pairs, which the scoring reuses where it
+            would decode the same (`reused_dev_scores`); None where not decoded in this process.
     """
 
     model: object
     steps: list
     alpha: float = None
     selection: dict = None
+    dev_scores: tuple = None
 
 
 def selects_on_dev(config):
@@ -254,7 +259,8 @@ def select_on_dev(model, tokenizer, config, layout, dev_pairs, alpha=None, repor
     sets = list(dict.fromkeys((c.checkpoints, c.kind) for c in found))  # simplest first
     screen = config.export.select_screen_sentences
     report(f"choosing the final model on {len(pairs)} dev sentences: {len(found)} candidates")
-    kept, state, greedy = kept or KeptFigures(None), {"loaded": None, "cache": {}}, {}
+    kept, greedy = kept or KeptFigures(None), {}
+    state = {"loaded": None, "cache": {}, "figures": {}}
     if screen and len(sets) > config.export.select_finalists:
         greedy = _screen(model, tokenizer, config, pairs[:screen], base, sets, kept, state)
         sets = sorted(sets, key=lambda s: -greedy[s])  # stable: the simpler first on a tie
@@ -287,6 +293,10 @@ def select_on_dev(model, tokenizer, config, layout, dev_pairs, alpha=None, repor
         load_checkpoints(model, chosen.checkpoints)
     seconds = round(time.perf_counter() - started, 1)
     report(f"chose {chosen.describe()} (dev BLEU {ranked[0][1]:.2f}) in {seconds:.1f}s")
+    figures = state["figures"].get(_figure_name(chosen))
+    dev_scores = None
+    if figures is not None:
+        dev_scores = (dataclasses.replace(base, alpha=chosen.alpha), len(pairs), figures)
     selection = {
         "sentences": len(pairs),
         "beam_size": base.beam_size,
@@ -295,7 +305,16 @@ def select_on_dev(model, tokenizer, config, layout, dev_pairs, alpha=None, repor
         "candidates": [_candidate_json(c, bleu) for c, bleu in ranked],
         **_screened_json(greedy, len(pairs[:screen])),
     }
-    return FinalModel(model, chosen.steps, chosen.alpha, selection)
+    return FinalModel(model, chosen.steps, chosen.alpha, selection, dev_scores)
+
+
+def reused_dev_scores(final, settings, sentences):
+    """The choice's dev figures of `final` (a `FinalModel`) where scoring `sentences` dev
+    sentences with `settings` would decode exactly what the choice decoded; else None."""
+    if final.dev_scores is None:
+        return None
+    decoded_with, decoded, scores = final.dev_scores
+    return scores if (decoded_with, decoded) == (settings, sentences) else None
 
 
 def _screened_json(greedy, sentences):
@@ -325,7 +344,7 @@ def _screen(model, tokenizer, config, pairs, base, sets, kept, state):
 def _dev_bleu(model, tokenizer, config, pairs, settings, candidate, kept, section, state):
     """The dev BLEU of `candidate` decoded with `settings` (kept in `kept[section]`); loads its
     checkpoints into `model` unless `state["loaded"]` already holds them."""
-    name = json.dumps([candidate.steps, candidate.kind, candidate.alpha])
+    name = _figure_name(candidate)
     bleu = kept.get(*section, name)
     if bleu is None:
         if state["loaded"] != candidate.checkpoints:  # each set of checkpoints loaded once
@@ -336,7 +355,13 @@ def _dev_bleu(model, tokenizer, config, pairs, settings, candidate, kept, sectio
         )
         bleu = figures["bleu"]
         kept.put(*section, name, bleu)
+        if section[0] == "choice":
+            state["figures"][name] = figures
     return bleu
+
+
+def _figure_name(candidate):
+    return json.dumps([candidate.steps, candidate.kind, candidate.alpha])
 
 
 def _candidate_json(candidate, bleu):

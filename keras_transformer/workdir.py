@@ -51,6 +51,7 @@ and command modules can all use it.
 
 import contextlib
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -168,6 +169,15 @@ def read_text(path):
             return f.read()
     except _not_found_errors() as e:
         raise FileNotFoundError(f"{path}: {e}") from None
+
+
+def read_json(path):
+    """The JSON value in `path` (any filesystem), or None where it is missing or unreadable
+    (the files written whole by `write_atomically` are complete or absent)."""
+    try:
+        return json.loads(read_text(path))
+    except (OSError, ValueError):
+        return None
 
 
 def _not_found_errors():

@@ -41,7 +41,7 @@ from keras_transformer.workdir import (
     Workdir,
     join,
     list_checkpoints,
-    read_text,
+    read_json,
     save_model_weights,
     write_atomically,
 )
@@ -53,7 +53,7 @@ def train(config):
     resumes from the last resume state exactly; a finished run is returned as it is."""
     _check_supported(config)
     layout = Workdir.of(config)
-    previous = _read_json(layout.result)
+    previous = read_json(layout.result)
     if previous and previous.get("step", 0) >= config.train.steps:
         print(f"{layout.root} already holds a finished run ({previous['step']} steps).")
         return previous
@@ -261,13 +261,6 @@ def _read_split(spec):
     from keras_transformer.data.corpora import read_pairs
 
     return read_pairs(spec) if spec else []
-
-
-def _read_json(path):
-    try:
-        return json.loads(read_text(path))
-    except (OSError, ValueError):
-        return None
 
 
 def _finish(config, layout, model, processor, started):

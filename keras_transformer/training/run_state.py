@@ -69,6 +69,9 @@ class RunState:
         self.agree = agree
         self.keeps_time = keeps_time
         self.timed = False  # a time budget: the clock is agreed on after every batch
+        # The budget schedule's time runs this much faster than the clock: training stops
+        # before the schedule's total_seconds (`end_reserve.EndReserve`) and the decay follows.
+        self.schedule_scale = 1.0
         self.model = None
         self._start = None
         self._offset = 0.0
@@ -101,7 +104,7 @@ class RunState:
         self._offset = self.elapsed
         self._schedule = _time_schedule(model.optimizer)
         if self._schedule is not None:
-            self._schedule.elapsed_seconds.assign(self._offset)
+            self._schedule.elapsed_seconds.assign(self._offset * self.schedule_scale)
 
     def batch_begins(self):
         self._running = True
@@ -117,7 +120,7 @@ class RunState:
             elapsed = float(self.agree(elapsed if self.keeps_time else 0.0))
         self.clock.assign(elapsed)
         if self._schedule is not None:
-            self._schedule.elapsed_seconds.assign(elapsed)
+            self._schedule.elapsed_seconds.assign(elapsed * self.schedule_scale)
         self.position.assign_add(1)
 
 

@@ -26,9 +26,11 @@ from keras_transformer.final_model import (
     KeptFigures,
     figures_key,
     final_model,
+    reused_dev_scores,
     selects_on_dev,
 )
 from keras_transformer.models import build_transformer
+from keras_transformer.training import end_reserve
 from keras_transformer.training.callbacks import (
     ResumeState,
     StepCheckpoint,
@@ -58,7 +60,7 @@ from keras_transformer.training.replica_batches import ReplicaBatches, iterated_
 from keras_transformer.training.run_state import RunState
 from keras_transformer.training.visuals import AttentionSummaries, write_hparams
 from keras_transformer.training.worker_batches import IteratorBackup, WorkerBatches, WorkerInput
-from keras_transformer.workdir import Workdir, join, read_text, write_atomically
+from keras_transformer.workdir import Workdir, join, read_json, write_atomically
 
 # The chief's heartbeat file in the workdir while it prepares the data (multi-worker).
 PREPARE_HEARTBEAT = "prepare.heartbeat"
@@ -67,13 +69,6 @@ PREPARE_HEARTBEAT = "prepare.heartbeat"
 def resolve_workdir(config):
     """`runtime.workdir`, or `workdirs/<config name>` when it is not set."""
     return Workdir.of(config).root
-
-
-def _read_result(path):
-    try:
-        return json.loads(read_text(path))
-    except (OSError, ValueError):
-        return None
 
 
 def _model_dtype(config):
@@ -232,27 +227,42 @@ def _train(config):
     if not run.chief:
         return _worker_done(run, model)
     step = optimizer_step(model)
-    end_started, end_seconds = time.perf_counter(), budget_seconds(run.config.train)[1]
-    deadline = None if end_seconds is None else end_started + end_seconds
+    end_started, t = time.perf_counter(), run.config.train
+    # The end has what training left of the budget (`end_reserve`: at least the reserve).
+    end_seconds = None if t.max_minutes is None else t.max_minutes * 60 - stopper.elapsed
+    deadline = None if end_seconds is None else end_started + max(end_seconds, 0.0)
     final = _final_model(run, data.tokenizer, deadline)
     result = _score(run, final, data.tokenizer, step, stopper)
     if parent:
         result["init_from"] = {key: parent[key] for key in ("path", "checkpoint", "step")}
     result["saved_model"] = _export(final.model, data.tokenizer, config, result, final.alpha)
-    # What followed training (choice, scoring, export): within train.end_minutes on a budget.
+    # What followed training (choice, scoring, export): within the budget's end.
     result["end_seconds"] = round(time.perf_counter() - end_started, 1)
+    if run.config.train.max_minutes is not None:
+        result["budget"] = _budget_json(run, stopper)
     return _finish(run, result)
+
+
+def _budget_json(run, stopper):
+    """result.json's `budget`: the minutes, training's part of them (moved by the end's
+    estimate, `end_reserve`) and that estimate (None where the reserve was fixed)."""
+    kept = end_reserve.read_estimate(run.layout.root, run.config.train)
+    return {
+        "max_minutes": run.config.train.max_minutes,
+        "training_seconds": round(stopper.max_seconds, 1),
+        "end_estimate_seconds": kept["end_seconds"] if kept else None,
+    }
 
 
 def _finished_result(layout, config):
     """The result of a finished run in this workdir (printed), or None."""
-    previous = _read_result(layout.result)
+    previous = read_json(layout.result)
     budget = budget_seconds(config.train)[0]
     out_of_time = (
         previous
         and budget is not None
         and previous.get("stopped_by_time_budget")
-        and previous.get("training_seconds", 0) >= budget
+        and previous.get("training_seconds", 0) >= _training_budget(previous, config, budget)
     )
     if previous and (previous.get("step", 0) >= config.train.steps or out_of_time):
         print(f"{layout.root} already holds a finished run ({previous['step']} steps).", flush=True)
@@ -503,7 +513,7 @@ def _callbacks(run, model, data, resume):
         run_state=resume.run_state,
     )
     callbacks = [stopper, resume, keras.callbacks.TerminateOnNaN()]
-    callbacks += _chief_callbacks(run, model, data) if chief else []
+    callbacks += _chief_callbacks(run, model, data, stopper) if chief else []
     # TrainingSummaries reads the metrics on every worker (a collective under several).
     summaries = TrainingSummaries(
         run.layout.logs,
@@ -598,8 +608,9 @@ def _is_peer_failure(error):
     return "collective" in message or "peer" in message or "heartbeat" in message
 
 
-def _chief_callbacks(run, model, data):
-    """Step checkpoints, hyperparameters and dev-set evaluation: the chief's alone."""
+def _chief_callbacks(run, model, data, stopper):
+    """Step checkpoints, hyperparameters and dev-set evaluation (and, on a time budget, the
+    end's estimate that moves `stopper`'s time: `end_reserve`): the chief's alone."""
     config, layout = run.config, run.layout
     t = config.train
     callbacks = [StepCheckpoint(layout.checkpoints, t.checkpoint_every, t.keep_checkpoints)]
@@ -617,6 +628,18 @@ def _chief_callbacks(run, model, data):
             skip_at_step=t.steps,
         )
         callbacks.append(evaluator)
+        if end_reserve.estimates(config, is_multi_worker(run.strategy)):
+            test_pairs = _read_split(config.data.test)
+            callbacks.append(
+                end_reserve.EndReserve(
+                    config,
+                    evaluator,
+                    stopper,
+                    end_reserve.end_work(config, len(dev_pairs), len(test_pairs)),
+                    lambda: build_transformer(config.model, data.tokenizer.vocab_size),
+                    root=layout.root,
+                )
+            )
         if t.keep_best:
             callbacks.append(KeepBest(evaluator, layout.best, t.keep_best, t.checkpoint_every))
         # Heatmaps of the first dev sentence at each evaluation (TensorBoard's Images tab).
@@ -639,6 +662,15 @@ def _worker_done(run, model):
     return {"name": run.config.name, "step": step, "chief": False}
 
 
+def _training_budget(previous, config, budget):
+    """Training's seconds of the budget: where a finished run moved them (`end_reserve`) under
+    the same `train.max_minutes`, its own."""
+    kept = previous.get("budget") or {}
+    if kept.get("max_minutes") == config.train.max_minutes and "training_seconds" in kept:
+        return min(budget, kept["training_seconds"])
+    return budget
+
+
 def _final_model(run, tokenizer, deadline=None):
     """The final model (`final_model.final_model`, as `keras-transformer export` makes it): the
     average of the last `export.average_checkpoints` checkpoints (the paper's final models), or
@@ -658,7 +690,9 @@ def _final_model(run, tokenizer, deadline=None):
         from keras_transformer.export.saved_model import MAX_CALIBRATION_SENTENCES
 
         test_pairs = _read_split(config.data.test) or []
-        after = len(dev_pairs) + len(test_pairs) + min(len(dev_pairs), MAX_CALIBRATION_SENTENCES)
+        scoring = 0 if end_reserve.scoring_reuses_the_choice(config, len(dev_pairs)) else 1
+        after = (scoring * len(dev_pairs) + len(test_pairs)
+                 + min(len(dev_pairs), MAX_CALIBRATION_SENTENCES))  # fmt: skip
     return final_model(
         config, run.layout, tokenizer.vocab_size, tokenizer, dev_pairs, strict=False,
         kept=_kept_figures(run.layout), deadline=deadline, after_sentences=after,
@@ -699,6 +733,9 @@ def _score(run, final, tokenizer, step, stopper):
         if not pairs:
             continue
         scores = kept.get("scores", key, split)
+        if scores is None and split == "dev":
+            # The choice decoded these sentences with these settings already: not twice.
+            scores = reused_dev_scores(final, settings, len(pairs))
         if scores is None:
             scores, _ = evaluate_bleu(
                 final.model, tokenizer, pairs, config.data, settings, _cache=cache,

@@ -1,0 +1,216 @@
+"""The end of a time-budgeted run, measured while it trains, so that it fits the budget.
+
+A `train.max_minutes` budget covers training and what follows it: the dev set's choice of the
+final model, the dev and test scoring, the export's calibration and the export (the end). By
+default (`train.end_minutes: null`) training stops a tenth of the budget before its end, or
+earlier where the end needs more: at each dev evaluation `EndReserve` decodes a few dev
+sentences with a float32 copy of the model (the end decodes with the float32 final model) at
+the export's beam and greedily, and estimates the end's seconds from those speeds and the
+sentences the end decodes (`end_work`). Training then stops `estimate` seconds before the
+budget (never before half of it), and the learning rate's decay is stretched to reach zero
+there (`RunState.schedule_scale`). The estimate is kept in `WORKDIR/end_estimate.json`, so a
+resumed run stops at the same time and follows the same curve until the next evaluation.
+
+An explicit `train.end_minutes`, or training on several workers (where the stopping time is
+every worker's decision), keeps the fixed reserve.
+"""
+
+import dataclasses
+import json
+import time
+
+import keras
+
+from keras_transformer.config import AUTO, budget_seconds, decoding_settings
+from keras_transformer.evaluation import translate_sentences
+from keras_transformer.workdir import join, read_json, write_atomically
+
+ESTIMATE_FILE = "end_estimate.json"  # in WORKDIR
+PROBE_SENTENCES = 64  # dev sentences decoded (twice at the first evaluation) per estimate
+MIN_TRAINING_SHARE = 0.5  # training keeps at least this part of the budget
+# The export traces its signatures (translate, n-best, score, prefix) and the calibration's
+# feature function: each costs about one decoding function's trace.
+EXPORT_TRACES = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class EndWork:
+    """What the end of a run decodes.
+
+    Attributes:
+        beam: sentences decoded with the export's beam (candidates, scoring, calibration).
+        greedy: sentences decoded greedily (the screening of the candidates).
+        traces: decoding functions traced anew.
+    """
+
+    beam: int
+    greedy: int
+    traces: int
+
+    def seconds(self, beam_seconds, greedy_seconds, trace_seconds):
+        """The end's seconds at these speeds (seconds per sentence; seconds per trace)."""
+        return self.beam * beam_seconds + self.greedy * greedy_seconds + self.traces * trace_seconds
+
+
+def end_work(config, dev_sentences, test_sentences):
+    """The `EndWork` of `config`'s end with `dev_sentences` and `test_sentences` pairs: the
+    choice's candidates (screened greedily, the finalists at the beam, `final_model`), the dev
+    scoring (unless it reuses the choice's decoding), the test scoring and the calibration."""
+    from keras_transformer.export.saved_model import MAX_CALIBRATION_SENTENCES
+    from keras_transformer.final_model import ALPHA_CANDIDATES, selects_on_dev
+
+    e, t = config.export, config.train
+    calibration = min(dev_sentences, MAX_CALIBRATION_SENTENCES)
+    beam, greedy, traces = test_sentences + calibration, 0, 1 + EXPORT_TRACES
+    choosing = bool(dev_sentences) and selects_on_dev(config)
+    select = min(dev_sentences, e.select_max_sentences)
+    beam += 0 if scoring_reuses_the_choice(config, dev_sentences) else dev_sentences
+    if choosing:
+        sets = len({1, 2, 3, t.keep_checkpoints}) if e.average_checkpoints == AUTO else 1
+        sets += 2 if (t.keep_best and e.average_checkpoints == AUTO) else 0
+        alphas = len(ALPHA_CANDIDATES) if _auto_alpha(config) else 1
+        finalists = sets
+        if e.select_screen_sentences and sets > e.select_finalists:
+            finalists = e.select_finalists
+            greedy = sets * min(e.select_screen_sentences, select)
+            traces += 1
+        beam += finalists * alphas * select
+        traces += alphas
+    return EndWork(beam, greedy, traces)
+
+
+def _auto_alpha(config):
+    return config.decode.alpha == AUTO and config.export.alpha is None
+
+
+def scoring_reuses_the_choice(config, dev_sentences):
+    """True when the dev scoring reuses the choice's decoding of the chosen candidate
+    (`final_model.reused_dev_scores`): the choice decodes every one of the `dev_sentences`
+    with the scoring's search (the export's, but for the alpha it chooses)."""
+    from keras_transformer.final_model import selects_on_dev
+
+    if not dev_sentences or not selects_on_dev(config):
+        return False
+    scoring = decoding_settings(config).without_sampling()
+    choice = decoding_settings(config, export=True).without_sampling()
+    same = dataclasses.replace(scoring, alpha=0.0) == dataclasses.replace(choice, alpha=0.0)
+    return same and config.export.select_max_sentences >= dev_sentences
+
+
+def training_seconds(train, end_seconds):
+    """Training's part of `train.max_minutes` when the end needs `end_seconds`: the budget less
+    the larger of those and the fixed reserve (`budget_seconds`), but at least half of it."""
+    total = train.max_minutes * 60
+    fixed = budget_seconds(train)[0]
+    return max(min(fixed, total - end_seconds), MIN_TRAINING_SHARE * total)
+
+
+def read_estimate(root, train):
+    """The kept estimate of the workdir `root` (a dict) where made under the same budget."""
+    kept = read_json(join(root, ESTIMATE_FILE)) or {}
+    same = (kept.get("max_minutes"), kept.get("end_minutes")) == (
+        train.max_minutes,
+        train.end_minutes,
+    )
+    return kept if kept and same else None
+
+
+def estimates(config, strategy_is_multi_worker):
+    """True when the end's seconds are estimated during training (see the module)."""
+    t = config.train
+    return t.max_minutes is not None and t.end_minutes is None and not strategy_is_multi_worker
+
+
+class EndReserve(keras.callbacks.Callback):
+    """At each dev evaluation, estimates the end's seconds and moves the stop of training (and
+    the learning rate's decay) so that the end fits the budget (see the module).
+
+    Args:
+        config: the run's `ExperimentConfig`.
+        evaluator: the run's `DevEvaluator` (the same evaluations; its first dev pairs probe).
+        stopper: the run's `StopAtStep` (its `max_seconds` moves).
+        work: the end's `EndWork`.
+        twin: `() -> model`: a float32 model of the same architecture (built once).
+        root: the workdir, where the estimate is kept; None keeps nothing.
+        timer: the clock (`time.perf_counter`; tests pass their own).
+        report: `line -> None` (default print).
+    """
+
+    def __init__(self, config, evaluator, stopper, work, twin, root=None, timer=None,
+                 report=print):  # fmt: skip
+        super().__init__()
+        self.config = config
+        self.evaluator = evaluator
+        self.stopper = stopper
+        self.work = work
+        self.twin = twin
+        self.root = root
+        self.timer = timer or time.perf_counter
+        self.report = report
+        self.estimate = None  # the last estimate: a dict (see `apply`)
+        self._twin = None
+        self._cache = {}
+        self._traced = {}  # settings -> seconds of the first call less a timed call's
+        kept = read_estimate(root, config.train) if root else None
+        if kept:
+            self.apply(kept["end_seconds"], kept.get("speeds", {}), keep=False)
+
+    def on_epoch_end(self, epoch, logs=None):
+        from keras_transformer.training.callbacks import optimizer_step
+
+        if self.model.stop_training or self.evaluator.skips(optimizer_step(self.model)):
+            return  # training is over: nothing left to move
+        beam = decoding_settings(self.config, export=True).without_sampling()
+        greedy = dataclasses.replace(beam, beam_size=1)
+        speeds = {"beam": self.measure(beam), "greedy": self.measure(greedy)}
+        speeds["trace"] = max(self._traced.values())
+        end = self.work.seconds(speeds["beam"], speeds["greedy"], speeds["trace"])
+        self.apply(end, speeds)
+
+    def measure(self, settings):
+        """Seconds per sentence of the float32 copy of the model decoding the probe."""
+        if self._twin is None:
+            self._twin = self.twin()
+        self._twin.set_weights(self.model.get_weights())
+        sources = [s for s, _ in self.evaluator.pairs[:PROBE_SENTENCES]]
+        data = self.config.data
+
+        def timed():
+            began = self.timer()
+            translate_sentences(self._twin, self.evaluator.tokenizer, sources, data, settings,
+                                self._cache)  # fmt: skip
+            return self.timer() - began
+
+        first = timed() if settings not in self._traced else None
+        seconds = timed()
+        if first is not None:
+            self._traced[settings] = max(0.0, first - seconds)
+        return seconds / len(sources)
+
+    def apply(self, end_seconds, speeds=None, keep=True):
+        """Training stops when the end's `end_seconds` are left of the budget."""
+        t = self.config.train
+        fixed = budget_seconds(t)[0]
+        seconds = training_seconds(t, end_seconds)
+        previous = self.stopper.max_seconds
+        self.stopper.max_seconds = seconds
+        self.stopper.run_state.schedule_scale = fixed / seconds
+        self.estimate = {
+            "max_minutes": t.max_minutes,
+            "end_minutes": t.end_minutes,
+            "end_seconds": round(float(end_seconds), 1),
+            "training_seconds": round(seconds, 1),
+            "speeds": speeds or {},
+        }
+        if keep and self.root:
+            write_atomically(join(self.root, ESTIMATE_FILE), json.dumps(self.estimate, indent=1))
+        if previous is None or abs(seconds - previous) >= 1.0:
+            total = t.max_minutes * 60
+            over = total - end_seconds < MIN_TRAINING_SHARE * total
+            self.report(
+                f"the end (choice, scoring, export) needs about {end_seconds:.0f}s at the "
+                f"speed measured now: training stops at {seconds / 60:.1f} of the "
+                f"{t.max_minutes:g} budget minutes"
+                + ("; more than half the budget: the end may overrun it (fewer dev "
+                   "sentences: export.select_max_sentences)" if over else "")  # fmt: skip
+            )
