@@ -142,56 +142,62 @@ def _weights(path):
     return found
 
 
+DEV_100 = "data.dev=synthetic:split=dev,size=100"
+
+
 @pytest.mark.slow
-def test_jax_training_killed_and_resumed_ends_with_the_uninterrupted_weights(tmp_path):
+def test_jax_training_killed_resumes_exactly_and_its_workdir_exports_as_the_jax_search(tmp_path):
+    """`KERAS_BACKEND=jax keras-transformer train`: a run SIGKILLed after its step-2 state and
+    run again ends with the weights of an uninterrupted run; that run's workdir exports (on
+    TensorFlow) a SavedModel that translates 100 dev sentences as the JAX search does. One
+    uninterrupted training serves both checks (each costs a JAX process)."""
+    whole = tmp_path / "whole"
     done = subprocess.run(
-        _train_command(tmp_path / "whole"), env=_env(), capture_output=True, text=True,
+        _train_command(whole, DEV_100), env=_env(), capture_output=True, text=True,
         timeout=900, cwd=ROOT,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
+    _assert_killed_run_resumes_to(whole, tmp_path / "killed")
+    _assert_export_translates_as_the_jax_search(whole, tmp_path / "export")
+
+
+def _assert_killed_run_resumes_to(whole, workdir):
     killed = subprocess.Popen(
-        _train_command(tmp_path / "killed"), env=_env(), cwd=ROOT,
+        _train_command(workdir, DEV_100), env=_env(), cwd=ROOT,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    state = tmp_path / "killed" / "backup" / "state-2.npz"
+    state = workdir / "backup" / "state-2.npz"
     deadline = time.time() + 600
     while not state.exists() and killed.poll() is None and time.time() < deadline:
         time.sleep(0.05)
     killed.send_signal(signal.SIGKILL)
     killed.wait()
-    assert state.exists() and not (tmp_path / "killed" / "result.json").exists()
+    assert state.exists() and not (workdir / "result.json").exists()
     done = subprocess.run(
-        _train_command(tmp_path / "killed"), env=_env(), capture_output=True, text=True,
+        _train_command(workdir, DEV_100), env=_env(), capture_output=True, text=True,
         timeout=900, cwd=ROOT,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resumed from step" in done.stdout
-    whole = _weights(tmp_path / "whole" / "checkpoints" / "ckpt-6.weights.h5")
-    resumed = _weights(tmp_path / "killed" / "checkpoints" / "ckpt-6.weights.h5")
-    assert whole.keys() == resumed.keys() and whole
-    for name in whole:
-        np.testing.assert_allclose(resumed[name], whole[name], atol=1e-6, rtol=0)
+    expected = _weights(whole / "checkpoints" / "ckpt-6.weights.h5")
+    resumed = _weights(workdir / "checkpoints" / "ckpt-6.weights.h5")
+    assert expected.keys() == resumed.keys() and expected
+    for name in expected:
+        np.testing.assert_allclose(resumed[name], expected[name], atol=1e-6, rtol=0)
 
 
-@pytest.mark.slow
-def test_jax_trained_workdir_exports_a_savedmodel_that_translates_as_the_jax_search(tmp_path):
+def _assert_export_translates_as_the_jax_search(workdir, output):
     from keras_transformer.commands import load_serving_function
 
-    workdir = tmp_path / "w"
-    done = subprocess.run(
-        _train_command(workdir, "data.dev=synthetic:split=dev,size=100"), env=_env(),
-        capture_output=True, text=True, timeout=900, cwd=ROOT,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
     jax_side = _run_jax("translate_dev", workdir)
     export = subprocess.run(
         [sys.executable, "-m", "keras_transformer.cli", "export", "--workdir", str(workdir),
-         "--output", str(tmp_path / "export")],
+         "--output", str(output)],
         env=dict(os.environ, KERAS_BACKEND="tensorflow", PYTHONPATH=ROOT),
         capture_output=True, text=True, timeout=900, cwd=ROOT,
     )  # fmt: skip
     assert export.returncode == 0, export.stderr[-3000:]
-    translate = load_serving_function(str(tmp_path / "export" / "quickstart"))
+    translate = load_serving_function(str(output / "quickstart"))
     served, _ = translate(jax_side["sources"])
     assert len(served) == 100
     assert served == jax_side["translations"]

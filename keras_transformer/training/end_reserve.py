@@ -3,12 +3,13 @@
 A `train.max_minutes` budget covers training and what follows it: the dev set's choice of the
 final model, the dev and test scoring, the export's calibration and the export (the end). By
 default (`train.end_minutes: null`) training stops a tenth of the budget before its end, or
-earlier where the end needs more: at each dev evaluation `EndReserve` decodes a few dev
-sentences with a float32 copy of the model (the end decodes with the float32 final model) at
-the export's beam and greedily, and estimates the end's seconds from those speeds and the
-sentences the end decodes (`end_work`). Training then stops `estimate` seconds before the
-budget (never before half of it), and the learning rate's decay is stretched to reach zero
-there (`RunState.schedule_scale`). The estimate is kept in `WORKDIR/end_estimate.json`, so a
+earlier where the end needs more: at a dev evaluation `EndReserve` decodes a sample of the dev
+sentences (`SAMPLE_BATCHES` decoding batches) with a float32 copy of the model (the end decodes
+with the float32 final model) at the export's beam and greedily, and estimates the end's
+seconds from those speeds and the sentences the end decodes (`end_work`), with a margin
+(`MARGIN`); it measures again after each further 40% of training's budget. Training then
+stops that estimate before the budget (never before half of it), and the learning rate's
+decay is stretched to reach zero there (`RunState.schedule_scale`). The estimate is kept in `WORKDIR/end_estimate.json`, so a
 resumed run stops at the same time and follows the same curve until the next evaluation.
 
 An explicit `train.end_minutes`, or training on several workers (where the stopping time is
@@ -26,11 +27,21 @@ from keras_transformer.evaluation import translate_sentences
 from keras_transformer.workdir import join, read_json, write_atomically
 
 ESTIMATE_FILE = "end_estimate.json"  # in WORKDIR
-PROBE_SENTENCES = 64  # dev sentences decoded (twice at the first evaluation) per estimate
+# The sample decoded per estimate: the first SAMPLE_BATCHES decoding batches of the evaluator's
+# dev sentences, sorted and batched as the end decodes (a single batch runs as long as its
+# longest sentence, which over-counts a set decoded in many sorted batches two-fold and more).
+SAMPLE_BATCHES = 4
+# The speeds are measured again once training has run this part of its budget since the last.
+REMEASURE_SHARE = 0.4
+# What the sample's speeds miss (loading and averaging the candidates' checkpoints, saving the
+# export: counted as traces): on a 20-minute Tatoeba run the end took 1.12x the estimate made
+# from the final model's own speeds (ledger select_on_dev, budget_20min_seed42).
+MARGIN = 1.2
 MIN_TRAINING_SHARE = 0.5  # training keeps at least this part of the budget
 # The export traces its signatures (translate, n-best, score, prefix) and the calibration's
-# feature function: each costs about one decoding function's trace.
-EXPORT_TRACES = 5
+# feature function, and saves the SavedModel: counted as traces of a decoding function, as is
+# loading (and averaging) each candidate's checkpoints.
+EXPORT_TRACES = 6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +86,7 @@ def end_work(config, dev_sentences, test_sentences):
             greedy = sets * min(e.select_screen_sentences, select)
             traces += 1
         beam += finalists * alphas * select
-        traces += alphas
+        traces += alphas + sets  # each set's checkpoints loaded (and averaged) once
     return EndWork(beam, greedy, traces)
 
 
@@ -151,6 +162,7 @@ class EndReserve(keras.callbacks.Callback):
         self._twin = None
         self._cache = {}
         self._traced = {}  # settings -> seconds of the first call less a timed call's
+        self._measured_at = None  # training seconds at the last measurement
         kept = read_estimate(root, config.train) if root else None
         if kept:
             self.apply(kept["end_seconds"], kept.get("speeds", {}), keep=False)
@@ -160,19 +172,27 @@ class EndReserve(keras.callbacks.Callback):
 
         if self.model.stop_training or self.evaluator.skips(optimizer_step(self.model)):
             return  # training is over: nothing left to move
+        elapsed, budget = self.stopper.elapsed, budget_seconds(self.config.train)[0]
+        if self._measured_at is not None and elapsed - self._measured_at < (
+            REMEASURE_SHARE * budget
+        ):
+            return  # measured lately: each measurement costs training time
+        self._measured_at = elapsed
         beam = decoding_settings(self.config, export=True).without_sampling()
         greedy = dataclasses.replace(beam, beam_size=1)
         speeds = {"beam": self.measure(beam), "greedy": self.measure(greedy)}
         speeds["trace"] = max(self._traced.values())
-        end = self.work.seconds(speeds["beam"], speeds["greedy"], speeds["trace"])
+        end = MARGIN * self.work.seconds(speeds["beam"], speeds["greedy"], speeds["trace"])
         self.apply(end, speeds)
 
     def measure(self, settings):
-        """Seconds per sentence of the float32 copy of the model decoding the probe."""
+        """Seconds per sentence of the float32 copy of the model decoding the sample (the
+        first time twice: the first call's extra seconds are its trace's)."""
         if self._twin is None:
             self._twin = self.twin()
         self._twin.set_weights(self.model.get_weights())
-        sources = [s for s, _ in self.evaluator.pairs[:PROBE_SENTENCES]]
+        sample = self.evaluator.pairs[: SAMPLE_BATCHES * settings.batch_size]
+        sources = [s for s, _ in sample]
         data = self.config.data
 
         def timed():
