@@ -9,8 +9,9 @@ with the float32 final model) at the export's beam and greedily, and estimates t
 seconds from those speeds and the sentences the end decodes (`end_work`), with a margin
 (`MARGIN`); it measures again after each further 40% of training's budget. Training then
 stops that estimate before the budget (never before half of it), and the learning rate's
-decay is stretched to reach zero there (`RunState.schedule_scale`). The estimate is kept in `WORKDIR/end_estimate.json`, so a
-resumed run stops at the same time and follows the same curve until the next evaluation.
+decay is stretched to reach zero there (`RunState.schedule_scale`). The estimate is kept in
+`WORKDIR/end_estimate.json`, so a resumed run stops at the same time and follows the same
+curve until the next evaluation.
 
 An explicit `train.end_minutes`, or training on several workers (where the stopping time is
 every worker's decision), keeps the fixed reserve.
