@@ -802,6 +802,8 @@ def config_reference():
             shown = "null" if default is None else yaml.safe_dump(default).strip()
             shown = shown.removesuffix("\n...").removesuffix("...").strip()
             valid = _describe_valid(f, hints[f.name])
-            lines.append(f"| `{f.name}` | `{shown}` | {valid} | {f.metadata.get('help', '')} |")
+            cells = [f"`{f.name}`", f"`{shown}`", valid, f.metadata.get("help", "")]
+            # A `|` in a cell (even in backticks) ends the cell in Markdown tables.
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         lines.append("")
     return "\n".join(lines)

@@ -112,6 +112,17 @@ def test_config_reference_is_in_sync():
     )
 
 
+def test_config_reference_rows_have_four_cells():
+    """A `|` inside a default, a valid range or a meaning is escaped: otherwise the table's
+    row splits there (the `strategy` and `mixed_precision` rows showed one word)."""
+    rows = [line for line in config_reference().splitlines() if line.startswith("| `")]
+    assert len(rows) > 50
+    for row in rows:
+        cells = re.split(r"(?<!\\)\|", row.strip())[1:-1]
+        assert len(cells) == 4, row
+    assert any("\\|" in row for row in rows)  # some meaning holds one (a choice "a | b")
+
+
 def test_config_reference_lists_every_key():
     from keras_transformer.config import SECTIONS
 
