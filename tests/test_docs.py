@@ -98,6 +98,18 @@ def test_readme_is_a_front_door():
             assert anchor in _anchors(path), f"README links to a missing anchor {link}"
 
 
+def test_no_section_opens_mid_sentence():
+    """The first paragraph under a heading starts a sentence (precision-xla.md's "bfloat16 on
+    CPUs" opened with "model re-exported with ... does;", the rest of a cut sentence)."""
+    cut = []
+    for path in _doc_pages():
+        text = re.sub(r"```.*?```", "CODE", _read(path), flags=re.S)
+        for heading, first in re.findall(r"^(#+ .+)\n\s*\n(\S[^\n]*)", text, re.M):
+            if first[0].islower():
+                cut.append(f"{os.path.relpath(path, ROOT)}: {heading!r} opens with {first!r}")
+    assert not cut, "\n".join(cut)
+
+
 def test_config_reference_is_in_sync():
     text = _read(CONFIG_PAGE)
     assert text.count(START) == 1 and text.count(END) == 1
