@@ -393,7 +393,8 @@ class ExportConfig:
 
     name: Optional[str] = _field(
         None,
-        "model name: saved_models/<name>/<version>; default: the config name",
+        "model name: saved_models/<name>/<version>; default: the workdir's last part "
+        "(workdirs/de-en exports to saved_models/de-en; workdirs/<config name> by default)",
         valid=_NON_EMPTY,
     )
     base_dir: str = _field("saved_models", "directory holding the named models", valid=_NON_EMPTY)
@@ -631,6 +632,18 @@ def apply_overrides(values, overrides):
             values[section] = {}
         values[section][field] = value
     return values
+
+
+def export_name(config, workdir=None):
+    """The name an export of `config` takes under `export.base_dir`: `export.name`, else the
+    last part of the workdir (`workdir`, `runtime.workdir`, or `workdirs/<config name>`), so
+    two models trained from one config file into two workdirs never become versions of one."""
+    if config.export.name:
+        return config.export.name
+    root = str(workdir or config.runtime.workdir or config.name).rstrip("/")
+    if "://" not in root:
+        root = os.path.abspath(root)
+    return os.path.basename(root) or config.name
 
 
 def load_config(path=None, overrides=None):
