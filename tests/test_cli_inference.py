@@ -178,7 +178,7 @@ def test_export_errors_exit_2(tmp_path, copy_model, toy_spm_path, run_cli):
         os.remove(workdir / "checkpoints" / entry)
     code, _, err = run_cli("export", "--workdir", str(workdir))
     assert code == 2 and "no checkpoints" in err
-    assert not os.path.exists(tmp_path / "saved_models" / "toy" / "1")
+    assert not os.path.exists(tmp_path / "saved_models" / "workdir" / "1")
 
 
 @pytest.mark.slow
