@@ -214,6 +214,11 @@ def _add_export_command(sub, common):
         help="base directory of the named model (default from config); with --format "
         "ctranslate2, the CTranslate2 model directory (default BASE_DIR/NAME-ctranslate2)",
     )
+    p.add_argument(
+        "--name",
+        help="model name: BASE_DIR/NAME/VERSION (default: export.name, else the workdir's "
+        "last part)",
+    )
     p.add_argument("--beam-size", type=int, help="beam size fixed in the SavedModel")
     p.add_argument("--alpha", type=float, help="length-penalty exponent fixed in the SavedModel")
     p.add_argument(
@@ -223,10 +228,10 @@ def _add_export_command(sub, common):
     _sampling_flags(p, "adds the translate_sample signature; default decode.sampling_*")
     p.add_argument(
         "--jit-compile",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         default=None,
-        help="compile the SavedModel's search with XLA (export.jit_compile; TF Serving then "
-        "needs --xla_cpu_compilation_enabled=true on a CPU)",
+        help="compile the SavedModel's search with XLA, or not (default: the workdir's "
+        "export.jit_compile; TF Serving then needs --xla_cpu_compilation_enabled=true on a CPU)",
     )
     p.add_argument(
         "--format",

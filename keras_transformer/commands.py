@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 
+from keras_transformer.config import export_name
 from keras_transformer.errors import KerasTransformerError, UsageError
 from keras_transformer.workdir import Workdir, read_json
 
@@ -584,7 +585,7 @@ def export_command(args):
         args.workdir, args.average, select, getattr(args, "alpha", None)
     )
     model, steps = final.model, final.steps
-    name = config.export.name or config.name
+    name = args.name or export_name(config, args.workdir)
     averaged = f"average of steps {', '.join(map(str, steps))}" if len(steps) > 1 else None
     if export_format == "ctranslate2":
         from keras_transformer.export.ct2 import export_ctranslate2
@@ -614,7 +615,8 @@ def export_command(args):
         name,
         facts,
         dev_pairs,
-        jit_compile=bool(args.jit_compile or config.export.jit_compile),
+        # --jit-compile / --no-jit-compile win over the workdir's export.jit_compile.
+        jit_compile=config.export.jit_compile if args.jit_compile is None else args.jit_compile,
     )
     if final.selection:
         _record_export(args.workdir, path, final)

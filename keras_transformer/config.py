@@ -393,7 +393,8 @@ class ExportConfig:
 
     name: Optional[str] = _field(
         None,
-        "model name: saved_models/<name>/<version>; default: the config name",
+        "model name: saved_models/<name>/<version>; default: the workdir's last part "
+        "(workdirs/de-en exports to saved_models/de-en; workdirs/<config name> by default)",
         valid=_NON_EMPTY,
     )
     base_dir: str = _field("saved_models", "directory holding the named models", valid=_NON_EMPTY)
@@ -633,6 +634,18 @@ def apply_overrides(values, overrides):
     return values
 
 
+def export_name(config, workdir=None):
+    """The name an export of `config` takes under `export.base_dir`: `export.name`, else the
+    last part of the workdir (`workdir`, `runtime.workdir`, or `workdirs/<config name>`), so
+    two models trained from one config file into two workdirs never become versions of one."""
+    if config.export.name:
+        return config.export.name
+    root = str(workdir or config.runtime.workdir or config.name).rstrip("/")
+    if "://" not in root:
+        root = os.path.abspath(root)
+    return os.path.basename(root) or config.name
+
+
 def load_config(path=None, overrides=None):
     """Loads a YAML config file (or only defaults when `path` is None) and applies overrides.
 
@@ -802,6 +815,8 @@ def config_reference():
             shown = "null" if default is None else yaml.safe_dump(default).strip()
             shown = shown.removesuffix("\n...").removesuffix("...").strip()
             valid = _describe_valid(f, hints[f.name])
-            lines.append(f"| `{f.name}` | `{shown}` | {valid} | {f.metadata.get('help', '')} |")
+            cells = [f"`{f.name}`", f"`{shown}`", valid, f.metadata.get("help", "")]
+            # A `|` in a cell (even in backticks) ends the cell in Markdown tables.
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         lines.append("")
     return "\n".join(lines)

@@ -61,7 +61,11 @@ def show(figure, name):
         "code",
         """from keras_transformer.config import load_config
 
-overrides = [f"runtime.workdir={WORKDIR}", f"export.base_dir={WORKDIR / 'saved_models'}"]
+overrides = [
+    f"runtime.workdir={WORKDIR}",
+    f"export.base_dir={WORKDIR / 'saved_models'}",
+    "export.name=quickstart",
+]
 if STEPS:
     overrides.append(f"train.steps={int(STEPS)}")
 config = load_config(ROOT / "configs" / "quickstart.yaml", overrides=overrides + EXTRA_OVERRIDES)

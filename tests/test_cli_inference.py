@@ -11,7 +11,7 @@ import _inference_fixtures as fx
 import numpy as np
 import pytest
 
-from keras_transformer.config import from_dict, save_config
+from keras_transformer.config import from_dict, load_config, save_config
 from keras_transformer.evaluation import score_translations
 from keras_transformer.export.saved_model import list_versions
 from keras_transformer.workdir import save_model_weights
@@ -90,18 +90,33 @@ def test_export_from_workdir(tmp_path, copy_model, toy_spm_path, run_cli):
     workdir = _write_workdir(tmp_path, copy_model, toy_spm_path)
     code, out, err = run_cli("export", "--workdir", str(workdir), "--average", "2")
     assert code == 0, err
-    model_dir = tmp_path / "saved_models" / "toy"
+    # Named after the workdir, not the config (every workdir of configs/small.yaml exported
+    # to saved_models/small: two models became versions of one).
+    model_dir = tmp_path / "saved_models" / "workdir"
     assert list_versions(str(model_dir)) == [1]
+    assert not (tmp_path / "saved_models" / "toy").exists()
     assert "200, 300" in out and str(model_dir / "1") in out
     output = tmp_path / "elsewhere"
     code, out, err = run_cli(
-        "export", "--workdir", str(workdir), "--output", str(output), "--jit-compile"
-    )
+        "export", "--workdir", str(workdir), "--output", str(output), "--name", "toy",
+        "--jit-compile",
+    )  # fmt: skip
     assert code == 0, err
     assert list_versions(str(output / "toy")) == [1]
-    metadata = output / "toy" / "1" / "assets.extra" / "keras_transformer.json"
-    assert json.loads(metadata.read_text())["jit_compile"] is True
-    for exported in (model_dir, output / "toy"):  # the graph search, then XLA's
+    metadata = str(output / "toy" / "{}" / "assets.extra" / "keras_transformer.json")
+    with open(metadata.format(1)) as f:
+        assert json.load(f)["jit_compile"] is True
+    # A workdir whose config compiles the search: --no-jit-compile turns it off.
+    config = load_config(str(workdir / "config.yaml"), overrides=["export.jit_compile=true"])
+    save_config(config, str(workdir / "config.yaml"))
+    code, out, err = run_cli(
+        "export", "--workdir", str(workdir), "--output", str(output), "--name", "toy",
+        "--no-jit-compile",
+    )  # fmt: skip
+    assert code == 0, err
+    with open(metadata.format(2)) as f:
+        assert json.load(f)["jit_compile"] is False
+    for exported in (model_dir, output / "toy" / "1"):  # the graph search, then XLA's
         code, out, err = run_cli("translate", "--model", str(exported), *SENTENCES)
         assert code == 0, err
         assert out.splitlines() == SENTENCES
@@ -163,7 +178,7 @@ def test_export_errors_exit_2(tmp_path, copy_model, toy_spm_path, run_cli):
         os.remove(workdir / "checkpoints" / entry)
     code, _, err = run_cli("export", "--workdir", str(workdir))
     assert code == 2 and "no checkpoints" in err
-    assert not os.path.exists(tmp_path / "saved_models" / "toy" / "1")
+    assert not os.path.exists(tmp_path / "saved_models" / "workdir" / "1")
 
 
 @pytest.mark.slow

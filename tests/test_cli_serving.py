@@ -59,7 +59,7 @@ def test_export_options_override_the_config(tmp_path, copy_model, toy_spm_path, 
         "--n-best", "1", "--max-extra-length", "5",
     )  # fmt: skip
     assert code == 0, err
-    path = os.path.join(tmp_path, "saved_models", "toy", "1")
+    path = os.path.join(tmp_path, "saved_models", "workdir", "1")  # the workdir's name
     with open(os.path.join(path, "assets.extra", "keras_transformer.json")) as f:
         metadata = json.load(f)
     assert (metadata["beam_size"], metadata["alpha"], metadata["n_best"]) == (1, 0.0, 1)

@@ -98,6 +98,18 @@ def test_readme_is_a_front_door():
             assert anchor in _anchors(path), f"README links to a missing anchor {link}"
 
 
+def test_no_section_opens_mid_sentence():
+    """The first paragraph under a heading starts a sentence (precision-xla.md's "bfloat16 on
+    CPUs" opened with "model re-exported with ... does;", the rest of a cut sentence)."""
+    cut = []
+    for path in _doc_pages():
+        text = re.sub(r"```.*?```", "CODE", _read(path), flags=re.S)
+        for heading, first in re.findall(r"^(#+ .+)\n\s*\n(\S[^\n]*)", text, re.M):
+            if first[0].islower():
+                cut.append(f"{os.path.relpath(path, ROOT)}: {heading!r} opens with {first!r}")
+    assert not cut, "\n".join(cut)
+
+
 def test_config_reference_is_in_sync():
     text = _read(CONFIG_PAGE)
     assert text.count(START) == 1 and text.count(END) == 1
@@ -110,6 +122,17 @@ def test_config_reference_is_in_sync():
     assert current == expected, (
         "docs/reference/config.md is stale: UPDATE_DOCS=1 python -m pytest tests/test_docs.py"
     )
+
+
+def test_config_reference_rows_have_four_cells():
+    """A `|` inside a default, a valid range or a meaning is escaped: otherwise the table's
+    row splits there (the `strategy` and `mixed_precision` rows showed one word)."""
+    rows = [line for line in config_reference().splitlines() if line.startswith("| `")]
+    assert len(rows) > 50
+    for row in rows:
+        cells = re.split(r"(?<!\\)\|", row.strip())[1:-1]
+        assert len(cells) == 4, row
+    assert any("\\|" in row for row in rows)  # some meaning holds one (a choice "a | b")
 
 
 def test_config_reference_lists_every_key():

@@ -206,7 +206,10 @@ def test_export_select_on_dev_from_the_command_line(tmp_path, copy_model, toy_sp
         config,
         decode=dataclasses.replace(config.decode, alpha=1.0),
         export=dataclasses.replace(
-            config.export, average_checkpoints=2, base_dir=str(tmp_path / "saved_models")
+            config.export,
+            name="copy",
+            average_checkpoints=2,
+            base_dir=str(tmp_path / "saved_models"),
         ),
     )
     save_config(fixed, layout.config)

@@ -197,7 +197,7 @@ def _assert_export_translates_as_the_jax_search(workdir, output):
         capture_output=True, text=True, timeout=900, cwd=ROOT,
     )  # fmt: skip
     assert export.returncode == 0, export.stderr[-3000:]
-    translate = load_serving_function(str(output / "quickstart"))
+    translate = load_serving_function(str(output / workdir.name))  # named after the workdir
     served, _ = translate(jax_side["sources"])
     assert len(served) == 100
     assert served == jax_side["translations"]

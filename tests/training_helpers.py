@@ -38,7 +38,12 @@ def tiny_config(workdir, **sections):
         ),
         "decode": dict(beam_size=1, batch_size=8, max_extra_length=5),
         "runtime": dict(workdir=str(workdir), jit_compile=False),
-        "export": dict(base_dir=os.path.join(str(workdir), "saved_models"), average_checkpoints=2),
+        # Named: by default an export takes the workdir's name (a test's tmp_path).
+        "export": dict(
+            name="tiny",
+            base_dir=os.path.join(str(workdir), "saved_models"),
+            average_checkpoints=2,
+        ),
     }
     for section, overrides in sections.items():
         values[section].update(overrides)

@@ -18,7 +18,12 @@ import keras
 import tensorflow as tf
 
 from keras_transformer import stopping
-from keras_transformer.config import budget_seconds, decoding_settings, save_config
+from keras_transformer.config import (
+    budget_seconds,
+    decoding_settings,
+    export_name,
+    save_config,
+)
 from keras_transformer.errors import WorkerError
 from keras_transformer.evaluation import evaluate_bleu
 from keras_transformer.final_model import (
@@ -98,7 +103,7 @@ def _export(model, tokenizer, config, result=None, alpha=None):
         decoding_settings(config, export=True, alpha=alpha),  # alpha: chosen on dev, or None
         config.data,
         config.export.base_dir,
-        config.export.name or config.name,
+        export_name(config, Workdir.of(config).root),
         card_facts=card_facts(config, manifest, result, tokenizer.vocab_size),
         dev_pairs=_read_split(config.data.dev),
         jit_compile=config.export.jit_compile,
