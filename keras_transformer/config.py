@@ -800,6 +800,15 @@ def _describe_valid(f, hint):
     return shown
 
 
+def _table_cell(text):
+    """`text` as a Markdown table cell: a `|` (even in backticks) would end the cell, and
+    `[a][b]` outside backticks would be a reference link (`[N*][bt:]SPEC` in a help text)."""
+    parts = text.replace("|", "\\|").split("`")
+    for i in range(0, len(parts), 2):  # outside backticks
+        parts[i] = parts[i].replace("[", "\\[").replace("]", "\\]")
+    return "`".join(parts)
+
+
 def config_reference():
     """Markdown tables listing every key with its default, valid values and meaning
     (docs/reference/config.md)."""
@@ -816,7 +825,6 @@ def config_reference():
             shown = shown.removesuffix("\n...").removesuffix("...").strip()
             valid = _describe_valid(f, hints[f.name])
             cells = [f"`{f.name}`", f"`{shown}`", valid, f.metadata.get("help", "")]
-            # A `|` in a cell (even in backticks) ends the cell in Markdown tables.
-            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+            lines.append("| " + " | ".join(_table_cell(c) for c in cells) + " |")
         lines.append("")
     return "\n".join(lines)
