@@ -3,6 +3,10 @@
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Two malloc arenas per process (the xdist workers and the tests' subprocesses inherit it): with
+# one per thread, TensorFlow's freed tensors stay spread over many arenas and a worker's memory
+# only grows (see `_free_memory_after_each_module`).
+os.environ.setdefault("MALLOC_ARENA_MAX", "2")
 
 import keras  # noqa: E402
 import pytest  # noqa: E402
@@ -63,8 +67,10 @@ def _free_memory_after_each_module():
     """After each test module, collect garbage and clear TensorFlow's eager kernel cache: an
     xdist worker lives for half the suite and builds hundreds of models of other shapes, and a
     worker grown to 10.7 GB was killed for memory beside a MirroredStrategy subprocess (a 2-core,
-    23 GB machine). Keras's name counters are left alone (`keras.backend.clear_session` would
-    reset them under the session's fixtures)."""
+    23 GB machine); and return the freed memory to the system (`malloc_trim`). Keras's name
+    counters are left alone (`keras.backend.clear_session` would reset them under the session's
+    fixtures)."""
+    import ctypes
     import gc
     import sys
 
@@ -74,6 +80,10 @@ def _free_memory_after_each_module():
         from tensorflow.python.eager import context
 
         context.context().clear_kernel_cache()
+    try:  # what was freed goes back to the system (glibc keeps freed pages in its arenas)
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 @pytest.fixture(scope="session")
