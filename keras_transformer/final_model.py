@@ -103,7 +103,7 @@ class FinalModel:
 
 def selects_on_dev(config):
     """True when the config lets the dev set choose (`auto` averaging or length penalty)."""
-    return config.export.average_checkpoints == AUTO or _auto_alpha(config)
+    return config.export.average_checkpoints == AUTO or chooses_alpha(config)
 
 
 def choosing_everything(config):
@@ -116,7 +116,9 @@ def choosing_everything(config):
     )
 
 
-def _auto_alpha(config):
+def chooses_alpha(config):
+    """True when the dev set chooses the length penalty (`decode.alpha: auto`, no
+    `export.alpha`)."""
     return config.decode.alpha == AUTO and config.export.alpha is None
 
 
@@ -172,7 +174,7 @@ def candidates(config, layout, alpha=None):
         sets += _best_sets(layout, {tuple(s for s, _ in cps) for cps, _ in sets})
     if alpha is not None:
         alphas = (alpha,)
-    elif _auto_alpha(config):
+    elif chooses_alpha(config):
         alphas = ALPHA_CANDIDATES
     else:
         alphas = (decoding_settings(config, export=True).alpha,)

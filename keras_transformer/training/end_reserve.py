@@ -69,7 +69,7 @@ def end_work(config, dev_sentences, test_sentences):
     choice's candidates (screened greedily, the finalists at the beam, `final_model`), the dev
     scoring (unless it reuses the choice's decoding), the test scoring and the calibration."""
     from keras_transformer.export.saved_model import MAX_CALIBRATION_SENTENCES
-    from keras_transformer.final_model import ALPHA_CANDIDATES, selects_on_dev
+    from keras_transformer.final_model import ALPHA_CANDIDATES, chooses_alpha, selects_on_dev
 
     e, t = config.export, config.train
     calibration = min(dev_sentences, MAX_CALIBRATION_SENTENCES)
@@ -80,7 +80,7 @@ def end_work(config, dev_sentences, test_sentences):
     if choosing:
         sets = len({1, 2, 3, t.keep_checkpoints}) if e.average_checkpoints == AUTO else 1
         sets += 2 if (t.keep_best and e.average_checkpoints == AUTO) else 0
-        alphas = len(ALPHA_CANDIDATES) if _auto_alpha(config) else 1
+        alphas = len(ALPHA_CANDIDATES) if chooses_alpha(config) else 1
         finalists = sets
         if e.select_screen_sentences and sets > e.select_finalists:
             finalists = e.select_finalists
@@ -89,10 +89,6 @@ def end_work(config, dev_sentences, test_sentences):
         beam += finalists * alphas * select
         traces += alphas + sets  # each set's checkpoints loaded (and averaged) once
     return EndWork(beam, greedy, traces)
-
-
-def _auto_alpha(config):
-    return config.decode.alpha == AUTO and config.export.alpha is None
 
 
 def scoring_reuses_the_choice(config, dev_sentences):
