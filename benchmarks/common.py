@@ -52,6 +52,32 @@ def train_flops_per_token(cfg):
     return 6 * (n_enc * S / T + n_dec + d * V) + 12 * d * L * (S * S / T + T + S)
 
 
+def bench_config(cfg, name="bench"):
+    """The library's `ExperimentConfig` for these shapes: every other setting is the paper's
+    (post-norm, residual dropout 0.1, one shared embedding, label smoothing 0.1, Adam(0.9, 0.98,
+    1e-9)), as in the peers. `cfg["xla"]` (default "auto") is `runtime.jit_compile`."""
+    from keras_transformer.config import from_dict
+
+    return from_dict(
+        {
+            "model": dict(
+                num_layers=cfg["layers"],
+                d_model=cfg["d"],
+                num_heads=cfg["heads"],
+                d_ff=cfg["ff"],
+                dropout=0.1,
+                norm_first=False,
+                share_embeddings=True,
+            ),
+            "train": dict(
+                label_smoothing=0.1, adam_beta_1=0.9, adam_beta_2=0.98, adam_epsilon=1e-9
+            ),
+            "runtime": dict(jit_compile=cfg.get("xla", "auto")),
+        },
+        name=name,
+    )
+
+
 def max_rss_mb():
     """Peak resident memory of this process so far, in MB (ru_maxrss is in KiB on Linux)."""
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)
@@ -59,13 +85,15 @@ def max_rss_mb():
 
 def emit(**fields):
     """Prints one JSON line with a UTC timestamp and the process's peak memory, and appends it to
-    the script's ledger, `results/<script>.jsonl`, when `BENCH_LABEL` names the run."""
+    the script's ledger, `results/<script>.jsonl`, when `BENCH_LABEL` names the run; returns
+    the line's fields."""
     fields.setdefault("max_rss_mb", max_rss_mb())
     fields["timestamp"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     fields["threads"] = os.cpu_count()
     print(json.dumps(fields), flush=True)
     sys.stdout.flush()
     ledger.record(os.path.splitext(os.path.basename(sys.argv[0]))[0], fields)
+    return fields
 
 
 def free_ports(count):

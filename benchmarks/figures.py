@@ -196,9 +196,10 @@ def readme_rows(entries=None, read=ledger.read):
         found = quotes(entry, read)
         # The entry's own links are written from docs/ (as on the results page).
         what = re.sub(r"\]\((?![a-z]+://|#)", "](docs/", entry["what"].strip())
+        reproduce = re.sub(r"\]\((?![a-z]+://|#)", "](docs/", entry["reproduce"].strip())
         rows.append(
             f"| {_cell(what)} ({_links(found, 'docs/results.md')}) | {_cell(shown(entry, found))}"
-            f" | {_cell(entry['machine'])} | {_cell(entry['reproduce'])} |"
+            f" | {_cell(entry['machine'])} | {_cell(reproduce)} |"
         )
     return "\n".join(head + rows)
 

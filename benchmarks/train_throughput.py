@@ -31,8 +31,12 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from benchmarks.common import emit, parse_shapes, train_flops_per_token  # noqa: E402
-from keras_transformer.config import from_dict  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    bench_config,
+    emit,
+    parse_shapes,
+    train_flops_per_token,
+)
 from keras_transformer.models.transformer import build_transformer  # noqa: E402
 from keras_transformer.training.distribute import resolve_jit_compile  # noqa: E402
 from keras_transformer.training.trainer import compile_model  # noqa: E402
@@ -40,24 +44,7 @@ from keras_transformer.training.trainer import compile_model  # noqa: E402
 
 def experiment_config(cfg):
     """The library's config for these shapes: every other setting is the paper's default."""
-    return from_dict(
-        {
-            "model": dict(
-                num_layers=cfg["layers"],
-                d_model=cfg["d"],
-                num_heads=cfg["heads"],
-                d_ff=cfg["ff"],
-                dropout=0.1,
-                norm_first=False,
-                share_embeddings=True,
-            ),
-            "train": dict(
-                label_smoothing=0.1, adam_beta_1=0.9, adam_beta_2=0.98, adam_epsilon=1e-9
-            ),
-            "runtime": dict(jit_compile=cfg.get("xla", "auto")),
-        },
-        name="bench",
-    )
+    return bench_config(cfg)
 
 
 def build_and_compile(cfg):

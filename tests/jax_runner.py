@@ -14,7 +14,9 @@ class _BlockTensorFlow(importlib.abc.MetaPathFinder):
         return None
 
 
-def no_tensorflow():
+def no_tensorflow(check_out=None):
+    """The model, loss, step and search with `tensorflow` unimportable; then (given a path)
+    `benchmarks/accelerator_check.py --tiny`, its lines appended to `check_out`."""
     sys.meta_path.insert(0, _BlockTensorFlow())
     import keras
     import numpy as np
@@ -37,6 +39,11 @@ def no_tensorflow():
     history = model.fit(x, target, epochs=20, verbose=0).history["loss"]
     greedy = np.asarray(translate_ids(model, source, beam_size=1)[0])
     beam = np.asarray(translate_ids(model, source, beam_size=4)[0])
+    if check_out:
+        sys.path.insert(0, ".")
+        from benchmarks.accelerator_check import main
+
+        assert main(["--tiny", "--out", check_out]) == 0
     blocked = sorted(m for m in sys.modules if m.split(".")[0] == "tensorflow")
     return {"tensorflow_modules": blocked, "loss_decreased": history[-1] < history[0],
             "greedy": greedy.tolist(), "beam": beam.tolist()}  # fmt: skip
@@ -72,6 +79,54 @@ def same_numbers(weights, batch, out):
     np.savez(out, **result)
     assert keras.backend.backend() == "jax"
     return {"ok": True}
+
+
+def data_parallel():
+    """One training step on a global batch of 4 rows: on one device, then under
+    `keras.distribution.DataParallel` over this process's two (host) devices, from the same
+    weights; returns the largest difference of the updated weights."""
+    import jax
+    import keras
+    import numpy as np
+
+    from keras_transformer.models import build_transformer
+    from keras_transformer.training import compile_model
+
+    sys.path.insert(0, "tests")
+    from test_jax_backend import _tiny_setup
+
+    devices = keras.distribution.list_devices()
+    assert len(devices) == 2 == len(jax.devices()), devices
+    config = _tiny_setup()[0]
+    rng = np.random.default_rng(11)
+    source = rng.integers(4, 40, (4, 7)).astype("int32")
+    source[:, -1] = 3
+    source[3, 3], source[3, 4:] = 3, 0
+    target = rng.integers(4, 40, (4, 6)).astype("int32")
+    labels = np.concatenate([target[:, 1:], np.full((4, 1), 3, "int32")], axis=1)
+    target[:, 0] = 2
+    target[1, 3:], labels[1, 3:] = 0, 0
+    x = {"source_ids": source, "target_ids": target}
+
+    def one_step(start=None):
+        keras.utils.set_random_seed(3)
+        model = compile_model(build_transformer(config.model, 40), config, jit_compile=True)
+        if start is not None:
+            model.set_weights(start)
+        before = model.get_weights()
+        model.fit(x, labels, batch_size=4, epochs=1, verbose=0, shuffle=False)
+        return before, model.get_weights()
+
+    start, single = one_step()
+    keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices))
+    _, parallel = one_step(start)
+    layout = keras.distribution.distribution().get_data_layout((4, 7))
+    return {
+        "max_difference": max(float(np.max(np.abs(a - b))) for a, b in zip(single, parallel)),
+        "moved": max(float(np.max(np.abs(a - b))) for a, b in zip(single, start)),
+        "batch_sharded_over": list(layout.axes),
+        "weights": len(single),
+    }
 
 
 def translate_dev(workdir):

@@ -211,20 +211,39 @@ def restore_state(model, directory):
 
 def translate(model, processor, texts, config, settings):
     """`texts` -> translations (strings) with the model's own search (`translate_ids`) on
-    this backend, `decode.batch_size` sentences at a time."""
-    from keras_transformer.decoding import translate_ids
-
-    max_source = config.data.max_source_length
+    this backend, `decode.batch_size` sentences at a time, in one jitted function of the
+    variables' values (`search_function`): each batch is padded to the batch size and its
+    sources to a multiple of 8 tokens, so that few shapes compile (padding changes no output)."""
+    max_source, rows = config.data.max_source_length, config.decode.batch_size
+    search = search_function(model, settings)
+    values = [v.value for v in model.variables]
     outputs = []
-    for start in range(0, len(texts), config.decode.batch_size):
+    for start in range(0, len(texts), rows):
         pieces = [processor.encode(t)[: max_source - 1] + [EOS_ID] for t in texts[start:][
-            : config.decode.batch_size]]  # fmt: skip
-        ids = np.zeros((len(pieces), max(map(len, pieces))), np.int32)
+            :rows]]  # fmt: skip
+        width = -(-max(map(len, pieces)) // 8) * 8
+        ids = np.zeros((rows, width), np.int32)
+        ids[:, 0] = EOS_ID  # the padding rows: empty sources
         for i, row in enumerate(pieces):
             ids[i, : len(row)] = row
-        found = np.asarray(translate_ids(model, ids, settings)[0])
+        found = np.asarray(search(values, ids))[: len(pieces)]
         outputs += [processor.decode(_until_eos(row)) for row in found.tolist()]
     return outputs
+
+
+def search_function(model, settings):
+    """`f(values, source_ids) -> output ids`: `translate_ids(model, source_ids, settings)` as
+    one `jax.jit` function of the model's variables' values (Keras's `StatelessScope`), so a
+    search compiles once per shape instead of running op by op."""
+    import jax
+
+    from keras_transformer.decoding import translate_ids
+
+    def search(values, source_ids):
+        with keras.StatelessScope(state_mapping=list(zip(model.variables, values))):
+            return translate_ids(model, source_ids, settings)[0]
+
+    return jax.jit(search)
 
 
 def _until_eos(row):
