@@ -29,7 +29,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
 from benchmarks.common import (  # noqa: E402
     bench_config,
@@ -38,8 +37,7 @@ from benchmarks.common import (  # noqa: E402
     train_flops_per_token,
 )
 from keras_transformer.models.transformer import build_transformer  # noqa: E402
-from keras_transformer.training.distribute import resolve_jit_compile  # noqa: E402
-from keras_transformer.training.trainer import compile_model  # noqa: E402
+from keras_transformer.training.recipe import compile_model  # noqa: E402
 
 
 def experiment_config(cfg):
@@ -53,7 +51,12 @@ def build_and_compile(cfg):
     `cfg["metrics"] = false` drops the training metrics (the peers compute none).
     """
     config = experiment_config(cfg)
-    xla = resolve_jit_compile(config.runtime.jit_compile)
+    if keras.backend.backend() == "tensorflow":
+        from keras_transformer.training.distribute import resolve_jit_compile
+
+        xla = resolve_jit_compile(config.runtime.jit_compile)
+    else:  # JAX: the step is always compiled by XLA
+        xla = True
     keras.utils.set_random_seed(0)
     model = build_transformer(config.model, cfg["vocab"], dtype=cfg.get("dtype"))
     compile_model(model, config, jit_compile=xla)
@@ -101,11 +104,16 @@ class _StepTimer(keras.callbacks.Callback):
 
 
 def make_dataset(cfg):
-    """Random full-length id sequences, `steps + 1` batches, cached in memory."""
+    """Random full-length id sequences, `steps + 1` batches, cached in memory (a tf.data
+    dataset; on another backend, `(x, y)` numpy arrays that `fit` batches)."""
     rng = np.random.default_rng(0)
     n = cfg["batch"] * (cfg["steps"] + 1)
     src = rng.integers(3, cfg["vocab"], (n, cfg["src"])).astype("int32")
     tgt = rng.integers(3, cfg["vocab"], (n, cfg["tgt"] + 1)).astype("int32")
+    if keras.backend.backend() != "tensorflow":
+        return {"source_ids": src, "target_ids": tgt[:, :-1]}, tgt[:, 1:]
+    import tensorflow as tf
+
     ds = (
         tf.data.Dataset.from_tensor_slices(
             ({"source_ids": src, "target_ids": tgt[:, :-1]}, tgt[:, 1:])
@@ -120,9 +128,14 @@ def make_dataset(cfg):
 def main(argv):
     cfg = parse_shapes(argv)
     model, xla = build_and_compile(cfg)
-    ds = make_dataset(cfg)
+    data = make_dataset(cfg)
     timer = _StepTimer()
-    model.fit(ds, epochs=1, verbose=0, callbacks=[timer])
+    if isinstance(data, tuple):
+        x, y = data
+        model.fit(x, y, batch_size=cfg["batch"], epochs=1, verbose=0, shuffle=False,
+                  callbacks=[timer])  # fmt: skip
+    else:
+        model.fit(data, epochs=1, verbose=0, callbacks=[timer])
     seconds = timer.end - timer.start
     tokens_per_s = cfg["batch"] * cfg["tgt"] * cfg["steps"] / seconds
     flops = train_flops_per_token(cfg)
@@ -134,6 +147,7 @@ def main(argv):
         flops_per_token=int(flops),
         model_gflops_per_s=round(flops * tokens_per_s / 1e9, 1),
         xla=xla,
+        backend=keras.backend.backend(),
         dtype=cfg.get("dtype") or "float32",
         params=model.count_params(),
         cfg=cfg,

@@ -2,8 +2,10 @@
 `KERAS_BACKEND=jax`); prints its result as one JSON line. `no_tensorflow` first makes
 `tensorflow` unimportable, as on a machine without it."""
 
+import dataclasses
 import importlib.abc
 import json
+import os
 import sys
 
 
@@ -82,9 +84,10 @@ def same_numbers(weights, batch, out):
 
 
 def data_parallel():
-    """One training step on a global batch of 4 rows: on one device, then under
-    `keras.distribution.DataParallel` over this process's two (host) devices, from the same
-    weights; returns the largest difference of the updated weights."""
+    """One training step on a global batch of 4 rows (one padded, one shorter) from the same
+    weights: on one device; with `gradient_accumulation_steps` 2 (two micro-batches of
+    different token counts); under `keras.distribution.DataParallel` over this process's two
+    (host) devices; and both. Returns each one's largest difference from the first."""
     import jax
     import keras
     import numpy as np
@@ -105,28 +108,100 @@ def data_parallel():
     target = rng.integers(4, 40, (4, 6)).astype("int32")
     labels = np.concatenate([target[:, 1:], np.full((4, 1), 3, "int32")], axis=1)
     target[:, 0] = 2
-    target[1, 3:], labels[1, 3:] = 0, 0
+    target[1, 2:], labels[1, 2:] = 0, 0
     x = {"source_ids": source, "target_ids": target}
 
-    def one_step(start=None):
+    def one_step(start=None, k=1):
         keras.utils.set_random_seed(3)
-        model = compile_model(build_transformer(config.model, 40), config, jit_compile=True)
+        model = build_transformer(config.model, 40)
+        compile_model(model, dataclasses.replace(config, train=dataclasses.replace(
+            config.train, gradient_accumulation_steps=k)), jit_compile=True)  # fmt: skip
         if start is not None:
             model.set_weights(start)
         before = model.get_weights()
-        model.fit(x, labels, batch_size=4, epochs=1, verbose=0, shuffle=False)
-        return before, model.get_weights()
+        loss = model.fit(x, labels, batch_size=4, epochs=1, verbose=0, shuffle=False)
+        return before, model.get_weights(), loss.history
 
-    start, single = one_step()
+    def difference(a, b):
+        return max(float(np.max(np.abs(u - v))) for u, v in zip(a, b))
+
+    start, single, history = one_step()
+    out = {"moved": difference(single, start), "weights": len(single)}
+    _, accumulated, accumulated_history = one_step(start, k=2)
+    out["accumulated"] = difference(single, accumulated)
+    out["logs"] = {name: [history[name][0], accumulated_history[name][0]] for name in history}
     keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices))
-    _, parallel = one_step(start)
-    layout = keras.distribution.distribution().get_data_layout((4, 7))
-    return {
-        "max_difference": max(float(np.max(np.abs(a - b))) for a, b in zip(single, parallel)),
-        "moved": max(float(np.max(np.abs(a - b))) for a, b in zip(single, start)),
-        "batch_sharded_over": list(layout.axes),
-        "weights": len(single),
-    }
+    out["parallel"] = difference(single, one_step(start)[1])
+    out["parallel_accumulated"] = difference(single, one_step(start, k=2)[1])
+    out["batch_sharded_over"] = keras.distribution.distribution().get_data_layout((4, 7)).axes
+    return out
+
+
+def quickstart_run(steps, initial_weights, *settings):
+    """`configs/quickstart.yaml`'s corpus, vocabulary and model trained for `steps` steps with
+    `model.fit` on the numpy batches of `data.records` (the same stream on either backend),
+    then its greedy dev BLEU on 200 sentences; on whatever backend this process runs (the
+    TensorFlow side is called in the test's own process). The model starts from the weights
+    in `initial_weights` where that file exists, else it writes its own initial weights there
+    (each backend draws different ones from the same seed). `settings`: more overrides."""
+    import dataclasses
+
+    import keras
+    import numpy as np
+    import sacrebleu
+    import sentencepiece as spm
+
+    from keras_transformer.config import EOS_ID, decoding_settings, load_config
+    from keras_transformer.data import synthetic
+    from keras_transformer.data.records import numpy_batches
+    from keras_transformer.data.tokenizer import _spm_train
+    from keras_transformer.decoding import translate_ids
+    from keras_transformer.models import build_transformer
+    from keras_transformer.training.recipe import compile_model
+
+    steps = int(steps)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    config = load_config(os.path.join(root, "configs", "quickstart.yaml"),
+                         overrides=[f"train.steps={steps}", *settings])  # fmt: skip
+    d = config.data
+    train_pairs, dev = synthetic.generate("train"), synthetic.generate("dev", size=200)
+    proto = _spm_train([s for pair in train_pairs for s in pair], d.vocab_size,
+                       d.spm_model_type, d.spm_character_coverage, 1234, 1)  # fmt: skip
+    processor = spm.SentencePieceProcessor(model_proto=proto)
+    pairs = [(np.asarray(processor.encode(s), np.int32), np.asarray(processor.encode(t), np.int32))
+             for s, t in train_pairs]  # fmt: skip
+    keras.utils.set_random_seed(config.train.seed)
+    model = build_transformer(config.model, processor.get_piece_size())
+    if os.path.exists(initial_weights):
+        model.load_weights(initial_weights)
+    else:
+        model.save_weights(initial_weights)
+    compile_model(model, config, jit_compile=keras.backend.backend() == "jax")
+    batches = numpy_batches(pairs, d, seed=config.train.seed)
+    model.fit(batches, steps_per_epoch=steps, epochs=1, verbose=0)
+    greedy = dataclasses.replace(decoding_settings(config), beam_size=1)
+    if keras.backend.backend() == "jax":
+        from keras_transformer.training.jax_trainer import search_function
+
+        search, values = search_function(model, greedy), [v.value for v in model.variables]
+
+        def decode(ids):
+            return search(values, ids)
+    else:
+        import tensorflow as tf
+
+        decode = tf.function(lambda ids: translate_ids(model, ids, greedy)[0])
+    hypotheses = []
+    for start in range(0, len(dev), 100):  # batches of 100, sources padded to 48 tokens
+        ids = np.zeros((100, d.max_source_length), np.int32)
+        for i, (source, _) in enumerate(dev[start : start + 100]):
+            row = processor.encode(source)[: d.max_source_length - 1] + [EOS_ID]
+            ids[i, : len(row)] = row
+        for row in np.asarray(decode(ids)).tolist():
+            row = row[: row.index(EOS_ID)] if EOS_ID in row else row
+            hypotheses.append(processor.decode([i for i in row if i]))
+    bleu = sacrebleu.corpus_bleu(hypotheses, [[t for _, t in dev]]).score
+    return {"backend": keras.backend.backend(), "steps": steps, "dev_bleu_greedy": bleu}
 
 
 def translate_dev(workdir):

@@ -25,14 +25,12 @@ def _pytest_on_jax(*arguments):
 
 
 @pytest.mark.slow
-def test_layers_pass_on_jax_backend():
-    _pytest_on_jax("tests/test_layers.py")
-
-
-@pytest.mark.slow
-def test_decoder_only_passes_on_jax_backend():
-    """The decoder-only tests (causality, no cross-attention weights, mismatched calls, `.keras`,
-    fit and generation, cached equal to uncached) and KerasHub's layer test of the decoders in
-    both modes."""
+def test_layers_and_decoder_only_pass_on_jax_backend():
+    """The layer tests, the decoder-only tests (causality, no cross-attention weights,
+    mismatched calls, `.keras`, fit and generation, cached equal to uncached) and KerasHub's
+    layer test of the decoders in both modes, in one JAX-backend pytest process."""
     pytest.importorskip("keras_hub")
-    _pytest_on_jax("tests/test_decoder_only.py", "tests/test_layers_keras_hub.py", "-k", "Decoder")
+    _pytest_on_jax(
+        "tests/test_layers.py", "tests/test_decoder_only.py", "tests/test_layers_keras_hub.py",
+        "-k", "not test_layers_keras_hub or Decoder",
+    )  # fmt: skip

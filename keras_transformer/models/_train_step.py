@@ -1,5 +1,5 @@
-"""The Transformer's train and test steps (TensorFlow backend): gradient accumulation inside the
-step, the loss's per-token statistics handed to the metrics, and a multi-worker workaround.
+"""The Transformer's train and test steps: gradient accumulation inside the step (TensorFlow and
+JAX), the loss's per-token statistics handed to the metrics, and a multi-worker workaround.
 
 `Transformer` inherits `TrainStep`, so any `Transformer` that is fitted (through `train()` or by a
 user after `keras_transformer.training.compile_model`) trains this way. The model module keeps
@@ -12,7 +12,9 @@ and applies their sum once. Each micro-batch's loss is divided by the token coun
 batch, so the sum is exactly the gradient of the whole batch's loss (a mean over its non-padding
 tokens). There is no `cond` around the update (Keras's optimizer option applies the accumulated
 update inside one, where tf.distribute's `merge_call` is not allowed), so it works under every
-strategy and with XLA.
+strategy and with XLA. On the JAX backend the same accumulation is a `jax.lax.scan` over the
+micro-batches inside Keras's stateless step (`_jax_accumulated_step`), also under
+`keras.distribution.DataParallel`; with k = 1 the JAX backend runs Keras's own step.
 
 When the compiled loss offers `call_with_statistics` (the library's `MaskedSparseCrossEntropy`)
 the step asks it for the per-token losses and the statistics of the logits it computed
@@ -56,6 +58,12 @@ def _for_distribution(value):
     return value / replicas if replicas > 1 else value
 
 
+def _current(scope, variables, values):
+    """The values a `StatelessScope` ended with: the assigned ones, else the ones it began with."""
+    found = [scope.get_current_value(v) for v in variables]
+    return [value if new is None else new for new, value in zip(found, values)]
+
+
 class TrainStep:
     """Mixin for `keras.Model`: the train/test steps described in this module's docstring.
 
@@ -80,10 +88,12 @@ class TrainStep:
     def train_step(self, *args, **kwargs):
         k = int(self.gradient_accumulation_steps)
         loss_fn = self._statistics_loss()
+        if keras.backend.backend() == "jax" and k > 1:
+            return self._jax_accumulated_step(*args, k=k, loss_fn=loss_fn)
         if keras.backend.backend() != "tensorflow" or (loss_fn is None and k == 1):
             if k > 1:
                 raise NotImplementedError(
-                    "gradient_accumulation_steps > 1 needs the TensorFlow backend"
+                    "gradient_accumulation_steps > 1 needs the TensorFlow or JAX backend"
                 )
             return self._multi_worker_logs(super().train_step(*args, **kwargs))
         (data,) = args
@@ -166,6 +176,70 @@ class TrainStep:
         )
         self._track_loss(loss, x)
         self.optimizer.apply_gradients(zip(gradients, variables))
+
+    def _jax_accumulated_step(self, state, data, k, loss_fn):
+        """k > 1 on JAX: Keras's stateless step `(state, data) -> (logs, state)`, the gradient
+        summed over the k micro-batches in a `lax.scan` (one micro-batch's activations alive
+        at a time), each micro-batch's loss divided by the whole batch's token count, so the
+        sum is the whole batch's gradient (as `_accumulated_update` on TensorFlow). Dropout's
+        seeds and the metrics' variables travel through the scan; the update is applied once.
+        """
+        import jax
+        import jax.numpy as jnp
+
+        if loss_fn is None:
+            raise NotImplementedError(
+                "gradient_accumulation_steps > 1 on JAX needs the library's loss "
+                "(compile_model), whose token weights make the accumulation exact"
+            )
+        trainable, non_trainable, optimizer_vars, metrics_vars = state
+        x, y, sample_weight = _unpack(data)
+        rows = keras.tree.flatten(x)[0].shape[0]
+        if rows % k:
+            raise ValueError(f"a batch of {rows} rows does not split into {k} micro-batches")
+        denominator = jnp.sum(loss_fn.token_weights(y, sample_weight))
+
+        def split(t):  # [batch, ...] -> [k, batch / k, ...]: micro-batch i = rows i, i + k, ...
+            if t is None:  # (strided, so that a device's rows under DataParallel stay its own)
+                return None
+            return jnp.swapaxes(jnp.reshape(t, (-1, k) + tuple(t.shape[1:])), 0, 1)
+
+        def micro_loss(trainable, non_trainable, metrics_vars, xi, yi, wi):
+            y_pred, non_trainable = self.stateless_call(trainable, non_trainable, xi, training=True)
+            losses, weights, statistics = loss_fn.call_with_statistics(yi, y_pred, wi)
+            loss = ops.divide_no_nan(ops.sum(losses * weights), denominator)
+            mapping = list(zip(self.metrics_variables, metrics_vars))
+            with keras.StatelessScope(state_mapping=mapping) as scope:
+                self._update_metrics(yi, y_pred, wi, weights, statistics)
+            metrics_vars = _current(scope, self.metrics_variables, metrics_vars)
+            scaled = loss
+            if self.optimizer is not None:
+                mapping = list(zip(self.optimizer.variables, optimizer_vars))
+                with keras.StatelessScope(state_mapping=mapping):
+                    scaled = self.optimizer.scale_loss(loss)
+            return scaled, (loss, non_trainable, metrics_vars)
+
+        gradient = jax.value_and_grad(micro_loss, has_aux=True)
+
+        def body(carry, micro):
+            grads, loss_sum, non_trainable, metrics_vars = carry
+            (_, (loss, non_trainable, metrics_vars)), g = gradient(
+                trainable, non_trainable, metrics_vars, *micro
+            )
+            grads = jax.tree.map(jnp.add, grads, g)
+            return (grads, loss_sum + loss, non_trainable, metrics_vars), None
+
+        zeros = jax.tree.map(jnp.zeros_like, trainable)
+        micro = (keras.tree.map_structure(split, x), split(y), split(sample_weight))
+        start = (zeros, jnp.zeros((), "float32"), non_trainable, metrics_vars)
+        (grads, loss, non_trainable, metrics_vars), _ = jax.lax.scan(body, start, micro)
+        trainable, optimizer_vars = self.optimizer.stateless_apply(optimizer_vars, grads, trainable)
+        mapping = list(zip(self.metrics_variables, metrics_vars))
+        with keras.StatelessScope(state_mapping=mapping) as scope:
+            self._loss_tracker.update_state(loss, sample_weight=rows)
+            logs = self.get_metrics_result()
+        metrics_vars = _current(scope, self.metrics_variables, metrics_vars)
+        return logs, (trainable, non_trainable, optimizer_vars, metrics_vars)
 
     def _micro_batch_loss(self, x, y, y_pred, sample_weight, loss_fn, denominator, k):
         """The loss whose gradient is this micro-batch's share of the step's gradient (already

@@ -12,13 +12,17 @@ plain Python); the resume state is `backup/state-<step>.npz` (every model variab
 seed states included, every optimizer variable and the data position), so a run killed at any
 point and run again ends with the weights of an uninterrupted run; dev BLEU (greedy) is printed
 and appended to `logs/dev_bleu.jsonl` after each epoch; with several local devices the model is
-trained under `keras.distribution.DataParallel` over all of them (each batch's rows padded with
-empty rows to a multiple of the devices: the loss and the metrics ignore padding). The final
-model is the last step's; export it with `keras-transformer export --workdir ...` (TensorFlow).
+trained under `keras.distribution.DataParallel` over all of them. As on TensorFlow,
+`data.tokens_per_batch` is per device and micro-batch: a step's batch holds `tokens_per_batch` x
+devices x `train.gradient_accumulation_steps` tokens (its rows a multiple of devices x k), and
+`train.gradient_accumulation_steps` k > 1 sums k micro-batches' gradients inside the step
+(exactly the whole batch's gradient; `models/_train_step.py`). The final model is the last
+step's; export it with `keras-transformer export --workdir ...` (TensorFlow).
 
 TensorFlow-only (see docs/guides/jax.md): tf.distribute strategies (multi-worker, TPUStrategy),
-`train.gradient_accumulation_steps > 1`, `runtime.mixed_precision: auto`, `train.init_from`,
-the exported SavedModel itself.
+`runtime.mixed_precision: auto`, `train.init_from`, `train.max_minutes`, TensorBoard's logs,
+the checkpoint written on SIGTERM, the dev set's choice of the exported model, the exported
+SavedModel itself.
 """
 
 import dataclasses
@@ -69,9 +73,12 @@ def train(config):
     )
     compile_model(model, config, jit_compile=True)
     position = restore_state(model, layout.backup)
+    # data.tokens_per_batch is per device and micro-batch, as on TensorFlow (per replica).
+    share = devices * config.train.gradient_accumulation_steps
     batches = numpy_batches(
-        pairs, config.data, seed=config.train.seed, batch_multiple=devices, start=position
-    )
+        pairs, config.data, seed=config.train.seed, start=position,
+        tokens_per_batch=config.data.tokens_per_batch * share, batch_multiple=share,
+    )  # fmt: skip
     _fit(config, layout, model, batches, processor, position)
     return _finish(config, layout, model, processor, started)
 
@@ -79,14 +86,14 @@ def train(config):
 def _check_supported(config):
     t, runtime = config.train, config.runtime
     problems = []
-    if t.gradient_accumulation_steps > 1:
-        problems.append("train.gradient_accumulation_steps > 1")
     if runtime.mixed_precision == "auto":
         problems.append("runtime.mixed_precision: auto (name float32 or mixed_bfloat16)")
     if runtime.strategy not in ("auto", "default", "mirrored"):
         problems.append(f"runtime.strategy: {runtime.strategy}")
     if t.init_from:
         problems.append("train.init_from")
+    if t.max_minutes is not None:
+        problems.append("train.max_minutes (train for train.steps)")
     if problems:
         raise UsageError(
             "on the JAX backend, not supported: " + "; ".join(problems)
