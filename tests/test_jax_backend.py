@@ -66,6 +66,20 @@ def test_model_loss_step_search_and_accelerator_check_run_on_jax_without_tensorf
     assert quickstart["steps"] == 4 and 0 <= quickstart["dev_bleu_beam"] <= 100
 
 
+def test_the_jax_trainer_refuses_tensorflow_only_settings_in_one_line():
+    from keras_transformer.config import from_dict
+    from keras_transformer.errors import UsageError
+    from keras_transformer.training.jax_trainer import _check_supported
+
+    _check_supported(from_dict({"train": {"gradient_accumulation_steps": 4}}))  # supported
+    config = from_dict({"train": {"max_minutes": 30}, "runtime": {"strategy": "tpu"}})
+    with pytest.raises(UsageError) as refused:
+        _check_supported(config)
+    message = str(refused.value)
+    assert "train.max_minutes" in message and "runtime.strategy: tpu" in message
+    assert "\n" not in message
+
+
 def _tiny_setup():
     """A tiny model, AdamW and one batch of 3 rows (one padded) for the same-step checks.
 
@@ -127,15 +141,21 @@ def test_same_numbers_on_both_backends(tmp_path):
     _assert_same_step(tmp_path / "jax.npz", stepped)
 
 
-def test_data_parallel_over_two_devices_gives_the_weights_of_one_device():
-    """`keras.distribution.DataParallel` over two host devices (the JAX trainer's choice
-    where there are several): one step on a global batch of 4 rows updates the weights as one
-    device does on the same batch (1e-5)."""
+def test_data_parallel_and_accumulation_give_the_weights_of_one_device_and_one_batch():
+    """One step on a global batch of 4 rows, from the same weights: with
+    `gradient_accumulation_steps` 2 (two micro-batches of different token counts), under
+    `keras.distribution.DataParallel` over two host devices (the JAX trainer's choice where
+    there are several), and both, the weights are those of one device on the whole batch
+    (1e-5), and accumulation logs the same loss and metrics."""
     env = _env(XLA_FLAGS="--xla_force_host_platform_device_count=2")
     out = _run_jax("data_parallel", env=env)
     assert out["batch_sharded_over"] == ["batch", None]
-    assert out["moved"] > 1e-4  # the step changed the weights
-    assert out["max_difference"] < 1e-5, out
+    assert out["moved"] > 1e-3  # the step changed the weights
+    for way in ("accumulated", "parallel", "parallel_accumulated"):
+        assert out[way] < 1e-5, (way, out)
+    assert {"loss", "accuracy"} <= set(out["logs"]), out["logs"]
+    for name, (whole, accumulated) in out["logs"].items():
+        assert accumulated == pytest.approx(whole, rel=1e-5, abs=1e-6), name
 
 
 def _assert_same_step(path, stepped):
@@ -147,6 +167,33 @@ def _assert_same_step(path, stepped):
         assert not np.allclose(jax_side["w0"], jax_side["w0_before"])  # the step moved it
 
 
+@pytest.mark.slow
+def test_quickstart_trained_on_jax_reaches_the_tensorflow_backends_dev_bleu(tmp_path):
+    """`configs/quickstart.yaml` trained for its 600 steps on the JAX backend reaches a greedy
+    dev BLEU within 2 points of the TensorFlow backend's after the same steps, from the same
+    initial weights on the same batches (`data.records`' numpy stream on both; each backend
+    draws different initial weights from the same seed), so that what differs is the backend.
+
+    With the learning rate decaying to zero at the last step (`train.schedule: linear`): the
+    two backends' losses agree to 1e-5 for the first twenty-odd steps and then drift apart by
+    rounding, and under the paper's schedule (still at 1.8e-3 at step 600) that drift moves
+    the dev BLEU by about 2 points even between two TensorFlow runs whose sums are merely
+    ordered differently (87.0 against 86.0 with oneDNN off; JAX 85.0). Decayed to zero, the
+    runs settle: TensorFlow 91.9 and 92.0, JAX 92.1."""
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from jax_runner import quickstart_run
+
+    start, decay = str(tmp_path / "initial.weights.h5"), "train.schedule=linear"
+    tensorflow_side = quickstart_run(QUICKSTART_STEPS, start, decay)
+    jax_side = _run_jax("quickstart_run", QUICKSTART_STEPS, start, decay, timeout=1200)
+    assert tensorflow_side["backend"] == "tensorflow" and jax_side["backend"] == "jax"
+    assert tensorflow_side["dev_bleu_greedy"] > 60  # learned: the comparison means something
+    difference = jax_side["dev_bleu_greedy"] - tensorflow_side["dev_bleu_greedy"]
+    assert abs(difference) <= 2.0, (jax_side, tensorflow_side)
+
+
+QUICKSTART_STEPS = 600
+
 TRAIN_SETTINGS = [
     "model.num_layers=1", "model.d_model=32", "model.num_heads=2", "model.d_ff=64",
     "model.dropout=0.1", "data.train=synthetic:split=train,size=600",
@@ -155,6 +202,7 @@ TRAIN_SETTINGS = [
     "data.tokens_per_batch=512", "data.bucket_boundaries=[48]", "train.steps=6",
     "train.steps_per_epoch=3", "train.checkpoint_every=2", "train.keep_checkpoints=5",
     "train.warmup_steps=2", "export.average_checkpoints=1", "decode.batch_size=12",
+    "train.gradient_accumulation_steps=2",
 ]  # fmt: skip
 
 
@@ -179,10 +227,11 @@ DEV_100 = "data.dev=synthetic:split=dev,size=100"
 
 @pytest.mark.slow
 def test_jax_training_killed_resumes_exactly_and_its_workdir_exports_as_the_jax_search(tmp_path):
-    """`KERAS_BACKEND=jax keras-transformer train`: a run SIGKILLed after its step-2 state and
-    run again ends with the weights of an uninterrupted run; that run's workdir exports (on
-    TensorFlow) a SavedModel that translates 100 dev sentences as the JAX search does. One
-    uninterrupted training serves both checks (each costs a JAX process)."""
+    """`KERAS_BACKEND=jax keras-transformer train` (with gradient accumulation, k = 2): a run
+    SIGKILLed after its step-2 state and run again ends with the weights of an uninterrupted
+    run; that run's workdir exports (on TensorFlow) a SavedModel that translates 100 dev
+    sentences as the JAX search does. One uninterrupted training serves both checks (each
+    costs a JAX process)."""
     whole = tmp_path / "whole"
     done = subprocess.run(
         _train_command(whole, DEV_100), env=_env(), capture_output=True, text=True,
