@@ -51,6 +51,17 @@ def no_tensorflow(check_out=None):
             "greedy": greedy.tolist(), "beam": beam.tolist()}  # fmt: skip
 
 
+def cli_without_tensorflow(*argv):
+    """`keras-transformer ARGV` with `tensorflow` unimportable (a prepared workdir is read
+    without it); returns its exit code and the TensorFlow modules loaded (none)."""
+    sys.meta_path.insert(0, _BlockTensorFlow())
+    from keras_transformer.cli import main
+
+    code = main(list(argv))
+    loaded = sorted(m for m in sys.modules if m.split(".")[0] == "tensorflow")
+    return {"exit_code": code, "tensorflow_modules": loaded}
+
+
 def same_numbers(weights, batch, out):
     import keras
     import numpy as np

@@ -228,10 +228,10 @@ DEV_100 = "data.dev=synthetic:split=dev,size=100"
 @pytest.mark.slow
 def test_jax_training_killed_resumes_exactly_and_its_workdir_exports_as_the_jax_search(tmp_path):
     """`KERAS_BACKEND=jax keras-transformer train` (with gradient accumulation, k = 2): a run
-    SIGKILLed after its step-2 state and run again ends with the weights of an uninterrupted
-    run; that run's workdir exports (on TensorFlow) a SavedModel that translates 100 dev
-    sentences as the JAX search does. One uninterrupted training serves both checks (each
-    costs a JAX process)."""
+    SIGKILLed after its step-2 state and run again (with `tensorflow` unimportable) ends with
+    the weights of an uninterrupted run; that run's workdir exports (on TensorFlow) a
+    SavedModel that translates 100 dev sentences as the JAX search does. One uninterrupted
+    training serves both checks (each costs a JAX process)."""
     whole = tmp_path / "whole"
     done = subprocess.run(
         _train_command(whole, DEV_100), env=_env(), capture_output=True, text=True,
@@ -254,12 +254,14 @@ def _assert_killed_run_resumes_to(whole, workdir):
     killed.send_signal(signal.SIGKILL)
     killed.wait()
     assert state.exists() and not (workdir / "result.json").exists()
-    done = subprocess.run(
-        _train_command(workdir, DEV_100), env=_env(), capture_output=True, text=True,
-        timeout=900, cwd=ROOT,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    # The resumed run has no TensorFlow: it reads the prepared shards and its state without it.
+    arguments = _train_command(workdir, DEV_100)[3:]  # from `train` on
+    resume = [sys.executable, RUNNER, "cli_without_tensorflow", *arguments]
+    done = subprocess.run(resume, env=_env(), capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "resumed from step" in done.stdout
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {
+        "exit_code": 0, "tensorflow_modules": []}  # fmt: skip
     expected = _weights(whole / "checkpoints" / "ckpt-6.weights.h5")
     resumed = _weights(workdir / "checkpoints" / "ckpt-6.weights.h5")
     assert expected.keys() == resumed.keys() and expected

@@ -106,9 +106,9 @@ def _log(message, verbose):
 
 
 def _gfile():
-    import tensorflow as tf
+    from keras_transformer import local_files
 
-    return tf.io.gfile
+    return local_files.gfile()  # tf.io.gfile, or the local disk where TensorFlow is absent
 
 
 def _sha256(path):
