@@ -1,5 +1,6 @@
 """Runs one check on the JAX backend for tests/test_jax_backend.py (run as a script under
-`KERAS_BACKEND=jax`); prints its result as one JSON line. `no_tensorflow` first makes
+`KERAS_BACKEND=jax`, or `tensorflow` for `quickstart_run`'s other side); prints its result as
+one JSON line. `no_tensorflow` first makes
 `tensorflow` unimportable, as on a machine without it."""
 
 import dataclasses
@@ -151,8 +152,8 @@ def data_parallel():
 def quickstart_run(steps, initial_weights, *settings):
     """`configs/quickstart.yaml`'s corpus, vocabulary and model trained for `steps` steps with
     `model.fit` on the numpy batches of `data.records` (the same stream on either backend),
-    then its greedy dev BLEU on 200 sentences; on whatever backend this process runs (the
-    TensorFlow side is called in the test's own process). The model starts from the weights
+    then its greedy dev BLEU on 200 sentences; on whatever backend this process runs
+    (`KERAS_BACKEND`). The model starts from the weights
     in `initial_weights` where that file exists, else it writes its own initial weights there
     (each backend draws different ones from the same seed). `settings`: more overrides."""
     import dataclasses

@@ -180,11 +180,11 @@ def test_quickstart_trained_on_jax_reaches_the_tensorflow_backends_dev_bleu(tmp_
     the dev BLEU by about 2 points even between two TensorFlow runs whose sums are merely
     ordered differently (87.0 against 86.0 with oneDNN off; JAX 85.0). Decayed to zero, the
     runs settle: TensorFlow 91.9 and 92.0, JAX 92.1."""
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
-    from jax_runner import quickstart_run
-
     start, decay = str(tmp_path / "initial.weights.h5"), "train.schedule=linear"
-    tensorflow_side = quickstart_run(QUICKSTART_STEPS, start, decay)
+    # Both in their own processes: this worker's memory does not keep a trained model.
+    tensorflow = dict(os.environ, KERAS_BACKEND="tensorflow", PYTHONPATH=ROOT)
+    tensorflow_side = _run_jax("quickstart_run", QUICKSTART_STEPS, start, decay,
+                               env=tensorflow, timeout=1200)  # fmt: skip
     jax_side = _run_jax("quickstart_run", QUICKSTART_STEPS, start, decay, timeout=1200)
     assert tensorflow_side["backend"] == "tensorflow" and jax_side["backend"] == "jax"
     assert tensorflow_side["dev_bleu_greedy"] > 60  # learned: the comparison means something
