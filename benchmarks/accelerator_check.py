@@ -125,50 +125,14 @@ def peak_matmul(check):
     return peaks["bfloat16"]
 
 
-def _random_batches(cfg, seed=0):
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    n = cfg["batch"] * (cfg["steps"] + 1)
-    source = rng.integers(3, cfg["vocab"], (n, cfg["src"])).astype("int32")
-    target = rng.integers(3, cfg["vocab"], (n, cfg["tgt"] + 1)).astype("int32")
-    return {"source_ids": source, "target_ids": target[:, :-1]}, target[:, 1:]
-
-
-def _timer():
-    import keras
-
-    class StepTimer(keras.callbacks.Callback):
-        """From the end of the first (warm-up: trace, compile, run) step to the last's."""
-
-        start = end = None
-
-        def on_train_batch_end(self, batch, logs=None):
-            if batch == 0:
-                float(keras.ops.convert_to_numpy(logs["loss"]))
-                self.start = time.perf_counter()
-
-        def on_train_end(self, logs=None):
-            float(keras.ops.convert_to_numpy(logs["loss"]))
-            self.end = time.perf_counter()
-
-    return StepTimer()
-
-
 def train(check, cfg, dtype, peak, nominal):
-    import keras
+    """`train_throughput.py`'s measurement (its model, compile, data and timer) in this
+    process, with MFU against the peaks."""
+    from benchmarks.train_throughput import _StepTimer, build_and_compile, make_dataset
 
-    from benchmarks.common import bench_config
-    from keras_transformer.models import build_transformer
-    from keras_transformer.training.recipe import compile_model
-
-    keras.utils.set_random_seed(0)
-    config = bench_config(dict(cfg, xla=True))
-    policy = None if dtype == "float32" else dtype
-    model = build_transformer(config.model, cfg["vocab"], dtype=policy)
-    compile_model(model, config, jit_compile=True)
-    x, y = _random_batches(cfg)
-    timer = _timer()
+    model, _ = build_and_compile(dict(cfg, dtype=None if dtype == "float32" else dtype))
+    x, y = make_dataset(cfg)  # numpy arrays on this backend
+    timer = _StepTimer()
     start = time.perf_counter()
     model.fit(x, y, batch_size=cfg["batch"], epochs=1, verbose=0, shuffle=False,
               callbacks=[timer])  # fmt: skip
@@ -192,6 +156,7 @@ def decode(check):
     import numpy as np
 
     from benchmarks.common import bench_config
+    from benchmarks.train_throughput import make_dataset
     from keras_transformer.config import DecodingSettings
     from keras_transformer.models import build_transformer
     from keras_transformer.training.jax_trainer import search_function
@@ -199,7 +164,7 @@ def decode(check):
     cfg = check.base
     keras.utils.set_random_seed(0)
     model = build_transformer(bench_config(cfg).model, cfg["vocab"])
-    sources = _random_batches(cfg)[0]["source_ids"][:32]
+    sources = make_dataset(cfg)[0]["source_ids"][:32]
     sources[:, -1] = 3  # EOS, as in training
     # At most `tgt` output tokens: the search's limit is the source length plus this.
     settings = DecodingSettings(beam_size=4, alpha=0.6, max_extra_length=cfg["tgt"] - cfg["src"])
@@ -222,19 +187,39 @@ def decode(check):
     )  # fmt: skip
 
 
+def quickstart_data(config, train_size=None, dev_size=200, threads=None):
+    """The quickstart's data without TensorFlow: `(pairs, dev pairs, sentencepiece processor)`,
+    the synthetic corpus (`train_size` pairs, default all), a vocabulary trained on it as
+    `prepare` trains one, and the training pairs as int32 piece arrays (no BOS/EOS), as
+    `data.records.prepared_pairs` reads them."""
+    import numpy as np
+    import sentencepiece as spm
+
+    from keras_transformer.data import synthetic
+    from keras_transformer.data.tokenizer import _spm_train
+
+    d = config.data
+    train_pairs = synthetic.generate("train", size=train_size)
+    dev_pairs = synthetic.generate("dev", size=dev_size)
+    sentences = [s for pair in train_pairs for s in pair]
+    proto = _spm_train(sentences, d.vocab_size, d.spm_model_type, d.spm_character_coverage, 1234,
+                       threads or os.cpu_count() or 1)  # fmt: skip
+    processor = spm.SentencePieceProcessor(model_proto=proto)
+    pairs = [(np.asarray(processor.encode(s), np.int32), np.asarray(processor.encode(t), np.int32))
+             for s, t in train_pairs]  # fmt: skip
+    return pairs, dev_pairs, processor
+
+
 def quickstart(check):
     """The quickstart (configs/quickstart.yaml: its synthetic corpus, vocabulary, model and
     steps) trained with `model.fit` on numpy batches, then its dev BLEU."""
     import dataclasses
 
     import keras
-    import numpy as np
-    import sentencepiece as spm
 
+    from benchmarks.train_throughput import _StepTimer
     from keras_transformer.config import decoding_settings, load_config
-    from keras_transformer.data import synthetic
     from keras_transformer.data.records import numpy_batches
-    from keras_transformer.data.tokenizer import _spm_train
     from keras_transformer.models import build_transformer
     from keras_transformer.training.jax_trainer import _bleu
     from keras_transformer.training.recipe import compile_model
@@ -243,23 +228,16 @@ def quickstart(check):
             "train.steps=4", "data.vocab_size=100", "data.tokens_per_batch=256"]  # fmt: skip
     config = load_config(os.path.join(ROOT, "configs", "quickstart.yaml"),
                          overrides=tiny if check.tiny else None)  # fmt: skip
-    d = config.data
     start = time.perf_counter()
-    size = 500 if check.tiny else None
-    train_pairs = synthetic.generate("train", size=size)
-    dev_pairs = synthetic.generate("dev", size=20 if check.tiny else 200)
-    sentences = [s for pair in train_pairs for s in pair]
-    proto = _spm_train(sentences, d.vocab_size, d.spm_model_type, d.spm_character_coverage, 1234,
-                       os.cpu_count() or 1)  # fmt: skip
-    processor = spm.SentencePieceProcessor(model_proto=proto)
-    pairs = [(np.asarray(processor.encode(s), np.int32), np.asarray(processor.encode(t), np.int32))
-             for s, t in train_pairs]  # fmt: skip
+    pairs, dev_pairs, processor = quickstart_data(
+        config, 500 if check.tiny else None, 20 if check.tiny else 200
+    )
     prepared = time.perf_counter() - start
     keras.utils.set_random_seed(config.train.seed)
     model = build_transformer(config.model, processor.get_piece_size())
     compile_model(model, config, jit_compile=True)
     batches = numpy_batches(pairs, config.data, seed=config.train.seed)
-    timer = _timer()
+    timer = _StepTimer()
     start = time.perf_counter()
     model.fit(batches, steps_per_epoch=config.train.steps, epochs=1, verbose=0, callbacks=[timer])
     trained = time.perf_counter() - start

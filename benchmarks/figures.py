@@ -188,6 +188,11 @@ def _cell(text):
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
+def _from_root(text):
+    """`text`'s relative links, written from docs/, as the README (at the root) needs them."""
+    return re.sub(r"\]\((?![a-z]+://|#)", "](docs/", text.strip())
+
+
 def readme_rows(entries=None, read=ledger.read):
     """The README's Results table (links from the repository root)."""
     head = ["| what | figure | machine | reproduce |", "|---|---|---|---|"]
@@ -195,8 +200,7 @@ def readme_rows(entries=None, read=ledger.read):
     for entry in entries if entries is not None else load():
         found = quotes(entry, read)
         # The entry's own links are written from docs/ (as on the results page).
-        what = re.sub(r"\]\((?![a-z]+://|#)", "](docs/", entry["what"].strip())
-        reproduce = re.sub(r"\]\((?![a-z]+://|#)", "](docs/", entry["reproduce"].strip())
+        what, reproduce = (_from_root(entry[key]) for key in ("what", "reproduce"))
         rows.append(
             f"| {_cell(what)} ({_links(found, 'docs/results.md')}) | {_cell(shown(entry, found))}"
             f" | {_cell(entry['machine'])} | {_cell(reproduce)} |"

@@ -161,14 +161,12 @@ def quickstart_run(steps, initial_weights, *settings):
     import keras
     import numpy as np
     import sacrebleu
-    import sentencepiece as spm
 
     from keras_transformer.config import EOS_ID, decoding_settings, load_config
-    from keras_transformer.data import synthetic
     from keras_transformer.data.records import numpy_batches
-    from keras_transformer.data.tokenizer import _spm_train
     from keras_transformer.decoding import translate_ids
     from keras_transformer.models import build_transformer
+    from keras_transformer.training.jax_trainer import _until_eos
     from keras_transformer.training.recipe import compile_model
 
     steps = int(steps)
@@ -176,12 +174,10 @@ def quickstart_run(steps, initial_weights, *settings):
     config = load_config(os.path.join(root, "configs", "quickstart.yaml"),
                          overrides=[f"train.steps={steps}", *settings])  # fmt: skip
     d = config.data
-    train_pairs, dev = synthetic.generate("train"), synthetic.generate("dev", size=200)
-    proto = _spm_train([s for pair in train_pairs for s in pair], d.vocab_size,
-                       d.spm_model_type, d.spm_character_coverage, 1234, 1)  # fmt: skip
-    processor = spm.SentencePieceProcessor(model_proto=proto)
-    pairs = [(np.asarray(processor.encode(s), np.int32), np.asarray(processor.encode(t), np.int32))
-             for s, t in train_pairs]  # fmt: skip
+    sys.path.insert(0, root)
+    from benchmarks.accelerator_check import quickstart_data
+
+    pairs, dev, processor = quickstart_data(config, threads=1)
     keras.utils.set_random_seed(config.train.seed)
     model = build_transformer(config.model, processor.get_piece_size())
     if os.path.exists(initial_weights):
@@ -209,9 +205,8 @@ def quickstart_run(steps, initial_weights, *settings):
         for i, (source, _) in enumerate(dev[start : start + 100]):
             row = processor.encode(source)[: d.max_source_length - 1] + [EOS_ID]
             ids[i, : len(row)] = row
-        for row in np.asarray(decode(ids)).tolist():
-            row = row[: row.index(EOS_ID)] if EOS_ID in row else row
-            hypotheses.append(processor.decode([i for i in row if i]))
+        found = np.asarray(decode(ids)).tolist()
+        hypotheses += [processor.decode(_until_eos(row)) for row in found]
     bleu = sacrebleu.corpus_bleu(hypotheses, [[t for _, t in dev]]).score
     return {"backend": keras.backend.backend(), "steps": steps, "dev_bleu_greedy": bleu}
 
