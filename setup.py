@@ -1,30 +1,52 @@
-"""keras-transformer: the Transformer of "Attention Is All You Need" in TensorFlow/Keras 3."""
+"""keras-nmt-transformer: the Transformer of "Attention Is All You Need" in TensorFlow/Keras 3.
+
+The distribution is `keras-nmt-transformer` (`keras-transformer` on PyPI is an unrelated project
+that installs a package of the same import name); the import package is `keras_transformer` and
+the command `keras-transformer`. The version is written once, in keras_transformer/__init__.py.
+"""
+
+import re
 
 from setuptools import find_packages, setup
 
+DISTRIBUTION = "keras-nmt-transformer"
+
+with open("keras_transformer/__init__.py", encoding="utf-8") as f:
+    VERSION = re.search(r'^__version__ = "([^"]+)"$', f.read(), re.M).group(1)
+
 with open("README.md", encoding="utf-8") as f:
-    LONG_DESCRIPTION = f.read()
+    # PyPI shows the README without the repository beside it: its relative images would break.
+    LONG_DESCRIPTION = re.sub(r"^!\[[^\]]*\]\((?![a-z]+://)[^)]*\)\n", "", f.read(), flags=re.M)
 
 setup(
-    name="keras-transformer",
-    version="0.1.0",
+    name=DISTRIBUTION,
+    version=VERSION,
     description='The Transformer of "Attention Is All You Need" as TensorFlow/Keras 3 layers, '
     "training, beam search and a TF Serving SavedModel.",
     long_description=LONG_DESCRIPTION,
     long_description_content_type="text/markdown",
     license="Apache-2.0",
-    packages=find_packages(include=["keras_transformer", "keras_transformer.*"]),
-    python_requires=">=3.10",
+    # The configs the CLI and the README name (configs/*.yaml) ship inside the package:
+    # `--config configs/quickstart.yaml` finds them where no checkout is beside the command.
+    packages=[
+        *find_packages(include=["keras_transformer", "keras_transformer.*"]),
+        "keras_transformer.configs",
+    ],
+    package_dir={"keras_transformer.configs": "configs"},
+    package_data={"keras_transformer.configs": ["*.yaml"]},
+    # The supported range (docs/install.md), tested at both ends by .ci/run: the oldest set
+    # (constraints/oldest.txt) and the newest this range allows.
+    python_requires=">=3.10,<3.14",
     install_requires=[
-        "tensorflow>=2.21,<2.22",
-        "keras>=3.12,<3.16",
-        "tensorflow-text>=2.21,<2.22",
+        "tensorflow>=2.16.1,<2.22",
+        "keras>=3.3.3,<3.16",
+        "tensorflow-text>=2.16.1,<2.22",
         "tensorflow-datasets>=4.9,<5",
-        "tensorboard>=2.21,<2.22",
+        "tensorboard>=2.16,<2.22",
         "sentencepiece>=0.2,<0.3",
         "sacrebleu>=2.4,<3",
         # TF Serving's PredictionLog protos: every export writes its warmup requests with them.
-        "tensorflow-serving-api>=2.21,<2.22",
+        "tensorflow-serving-api>=2.16.1,<2.22",
         "pyyaml>=6,<7",
         "numpy>=1.26,<3",
         # Attention heatmaps in TensorBoard.

@@ -17,7 +17,10 @@ encoder = kt.layers.TransformerEncoder(num_layers=2, num_heads=4, d_ff=128)
 
 import importlib
 
-__version__ = "0.1.0"
+# The one place the version is written (setup.py reads it), and the distribution that installs
+# this package: `keras-transformer` on PyPI is an unrelated project with the same import name.
+__version__ = "0.2.0"
+__distribution__ = "keras-nmt-transformer"
 
 # Public name -> the module that defines it (the sub-package that re-exports it).
 _EXPORTS = {

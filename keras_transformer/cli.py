@@ -65,10 +65,34 @@ def _sampling_flags(parser, note):
     )  # fmt: skip
 
 
+class _Version(argparse.Action):
+    """argparse's own version action re-wraps the line; this prints it as it is."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.exit(0, version_line() + "\n")
+
+
+def version_line():
+    """`keras-transformer --version`: which distribution this is, as the unrelated
+    `keras-transformer` distribution installs a package of the same import name."""
+    import os
+
+    import keras_transformer
+
+    where = os.path.dirname(os.path.abspath(keras_transformer.__file__))
+    return (
+        f"{keras_transformer.__distribution__} {keras_transformer.__version__} "
+        f"(import package keras_transformer in {where})"
+    )
+
+
 def build_parser():
     parser = _Parser(
         prog="keras-transformer",
         description='Train, export and run the Transformer of "Attention Is All You Need".',
+    )
+    parser.add_argument(
+        "--version", action=_Version, nargs=0, help="print the distribution, version and path"
     )
     # Every subcommand takes --verbose.
     common = argparse.ArgumentParser(add_help=False)

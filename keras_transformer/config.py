@@ -671,7 +671,7 @@ def _read_config_text(path):
     TensorFlow loads only then)."""
     if "://" not in str(path):
         if not os.path.isfile(path):
-            raise ConfigError(f"config file not found: {path}")
+            path = _packaged_config(path)
         with open(path, encoding="utf-8") as f:
             return f.read()
     from keras_transformer.workdir import read_text
@@ -680,6 +680,19 @@ def _read_config_text(path):
         return read_text(path)
     except OSError:
         raise ConfigError(f"config file not found: {path}") from None
+
+
+def _packaged_config(path):
+    """The shipped config a missing `configs/NAME.yaml` names: the wheel carries the repository's
+    `configs/*.yaml` as `keras_transformer/configs/`, so the README's commands run where no
+    checkout is beside them (a checkout's own `configs/` is found first)."""
+    head, name = os.path.split(os.path.normpath(str(path)))
+    if head in ("", "configs") and name.endswith(".yaml"):
+        package = os.path.dirname(os.path.abspath(__file__))
+        for folder in (os.path.join(package, "configs"), os.path.join(package, "..", "configs")):
+            if os.path.isfile(os.path.join(folder, name)):
+                return os.path.join(folder, name)
+    raise ConfigError(f"config file not found: {path}")
 
 
 def save_config(config, path):
