@@ -70,6 +70,8 @@ setup(
             "keras-hub>=0.32",
             "grain>=0.2",
         ],
+        # The release check (.ci/release_check): build the wheel and sdist, check them.
+        "release": ["build>=1", "twine>=5"],
         # The documentation site: `mkdocs build --strict` (CI) or `mkdocs serve`. MkDocs reads
         # the Markdown the guides are written in; mkdocstrings renders the API reference from
         # the docstrings by static analysis (griffe), without importing TensorFlow.

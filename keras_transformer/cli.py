@@ -69,7 +69,8 @@ class _Version(argparse.Action):
     """argparse's own version action re-wraps the line; this prints it as it is."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        parser.exit(0, version_line() + "\n")
+        print(version_line())  # on stdout, as argparse's own
+        parser.exit(0)
 
 
 def version_line():
