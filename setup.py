@@ -38,8 +38,8 @@ setup(
     # (constraints/oldest.txt) and the newest this range allows.
     python_requires=">=3.10,<3.14",
     install_requires=[
-        "tensorflow>=2.16.1,<2.22",
-        "keras>=3.3.3,<3.16",
+        "tensorflow>=2.16.2,<2.22",
+        "keras>=3.12,<3.16",
         "tensorflow-text>=2.16.1,<2.22",
         "tensorflow-datasets>=4.9,<5",
         "tensorboard>=2.16,<2.22",
