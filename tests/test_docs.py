@@ -490,3 +490,22 @@ def test_grpc_tensor_matches_the_signature(exported_quickstart):
     assert [d.size for d in proto.tensor_shape.dim] == [1]
     result = _signature(path)(text=tf.constant(tf.make_ndarray(proto)))
     assert result["translation"].shape == (1,) and result["score"].dtype == tf.float32
+
+
+def test_documented_batch_arithmetic_holds():
+    """Every `A x B x C = D` in the manual holds, and scale.md's base-config products use the
+    config's own `data.tokens_per_batch` and `train.gradient_accumulation_steps` (it once told
+    8-GPU users they needed no accumulation, doubling the paper's batch)."""
+    from keras_transformer.config import load_config
+
+    number = r"(\d[\d,]*)"
+    products = re.findall(rf"{number} x {number} x {number} = {number}", _all_docs())
+    assert len(products) >= 3
+    for a, b, c, d in products:
+        a, b, c, d = (int(v.replace(",", "")) for v in (a, b, c, d))
+        assert a * b * c == d, f"{a:,} x {b:,} x {c:,} is not {d:,}"
+    base = load_config(os.path.join(ROOT, "configs", "transformer_base.yaml"))
+    tokens, k = base.data.tokens_per_batch, base.train.gradient_accumulation_steps
+    scale = _read(os.path.join(DOCS, "guides", "scale.md"))
+    for replicas in (1, 8):
+        assert f"{tokens:,} x {replicas} x {k} = {tokens * replicas * k:,}" in scale

@@ -1,0 +1,158 @@
+"""The manual's recipes run as written (at toy scale): every shell block of the README and the
+guides is run here or says why not, and every Python block is run (tests/test_docs.py) or says
+why not. The markers and what the runner changes: tests/_recipes.py."""
+
+import glob
+import os
+
+import pytest
+from _recipes import (
+    QUICKSTART,
+    ROOT,
+    blocks,
+    check_tree,
+    make_bin,
+    run_block,
+    shell_words,
+    tree_paths,
+    write_files,
+)
+
+PAGES = ["README.md"] + sorted(
+    os.path.relpath(p, ROOT)
+    for p in glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)
+    if os.sep + "_incoming" + os.sep not in p
+)
+KINDS = {
+    "bash": ("ci:main", "ci:test", "recipe", "skip"),
+    "python": ("run", "recipe", "skip"),
+    "tree": ("tree",),
+}
+
+
+def _recipe_pages():
+    return [
+        page
+        for page in PAGES
+        if any(b[2] in ("recipe", "ci:main") for b in blocks(os.path.join(ROOT, page)))
+    ]
+
+
+def test_every_block_is_run_or_says_why_not():
+    unmarked = []
+    for page in PAGES:
+        for line, language, kind, options, _ in blocks(os.path.join(ROOT, page)):
+            if kind not in KINDS[language]:
+                unmarked.append(f"{page}:{line} ({language}, marker {kind})")
+            elif kind == "skip" and len(options["reason"]) < 15:
+                unmarked.append(f"{page}:{line}: a skip says why in a few words")
+    assert not unmarked, "blocks without a docs-test marker:\n" + "\n".join(unmarked)
+
+
+def test_the_recipes_cover_the_multi_step_work():
+    """What the issue asked to run: the README's main job, the quickstart, the back-translation
+    recipe (train, export, translate the file the next step reads), the own-corpus, serving,
+    precision and JAX pages."""
+    recipes = {
+        page: [code for _, _, kind, _, code in blocks(os.path.join(ROOT, page)) if kind == "recipe"]
+        for page in PAGES
+    }
+    assert {
+        "README.md",
+        "docs/guides/quickstart.md",
+        "docs/guides/after-the-first-model.md",
+        "docs/guides/own-corpus.md",
+        "docs/guides/export-serving.md",
+        "docs/guides/precision-xla.md",
+        "docs/guides/jax.md",
+    } <= {page for page, codes in recipes.items() if codes}
+    after = recipes["docs/guides/after-the-first-model.md"]
+    back_translation = [code for code in after if "mono.en" in code]
+    assert back_translation, "the back-translation recipe is run"
+    words = shell_words(back_translation[0])
+    assert words.count("keras-transformer") == 4
+
+
+def test_toy_argv_keeps_the_recipes_settings_and_forces_toy_sizes():
+    from _recipes import toy_argv
+
+    argv = ["train", "--config", "configs/small.yaml", "--set", "runtime.mixed_precision=bfloat16"]
+    argv += ["--set", "model.d_model=512", "--set", "data.train=text:a.en,a.de"]
+    out = toy_argv(argv)
+    assert out[: len(argv)] == argv
+    extra = dict(out[i + 1].split("=", 1) for i in range(len(argv), len(out), 2))
+    assert "runtime.mixed_precision" not in extra  # the recipe's own
+    assert extra["model.d_model"] == "32"  # after the recipe's: the toy size wins
+    assert "data.train" not in extra  # small.yaml's corpus is not synthetic: untouched
+    quick = toy_argv(QUICKSTART.split()[1:])
+    assert "data.train=synthetic:split=train,size=300,max_words=8" in quick
+    assert toy_argv(["export", "--workdir", "w"]) == ["export", "--workdir", "w"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", _recipe_pages())
+def test_recipes_run_as_written(page, tmp_path):
+    bin_dir = make_bin(str(tmp_path / "bin"))
+    directory, ran, python = None, 0, []
+
+    def flush():
+        # Consecutive Python recipes run as one script: a reader's one session.
+        if python:
+            code = "".join(block for _, block in python)
+            run_block(code, directory, bin_dir, f"{page}:{python[0][0]}", language="python")
+            python.clear()
+
+    for line, language, kind, options, code in blocks(os.path.join(ROOT, page)):
+        if kind == "tree":
+            flush()
+            check_tree(code, directory, f"{page}:{line}")
+            continue
+        if kind not in ("recipe", "ci:main"):
+            continue
+        if language == "bash":
+            flush()
+        if directory is None or options.get("fresh"):
+            directory = tmp_path / f"user{line}"
+            directory.mkdir()
+            if options.get("after") == "quickstart":
+                run_block(QUICKSTART, directory, bin_dir, f"{page}:{line} (after=quickstart)")
+        write_files(str(directory), options.get("files", []))
+        if language == "python":
+            python.append((line, code))
+        else:
+            run_block(code, directory, bin_dir, f"{page}:{line}")
+        ran += 1
+    flush()
+    assert ran
+
+
+def test_file_trees_are_read_as_a_reader_reads_them(tmp_path):
+    listing = (
+        "workdirs/run/\n"
+        "  config.yaml          # a comment\n"
+        "  spm.model, spm.vocab\n"
+        "  logs/\n"
+        "    ...\n"
+        "saved_models/run/1/   # the model\n"
+    )
+    paths, folders = tree_paths(listing)
+    assert paths == [
+        "workdirs/run/",
+        "workdirs/run/config.yaml",
+        "workdirs/run/spm.model",
+        "workdirs/run/spm.vocab",
+        "workdirs/run/logs/",
+        "saved_models/run/1/",
+    ]
+    assert folders == {"workdirs/run": {"config.yaml", "spm.model", "spm.vocab", "logs"}}
+    for path in ("workdirs/run/logs/x", "saved_models/run/1"):
+        (tmp_path / path).mkdir(parents=True)
+    for name in ("config.yaml", "spm.model"):
+        (tmp_path / "workdirs/run" / name).write_text("")
+    with pytest.raises(AssertionError, match="spm.vocab is listed but was not written"):
+        check_tree(listing, tmp_path, "here")
+    (tmp_path / "workdirs/run/spm.vocab").write_text("")
+    check_tree(listing, tmp_path, "here")  # logs/ is marked incomplete: x is fine
+    (tmp_path / "workdirs/run/lock.json").write_text("")
+    with pytest.raises(AssertionError, match=r"also holds \['lock.json'\]"):
+        check_tree(listing, tmp_path, "here")
