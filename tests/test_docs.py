@@ -385,7 +385,9 @@ def test_python_examples_run(exported_quickstart, monkeypatch, capsys):
     for path, code in blocks:
         exec(compile(code, os.path.relpath(path, ROOT), "exec"), {"__name__": "__docs__"})
     assert os.path.exists(base / "classifier.keras")
-    assert "(1, 3, 37000)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "(1, 3, 37000)" in out
+    assert "(2, 10, 512) bfloat16 (2, 8, 10, 10) bfloat16" in out  # layers.md's output spec
 
 
 def _signature(path):
