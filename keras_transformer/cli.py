@@ -15,6 +15,7 @@ from keras_transformer.errors import (
     PREEMPTED_EXIT_CODE,
     KerasTransformerError,
     Preempted,
+    first_line,
     write_refused,
 )
 
@@ -288,7 +289,7 @@ def main(argv=None):
         error = e if isinstance(e, (KerasTransformerError, FileNotFoundError)) else write_refused(e)
         if error is None:
             raise
-        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        message = first_line(error)
         print(f"keras-transformer {args.command}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -18,7 +18,7 @@ import tempfile
 import time
 
 from keras_transformer.config import export_name
-from keras_transformer.errors import KerasTransformerError, UsageError
+from keras_transformer.errors import KerasTransformerError, UsageError, first_line
 from keras_transformer.workdir import Workdir, read_json
 
 # --------------------------------------------------------------------------- helpers
@@ -87,8 +87,7 @@ def load_signatures(model_path, required=(None,)):
     try:
         loaded = tf.saved_model.load(path)
     except Exception as e:  # a broken or foreign directory: a user error, not a traceback
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UsageError(f"cannot load the SavedModel in {path}: {first}") from None
+        raise UsageError(f"cannot load the SavedModel in {path}: {first_line(e)}") from None
     for key in required:
         key = key or SIGNATURE_KEY
         if loaded.signatures.get(key) is None:
@@ -490,8 +489,7 @@ def load_workdir_model(workdir, average=None, select=None, alpha=None):
             config, layout, vocab_size, tokenizer, dev_pairs, select, average=average, alpha=alpha
         )
     except (ValueError, OSError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UsageError(f"cannot load checkpoints of {workdir}: {first}") from None
+        raise UsageError(f"cannot load checkpoints of {workdir}: {first_line(e)}") from None
     return config, final, spm_bytes
 
 

@@ -20,7 +20,7 @@ from typing import Optional, Union
 
 import yaml
 
-from keras_transformer.errors import ConfigError
+from keras_transformer.errors import ConfigError, first_line
 
 # Sane upper bounds: far beyond any model that fits in memory, far below int64's limit.
 _MAX_LAYERS = 1000
@@ -659,7 +659,7 @@ def load_config(path=None, overrides=None):
         try:
             values = yaml.safe_load(text) or {}
         except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: invalid YAML ({str(e).splitlines()[0]})") from None
+            raise ConfigError(f"{path}: invalid YAML ({first_line(e)})") from None
         if not isinstance(values, dict):
             raise ConfigError(f"{path}: expected a mapping of sections at the top level")
         name = os.path.splitext(os.path.basename(path))[0]

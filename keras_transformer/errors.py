@@ -12,6 +12,13 @@ import errno
 import re
 
 
+def first_line(error):
+    """The first non-empty line of an error's message, or its type's name when it has none: what
+    a one-line report quotes of an error from below (TensorFlow's, h5py's, TFDS's)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 class KerasTransformerError(Exception):
     """A user error (bad config, corpus, workdir, model path or argument): one line, exit 2."""
 
@@ -157,11 +164,6 @@ def write_refused(error):
             return refused
         error = error.__cause__ or error.__context__
     return None
-
-
-def disk_full(error):
-    """`write_refused(error)` (the name it had when only a full disk was recognised)."""
-    return write_refused(error)
 
 
 # The exit code of a `keras-transformer` command stopped by SIGTERM or SIGINT at a safe point

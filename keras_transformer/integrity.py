@@ -21,6 +21,7 @@ import os
 import uuid
 
 from keras_transformer import local_files
+from keras_transformer.errors import first_line
 
 CHECKSUM_SUFFIX = ".sha256"
 _BLOCK = 1 << 20
@@ -153,6 +154,5 @@ def checkpoint_problem(path):
         with _gfile().GFile(os.fspath(path), "rb") as f, h5py.File(f, "r"):
             pass
     except Exception as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return f"not a readable HDF5 file ({first})"
+        return f"not a readable HDF5 file ({first_line(e)})"
     return None

@@ -386,18 +386,3 @@ def complete_checkpoints(directory, count=None, report=None):
     return complete[::-1]
 
 
-def load_last_checkpoints(model, directory, count):
-    """Loads the last complete checkpoint of `directory` into `model`, or the average of the last
-    `count` complete ones (torn ones are skipped, see `complete_checkpoints`).
-
-    Returns:
-        The steps of the checkpoints used, oldest first (empty when there is none).
-    """
-    chosen = complete_checkpoints(directory, max(1, int(count)))
-    if not chosen:
-        return []
-    if len(chosen) == 1:
-        load_model_weights(model, chosen[0][1])
-    else:
-        average_checkpoints(model, [path for _, path in chosen])
-    return [step for step, _ in chosen]

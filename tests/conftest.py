@@ -109,6 +109,12 @@ def copy_model():
 
 
 @pytest.fixture(scope="session")
+def model(copy_model):
+    """`copy_model`, under the name the decoding tests use."""
+    return copy_model
+
+
+@pytest.fixture(scope="session")
 def exported_copy_model(copy_model, toy_spm_bytes, tmp_path_factory):
     """`(translator, path of version 1)`: `copy_model` as a `Translator` and exported as the
     SavedModel `saved_models/toy/1` (decoding settings `fx.EXPORT_DECODE`, `fx.EXPORT_DATA`;

@@ -9,8 +9,15 @@ from keras import ops, tree
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16", "bfloat16")
 
 
-def _np(x):
+def np_(x):
+    """A backend tensor (or array) as a numpy array."""
     return np.asarray(ops.convert_to_numpy(x))
+
+
+def softmax(x):
+    """The reference softmax over the last axis, in numpy."""
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
 
 
 def _call(layer, data):
@@ -58,7 +65,7 @@ def run_layer_test(
     assert clone.get_config() == config
     _call(clone, input_data)
     clone.set_weights(layer.get_weights())
-    np.testing.assert_allclose(_np(_call(clone, input_data)), _np(output), atol=1e-6)
+    np.testing.assert_allclose(np_(_call(clone, input_data)), np_(output), atol=1e-6)
     restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer))
     assert type(restored) is type(layer)
 
@@ -67,19 +74,19 @@ def run_layer_test(
     assert tuple(symbolic.shape[1:]) == tuple(expected_output_shape[1:])
 
     model = keras.Model(inputs, symbolic)
-    expected = _np(model(input_data))
+    expected = np_(model(input_data))
     path = str(tmp_path / "layer.keras")
     model.save(path)
     loaded = keras.saving.load_model(path)
-    np.testing.assert_allclose(_np(loaded(input_data)), expected, atol=1e-6)
+    np.testing.assert_allclose(np_(loaded(input_data)), expected, atol=1e-6)
 
     if check_training and model.trainable_weights:
-        before = [_np(w) for w in model.trainable_weights]
+        before = [np_(w) for w in model.trainable_weights]
         model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
         target = np.random.default_rng(0).normal(size=expected.shape).astype("float32")
         model.train_on_batch(input_data, target)
         unchanged = [
-            w.path for w, old in zip(model.trainable_weights, before) if np.array_equal(_np(w), old)
+            w.path for w, old in zip(model.trainable_weights, before) if np.array_equal(np_(w), old)
         ]
         assert not unchanged, f"no gradient reached {unchanged}"
 

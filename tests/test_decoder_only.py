@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import pytest
 from keras import ops
+from layer_harness import np_
 
 from keras_transformer.config import BOS_ID, EOS_ID
 from keras_transformer.decoding import beam_search, greedy_search, language_model_step
@@ -21,10 +22,6 @@ from keras_transformer.layers import (
 )
 from keras_transformer.layers.attention import BeamCache
 from keras_transformer.models import DecoderOnlyTransformer
-
-
-def np_(x):
-    return np.asarray(ops.convert_to_numpy(x))
 
 
 def rand(shape, seed):

@@ -305,11 +305,6 @@ def test_beam_search_compiles_with_xla():
 
 
 @pytest.fixture(scope="module")
-def model(copy_model):
-    return copy_model
-
-
-@pytest.fixture(scope="module")
 def sources():
     texts = ["red apple cat", "dog dog fish bird", "blue", "plum pear white black green", ""]
     return texts, fx.encode_sources(texts)

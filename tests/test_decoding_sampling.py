@@ -85,11 +85,6 @@ def test_noise_is_uniform_and_depends_on_seed_step_and_token():
 
 
 @pytest.fixture(scope="module")
-def model(copy_model):
-    return copy_model
-
-
-@pytest.fixture(scope="module")
 def source_ids():
     texts = ["red apple cat", "dog dog fish bird", "blue", "plum pear white black green", ""]
     return fx.encode_sources(texts)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from keras import ops
+from layer_harness import softmax
 
 from keras_transformer import fast_paths
 from keras_transformer.decoding import translate_ids
@@ -38,11 +39,6 @@ def tiny_model(**kwargs):
     params = dict(vocab_size=40, num_layers=2, d_model=32, num_heads=4, d_ff=64, dropout=0.1)
     params.update(kwargs)
     return Transformer(**params)
-
-
-def np_softmax(x):
-    e = np.exp(x - x.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
 
 
 @pytest.fixture
@@ -80,7 +76,7 @@ def test_einsum_logits_match_numpy_attention():
     mask = np.random.default_rng(4).random((2, 1, 5, 7)) > 0.3
     out, weights = scaled_dot_product_attention(q, k, v, mask=mask)
     logits = q @ np.swapaxes(k, -1, -2) / np.sqrt(8.0)
-    expected = np.where(mask, np_softmax(np.where(mask, logits, -1e9)), 0.0)
+    expected = np.where(mask, softmax(np.where(mask, logits, -1e9)), 0.0)
     np.testing.assert_allclose(np.asarray(weights), expected, atol=ATOL)
     np.testing.assert_allclose(np.asarray(out), expected @ v, atol=ATOL)
 
@@ -310,7 +306,7 @@ def test_fused_loss_gradient_equals_formula():
         total = tf.reduce_sum(losses)
     grad = np.asarray(tape.gradient(total, logits))
     target = np.eye(7, dtype="float32")[labels] * (1 - eps) + eps / 7
-    np.testing.assert_allclose(grad, np_softmax(np.asarray(logits)) - target, atol=ATOL)
+    np.testing.assert_allclose(grad, softmax(np.asarray(logits)) - target, atol=ATOL)
 
 
 def test_accuracy_equals_argmax_accuracy():

@@ -369,8 +369,8 @@ def test_export_under_a_real_file_size_limit_is_one_line_and_the_retry_gets_vers
     assert [os.path.basename(p) for p in glob.glob(str(exports / "*" / "*"))] == ["1"]
 
 
-def test_disk_full_recognises_each_writers_error():
-    from keras_transformer.errors import DiskFullError, disk_full
+def test_write_refused_recognises_each_writers_full_disk():
+    from keras_transformer.errors import DiskFullError, write_refused
 
     h5py_message = (
         "Unable to synchronously create file (file write failed: time = Wed, filename = "
@@ -382,7 +382,7 @@ def test_disk_full_recognises_each_writers_error():
         _no_space_tf_error("/w/backup/ckpt-4.data-00000-of-00001"),
         OSError(h5py_message),
     ):
-        found = disk_full(error)
+        found = write_refused(error)
         assert isinstance(found, DiskFullError) and "/w/" in str(found)
     try:
         try:
@@ -390,10 +390,11 @@ def test_disk_full_recognises_each_writers_error():
         except OSError as inner:
             raise RuntimeError("wrapped") from inner
     except RuntimeError as outer:
-        assert "manifest.json" in str(disk_full(outer))
+        assert "manifest.json" in str(write_refused(outer))
     # Out of memory is not a full disk; neither is another OSError.
-    assert disk_full(tf.errors.ResourceExhaustedError(None, None, "OOM when allocating")) is None
-    assert disk_full(OSError(errno.EACCES, "Permission denied", "/w/x")) is None
+    out_of_memory = tf.errors.ResourceExhaustedError(None, None, "OOM when allocating")
+    assert write_refused(out_of_memory) is None
+    assert write_refused(OSError(errno.EACCES, "Permission denied", "/w/x")) is None
 
 
 def test_write_refused_recognises_each_refusal_as_tensorflow_h5py_and_python_say_it():

@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import pytest
 from keras import ops
-from layer_harness import POLICIES, check_output_spec, run_layer_test  # noqa: E402
+from layer_harness import POLICIES, check_output_spec, np_, run_layer_test, softmax  # noqa: E402
 
 from keras_transformer.layers import (
     MultiHeadAttention,
@@ -24,16 +24,6 @@ from keras_transformer.layers import (
     scaled_dot_product_attention,
 )
 from keras_transformer.layers.normalization import LayerNormalization
-
-
-def np_(x):
-    return np.asarray(ops.convert_to_numpy(x))
-
-
-def softmax(x):
-    e = np.exp(x - x.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
-
 
 # ---------------------------------------------------------------- scaled dot-product attention
 

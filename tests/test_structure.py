@@ -8,6 +8,7 @@ export, evaluation; training; commands; cli. A module may import from its own le
 import ast
 import os
 import pathlib
+import re
 
 import pytest
 
@@ -328,3 +329,66 @@ def test_the_default_check_finds_copies():
         "beam_size=4", "alpha=0.6", "max_extra_length=50", "bos_id=2", "'eos_id', 3",
         '"pad_id", 0',
     ]  # fmt: skip
+
+
+def _sources():
+    return {path: path.read_text() for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_one_finite_minus_infinity():
+    """`-1e9` (masked logits, impossible tokens, empty n-best slots) is `NEG_INF`, defined once
+    in `layers/attention.py`; it was written three times."""
+    copies = [
+        f"{path.relative_to(PACKAGE)}:{node.lineno}"
+        for path, text in _sources().items()
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.Constant) and node.value in (1e9, -1e9)
+    ]
+    assert [copy.split(":")[0] for copy in copies] == ["layers/attention.py"], copies
+
+
+def test_the_first_line_of_an_error_is_taken_in_one_place():
+    """`errors.first_line(e)`, not the `str(e).strip().splitlines()[0] if ... else` idiom (it
+    was written seven times, two of them without the empty-message case)."""
+    pattern = re.compile(r"str\((?:e|error)\)[^\n]*splitlines\(\)\[0\]")
+    copies = [
+        f"{path.relative_to(PACKAGE)}:{text.count(chr(10), 0, m.start()) + 1}"
+        for path, text in _sources().items()
+        for m in pattern.finditer(text)
+    ]
+    assert not copies, copies
+
+
+# Public module-level names that nothing in the package calls, kept on purpose.
+_KEPT_FOR_USERS = {
+    "enabled_names": "fast_paths' documented API (the tests restore the switches with it)",
+    "masked_token_cross_entropy": "the plain form of the fused loss, which tests compare it with",
+}
+
+
+def test_no_dead_public_functions():
+    """A public function or class of a module that is in no `__all__` and that nothing in the
+    package (or the benchmarks) uses is dead code (`trainer.resolve_workdir`, the `disk_full`
+    alias, `load_last_checkpoints` were)."""
+    sources = _sources()
+    exported = set()
+    for text in sources.values():
+        for node in ast.parse(text).body:
+            if isinstance(node, ast.Assign) and any(
+                getattr(target, "id", None) == "__all__" for target in node.targets
+            ):
+                exported |= {c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant)}
+    benchmarks = PACKAGE.parent / "benchmarks"
+    code = "\n".join(sources.values()) + "\n".join(
+        p.read_text() for p in sorted(benchmarks.glob("*.py"))
+    )
+    dead = [
+        f"{path.relative_to(PACKAGE)}: {node.name}"
+        for path, text in sources.items()
+        for node in ast.parse(text).body
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+        and not node.name.startswith("_")
+        and node.name not in exported | set(_KEPT_FOR_USERS)
+        and len(re.findall(rf"\b{node.name}\b", code)) <= 1
+    ]
+    assert not dead, dead

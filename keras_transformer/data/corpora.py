@@ -35,7 +35,7 @@ import re
 import sys
 import warnings
 
-from keras_transformer.errors import DataError, DataWarning
+from keras_transformer.errors import DataError, DataWarning, first_line
 
 SPEC_KINDS = ("text", "tsv", "tfds", "synthetic")
 # Tagged back-translation: the prefix of a tagged spec in data.train, and the reserved piece that
@@ -249,8 +249,7 @@ def _iter_tfds(rest, spec, counter, verbose):
             name, split=split, with_info=True, data_dir=options.get("data_dir")
         )
     except Exception as e:  # tfds raises many kinds; users need the message, not a traceback
-        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise DataError(f"{spec}: cannot load the TFDS dataset: {message}") from None
+        raise DataError(f"{spec}: cannot load the TFDS dataset: {first_line(e)}") from None
     source_key, target_key = _tfds_keys(info, options, spec)
     _progress(f"{name}: translating {source_key} -> {target_key}", verbose)
     # Only the two text features, so tf.data streams no more than it must.

@@ -111,14 +111,6 @@ def _gfile():
     return local_files.gfile()  # tf.io.gfile, or the local disk where TensorFlow is absent
 
 
-def _sha256(path):
-    digest = hashlib.sha256()
-    with _gfile().GFile(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _settings(data_config):
     """What the prepared data depends on, as the manifest records it (config key -> value)."""
     d = data_config
@@ -229,21 +221,13 @@ def check_prepared(config, manifest=None, repair=True):
     if not _gfile().exists(layout.spm):
         if repair:
             _install_vocabulary(os.path.join(layout.prepared, VOCABULARY), layout.spm)
-    elif _sha256(layout.spm) != sha256:
+    elif file_digest(layout.spm)[1] != sha256:
         raise DataError(
             f"{layout.spm} differs from the vocabulary the data in {layout.prepared} was "
             f"tokenized with (sha256 {sha256[:12]}...); delete {layout.prepared} and "
             f"{layout.spm} to prepare again, or use another --workdir"
         )
     verify_shards(layout.prepared, manifest)
-    return manifest
-
-
-def add_shard_checksums(manifest, directory):
-    """Records each finished shard's size and sha256 in `manifest["shards"]` (read back from the
-    files in `directory`, once they are all written and closed)."""
-    for shard in manifest["shards"]:
-        shard["bytes"], shard["sha256"] = file_digest(os.path.join(directory, shard["file"]))
     return manifest
 
 

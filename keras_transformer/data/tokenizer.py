@@ -13,7 +13,7 @@ import sys
 import warnings
 
 from keras_transformer.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from keras_transformer.errors import DataError, DataWarning
+from keras_transformer.errors import DataError, DataWarning, first_line
 from keras_transformer.workdir import Workdir
 
 _TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)")
@@ -158,8 +158,7 @@ def _spm_train_fitting(
             elif too_low:
                 size = int(too_low.group(2))
             else:
-                message = str(e).splitlines()[0]
-                raise DataError(f"SentencePiece training failed: {message}") from None
+                raise DataError(f"SentencePiece training failed: {first_line(e)}") from None
     raise DataError(f"SentencePiece training failed for vocab_size={vocab_size}")
 
 

@@ -32,11 +32,9 @@ from keras_transformer import fast_paths
 from keras_transformer.config import EOS_ID, DecodingSettings
 from keras_transformer.decoding.sampling import sampling_picker
 from keras_transformer.fast_paths import inplace_cache_writes
-from keras_transformer.layers.attention import BeamCache
+from keras_transformer.layers.attention import NEG_INF, BeamCache
 
-# A finite "minus infinity": sums of a few of these stay finite in float32 (no inf - inf = NaN),
-# and anything below HALF_NEG_INF is treated as impossible.
-NEG_INF = -1.0e9
+# Anything below HALF_NEG_INF is treated as impossible.
 HALF_NEG_INF = 0.5 * NEG_INF
 
 

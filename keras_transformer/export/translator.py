@@ -14,14 +14,13 @@ import tensorflow_text as tf_text
 from keras_transformer import fast_paths
 from keras_transformer.config import DecodingSettings
 from keras_transformer.data.pipeline import encode_sources
-from keras_transformer.decoding.search import translate_ids
+from keras_transformer.decoding.search import NEG_INF, translate_ids
 from keras_transformer.export.calibration import MAX_MARGIN, MIN_SCORE
 from keras_transformer.export.warmup import bucket_lengths
 
 # The confidence's map before any calibration: sigmoid(1 + 2 * score), 0.5 at a score of -0.5
 # (`set_calibration` replaces it with one fitted on a dev set).
 DEFAULT_CALIBRATION = {"score_weight": 2.0, "margin_weight": 0.0, "bias": 1.0}
-NEG_SCORE = -1.0e9
 
 
 def _fold_seeds(seeds):
@@ -329,7 +328,7 @@ class Translator(tf.Module):
         if width == 1:
             return tf.zeros_like(scores[:, :keep])
         # [c, K, K]: row j holds the scores with hypothesis j itself masked out.
-        others = tf.where(tf.eye(width, dtype=tf.bool), NEG_SCORE, scores[:, None])
+        others = tf.where(tf.eye(width, dtype=tf.bool), NEG_INF, scores[:, None])
         margin = scores - tf.reduce_max(others, axis=-1)  # [c, K]
         return tf.clip_by_value(margin[:, :keep], -MAX_MARGIN, MAX_MARGIN)
 

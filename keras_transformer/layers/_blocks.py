@@ -77,17 +77,18 @@ class BlockBase(CallTracedSpec, keras.layers.Layer):
         self.feed_forward_norm.build(input_shape)
         self.residual_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
+    def _residual(self, norm, x, sublayer, training):
+        """The residual connection around a sub-layer (section 5.4): post-norm
+        `LN(x + Dropout(f(x)))`, or pre-norm `x + Dropout(f(LN(x)))`. `sublayer` maps its input
+        to `(f(input), *extras)`; returns `(output, *extras)` (attention scores, a cache)."""
+        y, *extras = sublayer(norm(x) if self.norm_first else x)
+        y = x + self.residual_dropout(y, training=training)
+        return (y if self.norm_first else norm(y), *extras)
+
     def _feed_forward_sublayer(self, x, training):
-        """Post-norm `LN(x + Dropout(FFN(x)))` or pre-norm `x + Dropout(FFN(LN(x)))`."""
-        residual = x
-        if self.norm_first:
-            x = self.feed_forward_norm(x)
-        x = self.feed_forward(x, training=training)
-        x = self.residual_dropout(x, training=training)
-        x = residual + x
-        if not self.norm_first:
-            x = self.feed_forward_norm(x)
-        return x
+        """`FFN` with its residual connection."""
+        feed_forward = lambda h: (self.feed_forward(h, training=training),)  # noqa: E731
+        return self._residual(self.feed_forward_norm, x, feed_forward, training)[0]
 
     def compute_output_shape(self, inputs_shape, *args, **kwargs):
         return tuple(inputs_shape)

@@ -10,8 +10,10 @@ from keras_transformer.layers import _fast_paths
 from keras_transformer.layers._initializers import clone_initializer
 from keras_transformer.layers._specs import CallTracedSpec
 
-# Logit given to forbidden keys; the softmax runs in float32, where it is finite.
-_MASKED_LOGIT = -1e9
+# The package's one finite "minus infinity": the logit of a masked key (the softmax runs in
+# float32, where it is finite), the log-probability of an impossible token in the search and the
+# score of an empty n-best slot; sums of a few stay finite in float32 (no inf - inf = NaN).
+NEG_INF = -1.0e9
 
 
 def scaled_dot_product_attention(query, key, value, mask=None, dropout_fn=None):
@@ -49,7 +51,7 @@ def scaled_dot_product_attention(query, key, value, mask=None, dropout_fn=None):
     logits = ops.cast(logits, "float32")
     if mask is not None:
         mask = ops.cast(mask, "bool")
-        logits = ops.where(mask, logits, _MASKED_LOGIT)
+        logits = ops.where(mask, logits, NEG_INF)
     weights = ops.softmax(logits, axis=-1)
     if mask is not None:
         # A fully masked row softmaxes to uniform weights over forbidden keys; zero it instead.

@@ -151,43 +151,35 @@ class TransformerDecoderBlock(BlockBase):
 
     def _self_attention_sublayer(self, x, padding_mask, cache, cache_update_index, training):
         """Causal self-attention with its residual: `(x, scores)`, and the updated cache if any."""
-        residual = x
-        if self.norm_first:
-            x = self.self_attention_norm(x)
-        x, scores, *cache = self.self_attention(
-            x,
-            x,
-            attention_mask=key_padding_mask(padding_mask),
-            use_causal_mask=True,
-            cache=cache,
-            cache_update_index=cache_update_index,
-            return_attention_scores=True,
-            training=training,
-        )
-        x = self.residual_dropout(x, training=training)
-        x = residual + x
-        if not self.norm_first:
-            x = self.self_attention_norm(x)
-        return (x, scores, *cache)
+
+        def attention(h):
+            return self.self_attention(
+                h,
+                h,
+                attention_mask=key_padding_mask(padding_mask),
+                use_causal_mask=True,
+                cache=cache,
+                cache_update_index=cache_update_index,
+                return_attention_scores=True,
+                training=training,
+            )
+
+        return self._residual(self.self_attention_norm, x, attention, training)
 
     def _cross_attention_sublayer(self, x, encoder_output, padding_mask, cache, training):
         """Encoder-decoder attention with its residual: `(x, scores)`."""
-        residual = x
-        if self.norm_first:
-            x = self.cross_attention_norm(x)
-        x, scores = self.cross_attention(
-            x,
-            encoder_output,
-            attention_mask=key_padding_mask(padding_mask),
-            cache=cache,
-            return_attention_scores=True,
-            training=training,
-        )[:2]
-        x = self.residual_dropout(x, training=training)
-        x = residual + x
-        if not self.norm_first:
-            x = self.cross_attention_norm(x)
-        return x, scores
+
+        def attention(h):
+            return self.cross_attention(
+                h,
+                encoder_output,
+                attention_mask=key_padding_mask(padding_mask),
+                cache=cache,
+                return_attention_scores=True,
+                training=training,
+            )[:2]
+
+        return self._residual(self.cross_attention_norm, x, attention, training)
 
     def get_config(self):
         return {**super().get_config(), "decoder_only": self.decoder_only}

@@ -56,22 +56,16 @@ class TransformerEncoderBlock(BlockBase):
         self, inputs, padding_mask=None, mask=None, return_attention_scores=False, training=None
     ):
         padding_mask = mask if padding_mask is None else padding_mask
-        # Self-attention sub-layer.
-        x = residual = inputs
-        if self.norm_first:
-            x = self.self_attention_norm(x)
-        x, scores = self.self_attention(
-            x,
-            x,
-            attention_mask=key_padding_mask(padding_mask),
-            return_attention_scores=True,
-            training=training,
-        )
-        x = self.residual_dropout(x, training=training)
-        x = residual + x
-        if not self.norm_first:
-            x = self.self_attention_norm(x)
-        # Feed-forward sub-layer.
+        def attention(h):
+            return self.self_attention(
+                h,
+                h,
+                attention_mask=key_padding_mask(padding_mask),
+                return_attention_scores=True,
+                training=training,
+            )
+
+        x, scores = self._residual(self.self_attention_norm, inputs, attention, training)
         x = self._feed_forward_sublayer(x, training)
         return (x, scores) if return_attention_scores else x
 

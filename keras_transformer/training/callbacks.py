@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_transformer.errors import DataError, write_refused
+from keras_transformer.errors import DataError, first_line, write_refused
 from keras_transformer.integrity import remove_with_checksum
 from keras_transformer.training.run_state import RunStateCallback, optimizer_step, shared
 from keras_transformer.workdir import checkpoint_path, list_checkpoints, save_model_weights
@@ -286,7 +286,7 @@ def _first_line(error):
     `[Op:...]` decorations."""
     import re
 
-    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    text = first_line(error) if str(error).strip() else ""
     text = re.sub(r"\{\{function_node [^}]*\}\}\s*|\s*\[Op:\w+\]$", "", text)
     return f"{type(error).__name__}: {text}"[:300]
 

@@ -19,7 +19,7 @@ import json
 import os
 
 from keras_transformer.config import load_config
-from keras_transformer.errors import ConfigError
+from keras_transformer.errors import ConfigError, first_line
 from keras_transformer.workdir import (
     CHECKPOINT_PATTERN,
     Workdir,
@@ -147,6 +147,7 @@ def load_parent_weights(model, config, parent):
     try:
         load_model_weights(model, parent["checkpoint"])
     except (ValueError, OSError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"train.init_from: cannot load {parent['checkpoint']}: {first}") from None
+        raise ConfigError(
+            f"train.init_from: cannot load {parent['checkpoint']}: {first_line(e)}"
+        ) from None
     print(f"starting from {parent['checkpoint']} (step {parent['step']})", flush=True)

@@ -71,11 +71,6 @@ from keras_transformer.workdir import Workdir, join, read_json, write_atomically
 PREPARE_HEARTBEAT = "prepare.heartbeat"
 
 
-def resolve_workdir(config):
-    """`runtime.workdir`, or `workdirs/<config name>` when it is not set."""
-    return Workdir.of(config).root
-
-
 def _model_dtype(config):
     policy = config.runtime.mixed_precision
     if policy == "auto":
