@@ -481,13 +481,15 @@ def test_export_skips_a_torn_newest_checkpoint(damage, copy_of, tmp_path, capsys
 def test_averaging_skips_a_torn_checkpoint_and_says_so(copy_of, capsys):
     from keras_transformer.config import load_config
     from keras_transformer.models import build_transformer
-    from keras_transformer.workdir import load_last_checkpoints
+    from keras_transformer.workdir import average_checkpoints, complete_checkpoints
 
     _, workdir = copy_of
     layout = Workdir(str(workdir))
     _flip_middle_byte(layout.checkpoint(4))
     model = build_transformer(load_config(layout.config).model, 200)
-    assert load_last_checkpoints(model, layout.checkpoints, 2) == [2]
+    chosen = complete_checkpoints(layout.checkpoints, 2)
+    assert [step for step, _ in chosen] == [2]
+    average_checkpoints(model, [path for _, path in chosen])
     assert "skipping the torn or corrupted checkpoint" in capsys.readouterr().err
 
 
