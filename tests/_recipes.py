@@ -30,6 +30,7 @@ export names and flags run as written, so a recipe that would download (a `tfds:
 read a file no earlier step wrote fails here as it would for the reader.
 """
 
+import glob
 import os
 import re
 import shlex
@@ -102,6 +103,14 @@ esac
 """
 
 
+def doc_pages():
+    """The README and every page of the site (not docs/_incoming/, which the build excludes),
+    as absolute paths."""
+    pages = glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)
+    pages = [p for p in pages if os.sep + "_incoming" + os.sep not in p]
+    return [os.path.join(ROOT, "README.md")] + sorted(pages)
+
+
 def parse_marker(marker):
     """`(kind, options)` of a block's marker: kind is `ci:main`, `ci:test`, `run`, `recipe`,
     `skip` or None; options is a dict (`fresh`, `after`, `files`, or `reason` for skip)."""
@@ -123,20 +132,26 @@ def parse_marker(marker):
     return kind, options
 
 
-def blocks(path):
-    """`[(line, language, kind, options, code)]` of the bash and python blocks of a page."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+def marked_blocks(text):
+    """`[(line, language, kind, options, code)]` of the bash and python blocks (and the marked
+    file trees, language `tree`) of Markdown `text`; `line` is the fence's."""
     found = []
     for m in MARKED_BLOCK.finditer(text):
         if m.group("tree") is not None:
-            line = text[: m.start("tree")].count("\n")
-            found.append((line, "tree", "tree", {}, m.group("tree")))
-            continue
-        kind, options = parse_marker(m.group("marker"))
-        line = text[: m.start("language")].count("\n") + 1
-        found.append((line, m.group("language"), kind, options, m.group("code")))
+            language, kind, options, code = "tree", "tree", {}, m.group("tree")
+            fence = m.start("tree")
+        else:
+            language, code = m.group("language"), m.group("code")
+            kind, options = parse_marker(m.group("marker"))
+            fence = m.start("language")
+        found.append((text.count("\n", 0, fence - 1) + 1, language, kind, options, code))
     return found
+
+
+def blocks(path):
+    """`marked_blocks` of the page at `path`."""
+    with open(path, encoding="utf-8") as f:
+        return marked_blocks(f.read())
 
 
 def tree_paths(listing):

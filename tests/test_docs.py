@@ -11,6 +11,7 @@ import shlex
 
 import numpy as np
 import pytest
+from _recipes import doc_pages, marked_blocks
 
 from keras_transformer.config import config_reference
 
@@ -19,7 +20,6 @@ README = os.path.join(ROOT, "README.md")
 DOCS = os.path.join(ROOT, "docs")
 CONFIG_PAGE = os.path.join(DOCS, "reference", "config.md")
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
-RUN_MARKER = "<!-- docs-test: run -->"
 # The packages whose `__all__` is the public API, each with its page under docs/reference/api/.
 PUBLIC_PACKAGES = ["layers", "models", "decoding", "export", "training", "data"]
 # Modules without `__all__`: their public functions (and these classes) are the API.
@@ -36,10 +36,7 @@ def _readme():
 
 
 def _doc_pages():
-    """The README and every page of the site (not docs/_incoming/, which the build excludes)."""
-    pages = glob.glob(os.path.join(DOCS, "**", "*.md"), recursive=True)
-    pages = [p for p in pages if os.sep + "_incoming" + os.sep not in p]
-    return [README] + sorted(pages)
+    return doc_pages()
 
 
 def _all_docs():
@@ -47,17 +44,16 @@ def _all_docs():
 
 
 def _blocks(text, language):
-    """`[(marker or None, code)]` of the fenced blocks in `language`, with the HTML comment
-    on the line just before the fence, if any."""
-    pattern = re.compile(r"(?:(<!--[^\n]*-->)\n)?```" + language + r"\n(.*?)```", re.S)
-    return [(m.group(1), m.group(2)) for m in pattern.finditer(text)]
+    """`[(kind, code)]` of the fenced blocks in `language`, with their markers' kinds (`ci:main`,
+    `run`, `recipe`, `skip`, ... or None) as the recipe runner parses them (tests/_recipes.py)."""
+    return [(kind, code) for _, lang, kind, _, code in marked_blocks(text) if lang == language]
 
 
 def test_ci_blocks_follow_their_markers():
     text = _readme()
     # .ci/run extracts the block after <!-- ci:test -->; the main job is the first command.
     blocks = dict(_blocks(text, "bash"))
-    main, test = blocks.get("<!-- ci:main -->"), blocks.get("<!-- ci:test -->")
+    main, test = blocks.get("ci:main"), blocks.get("ci:test")
     assert main and test
     assert text.index("<!-- ci:main -->") < text.index("<!-- ci:test -->")
     assert main.startswith("pip install . && keras-transformer train --config configs/quickstart")
@@ -378,8 +374,8 @@ def test_python_examples_run(exported_quickstart, monkeypatch, capsys):
     blocks = [
         (path, code)
         for path in _doc_pages()
-        for marker, code in _blocks(_read(path), "python")
-        if marker == RUN_MARKER
+        for kind, code in _blocks(_read(path), "python")
+        if kind == "run"
     ]
     assert len(blocks) >= 4 and any(path == README for path, _ in blocks)
     for path, code in blocks:

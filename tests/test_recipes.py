@@ -2,7 +2,6 @@
 guides is run here or says why not, and every Python block is run (tests/test_docs.py) or says
 why not. The markers and what the runner changes: tests/_recipes.py."""
 
-import glob
 import os
 
 import pytest
@@ -11,6 +10,7 @@ from _recipes import (
     ROOT,
     blocks,
     check_tree,
+    doc_pages,
     make_bin,
     run_block,
     shell_words,
@@ -18,11 +18,7 @@ from _recipes import (
     write_files,
 )
 
-PAGES = ["README.md"] + sorted(
-    os.path.relpath(p, ROOT)
-    for p in glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)
-    if os.sep + "_incoming" + os.sep not in p
-)
+PAGES = [os.path.relpath(page, ROOT) for page in doc_pages()]
 KINDS = {
     "bash": ("ci:main", "ci:test", "recipe", "skip"),
     "python": ("run", "recipe", "skip"),
