@@ -1,9 +1,10 @@
 """The `keras-transformer` command: thin argument parsing over `keras_transformer.commands`.
 
-Subcommands: prepare, train, translate, evaluate, score, info, export. Exit code 0 on success,
-2 with a one-line message on bad usage or bad input (no traceback for user errors). TensorFlow's
-start-up log is kept off the terminal unless `--verbose` is given or `TF_CPP_MIN_LOG_LEVEL` is set
-(`commands.import_tensorflow`).
+Subcommands: prepare, train, translate, evaluate, score, info, export. This module only parses
+(types, choices) and turns errors into messages; what the flags mean together is checked by the
+commands (`commands/flags.py`). Exit code 0 on success, 2 with a one-line message on bad usage or
+bad input (no traceback for user errors). TensorFlow's start-up log is kept off the terminal
+unless `--verbose` is given or `TF_CPP_MIN_LOG_LEVEL` is set (`commands.startup.import_tensorflow`).
 """
 
 import argparse

@@ -87,10 +87,11 @@ def test_workdir_is_an_override_validated_with_the_config(tmp_path, monkeypatch,
     after): an empty one is refused like `--set runtime.workdir=''` (which is refused beside a
     `--workdir` too), it wins over `--set runtime.workdir=...`, and a name YAML would read as a
     number stays a string."""
-    from keras_transformer import cli, commands, training
+    from keras_transformer import cli, training
+    from keras_transformer.commands import startup
 
     loaded = []
-    monkeypatch.setattr(commands, "import_tensorflow", lambda verbose=False: None)
+    monkeypatch.setattr(startup, "import_tensorflow", lambda verbose=False: None)
     monkeypatch.setattr(training, "train", loaded.append)
     monkeypatch.chdir(tmp_path)
     argv = ["--config", str(_write_config(tmp_path / "tiny.yaml", TINY))]

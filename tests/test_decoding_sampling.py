@@ -194,18 +194,18 @@ def test_cli_refuses_sampling_from_an_export_without_it(exported_copy_model, cap
 def test_export_flags_set_the_sampling_and_are_checked():
     import argparse
 
-    from keras_transformer.commands import _export_settings
+    from keras_transformer.commands.flags import export_settings
     from keras_transformer.config import from_dict
     from keras_transformer.errors import UsageError
 
     config = from_dict({"decode": {"sampling_topk": 5, "sampling_temperature": 0.5}})
-    settings = _export_settings(config, argparse.Namespace(sampling_topp=0.9))
+    settings = export_settings(config, argparse.Namespace(sampling_topp=0.9))
     assert (settings.sampling_topk, settings.sampling_temperature, settings.sampling_topp) == (
         5, 0.5, 0.9,
     )  # fmt: skip
-    assert _export_settings(config, argparse.Namespace(sampling_topk=0)).sampling is False
+    assert export_settings(config, argparse.Namespace(sampling_topk=0)).sampling is False
     for flag, key, value in (("--sampling-topk", "sampling_topk", -1),
                              ("--temperature", "sampling_temperature", 0.0),
                              ("--top-p", "sampling_topp", 1.5)):  # fmt: skip
         with pytest.raises(UsageError, match=flag):
-            _export_settings(config, argparse.Namespace(**{key: value}))
+            export_settings(config, argparse.Namespace(**{key: value}))

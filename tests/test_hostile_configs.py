@@ -89,10 +89,11 @@ def _accepted(monkeypatch, capsys):
     """Runs every case through `keras-transformer train` in this process, training replaced by a
     stub that records the config: a refusal must be exit 2 and one line naming the key. Returns
     `{(key, override)}` of the accepted ones."""
-    from keras_transformer import commands, training
+    from keras_transformer import training
+    from keras_transformer.commands import startup
 
     loaded = []
-    monkeypatch.setattr(commands, "import_tensorflow", lambda verbose=False: None)
+    monkeypatch.setattr(startup, "import_tensorflow", lambda verbose=False: None)
     monkeypatch.setattr(training, "train", loaded.append)
     accepted = set()
     for path, key, override in _cases():

@@ -1,0 +1,134 @@
+"""An exported SavedModel's signatures as Python functions, called exactly as TF Serving calls
+them: `load_signature` (one signature by name: `score` for `keras-transformer score`) and
+`load_serving_function` (the translation signature that a `translate` request names).
+
+The checks of a request against the export (an n-best above the exported one, a sampling
+setting other than the exported one) are made here, where the export is read.
+"""
+
+import hashlib
+import json
+import os
+
+from keras_transformer.commands.flags import SAMPLING_FLAGS
+from keras_transformer.errors import UsageError, first_line
+
+_EXPORT_AGAIN = " (exported before this version of keras-transformer? export it again)"
+_NO_SAMPLING = "{path} was exported without sampling: export it with --sampling-topk K"
+
+
+def load_signature(model_path, key=None, missing=None):
+    """The loaded SavedModel at `model_path` (a version directory or the model's base directory,
+    where the highest version is taken) and one of its signatures.
+
+    Args:
+        model_path: the directory.
+        key: the signature (None: `serving_default`).
+        missing: the message (a format string of `path`) when the export has no such
+            signature; by default it names the signature and, unless it is `serving_default`,
+            suggests exporting again.
+
+    Returns:
+        `(loaded, path, concrete function)`; keep `loaded` alive while the function is used.
+    """
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (registers the SentencePiece ops the graph uses)
+
+    from keras_transformer.export.saved_model import SIGNATURE_KEY, resolve_model_dir
+
+    path = resolve_model_dir(model_path)
+    try:
+        loaded = tf.saved_model.load(path)
+    except Exception as e:  # a broken or foreign directory: a user error, not a traceback
+        raise UsageError(f"cannot load the SavedModel in {path}: {first_line(e)}") from None
+    key = key or SIGNATURE_KEY
+    function = loaded.signatures.get(key)
+    if function is None:
+        if missing is None:
+            hint = _EXPORT_AGAIN if key != SIGNATURE_KEY else ""
+            raise UsageError(f"{path} has no '{key}' signature{hint}")
+        raise UsageError(missing.format(path=path))
+    return loaded, path, function
+
+
+def load_serving_function(model_path, n_best=None, prefix=None, sampling=None):
+    """`texts -> (translations, scores)` through the translation signature a request names (at
+    most one of `n_best`, `prefix`, `sampling`; the flags are checked by
+    `flags.translate_request`).
+
+    - No request: `serving_default`, a translation and its score per text.
+    - `n_best`: `translate_nbest`; per text, a list of its first `n_best` translations and
+      one of their scores, best first (`n_best` at most the number exported).
+    - `prefix`: `translate_prefix`, every translation starting with `prefix`.
+    - `sampling` (`{setting: value}`, `flags.sampling_request`): `translate_sample`. Each
+      line's seed is a hash of `--seed` and its text, so a run repeats exactly (the same line
+      twice in a run gets the same sample). The sampling settings are fixed at export:
+      `sampling` must name the exported ones.
+
+    The function's `loaded` attribute keeps the SavedModel alive as long as it is used.
+    """
+    import tensorflow as tf
+
+    if sampling is not None:
+        loaded, path, signature = load_signature(model_path, "translate_sample", _NO_SAMPLING)
+        _check_sampling(path, sampling)
+    else:
+        key = None  # serving_default
+        if n_best is not None:
+            key = "translate_nbest"
+        elif prefix is not None:
+            key = "translate_prefix"
+        loaded, path, signature = load_signature(model_path, key)
+    if n_best is not None:
+        _check_n_best(path, signature, n_best)
+    seed = (sampling or {}).get("seed", 0)
+
+    def translate(texts):
+        inputs = {"text": tf.constant(texts, dtype=tf.string)}
+        if prefix is not None:
+            inputs["prefix"] = tf.constant([prefix] * len(texts), dtype=tf.string)
+        if sampling is not None:
+            inputs["seed"] = tf.constant([_line_seed(seed, text) for text in texts], tf.int64)
+        outputs = signature(**inputs)
+        if n_best is None:
+            return _decoded(outputs["translation"].numpy()), outputs["score"].numpy().tolist()
+        translations = [_decoded(row)[:n_best] for row in outputs["translations"].numpy()]
+        return translations, [row[:n_best] for row in outputs["scores"].numpy().tolist()]
+
+    translate.loaded = loaded
+    return translate
+
+
+def _decoded(texts):
+    """The signature's UTF-8 strings as `str` (an invalid byte becomes U+FFFD)."""
+    return [text.decode("utf-8", errors="replace") for text in texts]
+
+
+def _check_n_best(path, signature, n_best):
+    exported = signature.structured_outputs["translations"].shape[-1]
+    if n_best > exported:
+        raise UsageError(
+            f"--n-best {n_best}: {path} was exported with {exported} hypotheses per input "
+            "(export it again with --n-best, at most its --beam-size)"
+        )
+
+
+def _check_sampling(path, sampling):
+    """`UsageError` unless each sampling flag given names the exported setting."""
+    import tensorflow as tf
+
+    with tf.io.gfile.GFile(os.path.join(path, "assets.extra", "keras_transformer.json")) as f:
+        exported = json.load(f)
+    for key, flag in SAMPLING_FLAGS.items():
+        if key in sampling and sampling[key] != exported[key]:
+            raise UsageError(
+                f"{flag} {sampling[key]}: {path} samples with {flag} {exported[key]} (fixed at "
+                f"export; export again with {flag} {sampling[key]})"
+            )
+
+
+def _line_seed(seed, text):
+    """A line's int64 seed: a hash of `--seed` and the line's text, so that a line's sample
+    depends on neither its position nor its batch (file translation sorts and resumes)."""
+    digest = hashlib.blake2b(f"{seed}\0{text}".encode("utf-8", "replace"), digest_size=8)
+    return int.from_bytes(digest.digest(), "little") >> 1

@@ -1,0 +1,65 @@
+"""`keras-transformer translate`: TEXT arguments, stdin lines, or a file streamed into a file and
+resumable after a kill (`keras_transformer.file_translation`), through the SavedModel signature
+its flags name (`signatures.load_serving_function`)."""
+
+import itertools
+import os
+import sys
+
+from keras_transformer.commands import flags, startup
+from keras_transformer.commands.lines import output_lines, output_rows
+from keras_transformer.commands.signatures import load_serving_function
+
+
+def translate_command(args):
+    """`keras-transformer translate --model DIR [--n-best K | --prefix TEXT] [TEXT ...]`: one
+    translation per line; with `--n-best K`, K lines `SCORE<TAB>TRANSLATION` per input, best
+    first; with `--prefix`, translations that start with TEXT (`translate_prefix` signature);
+    with `--sampling-topk/--temperature/--top-p/--seed`, sampled translations
+    (`translate_sample` signature). With `--input FILE --output FILE`: `_translate_file`."""
+    request = flags.translate_request(args)
+    if request.chunk_lines is not None:
+        return _translate_file(args, request)
+    startup.import_tensorflow(getattr(args, "verbose", False))
+    translate = load_serving_function(args.model, request.n_best, request.prefix, request.sampling)
+    batch_size = request.batch_size
+    if args.text:
+        for line in output_lines(translate, list(args.text), batch_size, request.n_best):
+            print(line)
+        return
+    # Streams stdin batch by batch; someone typing at a terminal gets each line back at once.
+    if sys.stdin.isatty():
+        batch_size = 1
+    lines = (line.rstrip("\r\n") for line in sys.stdin)
+    while batch := list(itertools.islice(lines, batch_size)):
+        for line in output_lines(translate, batch, batch_size, request.n_best):
+            print(line)
+        sys.stdout.flush()
+
+
+def _translate_file(args, request):
+    """`keras-transformer translate --model DIR --input FILE --output FILE [--n-best K]
+    [--chunk-lines N]`: streams FILE through the model into the output (K lines
+    `SCORE<TAB>TRANSLATION` per input with `--n-best`), with progress on stderr and one summary
+    line; run again after a kill, it continues (`keras_transformer.file_translation`)."""
+    from keras_transformer.export.saved_model import resolve_model_dir
+    from keras_transformer.file_translation import check_paths, translate_file
+
+    startup.import_tensorflow(getattr(args, "verbose", False))
+    check_paths(args.input, args.output)  # before the model loads: a typo fails at once
+    n_best = request.n_best
+    translate = load_serving_function(args.model, n_best, sampling=request.sampling)
+
+    def rows(texts):
+        return output_rows(*translate(texts), n_best)
+
+    model = os.path.realpath(resolve_model_dir(args.model))
+    result = translate_file(
+        rows, args.input, args.output, request.batch_size, request.chunk_lines, model, n_best or 1
+    )
+    resumed = f" ({result['resumed_after']:,} done before)" if result["resumed_after"] else ""
+    rate = result["translated"] / max(result["seconds"], 1e-9)
+    print(
+        f"{args.output}: {result['lines']:,} lines{resumed}; {result['translated']:,} "
+        f"translated in {result['seconds']:.1f} s ({rate:,.1f} lines/s)"
+    )
