@@ -450,6 +450,23 @@ def _static_or_tensor(value):
     return value if isinstance(value, int) else ops.cast(value, "int32")
 
 
+class DecodingResult(NamedTuple):
+    """What `translate_ids` found for each input (as OpenNMT-tf's `DecodingResult`): one type
+    whatever the settings. `T` is the output length (EOS included, then 0-padding); with
+    `return_all`, each field has an n-best axis after the batch, best first.
+
+    ids: int32 `[batch, T]` (`[batch, n, T]`), the output tokens without BOS.
+    scores: float32 `[batch]` (`[batch, n]`), length-normalised log-probabilities.
+    token_scores: float32, shaped like `ids`: log p of each output token (EOS included, then 0),
+        tracked with the hypotheses during the search; they sum to the score times the length
+        penalty.
+    """
+
+    ids: Any
+    scores: Any
+    token_scores: Any
+
+
 def translate_ids(
     model,
     source_ids,
@@ -459,7 +476,6 @@ def translate_ids(
     return_all=False,
     prefix_ids=None,
     seed=0,
-    return_token_scores=False,
     **changes,
 ):
     """Translates padded source ids with a `Transformer`: beam search (greedy for beam 1), or
@@ -488,21 +504,20 @@ def translate_ids(
             `max_length`).
         seed: sampling only: an int (input `i` gets `seed + i`) or int `[batch]`, one seed per
             input; an input's sample depends on its seed alone, and repeats with it.
-        return_token_scores: also return the log-probability of each output token (tracked
-            with the hypotheses during the search: no second pass over the model).
         **changes: fields of `settings` to replace (e.g. `beam_size=1`).
 
     Returns:
-        `(output_ids, scores)`: int32 `[batch, T]` without BOS, EOS included and 0-padded after
-        it (`T = min(s_len + max_extra_length, max_length)`), and float32 `[batch]` length-
-        normalised log-probabilities; with `return_all`, `[batch, beam_size, T]` and
-        `[batch, beam_size]` (greedy search's or sampling's one output as a beam of one); with
-        `return_token_scores` a third, float32 shaped like `output_ids`: log p of each token
-        (EOS included, then 0; they sum to the score times the length penalty).
+        A `DecodingResult`: `ids` int32 `[batch, T]` without BOS, EOS included and 0-padded
+        after it (`T = min(s_len + max_extra_length, max_length)`), `scores` float32 `[batch]`
+        length-normalised log-probabilities and `token_scores` float32 `[batch, T]`, log p of
+        each token (tracked during the search: no second pass over the model); with
+        `return_all`, `[batch, beam_size, T]`, `[batch, beam_size]` and `[batch, beam_size, T]`
+        (greedy search's or sampling's one output as a beam of one).
 
     Example:
     ```python
-    ids, scores = translate_ids(model, source_ids, DecodingSettings(beam_size=5))
+    result = translate_ids(model, source_ids, DecodingSettings(beam_size=5))
+    result.ids, result.scores  # [batch, T], [batch]
     ```
     """
     settings = DecodingSettings() if settings is None else settings
@@ -521,10 +536,11 @@ def translate_ids(
     search = (log_probs_fn, initial_ids, initial_state)
     with inplace_cache_writes():  # the loop is traced here; only our own caches are written
         if k > 1:
-            return beam_search(
+            outputs = beam_search(
                 *search, k, buffer, settings.alpha, settings.eos_id, max_lengths=caps,
-                return_all=return_all, return_token_scores=return_token_scores,
+                return_all=return_all, return_token_scores=True,
             )  # fmt: skip
+            return DecodingResult(*outputs)
         pick = None
         if settings.sampling:
             seeds = _row_seeds(seed, initial_ids)  # [batch]
@@ -533,11 +549,11 @@ def translate_ids(
             )
         outputs = greedy_search(
             *search, buffer, settings.eos_id, settings.alpha, max_lengths=caps, pick=pick,
-            return_token_scores=return_token_scores,
+            return_token_scores=True,
         )  # fmt: skip
-        if return_all:  # a beam of one: [batch, 1, T], [batch, 1]
-            return tuple(ops.expand_dims(x, 1) for x in outputs)
-        return outputs
+        if return_all:  # a beam of one: [batch, 1, T], [batch, 1], [batch, 1, T]
+            outputs = tuple(ops.expand_dims(x, 1) for x in outputs)
+        return DecodingResult(*outputs)
 
 
 def _row_seeds(seed, initial_ids):
