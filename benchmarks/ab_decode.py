@@ -34,7 +34,8 @@ def main(argv):
 
         @tf.function(jit_compile=bool(variant.get("xla", False)))
         def fn(s):
-            return translate_ids(model, s, beam_size=4, alpha=0.6, max_length=cfg["tgt"])
+            result = translate_ids(model, s, beam_size=4, alpha=0.6, max_length=cfg["tgt"])
+            return result.ids, result.scores
 
         with fast_paths.fast_paths(variant_fast_paths(variant)):
             fn(src)[0].numpy()  # traced with the variant's fast paths

@@ -81,7 +81,7 @@ def main(argv):
     def decoder(beam_size, use_cache=True, jit=xla):
         @tf.function(jit_compile=jit, reduce_retracing=True)
         def fn(source_ids):
-            return translate_ids(
+            result = translate_ids(
                 model,
                 source_ids,
                 beam_size=beam_size,
@@ -89,6 +89,7 @@ def main(argv):
                 max_length=cfg["tgt"],
                 use_cache=use_cache,
             )
+            return result.ids, result.scores
 
         return fn
 

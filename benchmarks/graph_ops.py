@@ -42,7 +42,12 @@ def main(argv):
     train = tf.function(lambda x, y: model.train_step((x, y)))
     rng = np.random.default_rng(0)
     src = tf.constant(rng.integers(4, cfg["vocab"], (4, cfg["src"])).astype("int32"))
-    decode = tf.function(lambda s: translate_ids(model, s, beam_size=4, max_extra_length=8))
+
+    @tf.function
+    def decode(s):
+        result = translate_ids(model, s, beam_size=4, max_extra_length=8)
+        return result.ids, result.scores
+
     print(
         json.dumps(
             {

@@ -79,7 +79,8 @@ def main(argv):
 
         @tf.function
         def fn(s):
-            return translate_ids(model, s, beam_size=4, alpha=0.6, max_length=cfg["tgt"])
+            result = translate_ids(model, s, beam_size=4, alpha=0.6, max_length=cfg["tgt"])
+            return result.ids, result.scores
 
         fn(src)[0].numpy()
         cfg["steps"] = 1

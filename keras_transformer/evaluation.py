@@ -61,10 +61,7 @@ def translate_sentences(
         # translate_ids has no tensor-dependent Python control flow: no AutoGraph needed.
         @tf.autograph.experimental.do_not_convert
         def decode_batch(ids):
-            output_ids, _ = translate_ids(
-                model, ids, settings, max_length=data_config.max_target_length
-            )
-            return output_ids
+            return translate_ids(model, ids, settings, max_length=data_config.max_target_length).ids
 
         cache[key] = tf.function(decode_batch)
     decode = cache[key]

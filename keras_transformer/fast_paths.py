@@ -20,7 +20,7 @@ enabled here. `tests/test_fast_paths.py` proves every one equal to its plain for
   confidence) tracked with the hypotheses during the search instead of a second, forced-decoding
   pass over the model.
 - `shared_beam_caches`: beam search's decoding caches held once per input for all its beams
-  (`layers.attention.BeamCache`), each beam attending to its own positions through a mask: no
+  (`decoding.beam_cache.BeamCache`), each beam attending to its own positions through a mask: no
   cache is repeated per beam or reordered with the beams at every step.
 - `projection_gradients`: in training, a Dense projection's input gradient `g @ kernel^T`
   computed as an einsum (oneDNN runs the transposed-operand matmul of TensorFlow's own MatMul

@@ -69,7 +69,7 @@ def test_export_options_override_the_config(tmp_path, copy_model, toy_spm_path, 
     loaded = tf.saved_model.load(path)
     out = loaded.signatures["serving_default"](text=tf.constant(texts))
     exported = load_workdir_model(str(workdir))[1].model  # the checkpoint's weights
-    greedy, _ = translate_ids(exported, fx.encode_sources(texts), beam_size=1, alpha=0.0,
+    greedy, _, _ = translate_ids(exported, fx.encode_sources(texts), beam_size=1, alpha=0.0,
                               max_extra_length=5)  # fmt: skip
     assert [t.decode() for t in out["translation"].numpy()] == fx.decode_outputs(greedy)
     nbest = loaded.signatures["translate_nbest"](text=tf.constant(texts))

@@ -15,12 +15,12 @@ from layer_harness import np_
 
 from keras_transformer.config import BOS_ID, EOS_ID
 from keras_transformer.decoding import beam_search, greedy_search, language_model_step
+from keras_transformer.decoding.beam_cache import BeamCache
 from keras_transformer.layers import (
     MultiHeadAttention,
     TransformerDecoder,
     TransformerDecoderBlock,
 )
-from keras_transformer.layers.attention import BeamCache
 from keras_transformer.models import DecoderOnlyTransformer
 
 

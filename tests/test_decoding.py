@@ -312,7 +312,7 @@ def sources():
 
 def test_trained_copy_model_copies(model, sources):
     texts, source_ids = sources
-    ids, scores = translate_ids(model, source_ids, beam_size=4, max_extra_length=10)
+    ids, scores, _ = translate_ids(model, source_ids, beam_size=4, max_extra_length=10)
     assert fx.decode_outputs(ids) == texts
     assert np.all(np.asarray(scores) <= 0)
 
@@ -321,15 +321,15 @@ def test_trained_copy_model_copies(model, sources):
 def test_cached_search_equals_full_rerun(model, sources, beam_size):
     _, source_ids = sources
     kwargs = dict(beam_size=beam_size, alpha=0.6, max_extra_length=6)
-    cached_ids, cached_scores = translate_ids(model, source_ids, **kwargs)
-    full_ids, full_scores = translate_ids(model, source_ids, use_cache=False, **kwargs)
+    cached_ids, cached_scores, _ = translate_ids(model, source_ids, **kwargs)
+    full_ids, full_scores, _ = translate_ids(model, source_ids, use_cache=False, **kwargs)
     np.testing.assert_array_equal(cached_ids, full_ids)
     np.testing.assert_allclose(cached_scores, full_scores, rtol=1e-4, atol=1e-5)
 
 
 def test_translate_ids_shapes_and_limits(model, sources):
     _, source_ids = sources
-    ids, scores = translate_ids(model, source_ids, beam_size=2, max_extra_length=4, max_length=5)
+    ids, scores, _ = translate_ids(model, source_ids, beam_size=2, max_extra_length=4, max_length=5)
     assert ids.shape == (len(source_ids), 5) and scores.shape == (len(source_ids),)
     ids = np.asarray(ids)
     assert ids.dtype == np.int32
@@ -346,8 +346,8 @@ def test_translate_ids_under_xla_equals_eager(model, sources):
     run = tf.function(
         lambda s: translate_ids(model, s, beam_size=3, max_extra_length=6), jit_compile=True
     )
-    ids, scores = run(tf.constant(source_ids))
-    eager_ids, eager_scores = translate_ids(model, source_ids, beam_size=3, max_extra_length=6)
+    ids, scores, _ = run(tf.constant(source_ids))
+    eager_ids, eager_scores, _ = translate_ids(model, source_ids, beam_size=3, max_extra_length=6)
     np.testing.assert_array_equal(ids, eager_ids)
     np.testing.assert_allclose(scores, eager_scores, rtol=1e-4, atol=1e-5)
 
@@ -358,8 +358,8 @@ def test_translate_ids_with_unknown_shapes(model, sources):
         lambda s: translate_ids(model, s, beam_size=3, max_extra_length=6),
         input_signature=[tf.TensorSpec([None, None], tf.int32)],
     )
-    ids, _ = run(tf.constant(source_ids))
-    eager_ids, _ = translate_ids(model, source_ids, beam_size=3, max_extra_length=6)
+    ids = run(tf.constant(source_ids)).ids
+    eager_ids = translate_ids(model, source_ids, beam_size=3, max_extra_length=6).ids
     np.testing.assert_array_equal(ids, eager_ids)
 
 

@@ -91,12 +91,12 @@ def source_ids():
 
 
 def test_topk_1_is_greedy_search(model, source_ids):
-    greedy_ids, greedy_scores = translate_ids(model, source_ids, beam_size=1, max_extra_length=6)
+    greedy_ids, greedy_scores, _ = translate_ids(model, source_ids, beam_size=1, max_extra_length=6)
     for seed, temperature in ((0, 1.0), (123, 3.0), (7, 0.3)):
         settings = DecodingSettings(
             beam_size=4, max_extra_length=6, sampling_topk=1, sampling_temperature=temperature
         )
-        ids, scores = translate_ids(model, source_ids, settings, seed=seed)
+        ids, scores, _ = translate_ids(model, source_ids, settings, seed=seed)
         np.testing.assert_array_equal(ids, greedy_ids)
         np.testing.assert_allclose(scores, greedy_scores, rtol=1e-5)
 
@@ -105,14 +105,14 @@ def test_seeded_sampling_repeats_and_seeds_differ(model, source_ids):
     settings = DecodingSettings(max_extra_length=6, sampling_topk=50, sampling_temperature=3.0)
     decode = tf.function(lambda s, seed: translate_ids(model, s, settings, seed=seed))
     seeds = tf.constant([5, 6, 7, 8, 9])
-    first, scores = decode(source_ids, seeds)
-    again, again_scores = decode(source_ids, seeds)
+    first, scores, _ = decode(source_ids, seeds)
+    again, again_scores, _ = decode(source_ids, seeds)
     np.testing.assert_array_equal(first, again)
     np.testing.assert_array_equal(scores, again_scores)
-    eager, _ = translate_ids(model, source_ids, settings, seed=5)  # int: row i gets 5 + i
+    eager = translate_ids(model, source_ids, settings, seed=5).ids  # int: row i gets 5 + i
     np.testing.assert_array_equal(eager, first)
     # A row's sample depends on its own seed only, not on the rest of the batch.
-    alone, _ = translate_ids(model, source_ids[2:3], settings, seed=tf.constant([7]))
+    alone = translate_ids(model, source_ids[2:3], settings, seed=tf.constant([7])).ids
     np.testing.assert_array_equal(alone[0], np.asarray(first)[2, : alone.shape[1]])
     outputs = {tuple(np.asarray(translate_ids(model, source_ids, settings, seed=s)[0])[0])
                for s in range(0, 40, 5)}  # fmt: skip

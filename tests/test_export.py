@@ -32,7 +32,7 @@ def _as_strings(values):
 def test_translator_matches_python_reference(exported_copy_model, copy_model):
     translator, _ = exported_copy_model
     out = translator(NORMAL)
-    ids, scores = translate_ids(
+    ids, scores, _ = translate_ids(
         copy_model,
         fx.encode_sources(NORMAL),
         beam_size=DECODE["beam_size"],

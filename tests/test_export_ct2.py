@@ -50,7 +50,7 @@ def ct2_dirs(copy_model, toy_spm_bytes, tmp_path_factory):
 
 
 def _ours(model, sentences, beam_size):
-    ids, _ = translate_ids(
+    ids, _, _ = translate_ids(
         model, fx.encode_sources(sentences), beam_size=beam_size, alpha=ALPHA,
         max_extra_length=MAX_EXTRA,
     )  # fmt: skip
@@ -88,7 +88,7 @@ def test_target_prefix_decodes_as_ctranslate2s(copy_model, ct2_dirs, sentences):
     prefixes = [sp.encode(" ".join(s.split()[:2])) for s in fx.toy_sentences(100, seed=12)]
     width = max(len(p) for p in prefixes)
     prefix_ids = np.array([p + [fx.PAD] * (width - len(p)) for p in prefixes], "int32")
-    ids, _ = translate_ids(
+    ids, _, _ = translate_ids(
         copy_model, fx.encode_sources(sentences), beam_size=4, alpha=ALPHA,
         max_extra_length=MAX_EXTRA, prefix_ids=prefix_ids,
     )  # fmt: skip
@@ -206,7 +206,7 @@ def test_deeper_random_models_convert_exactly(toy_spm_bytes, tmp_path, layers, n
     scored = translator.score_batch(pieces, [[sp.id_to_piece(int(i)) for i in t] for t in targets])
     np.testing.assert_allclose([r.log_probs for r in scored], expected, atol=1e-4)
 
-    ids, _ = translate_ids(model, sources, beam_size=1, max_extra_length=MAX_EXTRA)
+    ids = translate_ids(model, sources, beam_size=1, max_extra_length=MAX_EXTRA).ids
     ours = [[int(t) for t in row if t not in (fx.PAD, fx.EOS)] for row in np.asarray(ids)]
     theirs = [
         translator.translate_batch([row], beam_size=1, max_decoding_length=len(row) + MAX_EXTRA)[

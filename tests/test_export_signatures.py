@@ -32,7 +32,7 @@ def test_translate_nbest_is_the_beam_searchs_nbest_list(exported_copy_model, cop
     translator, _ = exported_copy_model
     out = translator.translate_nbest(tf.constant(NORMAL))
     assert out["translations"].shape == (len(NORMAL), K) and out["scores"].shape == (len(NORMAL), K)
-    ids, scores = translate_ids(
+    ids, scores, _ = translate_ids(
         copy_model,
         fx.encode_sources(NORMAL),
         beam_size=DECODE["beam_size"],

@@ -271,8 +271,8 @@ def test_cached_translation_equals_uncached(beam_size):
     model = tiny_model()
     src = np.random.default_rng(5).integers(4, 40, (3, 5)).astype("int32")
     src[2, 3:] = 0
-    ids, scores = translate_ids(model, src, beam_size=beam_size, max_extra_length=4)
-    ref_ids, ref_scores = translate_ids(
+    ids, scores, _ = translate_ids(model, src, beam_size=beam_size, max_extra_length=4)
+    ref_ids, ref_scores, _ = translate_ids(
         model, src, beam_size=beam_size, max_extra_length=4, use_cache=False
     )
     np.testing.assert_array_equal(np.asarray(ids), np.asarray(ref_ids))
@@ -539,8 +539,8 @@ def test_inplace_cache_writes_equal_scatter_writes(beam_size):
     with fast_paths.without("inplace_cache_writes"):
         plain = decoder()
         assert "InplaceUpdate" not in _graph_op_types(plain.get_concrete_function(tf.constant(src)))
-        ref_ids, ref_scores = plain(src)
-    for ids, scores in (first, second):
+        ref_ids, ref_scores, _ = plain(src)
+    for ids, scores, _ in (first, second):
         np.testing.assert_array_equal(np.asarray(ids), np.asarray(ref_ids))
         np.testing.assert_allclose(np.asarray(scores), np.asarray(ref_scores), atol=1e-5)
 
@@ -685,7 +685,7 @@ def test_shared_beam_caches_equal_reordered_caches(copy_model, trained):
         fn = tf.function(
             lambda s, p: translate_ids(
                 model, s, beam_size=4, alpha=0.6, max_extra_length=5, return_all=True,
-                return_token_scores=True, prefix_ids=p,
+                prefix_ids=p,
             )  # fmt: skip
         )
         outputs = [np.asarray(x) for x in fn(src, prefix)]

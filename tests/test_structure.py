@@ -392,3 +392,51 @@ def test_no_dead_public_functions():
         and len(re.findall(rf"\b{node.name}\b", code)) <= 1
     ]
     assert not dead, dead
+
+
+def _identifiers(tree):
+    """Every name a module's code binds or reads: names, attributes, arguments, definitions and
+    imported names (strings and comments are not code)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            yield node.id
+        elif isinstance(node, ast.Attribute):
+            yield node.attr
+        elif isinstance(node, ast.arg):
+            yield node.arg
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            yield node.name
+        elif isinstance(node, ast.alias):
+            yield node.asname or node.name
+
+
+def _method(tree, class_name, name):
+    classes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name]
+    return next(n for n in classes[0].body if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+def test_multi_head_attention_has_one_cache_form():
+    """`MultiHeadAttention.call` takes one form of cache, `(keys, values)` (as KerasHub's): beam
+    search's caches shared by the beams of an input (`BeamCache`, `SharedByBeams`, the
+    beam-masked attention, `init_cache(beams=)`) are decoding's, in `decoding/beam_cache.py`;
+    the public layers and the model neither name beams nor pick a computation by the cache's
+    type (#48)."""
+    public = ["layers/attention.py", "layers/decoder.py", "models/transformer.py"]
+    beams = {
+        f"{path}: {name}"
+        for path in public
+        for name in _identifiers(ast.parse((PACKAGE / path).read_text()))
+        if "beam" in name.lower()
+    }
+    assert not beams, sorted(beams)
+    attention = ast.parse((PACKAGE / "layers" / "attention.py").read_text())
+    call = _method(attention, "MultiHeadAttention", "call")
+    dispatch = [
+        ast.unparse(node)
+        for node in ast.walk(call)
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "isinstance"
+    ]
+    assert not dispatch, dispatch
+    home = ast.parse((PACKAGE / "decoding" / "beam_cache.py").read_text())
+    defined = {node.name for node in home.body if isinstance(node, ast.ClassDef)}
+    assert {"BeamCache", "SharedByBeams"} <= defined

@@ -30,9 +30,10 @@ from keras import ops
 
 from keras_transformer import fast_paths
 from keras_transformer.config import EOS_ID, DecodingSettings
+from keras_transformer.decoding.beam_cache import SharedByBeams, shared_beam_decoder
 from keras_transformer.decoding.sampling import sampling_picker
 from keras_transformer.fast_paths import inplace_cache_writes
-from keras_transformer.layers.attention import NEG_INF, BeamCache
+from keras_transformer.layers.attention import NEG_INF
 
 # Anything below HALF_NEG_INF is treated as impossible.
 HALF_NEG_INF = 0.5 * NEG_INF
@@ -196,9 +197,7 @@ def greedy_search(
 
     index = ops.convert_to_tensor(0, dtype="int32")
     loop_vars = (index, sequences, token_scores, log_prob_sums, finished, lengths, initial_state)
-    _, sequences, token_scores, log_prob_sums, _, lengths, _ = ops.while_loop(
-        cond, body, loop_vars
-    )
+    _, sequences, token_scores, log_prob_sums, _, lengths, _ = ops.while_loop(cond, body, loop_vars)
     scores = log_prob_sums / length_penalty(ops.maximum(lengths, 1), alpha)
     if return_token_scores:
         return sequences[:, 1:], scores, token_scores[:, 1:]
@@ -206,14 +205,6 @@ def greedy_search(
 
 
 # --------------------------------------------------------------------------- beam search
-
-
-class SharedByBeams(NamedTuple):
-    """Marks the part of a step function's state held once per input, not once per beam: beam
-    search neither repeats it for each beam nor reorders it with the beams (e.g. key/value caches
-    the beams of one input share, `layers.attention.BeamCache`)."""
-
-    value: Any
 
 
 def _map_per_beam(fn, state):
@@ -459,6 +450,23 @@ def _static_or_tensor(value):
     return value if isinstance(value, int) else ops.cast(value, "int32")
 
 
+class DecodingResult(NamedTuple):
+    """What `translate_ids` found for each input (as OpenNMT-tf's `DecodingResult`): one type
+    whatever the settings. `T` is the output length (EOS included, then 0-padding); with
+    `return_all`, each field has an n-best axis after the batch, best first.
+
+    ids: int32 `[batch, T]` (`[batch, n, T]`), the output tokens without BOS.
+    scores: float32 `[batch]` (`[batch, n]`), length-normalised log-probabilities.
+    token_scores: float32, shaped like `ids`: log p of each output token (EOS included, then 0),
+        tracked with the hypotheses during the search; they sum to the score times the length
+        penalty.
+    """
+
+    ids: Any
+    scores: Any
+    token_scores: Any
+
+
 def translate_ids(
     model,
     source_ids,
@@ -468,7 +476,6 @@ def translate_ids(
     return_all=False,
     prefix_ids=None,
     seed=0,
-    return_token_scores=False,
     **changes,
 ):
     """Translates padded source ids with a `Transformer`: beam search (greedy for beam 1), or
@@ -497,21 +504,20 @@ def translate_ids(
             `max_length`).
         seed: sampling only: an int (input `i` gets `seed + i`) or int `[batch]`, one seed per
             input; an input's sample depends on its seed alone, and repeats with it.
-        return_token_scores: also return the log-probability of each output token (tracked
-            with the hypotheses during the search: no second pass over the model).
         **changes: fields of `settings` to replace (e.g. `beam_size=1`).
 
     Returns:
-        `(output_ids, scores)`: int32 `[batch, T]` without BOS, EOS included and 0-padded after
-        it (`T = min(s_len + max_extra_length, max_length)`), and float32 `[batch]` length-
-        normalised log-probabilities; with `return_all`, `[batch, beam_size, T]` and
-        `[batch, beam_size]` (greedy search's or sampling's one output as a beam of one); with
-        `return_token_scores` a third, float32 shaped like `output_ids`: log p of each token
-        (EOS included, then 0; they sum to the score times the length penalty).
+        A `DecodingResult`: `ids` int32 `[batch, T]` without BOS, EOS included and 0-padded
+        after it (`T = min(s_len + max_extra_length, max_length)`), `scores` float32 `[batch]`
+        length-normalised log-probabilities and `token_scores` float32 `[batch, T]`, log p of
+        each token (tracked during the search: no second pass over the model); with
+        `return_all`, `[batch, beam_size, T]`, `[batch, beam_size]` and `[batch, beam_size, T]`
+        (greedy search's or sampling's one output as a beam of one).
 
     Example:
     ```python
-    ids, scores = translate_ids(model, source_ids, DecodingSettings(beam_size=5))
+    result = translate_ids(model, source_ids, DecodingSettings(beam_size=5))
+    result.ids, result.scores  # [batch, T], [batch]
     ```
     """
     settings = DecodingSettings() if settings is None else settings
@@ -530,10 +536,11 @@ def translate_ids(
     search = (log_probs_fn, initial_ids, initial_state)
     with inplace_cache_writes():  # the loop is traced here; only our own caches are written
         if k > 1:
-            return beam_search(
+            outputs = beam_search(
                 *search, k, buffer, settings.alpha, settings.eos_id, max_lengths=caps,
-                return_all=return_all, return_token_scores=return_token_scores,
+                return_all=return_all, return_token_scores=True,
             )  # fmt: skip
+            return DecodingResult(*outputs)
         pick = None
         if settings.sampling:
             seeds = _row_seeds(seed, initial_ids)  # [batch]
@@ -542,11 +549,11 @@ def translate_ids(
             )
         outputs = greedy_search(
             *search, buffer, settings.eos_id, settings.alpha, max_lengths=caps, pick=pick,
-            return_token_scores=return_token_scores,
+            return_token_scores=True,
         )  # fmt: skip
-        if return_all:  # a beam of one: [batch, 1, T], [batch, 1]
-            return tuple(ops.expand_dims(x, 1) for x in outputs)
-        return outputs
+        if return_all:  # a beam of one: [batch, 1, T], [batch, 1], [batch, 1, T]
+            outputs = tuple(ops.expand_dims(x, 1) for x in outputs)
+        return DecodingResult(*outputs)
 
 
 def _row_seeds(seed, initial_ids):
@@ -644,35 +651,24 @@ def _cached_step(model, encoder_output, source_mask, buffer, k):
 
 def _shared_step(model, encoder_output, source_mask, buffer, k):
     """`(step_fn, initial_state)` as `_cached_step`'s for `k` beams, each input's caches held once
-    for all its beams (`layers.attention.BeamCache`): no cache is repeated per beam or reordered.
+    for all its beams (`decoding.beam_cache`): no cache is repeated per beam or reordered.
 
     Each step writes every beam's keys/values into its own slot of its input's cache. The state
     that follows the beams is each hypothesis's slot history: int32 `[rows, buffer]`, the slot
     holding its key/value at each position (its own slot for the current one, its ancestors'
     before), from which each step builds the self-attention mask.
     """
-    cache = model.init_cache(encoder_output, buffer, beams=k)
-    self_attention = cache.pop("self_attention")  # per layer ([batch, h * k, buffer, d], same)
-    batch, s_len = ops.shape(source_mask)[0], ops.shape(source_mask)[1]
-    source_mask = ops.reshape(ops.cast(source_mask, "bool"), (-1, 1, 1, s_len))
-    source_mask = ops.broadcast_to(source_mask, (batch, 1, k, s_len))  # [batch, 1, k, s_len]
-    cache["cross_attention"] = [
-        BeamCache(keys, values, source_mask) for keys, values in cache["cross_attention"]
-    ]  # per layer, keys/values [batch, h, s_len, d]
+    batch = ops.shape(source_mask)[0]
+    decode, self_attention = shared_beam_decoder(
+        model, encoder_output, source_mask, batch, buffer, k
+    )  # self_attention: per layer ([batch, h * k, buffer, d], same)
     slots = ops.arange(batch * k, dtype="int32") % k  # [rows] each row's own slot
-    positions = ops.arange(buffer, dtype="int32")  # [buffer]
-    slot_ids = ops.reshape(ops.arange(k, dtype="int32"), (1, 1, k, 1))
 
     def step_fn(ids, index, state):
         history, shared = state  # [rows, buffer], SharedByBeams(per layer (keys, values))
         history = _write_column(history, index, slots)
-        own = ops.equal(ops.reshape(history, (-1, k, 1, buffer)), slot_ids)  # [batch, k, k, buf]
-        own = ops.logical_and(own, ops.less_equal(positions, index))  # written so far
-        mask = ops.reshape(own, (-1, 1, k, k * buffer))  # [batch, 1, k, k * buffer]
         tokens = ops.take(ids, ops.reshape(index, (1,)), axis=1)  # [rows, 1]
-        layers = [BeamCache(keys, values, mask) for keys, values in shared.value]
-        logits, new = model.decode_step(tokens, index, {**cache, "self_attention": layers}, None)
-        layers = [(c.keys, c.values) for c in new["self_attention"]]
+        logits, layers = decode(tokens, index, history, shared.value)
         return logits[:, 0], (history, SharedByBeams(layers))  # [rows, vocab]
 
     initial_state = (ops.zeros((batch, buffer), "int32"), SharedByBeams(self_attention))

@@ -261,11 +261,11 @@ class Translator(tf.Module):
             None if prefix is None else prefix.to_tensor(default_value=pad_id),
             None if seeds is None else _fold_seeds(seeds),
         )
-        outputs = self._search(*self._shape_buckets(*inputs), tracked)
-        outputs = [tf.convert_to_tensor(x) for x in outputs]
+        outputs = [tf.convert_to_tensor(x) for x in self._search(*self._shape_buckets(*inputs))]
         if self.jit_compile:  # drop the padding rows' answers
             outputs = [x[: tf.shape(inputs[0])[0]] for x in outputs]
-        return outputs if tracked else (*outputs, None)
+        ids, scores, token_scores = outputs
+        return ids, scores, (token_scores if tracked else None)
 
     def _shape_buckets(self, source, prefix, seed):
         """Under `jit_compile`, the chunk padded to a few shapes, so that XLA compiles a few
@@ -288,8 +288,9 @@ class Translator(tf.Module):
 
         return padded(source), padded(prefix), padded(seed)
 
-    def _search_ids(self, source, prefix, seed, tracked):
-        """`translate_ids` on padded int32 ids (`seed` None: search, else sample)."""
+    def _search_ids(self, source, prefix, seed):
+        """`translate_ids`'s `DecodingResult` on padded int32 ids (`seed` None: search, else
+        sample)."""
         # Only `translate_sample` samples; the other signatures search.
         settings = self.settings if seed is not None else self.settings.without_sampling()
         return translate_ids(
@@ -300,7 +301,6 @@ class Translator(tf.Module):
             return_all=True,
             prefix_ids=prefix,
             seed=0 if seed is None else seed,
-            return_token_scores=tracked,
         )
 
     def _token_log_probs(self, source, ids):

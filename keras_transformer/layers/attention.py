@@ -1,7 +1,6 @@
 """Scaled dot-product attention and multi-head attention with a fixed-size key/value cache."""
 
 import math
-from typing import Any, NamedTuple
 
 import keras
 from keras import ops
@@ -71,76 +70,31 @@ def write_cache(cache, update, index):
     return ops.slice_update(cache, [0, 0, index, 0], ops.cast(update, cache.dtype))
 
 
-class BeamCache(NamedTuple):
-    """A decoding cache held once per input and shared by its `beams` beam-search hypotheses.
+def call_outputs(output, scores=None, cache=None):
+    """The return convention of the public layers' `call` (as Keras's `MultiHeadAttention` and
+    KerasHub's cached layers): `output` alone, then the attention scores when they were asked
+    for (`scores` not None), then the updated cache when one was given (`cache` not None).
 
-    The attention's query rows are `batch * beams` (the beams of one input adjacent), one
-    position each; every row attends to the keys/values of its input that `mask` allows. With
-    it, beam search never reorders the caches (`keras_transformer.decoding`, fast path
-    `shared_beam_caches`).
-    - Self-attention (with `cache_update_index`): `keys`, `values` `[batch, heads * beams,
-      max_len, d]`, beam slot `i` of head `h` at row `h * beams + i`: each step writes the
-      keys/values of the hypothesis in slot `i` there. `mask` bool `[batch, 1, beams,
-      beams * max_len]`: True at (slot `s`, position `j`) when slot `s` holds, at position `j`,
-      the querying hypothesis's own key (written by it or by its ancestor at step `j`).
-    - Cross-attention: `keys`, `values` `[batch, heads, s_len, d]` (from
-      `compute_key_value_cache`, not repeated per beam); `mask` bool `[batch, 1, beams, s_len]`.
-    The mask replaces `attention_mask` and the causal mask.
-    """
-
-    keys: Any
-    values: Any
-    mask: Any
-
-
-def _group_beams(x, beams):
-    """`[batch * beams, heads, 1, d]` -> `[batch, heads, beams, d]`."""
-    shape = ops.shape(x)
-    x = ops.reshape(x, (-1, beams, shape[1], shape[3]))  # [batch, beams, heads, d]
-    return ops.transpose(x, (0, 2, 1, 3))
-
-
-def _ungroup_beams(x):
-    """`[batch, heads, beams, d]` -> `[batch * beams, heads, 1, d]`."""
-    shape = ops.shape(x)
-    x = ops.transpose(x, (0, 2, 1, 3))  # [batch, beams, heads, d]
-    return ops.reshape(x, (-1, shape[1], 1, shape[3]))
-
-
-def _per_head(x, heads):
-    """`[batch, heads * n, length, d]` -> `[batch, heads, n * length, d]` (a view)."""
-    shape = ops.shape(x)
-    return ops.reshape(x, (-1, heads, (shape[1] // heads) * shape[2], shape[3]))
-
-
-def _beam_cache_attention(q, k, v, cache, cache_update_index, dropout_fn):
-    """Attention of `batch * beams` one-position queries on a `BeamCache`.
-
-    `q` (and, for self-attention, this step's `k`, `v`) `[batch * beams, heads, 1, d]`. Returns
-    `(output [batch * beams, heads, 1, d_v], weights [batch, heads, beams, keys], cache)`, with
-    the step's keys/values written into a self-attention cache.
-    """
-    beams, heads = cache.mask.shape[2], q.shape[1]
-    if cache_update_index is not None:  # self-attention: each beam's keys/values into its slot
-        writes = []
-        for buffer, x in ((cache.keys, k), (cache.values, v)):
-            x = _group_beams(x, beams)  # [batch, heads, beams, d]
-            x = ops.reshape(x, (-1, heads * beams, 1, x.shape[-1]))  # row h * beams + i
-            writes.append(write_cache(buffer, x, cache_update_index))
-        cache = BeamCache(*writes, cache.mask)
-    keys, values = _per_head(cache.keys, heads), _per_head(cache.values, heads)
-    out, weights = scaled_dot_product_attention(
-        _group_beams(q, beams), keys, values, mask=cache.mask, dropout_fn=dropout_fn
-    )  # [batch, heads, beams, d_v]
-    return _ungroup_beams(out), weights, cache
+    Internally every attention and block computes the fixed triple `(output, scores, cache)`;
+    only the public `call` packs it by its flags, here."""
+    extras = tuple(x for x in (scores, cache) if x is not None)
+    return (output, *extras) if extras else output
 
 
 def _check_call_arguments(name, value, key, cache, cache_update_index):
     """Refuses the calls whose missing argument would silently change what is attended: no
     `value` (bidirectional self-attention where causal may have been meant), a cache with
     `value` but no `cache_update_index` (a forgotten index would make a self-attention cache a
-    cross-attention one) and an index without a cache."""
+    cross-attention one) and an index without a cache; and a cache of another form than
+    `(keys, values)`."""
     layer = f"MultiHeadAttention {name!r}"
+    if cache is not None and len(cache) != 2:
+        raise ValueError(
+            f"{layer} takes one form of cache, a `(keys, values)` pair, but got "
+            f"{type(cache).__name__} of {len(cache)} parts; beam search's caches shared by the "
+            "beams of an input (whose mask stands for `attention_mask` and the causal mask) are "
+            "attended by keras_transformer.decoding.beam_cache, not by this layer"
+        )
     if cache is None:
         if value is None:
             raise ValueError(
@@ -172,9 +126,8 @@ class MultiHeadAttention(CallTracedSpec, keras.layers.Layer):
       static for XLA) and the layer returns `(output, updated_cache)`;
     - cross-attention: build the cache once with `compute_key_value_cache(encoder_output)` and pass
       it with `cache_update_index=None`; keys and values are then not recomputed.
-    - beam search: a `BeamCache` holds the keys/values once per input for all its beams (the
-      query rows are `batch * beams`), each beam attending through the cache's mask (an
-      `attention_mask` as well is an error).
+    The cache has this one form; beam search's caches shared by the beams of an input are
+    decoding's own (`keras_transformer.decoding.beam_cache`), not this layer's.
 
     Args:
         num_heads: number of attention heads `h`.
@@ -197,13 +150,14 @@ class MultiHeadAttention(CallTracedSpec, keras.layers.Layer):
             None lets every query attend every key.
         use_causal_mask: also forbid attending to later positions (False by default: a
             decoder's self-attention must ask for it; a self-attention cache is always causal).
-        cache: `(keys, values)` cache or `BeamCache`, see above.
+        cache: the `(keys, values)` cache, see above.
         cache_update_index: int scalar, position of `query` inside the cache (self-attention).
         return_attention_scores: also return the weights `[batch, heads, q_len, k_len]`.
         training: enables dropout.
 
     Returns:
-        `output`, then `attention_scores` if requested, then the cache if one was given.
+        `output`, then `attention_scores` if requested, then the updated cache if one was given
+        (`call_outputs`: Keras's convention, `(output, scores)` with `return_attention_scores`).
 
     Example:
     >>> import numpy as np
@@ -325,50 +279,37 @@ class MultiHeadAttention(CallTracedSpec, keras.layers.Layer):
         _check_call_arguments(self.name, value, key, cache, cache_update_index)
         value = query if value is None else value
         key = value if key is None else key
+        (q, k, v), cache = self._queries_keys_values(
+            query, key, value, cache, cache_update_index, training
+        )
+        mask = self._compute_mask(q, k, attention_mask, use_causal_mask, cache, cache_update_index)
+        out, weights = scaled_dot_product_attention(
+            q, k, v, mask=mask, dropout_fn=self._dropout_fn(training)
+        )
+        out = self._merge_heads(out, training)
+        return call_outputs(out, weights if return_attention_scores else None, cache)
 
-        def dropout_fn(weights):
-            return self.dropout_layer(weights, training=training)
+    def _attend_with(self, attend, query, keys_values=True, training=None):
+        """A private hook for attentions on caches this layer does not know (decoding's caches
+        shared by the beams of an input, `keras_transformer.decoding.beam_cache`): this layer's
+        projections of `query` (`(q, k, v)`, or `(q,)` without `keys_values`), each
+        `[b, h, len, d]`, go to `attend(projections, dropout_fn)`, which returns
+        `(out [b, h, q_len, d_v], weights, cache)`; returns `(output, weights, cache)` with
+        `out`'s heads merged and projected. No masks, no checks: `attend` owns them."""
+        denses = (self.query_dense, self.key_dense, self.value_dense)
+        projections = self._project(query, denses if keys_values else denses[:1])
+        out, weights, cache = attend(projections, self._dropout_fn(training))
+        return self._merge_heads(out, training), weights, cache
 
-        if isinstance(cache, BeamCache):  # beam search's caches, one per input
-            if attention_mask is not None:
-                raise ValueError(
-                    f"MultiHeadAttention {self.name!r} got an `attention_mask` with a "
-                    "`BeamCache`, whose own mask replaces it: fold the mask into the cache's"
-                )
-            out, weights, cache = self._attend_beam_cache(
-                query, cache, cache_update_index, dropout_fn
-            )
-        else:
-            (q, k, v), cache = self._queries_keys_values(
-                query, key, value, cache, cache_update_index, training
-            )
-            mask = self._compute_mask(
-                q, k, attention_mask, use_causal_mask, cache, cache_update_index
-            )
-            out, weights = scaled_dot_product_attention(q, k, v, mask=mask, dropout_fn=dropout_fn)
-        # [b, h, q_len, d_v] -> [b, q_len, h * d_v]
+    def _dropout_fn(self, training):
+        return lambda weights: self.dropout_layer(weights, training=training)
+
+    def _merge_heads(self, out, training):
+        """`[b, h, q_len, d_v]` -> `[b, q_len, output_dim]`: the heads concatenated, projected."""
         out = ops.transpose(out, (0, 2, 1, 3))
         shape = ops.shape(out)
         out = ops.reshape(out, (shape[0], shape[1], self.num_heads * self.value_dim))
-        out = _fast_paths.call_dense(self.output_dense, out, training)
-
-        results = [out]
-        if return_attention_scores:
-            results.append(weights)
-        if cache is not None:
-            results.append(cache)
-        return results[0] if len(results) == 1 else tuple(results)
-
-    def _attend_beam_cache(self, query, cache, cache_update_index, dropout_fn):
-        """`(output [rows, heads, 1, d_v], weights, cache)` of `query` (`[batch * beams, 1, dim]`)
-        on a `BeamCache`: self-attention projects the query, key and value and writes the
-        step's keys/values into the cache; cross-attention projects the query only."""
-        if cache_update_index is None:  # cross-attention: keys and values are in the cache
-            (q,) = self._project(query, (self.query_dense,))
-            k = v = None
-        else:
-            q, k, v = self._project(query, (self.query_dense, self.key_dense, self.value_dense))
-        return _beam_cache_attention(q, k, v, cache, cache_update_index, dropout_fn)
+        return _fast_paths.call_dense(self.output_dense, out, training)
 
     def _compute_mask(self, q, k, attention_mask, use_causal_mask, cache, cache_update_index):
         """Boolean mask `[batch or 1, 1, q_len, k_len]` (None when nothing is masked)."""

@@ -5,6 +5,7 @@ import keras
 from keras import ops
 
 from keras_transformer.layers._blocks import BlockBase, StackBase
+from keras_transformer.layers.attention import call_outputs
 from keras_transformer.layers.masks import key_padding_mask
 
 
@@ -132,54 +133,49 @@ class TransformerDecoderBlock(BlockBase):
             self_attention_cache, cache_update_index,
         )  # fmt: skip
         decoder_padding_mask = mask if decoder_padding_mask is None else decoder_padding_mask
-        x, self_scores, *new_cache = self._self_attention_sublayer(
-            inputs, decoder_padding_mask, self_attention_cache, cache_update_index, training
-        )
-        scores = {"self_attention": self_scores}
-        if not self.decoder_only:
-            x, scores["cross_attention"] = self._cross_attention_sublayer(
-                x, encoder_output, encoder_padding_mask, cross_attention_cache, training
-            )
-        x = self._feed_forward_sublayer(x, training)
 
-        results = [x]
-        if return_attention_scores:
-            results.append(scores)
-        if self_attention_cache is not None:
-            results.append(new_cache[0])
-        return results[0] if len(results) == 1 else tuple(results)
-
-    def _self_attention_sublayer(self, x, padding_mask, cache, cache_update_index, training):
-        """Causal self-attention with its residual: `(x, scores)`, and the updated cache if any."""
-
-        def attention(h):
-            return self.self_attention(
+        def self_attention(h):  # (output, scores, cache): a cache given, one comes back
+            y, scores, *cache = self.self_attention(
                 h,
                 h,
-                attention_mask=key_padding_mask(padding_mask),
+                attention_mask=key_padding_mask(decoder_padding_mask),
                 use_causal_mask=True,
-                cache=cache,
+                cache=self_attention_cache,
                 cache_update_index=cache_update_index,
                 return_attention_scores=True,
                 training=training,
             )
+            return y, scores, (cache[0] if cache else None)
 
-        return self._residual(self.self_attention_norm, x, attention, training)
-
-    def _cross_attention_sublayer(self, x, encoder_output, padding_mask, cache, training):
-        """Encoder-decoder attention with its residual: `(x, scores)`."""
-
-        def attention(h):
+        def cross_attention(h):  # (output, scores)
             return self.cross_attention(
                 h,
                 encoder_output,
-                attention_mask=key_padding_mask(padding_mask),
-                cache=cache,
+                attention_mask=key_padding_mask(encoder_padding_mask),
+                cache=cross_attention_cache,
                 return_attention_scores=True,
                 training=training,
             )[:2]
 
-        return self._residual(self.cross_attention_norm, x, attention, training)
+        x, scores, new_cache = self._sublayers(inputs, self_attention, cross_attention, training)
+        return call_outputs(x, scores if return_attention_scores else None, new_cache)
+
+    def _sublayers(self, x, self_attention, cross_attention, training):
+        """The block's computation around its attentions, written once: `self_attention(h)` ->
+        `(output, scores, cache or None)` and `cross_attention(h)` -> `(output, scores)` (unused
+        in decoder-only mode) each run in their residual connection, then the feed-forward net.
+        Returns `(x, {"self_attention": ..., "cross_attention": ...}, the self-attention
+        cache)`. A private hook: `call` passes this layer's attentions; decoding passes its own
+        on caches shared by the beams (`keras_transformer.decoding.beam_cache`)."""
+        x, self_scores, cache = self._residual(
+            self.self_attention_norm, x, self_attention, training
+        )
+        scores = {"self_attention": self_scores}
+        if not self.decoder_only:
+            x, scores["cross_attention"] = self._residual(
+                self.cross_attention_norm, x, cross_attention, training
+            )
+        return self._feed_forward_sublayer(x, training), scores, cache
 
     def get_config(self):
         return {**super().get_config(), "decoder_only": self.decoder_only}
@@ -336,17 +332,14 @@ class TransformerDecoder(StackBase):
                 return_attention_scores=True,
                 training=training,
             )
-            x, scores = out[0], out[1]
+            x, scores, *cache = out  # the block's convention: a cache given, one comes back
             all_scores.append(scores)
-            if self_cache is not None:
-                new_caches.append(out[2])
-        x = self._finish(x)
-        results = [x]
-        if return_attention_scores:
-            results.append(all_scores)
-        if self_attention_cache is not None:
-            results.append(new_caches)
-        return results[0] if len(results) == 1 else tuple(results)
+            new_caches += cache
+        return call_outputs(
+            self._finish(x),
+            all_scores if return_attention_scores else None,
+            None if self_attention_cache is None else new_caches,
+        )
 
     def _per_layer(self, name, caches):
         """`caches` (one per block), or one None per block; a list of another length raises."""

@@ -7,7 +7,6 @@ from keras import ops
 
 from keras_transformer.layers._blocks import head_size
 from keras_transformer.layers._fast_paths import fresh_zeros
-from keras_transformer.layers.attention import BeamCache
 from keras_transformer.layers.decoder import TransformerDecoder
 from keras_transformer.layers.embedding import SinusoidalPositionalEncoding, TokenEmbedding
 from keras_transformer.layers.encoder import TransformerEncoder
@@ -134,21 +133,25 @@ class Transformer(TrainStep, keras.Model):
         x = self.source_dropout(self.positional_encoding(x), training=training)
         return self.encoder(x, padding_mask=source_mask, training=training), source_mask
 
-    def init_cache(self, encoder_output, max_length, beams=1):
+    def init_cache(self, encoder_output, max_length):
         """The decoding cache for `max_length` target positions.
 
         Returns a dict with `"self_attention"`, one `(keys, values)` pair of zeros
         `[batch, heads, max_length, head_dim]` per decoder layer, and `"cross_attention"`, one
         `(keys, values)` pair `[batch, heads, s_len, head_dim]` per layer: the encoder output's
-        keys/values, computed here once per sentence. With `beams > 1` the self-attention caches
-        are `[batch, heads * beams, max_length, head_dim]`: one slot per beam of each sentence
-        (`layers.attention.BeamCache`). With tied embeddings it also holds
+        keys/values, computed here once per sentence. With tied embeddings it also holds
         `"output_kernel"` (`output_kernel()`): the embedding transposed once here rather than at
-        every step.
+        every step. (Beam search's caches shared by the beams of a sentence are decoding's own:
+        `keras_transformer.decoding.beam_cache.init_shared_cache`.)
         """
+        return self._init_cache(encoder_output, max_length, self.num_heads)
+
+    def _init_cache(self, encoder_output, max_length, rows):
+        """`init_cache` with self-attention buffers of `rows` rows per sentence (`num_heads`; a
+        private hook: decoding's shared beam caches hold `num_heads * beams`)."""
         batch = ops.shape(encoder_output)[0]
         layers = self.num_decoder_layers or self.num_layers
-        shape = (batch, self.num_heads * beams, max_length, self.head_dim)
+        shape = (batch, rows, max_length, self.head_dim)
         dtype = self.decoder.compute_dtype
         cache = {
             "cross_attention": self.decoder.compute_cross_attention_cache(encoder_output),
@@ -180,27 +183,33 @@ class Transformer(TrainStep, keras.Model):
 
         Returns float32 logits `[batch, n, vocab_size]` for the next tokens and the cache with
         those positions' keys/values written in. Run step by step from `cache_index=0` this equals
-        the full forward pass. The per-layer caches may be `layers.attention.BeamCache`s (beam
-        search's caches shared by the beams of each sentence): `target_ids` then has
-        `batch * beams` rows, and the caches' masks replace `source_mask` (None). Otherwise
-        `source_mask` is required: without it the padded source positions would be attended.
+        the full forward pass. `source_mask` is required: without it the padded source positions
+        would be attended.
         """
-        if source_mask is None and not isinstance(cache["cross_attention"][0], BeamCache):
+        if source_mask is None:
             raise ValueError(
-                "decode_step needs `source_mask` (from `encode`), True at real source tokens; "
-                "only beam search's shared caches (`BeamCache`) carry their own"
+                "decode_step needs `source_mask` (from `encode`), True at real source tokens"
             )
+
+        def decoder(y):  # (output, self-attention cache)
+            return self.decoder(
+                y,
+                None,
+                encoder_padding_mask=source_mask,
+                self_attention_cache=cache["self_attention"],
+                cache_update_index=cache_index,
+                cross_attention_cache=cache["cross_attention"],
+            )
+
+        return self._decode_step_with(decoder, target_ids, cache_index, cache)
+
+    def _decode_step_with(self, decoder, target_ids, cache_index, cache):
+        """`decode_step` around `decoder(y) -> (output, self-attention cache)`, which runs the
+        decoder stack on the embedded step. A private hook: decoding runs its own stack on the
+        caches shared by the beams (`keras_transformer.decoding.beam_cache`)."""
         y = self.positional_encoding(self.target_embedding(target_ids), start_index=cache_index)
-        y, self_cache = self.decoder(
-            y,
-            None,
-            encoder_padding_mask=source_mask,
-            self_attention_cache=cache["self_attention"],
-            cache_update_index=cache_index,
-            cross_attention_cache=cache["cross_attention"],
-        )
-        output_kernel = cache.get("output_kernel")
-        logits = self._project(y, output_kernel)
+        y, self_cache = decoder(y)
+        logits = self._project(y, cache.get("output_kernel"))
         return logits, {**cache, "self_attention": self_cache}
 
     def _project(self, y, output_kernel=None):

@@ -248,7 +248,7 @@ def search_function(model, settings):
 
     def search(values, source_ids):
         with keras.StatelessScope(state_mapping=list(zip(model.variables, values))):
-            return translate_ids(model, source_ids, settings)[0]
+            return translate_ids(model, source_ids, settings).ids
 
     return jax.jit(search)
 

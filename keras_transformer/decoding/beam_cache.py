@@ -1,0 +1,166 @@
+"""Beam search's decoding caches held once per input and shared by its beams (fast path
+`shared_beam_caches`), and the attention on them.
+
+With per-beam caches (`Transformer.init_cache`, the plain form) beam search repeats every cache
+for each beam and reorders them with the beams at every step. Here each input's self-attention
+cache has one slot per beam: each step writes each hypothesis's keys/values into the slot of its
+beam, and a mask lets every hypothesis attend only to the keys its own history wrote (its
+ancestors' slots at earlier positions). The encoder keys/values are held once per input. So no
+cache is repeated per beam or reordered (`SharedByBeams` keeps the search's hands off them).
+
+The public layers keep their one cache form, `(keys, values)`: this module attends with their
+weights through private hooks (`MultiHeadAttention._attend_with`,
+`TransformerDecoderBlock._sublayers`, `Transformer._decode_step_with`, `Transformer._init_cache`).
+"""
+
+import functools
+from typing import Any, NamedTuple
+
+from keras import ops
+
+from keras_transformer.layers.attention import scaled_dot_product_attention, write_cache
+
+
+class SharedByBeams(NamedTuple):
+    """Marks the part of a step function's state held once per input, not once per beam: beam
+    search neither repeats it for each beam nor reorders it with the beams (e.g. key/value caches
+    the beams of one input share, `BeamCache`)."""
+
+    value: Any
+
+
+class BeamCache(NamedTuple):
+    """A decoding cache held once per input and shared by its `beams` beam-search hypotheses.
+
+    The attention's query rows are `batch * beams` (the beams of one input adjacent), one
+    position each; every row attends to the keys/values of its input that `mask` allows. With
+    it, beam search never reorders the caches (fast path `shared_beam_caches`).
+    - Self-attention (with `cache_update_index`): `keys`, `values` `[batch, heads * beams,
+      max_len, d]`, beam slot `i` of head `h` at row `h * beams + i`: each step writes the
+      keys/values of the hypothesis in slot `i` there. `mask` bool `[batch, 1, beams,
+      beams * max_len]`: True at (slot `s`, position `j`) when slot `s` holds, at position `j`,
+      the querying hypothesis's own key (written by it or by its ancestor at step `j`).
+    - Cross-attention: `keys`, `values` `[batch, heads, s_len, d]` (from
+      `compute_key_value_cache`, not repeated per beam); `mask` bool `[batch, 1, beams, s_len]`.
+    The mask stands for the attention mask and the causal mask.
+    """
+
+    keys: Any
+    values: Any
+    mask: Any
+
+
+def _group_beams(x, beams):
+    """`[batch * beams, heads, 1, d]` -> `[batch, heads, beams, d]`."""
+    shape = ops.shape(x)
+    x = ops.reshape(x, (-1, beams, shape[1], shape[3]))  # [batch, beams, heads, d]
+    return ops.transpose(x, (0, 2, 1, 3))
+
+
+def _ungroup_beams(x):
+    """`[batch, heads, beams, d]` -> `[batch * beams, heads, 1, d]`."""
+    shape = ops.shape(x)
+    x = ops.transpose(x, (0, 2, 1, 3))  # [batch, beams, heads, d]
+    return ops.reshape(x, (-1, shape[1], 1, shape[3]))
+
+
+def _per_head(x, heads):
+    """`[batch, heads * n, length, d]` -> `[batch, heads, n * length, d]` (a view)."""
+    shape = ops.shape(x)
+    return ops.reshape(x, (-1, heads, (shape[1] // heads) * shape[2], shape[3]))
+
+
+def _attend(projections, dropout_fn, cache, cache_update_index):
+    """Attention of `batch * beams` one-position queries on a `BeamCache`.
+
+    `projections`: `(q, k, v)` for self-attention (this step's keys/values), `(q,)` for
+    cross-attention, each `[batch * beams, heads, 1, d]`. Returns `(output [batch * beams,
+    heads, 1, d_v], weights [batch, heads, beams, keys], cache)`, with the step's keys/values
+    written into a self-attention cache.
+    """
+    q = projections[0]
+    beams, heads = cache.mask.shape[2], q.shape[1]
+    if cache_update_index is not None:  # self-attention: each beam's keys/values into its slot
+        writes = []
+        for buffer, x in zip((cache.keys, cache.values), projections[1:]):
+            x = _group_beams(x, beams)  # [batch, heads, beams, d]
+            x = ops.reshape(x, (-1, heads * beams, 1, x.shape[-1]))  # row h * beams + i
+            writes.append(write_cache(buffer, x, cache_update_index))
+        cache = BeamCache(*writes, cache.mask)
+    keys, values = _per_head(cache.keys, heads), _per_head(cache.values, heads)
+    out, weights = scaled_dot_product_attention(
+        _group_beams(q, beams), keys, values, mask=cache.mask, dropout_fn=dropout_fn
+    )  # [batch, heads, beams, d_v]
+    return _ungroup_beams(out), weights, cache
+
+
+def beam_attention(layer, query, cache, cache_update_index=None):
+    """`(output [batch * beams, 1, dim], weights, cache)` of the `MultiHeadAttention` `layer`
+    for `query` `[batch * beams, 1, dim]` on a `BeamCache`: self-attention (with
+    `cache_update_index`) projects the query, key and value and writes the step's keys/values
+    into the cache; cross-attention projects the query only."""
+    self_attention = cache_update_index is not None
+    attend = functools.partial(_attend, cache=cache, cache_update_index=cache_update_index)
+    return layer._attend_with(attend, query, keys_values=self_attention)
+
+
+def _decode_step(model, target_ids, cache_index, cache):
+    """`model.decode_step` on per-layer `BeamCache`s (`cache["self_attention"]`,
+    `cache["cross_attention"]`): `target_ids` has `batch * beams` rows; the caches' masks stand
+    for the source mask."""
+
+    def decoder(y):  # the decoder stack, each block's attentions on the shared caches
+        caches = zip(model.decoder.blocks, cache["self_attention"], cache["cross_attention"])
+        new_caches = []
+        for block, self_cache, cross_cache in caches:
+            y, self_cache = _block_step(block, y, self_cache, cross_cache, cache_index)
+            new_caches.append(self_cache)
+        return model.decoder._finish(y), new_caches
+
+    return model._decode_step_with(decoder, target_ids, cache_index, cache)
+
+
+def _block_step(block, y, self_cache, cross_cache, cache_index):
+    """`(output, self-attention cache)` of a `TransformerDecoderBlock` on `BeamCache`s."""
+
+    def self_attention(h):
+        return beam_attention(block.self_attention, h, self_cache, cache_index)
+
+    def cross_attention(h):
+        return beam_attention(block.cross_attention, h, cross_cache)[:2]
+
+    y, _, self_cache = block._sublayers(y, self_attention, cross_attention, None)
+    return y, self_cache
+
+
+def shared_beam_decoder(model, encoder_output, source_mask, batch, max_length, beams):
+    """The decoding caches of `model` for `beams` beams per input, held once per input.
+
+    Returns `(decode, self_attention)`: `self_attention` the initial self-attention caches, per
+    layer `(keys, values)` `[batch, heads * beams, max_length, d]` zeros; `decode(target_ids,
+    index, history, self_attention) -> (logits, self_attention)` decodes `target_ids`
+    `[batch * beams, 1]` at position `index`, where `history` int32 `[batch * beams,
+    max_length]` holds for each hypothesis the beam slot of its key/value at each position (its
+    own slot at `index`, its ancestors' before). The encoder keys/values (`[batch, heads, s_len,
+    d]`, `source_mask` `[batch, s_len]` applied) and the tied embedding are fixed in `decode`.
+    """
+    cache = model._init_cache(encoder_output, max_length, model.num_heads * beams)
+    self_attention = cache.pop("self_attention")  # per layer ([batch, h * k, buffer, d], same)
+    s_len = ops.shape(source_mask)[1]
+    source_mask = ops.reshape(ops.cast(source_mask, "bool"), (-1, 1, 1, s_len))
+    source_mask = ops.broadcast_to(source_mask, (batch, 1, beams, s_len))  # [batch, 1, k, s_len]
+    cache["cross_attention"] = [
+        BeamCache(keys, values, source_mask) for keys, values in cache["cross_attention"]
+    ]  # per layer, keys/values [batch, h, s_len, d]
+    positions = ops.arange(max_length, dtype="int32")  # [buffer]
+    slot_ids = ops.reshape(ops.arange(beams, dtype="int32"), (1, 1, beams, 1))
+
+    def decode(target_ids, index, history, self_attention):
+        own = ops.equal(ops.reshape(history, (-1, beams, 1, max_length)), slot_ids)
+        own = ops.logical_and(own, ops.less_equal(positions, index))  # written so far
+        mask = ops.reshape(own, (-1, 1, beams, beams * max_length))  # [batch, 1, k, k * buffer]
+        layers = [BeamCache(keys, values, mask) for keys, values in self_attention]
+        logits, new = _decode_step(model, target_ids, index, {**cache, "self_attention": layers})
+        return logits, [(c.keys, c.values) for c in new["self_attention"]]
+
+    return decode, self_attention
