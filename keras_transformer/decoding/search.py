@@ -28,11 +28,10 @@ from typing import Any, NamedTuple
 import keras
 from keras import ops
 
-from keras_transformer import fast_paths
 from keras_transformer.config import EOS_ID, DecodingSettings
 from keras_transformer.decoding.sampling import sampling_picker
-from keras_transformer.fast_paths import inplace_cache_writes
-from keras_transformer.layers.attention import NEG_INF, BeamCache
+from keras_transformer.fast_paths import Kernels
+from keras_transformer.layers.attention import NEG_INF, BeamCache, OwnedBeamCache, OwnedCache
 
 # Anything below HALF_NEG_INF is treated as impossible.
 HALF_NEG_INF = 0.5 * NEG_INF
@@ -196,9 +195,7 @@ def greedy_search(
 
     index = ops.convert_to_tensor(0, dtype="int32")
     loop_vars = (index, sequences, token_scores, log_prob_sums, finished, lengths, initial_state)
-    _, sequences, token_scores, log_prob_sums, _, lengths, _ = ops.while_loop(
-        cond, body, loop_vars
-    )
+    _, sequences, token_scores, log_prob_sums, _, lengths, _ = ops.while_loop(cond, body, loop_vars)
     scores = log_prob_sums / length_penalty(ops.maximum(lengths, 1), alpha)
     if return_token_scores:
         return sequences[:, 1:], scores, token_scores[:, 1:]
@@ -469,6 +466,7 @@ def translate_ids(
     prefix_ids=None,
     seed=0,
     return_token_scores=False,
+    kernels=None,
     **changes,
 ):
     """Translates padded source ids with a `Transformer`: beam search (greedy for beam 1), or
@@ -499,6 +497,9 @@ def translate_ids(
             input; an input's sample depends on its seed alone, and repeats with it.
         return_token_scores: also return the log-probability of each output token (tracked
             with the hypotheses during the search: no second pass over the model).
+        kernels: the search's fast paths (`keras_transformer.fast_paths.Kernels` or a setting;
+            None: the model's `kernels`): `shared_beam_caches` holds beam search's caches once
+            per input, `inplace_cache_writes` writes the search's own caches in place.
         **changes: fields of `settings` to replace (e.g. `beam_size=1`).
 
     Returns:
@@ -517,36 +518,36 @@ def translate_ids(
     settings = DecodingSettings() if settings is None else settings
     settings = dataclasses.replace(settings, **changes) if changes else settings
     k = 1 if settings.sampling else settings.beam_size
+    kernels = Kernels.get(getattr(model, "kernels", None) if kernels is None else kernels)
     source_ids = ops.cast(ops.convert_to_tensor(source_ids), "int32")
     buffer = _output_buffer_length(source_ids, settings.max_extra_length, max_length)
     encoder_output, source_mask = model.encode(source_ids, training=False)
     caps = ops.sum(ops.cast(source_mask, "int32"), axis=1) + settings.max_extra_length  # [batch]
     initial_ids = ops.full(ops.shape(source_ids)[:1], settings.bos_id, dtype="int32")  # [batch]
     log_probs_fn, initial_state = _log_probs_step(
-        model, source_ids, (encoder_output, source_mask), settings, buffer, k, use_cache
+        model, source_ids, (encoder_output, source_mask), settings, buffer, k, use_cache, kernels
     )
     if prefix_ids is not None:
         log_probs_fn, initial_state = _forcing_prefix(log_probs_fn, initial_state, prefix_ids)
     search = (log_probs_fn, initial_ids, initial_state)
-    with inplace_cache_writes():  # the loop is traced here; only our own caches are written
-        if k > 1:
-            return beam_search(
-                *search, k, buffer, settings.alpha, settings.eos_id, max_lengths=caps,
-                return_all=return_all, return_token_scores=return_token_scores,
-            )  # fmt: skip
-        pick = None
-        if settings.sampling:
-            seeds = _row_seeds(seed, initial_ids)  # [batch]
-            pick = sampling_picker(
-                settings.sampling_topk, settings.sampling_temperature, settings.sampling_topp, seeds
-            )
-        outputs = greedy_search(
-            *search, buffer, settings.eos_id, settings.alpha, max_lengths=caps, pick=pick,
-            return_token_scores=return_token_scores,
+    if k > 1:
+        return beam_search(
+            *search, k, buffer, settings.alpha, settings.eos_id, max_lengths=caps,
+            return_all=return_all, return_token_scores=return_token_scores,
         )  # fmt: skip
-        if return_all:  # a beam of one: [batch, 1, T], [batch, 1]
-            return tuple(ops.expand_dims(x, 1) for x in outputs)
-        return outputs
+    pick = None
+    if settings.sampling:
+        seeds = _row_seeds(seed, initial_ids)  # [batch]
+        pick = sampling_picker(
+            settings.sampling_topk, settings.sampling_temperature, settings.sampling_topp, seeds
+        )
+    outputs = greedy_search(
+        *search, buffer, settings.eos_id, settings.alpha, max_lengths=caps, pick=pick,
+        return_token_scores=return_token_scores,
+    )  # fmt: skip
+    if return_all:  # a beam of one: [batch, 1, T], [batch, 1]
+        return tuple(ops.expand_dims(x, 1) for x in outputs)
+    return outputs
 
 
 def _row_seeds(seed, initial_ids):
@@ -556,12 +557,12 @@ def _row_seeds(seed, initial_ids):
     return ops.broadcast_to(ops.cast(seed, "int32"), ops.shape(initial_ids))
 
 
-def _log_probs_step(model, source_ids, encoded, settings, buffer, k, use_cache):
+def _log_probs_step(model, source_ids, encoded, settings, buffer, k, use_cache, kernels):
     """`(step_fn, initial_state)` of the search: the model's next-token log-probabilities,
     padding and BOS made impossible; `encoded` is `model.encode`'s output and mask."""
     banned = _banned_tokens_mask(model.vocab_size, (settings.pad_id, settings.bos_id))  # [vocab]
     if use_cache:
-        step_fn, initial_state = _cached_step(model, *encoded, buffer, k)
+        step_fn, initial_state = _cached_step(model, *encoded, buffer, k, kernels)
     else:
         step_fn, initial_state = _uncached_step(model, source_ids, k)
 
@@ -614,19 +615,22 @@ def _output_buffer_length(source_ids, max_extra_length, max_length):
     return _static_or_tensor(buffer)
 
 
-def _cached_step(model, encoder_output, source_mask, buffer, k):
+def _cached_step(model, encoder_output, source_mask, buffer, k, kernels):
     """`(step_fn, initial_state)` decoding one token per step with the key/value caches.
 
     The state is the per-layer self-attention cache; the rest is fixed during the search: the
     encoder's keys/values (computed once, repeated per beam) and the tied embedding transposed
-    once. The search owns these caches (fresh buffers, see `init_cache`), so each step's
-    keys/values may be written into them in place (`inplace_cache_writes`). For beam search the
-    fast path `shared_beam_caches` holds the caches once per input instead (`_shared_step`).
+    once. The search owns these caches (fresh buffers, see `init_cache`), so with the kernel
+    `inplace_cache_writes` it hands them to the layers as `OwnedCache`s, whose keys/values are
+    written in place. For beam search the kernel `shared_beam_caches` holds the caches once per
+    input instead (`_shared_step`).
     """
-    if k > 1 and fast_paths.enabled("shared_beam_caches"):
-        return _shared_step(model, encoder_output, source_mask, buffer, k)
+    if k > 1 and kernels.uses("shared_beam_caches"):
+        return _shared_step(model, encoder_output, source_mask, buffer, k, kernels)
     cache = model.init_cache(encoder_output, buffer)
     initial_state = cache.pop("self_attention")  # per layer ([batch, h, buffer, d], same)
+    if kernels.uses("inplace_cache_writes"):
+        initial_state = [OwnedCache(*pair) for pair in initial_state]
     fixed = dict(cache)
     fixed["cross_attention"] = keras.tree.map_structure(
         lambda x: expand_to_beams(x, k), cache["cross_attention"]
@@ -642,7 +646,7 @@ def _cached_step(model, encoder_output, source_mask, buffer, k):
     return step_fn, initial_state
 
 
-def _shared_step(model, encoder_output, source_mask, buffer, k):
+def _shared_step(model, encoder_output, source_mask, buffer, k, kernels):
     """`(step_fn, initial_state)` as `_cached_step`'s for `k` beams, each input's caches held once
     for all its beams (`layers.attention.BeamCache`): no cache is repeated per beam or reordered.
 
@@ -662,6 +666,7 @@ def _shared_step(model, encoder_output, source_mask, buffer, k):
     slots = ops.arange(batch * k, dtype="int32") % k  # [rows] each row's own slot
     positions = ops.arange(buffer, dtype="int32")  # [buffer]
     slot_ids = ops.reshape(ops.arange(k, dtype="int32"), (1, 1, k, 1))
+    beam_cache = OwnedBeamCache if kernels.uses("inplace_cache_writes") else BeamCache
 
     def step_fn(ids, index, state):
         history, shared = state  # [rows, buffer], SharedByBeams(per layer (keys, values))
@@ -670,7 +675,7 @@ def _shared_step(model, encoder_output, source_mask, buffer, k):
         own = ops.logical_and(own, ops.less_equal(positions, index))  # written so far
         mask = ops.reshape(own, (-1, 1, k, k * buffer))  # [batch, 1, k, k * buffer]
         tokens = ops.take(ids, ops.reshape(index, (1,)), axis=1)  # [rows, 1]
-        layers = [BeamCache(keys, values, mask) for keys, values in shared.value]
+        layers = [beam_cache(keys, values, mask) for keys, values in shared.value]
         logits, new = model.decode_step(tokens, index, {**cache, "self_attention": layers}, None)
         layers = [(c.keys, c.values) for c in new["self_attention"]]
         return logits[:, 0], (history, SharedByBeams(layers))  # [rows, vocab]
