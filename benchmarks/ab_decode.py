@@ -2,8 +2,8 @@
 
 Usage: python benchmarks/ab_decode.py '<shapes JSON>' '<JSON list of variants>' [rounds]
 A variant is {"fast_paths": setting or "without": [names], "xla": bool} (see ab_train.py): the
-fast paths in force while the variant's decoder is traced. Calls are timed alternately; prints
-median output tokens/s and the ratio to the first variant.
+fast paths its model is built with (the same weights for all). Calls are timed
+alternately; prints median output tokens/s and the ratio to the first variant.
 """
 
 import json
@@ -27,18 +27,20 @@ def main(argv):
     cfg = parse_shapes(argv[:2])
     variants = json.loads(argv[2])
     rounds = int(argv[3]) if len(argv) > 3 else 4
-    model = build_model(cfg)
+    weights = build_model(cfg).get_weights()
     src = sources(cfg)
     fns = []
     for variant in variants:
+        with fast_paths.fast_paths(variant_fast_paths(variant)):
+            model = build_model(cfg)  # built with the variant's fast paths (model.kernels)
+        model.set_weights(weights)
 
         @tf.function(jit_compile=bool(variant.get("xla", False)))
-        def fn(s):
+        def fn(s, model=model):
             result = translate_ids(model, s, beam_size=4, alpha=0.6, max_length=cfg["tgt"])
             return result.ids, result.scores
 
-        with fast_paths.fast_paths(variant_fast_paths(variant)):
-            fn(src)[0].numpy()  # traced with the variant's fast paths
+        fn(src)[0].numpy()  # traced
         fns.append((variant, fn))
     rates = alternate([lambda fn=fn: fn(src)[0].numpy().size for _, fn in fns], rounds)
     first = statistics.median(rates[0])

@@ -4,7 +4,7 @@ under fast-path variants (a development aid for noisy machines).
 Usage: python benchmarks/ab_serve.py '<shapes JSON>' '<JSON list of variants>' [rounds] [beam]
 The shapes override the small ones (benchmarks/common.py), e.g. '{"vocab": 32000, "d": 512,
 "layers": 6, "heads": 8, "ff": 2048}' for base. A variant is {"fast_paths": setting} or
-{"without": [names]} (see ab_train.py): the fast paths in force while its Translator is traced;
+{"without": [names]} (see ab_train.py): the fast paths its model is built with (same weights);
 `"jit_compile": true` compiles its search with XLA (`Translator(jit_compile=True)`).
 Model and inputs as in serve_compare.py (32 random sources of `src` words, outputs pinned to
 `tgt` tokens), beam 4 unless given. The variants' calls alternate, one call each per round;
@@ -34,17 +34,19 @@ def main(argv):
     variants = json.loads(argv[2])
     rounds = int(argv[3]) if len(argv) > 3 else 4
     beam = int(argv[4]) if len(argv) > 4 else 4
-    model, spm_bytes = build_model(cfg), word_vocabulary(cfg["vocab"])
+    weights, spm_bytes = build_model(cfg).get_weights(), word_vocabulary(cfg["vocab"])
     text = tf.constant(sources(cfg))
     runs, translations = [], []
     for variant in variants:
+        with fast_paths.fast_paths(variant_fast_paths(variant)):
+            model = build_model(cfg)  # built with the variant's fast paths (model.kernels)
+        model.set_weights(weights)
         translator = Translator(
             model, spm_bytes, beam_size=beam, alpha=0.6, batch_size=SENTENCES,
             max_extra_length=cfg["tgt"] - cfg["src"], max_source_length=cfg["src"] + 1,
             max_length=cfg["tgt"] + 1, jit_compile=bool(variant.get("jit_compile")),
         )  # fmt: skip
-        with fast_paths.fast_paths(variant_fast_paths(variant)):
-            out = translator(text)  # traced with the variant's fast paths
+        out = translator(text)  # traced
         translations.append(out["translation"].numpy().tolist())
         runs.append((variant, translator))
     differing = [sum(a != b for a, b in zip(t, translations[0])) for t in translations]

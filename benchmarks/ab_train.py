@@ -1,8 +1,8 @@
 """In-process A/B comparison of training-step variants (a development aid for noisy machines).
 
 Usage: python benchmarks/ab_train.py '<shapes JSON>' '<JSON list of variants>' [rounds]
-A variant is a dict of shape overrides (e.g. {"metrics": false}) plus the fast paths in force
-while the variant's model is traced (`keras_transformer.fast_paths`): `"fast_paths"` (a setting:
+A variant is a dict of shape overrides (e.g. {"metrics": false}) plus the fast paths
+its model is built with (`keras_transformer.fast_paths`): `"fast_paths"` (a setting:
 "all", "none" or a list of names) or `"without"` (names switched off), e.g.
 {"without": ["fused_projections"]}.
 The variants' steps are timed alternately, round after round, so machine load hits them alike;

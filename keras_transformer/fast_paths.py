@@ -1,18 +1,19 @@
-"""The one setting that chooses the fast paths, and the scope of in-place decoding-cache writes.
+"""The fast paths: the setting that chooses them, and the `Kernels` a model is built with.
 
 The layers and the loss read as the paper's formulas; where a measurably faster computation of
 the same numbers exists, their code has one dispatch line that asks the private kernel modules
-(`layers/_fast_paths.py`, `training/_fast_paths.py`) for it. Those kernels run only where they
-apply (most are TensorFlow-only and step aside under XLA or on other backends) and only when
-enabled here. `tests/test_fast_paths.py` proves every one equal to its plain form, and
+(`layers/_fast_paths.py`, `training/_fast_paths.py`) for it, passing the `Kernels` the layer (or
+loss, optimizer, search, export) was built with. Those kernels run only where they apply (most
+are TensorFlow-only and step aside under XLA or on other backends) and only when chosen.
+`tests/test_fast_paths.py` proves every one equal to its plain form, and
 `docs/guides/performance.md` has the measurements that made each one the default.
 
 - `fused_projections`: query/key/value (or key/value) projections as one matmul over the
   concatenated kernels.
 - `scatter_cache_writes`: a decoding step's keys/values scattered into the cache instead of
   written with `slice_update`.
-- `inplace_cache_writes`: inside `inplace_cache_writes()`, in TF graphs outside XLA, written into
-  the cache's own buffer.
+- `inplace_cache_writes`: the search's own caches (`layers.attention.OwnedCache`, made by
+  `translate_ids`), in TF graphs outside XLA, written into the cache's own buffer.
 - `fused_layer_norm`: LayerNormalization with a hand-written TensorFlow gradient.
 - `fused_loss`: label-smoothed cross-entropy with its gradient formed in the forward pass (TF).
 - `fused_adam`: Adam's update as TensorFlow's one-kernel `ResourceApplyAdam`.
@@ -27,22 +28,27 @@ enabled here. `tests/test_fast_paths.py` proves every one equal to its plain for
   gradient up to a quarter slower), with the forward matmul, bias and ReLU left for TensorFlow
   to fuse into one oneDNN kernel.
 
-The setting: the environment variable `KERAS_TRANSFORMER_FAST_PATHS` read at import (`all`, the
-default; `none`; or a comma-separated list of names, e.g. `fused_loss,fused_adam`), or
-`set_fast_paths(...)` / the `fast_paths(...)` context manager at run time. It applies when a
-function is traced, so set it before building and compiling the model.
+The choice is made once, when a model, layer, loss, optimizer, search or `Translator` is built:
+its `kernels=` argument (a `Kernels`, a setting such as `"none"`, or None for the current
+setting), kept as its `kernels` attribute and recorded in its config, so a model saved with some
+kernels loads with the same ones. The current setting (the default of `kernels=None`): the
+environment variable `KERAS_TRANSFORMER_FAST_PATHS` read at import (`all`, the default; `none`;
+or a comma-separated list of names, e.g. `fused_loss,fused_adam`), or `set_fast_paths(...)` /
+the `fast_paths(...)` context manager at run time. Nothing reads the setting while a graph is
+traced: set it before building the model, or pass `kernels=`.
 
 Example:
 ```python
 from keras_transformer.fast_paths import fast_paths
 with fast_paths("none"):  # the plain formulas everywhere, e.g. to compare
-    reference = model(inputs)
+    reference_model = Transformer.from_preset("transformer_tiny", vocab_size=100)
+reference_model.set_weights(model.get_weights())
 ```
 """
 
 import contextlib
+import dataclasses
 import os
-import threading
 
 NAMES = (
     "fused_projections",
@@ -114,29 +120,50 @@ def without(*names):
         yield
 
 
-_CACHE_OWNER = threading.local()
+@dataclasses.dataclass(frozen=True)
+class Kernels:
+    """The fast paths one model, layer, loss, optimizer, search or export was built with.
 
+    Chosen once, when the object that uses them is built (its `kernels=` argument; None takes
+    the current setting: `KERAS_TRANSFORMER_FAST_PATHS`, `set_fast_paths`, `fast_paths(...)`),
+    kept by that object and recorded in its config; nothing reads the setting while a graph is
+    traced. Each kernel returns the same numbers as the plain formula it replaces
+    (`tests/test_fast_paths.py`).
 
-@contextlib.contextmanager
-def inplace_cache_writes():
-    """Decoding-cache writes traced inside update the cache's buffer instead of copying it.
-
-    For callers that own their caches, as `decoding.translate_ids` does: the cache passed to
-    `decode_step` is then changed in place, so it must not be read again, and it must be a tensor
-    of its own, never a constant (`layers._fast_paths.fresh_zeros` makes one). TensorFlow graphs
-    only (eagerly, under XLA and on other backends writes are unchanged), and only while the
-    `inplace_cache_writes` fast path is enabled. Beam-4 decoding at the base shapes runs faster
-    than with the scatter's copies (figures in docs/guides/performance.md). Per thread: the scope
-    covers the tracing done by the thread that entered it.
+    Example:
+    ```python
+    plain = Kernels.get("none")
+    model = Transformer.from_preset("transformer_tiny", vocab_size=100, kernels=plain)
+    model.kernels.uses("fused_layer_norm")  # False
+    ```
     """
-    previous = getattr(_CACHE_OWNER, "on", False)
-    _CACHE_OWNER.on = True
-    try:
-        yield
-    finally:
-        _CACHE_OWNER.on = previous
 
+    names: frozenset = frozenset(NAMES)
 
-def inside_inplace_cache_writes():
-    """True inside `inplace_cache_writes()` (in this thread)."""
-    return getattr(_CACHE_OWNER, "on", False)
+    def __post_init__(self):
+        names = self.names if isinstance(self.names, str) else list(self.names)
+        object.__setattr__(self, "names", _parse(names))
+
+    @classmethod
+    def get(cls, kernels=None):
+        """`kernels` as `Kernels`: None -> the current setting, a `Kernels` as it is, or a
+        setting (`"all"`, `"none"`, names as a comma-separated string or a list)."""
+        if kernels is None:
+            return cls(_Settings.enabled)
+        if isinstance(kernels, cls):
+            return kernels
+        return cls(_parse(kernels))
+
+    def uses(self, name):
+        """True when the kernel `name` (one of `NAMES`) is chosen."""
+        if name not in NAMES:
+            raise ValueError(f"unknown fast path {name!r} (known: {', '.join(NAMES)})")
+        return name in self.names
+
+    def without(self, *names):
+        """These kernels less `names`."""
+        return Kernels(self.names - _parse(list(names)))
+
+    def to_config(self):
+        """The chosen names in `NAMES` order (what configs record)."""
+        return [name for name in NAMES if name in self.names]

@@ -18,6 +18,7 @@ from layer_harness import softmax
 
 from keras_transformer import fast_paths
 from keras_transformer.decoding import translate_ids
+from keras_transformer.fast_paths import Kernels
 from keras_transformer.layers import MultiHeadAttention, scaled_dot_product_attention
 from keras_transformer.layers.attention import write_cache
 from keras_transformer.layers.normalization import LayerNormalization
@@ -82,7 +83,7 @@ def test_einsum_logits_match_numpy_attention():
 
 
 @pytest.mark.parametrize("kind", ["self", "cross"])
-def test_fused_projections_equal_separate(unfused, kind):
+def test_fused_projections_equal_separate(kind):
     layer = MultiHeadAttention(num_heads=4, key_dim=8)
     x, memory = rand((2, 5, 32), 1), rand((2, 7, 32), 2)
     mask = np.random.default_rng(3).random((2, 5, 5 if kind == "self" else 7)) > 0.2
@@ -100,9 +101,8 @@ def test_fused_projections_equal_separate(unfused, kind):
         grads = tape.gradient(loss, [xt] + [w.value for w in layer.trainable_weights])
         return np.asarray(out), [np.asarray(g) for g in grads]
 
-    unfused(True)
     fused_out, fused_grads = run()
-    unfused(False)
+    layer.kernels = Kernels.get("all").without("fused_projections")  # swapped: the plain form
     plain_out, plain_grads = run()
     np.testing.assert_allclose(fused_out, plain_out, atol=ATOL)
     for a, b in zip(fused_grads, plain_grads):
@@ -126,6 +126,30 @@ def test_fused_training_step_equals_separate(unfused):
         np.testing.assert_allclose(a, b, atol=ATOL)
 
 
+def test_kernels_are_chosen_when_the_model_is_built():
+    """A model keeps the fast paths of its build: the setting later, at trace time, changes
+    nothing (no in-place writes in a `none` model's search traced under `all`); every layer,
+    the loss and the optimizer `compile_model` gives it use the model's; its config (and a
+    `.keras` file) records them."""
+    from keras_transformer.config import from_dict
+    from keras_transformer.training import compile_model
+
+    with fast_paths.fast_paths("none"):
+        plain = tiny_model()
+    layers = [layer for layer in plain._flatten_layers() if hasattr(layer, "kernels")]
+    assert len(layers) > 10 and all(layer.kernels == Kernels(()) for layer in layers)
+    src = tf.constant(np.random.default_rng(6).integers(4, 40, (2, 5)).astype("int32"))
+    search = tf.function(lambda s: translate_ids(plain, s, beam_size=1, max_extra_length=3))
+    assert "InplaceUpdate" not in _graph_op_types(search.get_concrete_function(src))
+    assert Transformer.from_config(plain.get_config()).kernels == plain.kernels
+    assert tiny_model(kernels=["fused_loss"]).get_config()["kernels"] == ["fused_loss"]
+    compile_model(plain, from_dict({}))
+    assert plain.loss.kernels == plain.optimizer.kernels == plain.kernels
+    assert not Kernels.get("none").uses("fused_adam") and Kernels.get().uses("fused_adam")
+    with pytest.raises(ValueError, match="unknown fast path"):
+        Kernels.get(["fused_los"])
+
+
 # ----------------------------------------------------------------------- projection gradients
 
 
@@ -144,16 +168,17 @@ def test_projection_gradients_equal_keras_dense(activation, use_bias):
     def run(x):
         with tf.GradientTape() as tape:
             tape.watch(x)
-            y = layer_paths.call_dense(layer, x, training=True)
+            y = layer_paths.call_dense(kernels, layer, x, training=True)
         grads = tape.gradient(y, [x] + [w.value for w in layer.trainable_weights], upstream)
         return y, grads
 
+    kernels = Kernels.get("all")
     fast_out, fast_grads = run(x)
     assert "Einsum" in _graph_op_types(run.get_concrete_function(x))
-    with fast_paths.without("projection_gradients"):
-        plain = tf.function(run.python_function)
-        plain_out, plain_grads = plain(x)
-        assert "Einsum" not in _graph_op_types(plain.get_concrete_function(x))
+    kernels = kernels.without("projection_gradients")
+    plain = tf.function(run.python_function)
+    plain_out, plain_grads = plain(x)
+    assert "Einsum" not in _graph_op_types(plain.get_concrete_function(x))
     np.testing.assert_allclose(np.asarray(fast_out), np.asarray(plain_out), atol=ATOL)
     for a, b in zip(fast_grads, plain_grads):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=ATOL)
@@ -166,9 +191,10 @@ def test_projection_gradients_apply_only_in_training():
     layer = keras.layers.Dense(8, activation="relu")
     layer.build((3, 4))
     x = rand((3, 4))
+    kernels = Kernels.get("all")
     for training in (None, False):
-        assert layer_paths.dense(layer, x, training) is None
-    assert layer_paths.dense(keras.layers.Dense(8, activation="gelu"), x, True) is None
+        assert layer_paths.dense(kernels, layer, x, training) is None
+    assert layer_paths.dense(kernels, keras.layers.Dense(8, activation="gelu"), x, True) is None
 
 
 def test_training_step_with_projection_gradients_equals_plain():
@@ -226,16 +252,16 @@ def test_cache_writes_equal_slice_update(paths):
     """One decoding step's keys/values land at the index (scatter fast path or slice_update);
     several positions at once always take slice_update."""
     cache, update = rand((3, 2, 6, 4), 1), rand((3, 2, 1, 4), 2)
-    with fast_paths.fast_paths(paths):
-        for index in (0, 4, 5):
-            got = np.asarray(write_cache(cache, update, index))
-            expected = cache.copy()
-            expected[:, :, index : index + 1] = update
-            np.testing.assert_array_equal(got, expected)
-        prefix = rand((3, 2, 3, 4), 3)
+    kernels = Kernels.get(paths)
+    for index in (0, 4, 5):
+        got = np.asarray(write_cache(cache, update, index, kernels))
         expected = cache.copy()
-        expected[:, :, 2:5] = prefix
-        np.testing.assert_array_equal(np.asarray(write_cache(cache, prefix, 2)), expected)
+        expected[:, :, index : index + 1] = update
+        np.testing.assert_array_equal(got, expected)
+    prefix = rand((3, 2, 3, 4), 3)
+    expected = cache.copy()
+    expected[:, :, 2:5] = prefix
+    np.testing.assert_array_equal(np.asarray(write_cache(cache, prefix, 2, kernels)), expected)
 
 
 # ----------------------------------------------------------------------- decoding caches
@@ -248,14 +274,14 @@ def test_cached_decoding_equals_full_pass_with_and_without_fast_paths():
     src[1, 4:] = 0
     tgt = rng.integers(1, 40, (2, 5)).astype("int32")
     full = np.asarray(model({"source_ids": src, "target_ids": tgt}, training=False))
+    plain_model = tiny_model(kernels="none")  # the same weights, the plain formulas
+    plain_model.set_weights(model.get_weights())
     memory, source_mask = model.encode(src)
     fast = model.init_cache(memory, max_length=5)
-    with fast_paths.fast_paths("none"):
-        plain = model.init_cache(memory, max_length=5)
+    plain = plain_model.init_cache(memory, max_length=5)
     for t in range(5):
         a, fast = model.decode_step(tgt[:, t : t + 1], t, fast, source_mask)
-        with fast_paths.fast_paths("none"):
-            b, plain = model.decode_step(tgt[:, t : t + 1], t, plain, source_mask)
+        b, plain = plain_model.decode_step(tgt[:, t : t + 1], t, plain, source_mask)
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=ATOL)
         np.testing.assert_allclose(np.asarray(a)[:, 0], full[:, t], atol=1e-4)
     # The final caches hold the same numbers.
@@ -487,12 +513,12 @@ def test_layer_norm_equals_keras_layer_norm(dtype):
     upstream = rand((3, 5, 16), 13)
 
     def run(fused):
-        layer = LayerNormalization(epsilon=1e-6, dtype=dtype)
+        layer = LayerNormalization(epsilon=1e-6, dtype=dtype, kernels="all" if fused else "none")
         layer.build(x.shape)
         layer.gamma.assign(rand((16,), 14) + 1)
         layer.beta.assign(rand((16,), 15))
         xt = tf.constant(x)
-        with fast_paths.fast_paths("all" if fused else "none"), tf.GradientTape() as tape:
+        with tf.GradientTape() as tape:
             tape.watch(xt)
             out = tf.cast(layer(xt), "float32")
             total = tf.reduce_sum(out * upstream)
@@ -528,18 +554,19 @@ def test_inplace_cache_writes_equal_scatter_writes(beam_size):
     src = np.random.default_rng(6).integers(4, 40, (3, 7)).astype("int32")
     src[1, 5:] = 0
 
-    def decoder():
+    def decoder(kernels):
         return tf.function(
-            lambda s: translate_ids(model, s, beam_size=beam_size, max_extra_length=6)
+            lambda s: translate_ids(
+                model, s, beam_size=beam_size, max_extra_length=6, kernels=kernels
+            )
         )
 
-    fast = decoder()
+    fast = decoder(model.kernels)
     first, second = fast(src), fast(src)
     assert "InplaceUpdate" in _graph_op_types(fast.get_concrete_function(tf.constant(src)))
-    with fast_paths.without("inplace_cache_writes"):
-        plain = decoder()
-        assert "InplaceUpdate" not in _graph_op_types(plain.get_concrete_function(tf.constant(src)))
-        ref_ids, ref_scores, _ = plain(src)
+    plain = decoder(model.kernels.without("inplace_cache_writes"))
+    assert "InplaceUpdate" not in _graph_op_types(plain.get_concrete_function(tf.constant(src)))
+    ref_ids, ref_scores, _ = plain(src)
     for ids, scores, _ in (first, second):
         np.testing.assert_array_equal(np.asarray(ids), np.asarray(ref_ids))
         np.testing.assert_allclose(np.asarray(scores), np.asarray(ref_scores), atol=1e-5)
@@ -638,17 +665,16 @@ def test_tracked_token_scores_equal_forced_decoding(
 
     texts = tf.constant([*fx.NORMAL, *fx.HOSTILE])
 
-    def translate():
+    def translate(kernels):
         translator = Translator(
             copy_model, toy_spm_bytes, beam_size=beam_size, alpha=0.6, max_extra_length=8,
-            max_source_length=fx.MAX_SOURCE_LENGTH, batch_size=4,
+            max_source_length=fx.MAX_SOURCE_LENGTH, batch_size=4, kernels=kernels,
         )  # fmt: skip
         return translator(texts), translator.translate_nbest(texts)
 
-    with fast_paths.without("tracked_token_scores"):
-        expected = translate()
+    expected = translate(Kernels.get("all").without("tracked_token_scores"))
     monkeypatch.setattr(Translator, "_token_log_probs", lambda *args: pytest.fail("forced pass"))
-    tracked = translate()
+    tracked = translate(None)  # the model's kernels: all
     for out, reference in zip(tracked, expected):
         fx.assert_same_answers(out, reference)
     assert np.any(tracked[0]["token_scores"].numpy() < -1e-3)  # not all zeros
@@ -681,19 +707,20 @@ def test_shared_beam_caches_equal_reordered_caches(copy_model, trained):
     prefix = np.zeros((len(src), 2), "int32")
     prefix[1], prefix[3, 0] = src[0, :2], src[3, 1]  # other rows: no prefix
 
-    def run():
+    def run(kernels):
         fn = tf.function(
             lambda s, p: translate_ids(
                 model, s, beam_size=4, alpha=0.6, max_extra_length=5, return_all=True,
-                prefix_ids=p,
+                prefix_ids=p, kernels=kernels,
             )  # fmt: skip
         )
         outputs = [np.asarray(x) for x in fn(src, prefix)]
         return outputs, _loop_gathers(fn.get_concrete_function(tf.constant(src), prefix))
 
-    (ids, scores, token_scores), gathers = run()
-    with fast_paths.without("shared_beam_caches"):
-        (ref_ids, ref_scores, ref_token_scores), ref_gathers = run()
+    (ids, scores, token_scores), gathers = run(model.kernels)
+    (ref_ids, ref_scores, ref_token_scores), ref_gathers = run(
+        model.kernels.without("shared_beam_caches")
+    )
     np.testing.assert_array_equal(ids, ref_ids)
     np.testing.assert_allclose(scores, ref_scores, atol=1e-5)
     np.testing.assert_allclose(token_scores, ref_token_scores, atol=1e-5)

@@ -216,11 +216,11 @@ def test_hyper_parameters_are_the_constructor_arguments():
     from keras_transformer.config import ModelConfig
 
     parameters = inspect.signature(Transformer.__init__).parameters
-    names = [name for name in parameters if name not in ("self", "dtype", "kwargs")]
+    names = [name for name in parameters if name not in ("self", "dtype", "kernels", "kwargs")]
     given = dict(num_decoder_layers=1, activation="gelu", norm_first=True, token_dropout=0.2)
     model = tiny(**given)
     config = model.get_config()
-    assert list(config) == ["name", "trainable", *names, "dtype"]
+    assert list(config) == ["name", "trainable", *names, "dtype", "kernels"]
     for name in names:
         assert getattr(model, name) == config[name] == model.hyper_parameters[name]
     assert {name: config[name] for name in given} == given

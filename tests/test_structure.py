@@ -155,6 +155,79 @@ def test_no_module_level_switches(path):
     assert not _module_level_switches(path)
 
 
+# Where a graph is traced: the layers' and losses' `call`s, the train and decode steps, the
+# kernels themselves and the search (decoding/ runs inside a `tf.function`).
+_TRACED_NAMES = {"call", "__call__", "train_step", "test_step", "update_step", "decode_step"}
+_TRACED_MODULES = ("layers", "models", "decoding", "training", "export/translator.py")
+
+
+def _setting_reads(path):
+    """`function: expression` for every read of a process-wide setting inside a traced function
+    of `path` (all of `path`'s functions for the kernel modules and decoding/): the fast-path
+    setting (`fast_paths.enabled(...)`, `_Settings`, `Kernels.get()` with no argument), a
+    thread-local, or a module-level dict, list or set of `path`."""
+    tree = ast.parse(path.read_text())
+    mutable = {
+        target.id
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and isinstance(node.value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp))
+        for target in node.targets
+        if isinstance(target, ast.Name) and target.id != "__all__"
+    }
+    every = path.name == "_fast_paths.py" or path.parent.name == "decoding"
+    found = []
+    for function in ast.walk(tree):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if not every and function.name not in _TRACED_NAMES:
+            continue
+        for node in ast.walk(function):
+            attribute = isinstance(node, ast.Attribute) and ast.unparse(node)
+            call = isinstance(node, ast.Call) and ast.unparse(node)
+            read = (
+                (isinstance(node, ast.Name) and node.id in mutable | {"_Settings"})
+                or attribute in ("fast_paths.enabled", "fast_paths.enabled_names")
+                or (attribute and node.attr in ("_Settings", "local"))
+                or (attribute and node.attr.startswith("inside_"))
+                or call in ("Kernels.get()", "Kernels.get(None)")
+            )
+            if read:
+                found.append(f"{function.name}: {ast.unparse(node)}")
+    return found
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted(
+        path
+        for part in _TRACED_MODULES
+        for path in ([PACKAGE / part] if part.endswith(".py") else (PACKAGE / part).glob("*.py"))
+    ),
+    ids=lambda p: str(p.relative_to(PACKAGE)),
+)
+def test_no_setting_is_read_while_a_graph_is_traced(path):
+    """The fast paths come in as the `Kernels` a layer, loss, optimizer, search or export was
+    built with (its `kernels=` argument), never from a switch read inside `call` or a step."""
+    assert not _setting_reads(path)
+
+
+def test_the_setting_check_finds_reads(tmp_path):
+    (tmp_path / "decoding").mkdir()
+    search = tmp_path / "decoding" / "search.py"
+    search.write_text(
+        "CACHES = {}\n"
+        "def step(x):\n    if fast_paths.enabled('shared_beam_caches'):\n        return x\n"
+        "    return CACHES, Kernels.get(), fast_paths.inside_inplace_cache_writes()\n"
+    )
+    assert sorted(_setting_reads(search)) == [
+        "step: CACHES",
+        "step: Kernels.get()",
+        "step: fast_paths.enabled",
+        "step: fast_paths.inside_inplace_cache_writes",
+    ]
+
+
 def _function_lengths(path):
     """`[(lines, name)]` of every function in `path`, docstrings not counted; `name` is
     `file:Class.method` (nested functions: `file:outer.inner`)."""

@@ -70,13 +70,14 @@ def _per_head(x, heads):
     return ops.reshape(x, (-1, heads, (shape[1] // heads) * shape[2], shape[3]))
 
 
-def _attend(projections, dropout_fn, cache, cache_update_index):
+def _attend(projections, dropout_fn, cache, cache_update_index, kernels, in_place):
     """Attention of `batch * beams` one-position queries on a `BeamCache`.
 
     `projections`: `(q, k, v)` for self-attention (this step's keys/values), `(q,)` for
     cross-attention, each `[batch * beams, heads, 1, d]`. Returns `(output [batch * beams,
     heads, 1, d_v], weights [batch, heads, beams, keys], cache)`, with the step's keys/values
-    written into a self-attention cache.
+    written into a self-attention cache (with the layer's `kernels`; `in_place`: into its
+    buffers, which the search gives up).
     """
     q = projections[0]
     beams, heads = cache.mask.shape[2], q.shape[1]
@@ -85,7 +86,7 @@ def _attend(projections, dropout_fn, cache, cache_update_index):
         for buffer, x in zip((cache.keys, cache.values), projections[1:]):
             x = _group_beams(x, beams)  # [batch, heads, beams, d]
             x = ops.reshape(x, (-1, heads * beams, 1, x.shape[-1]))  # row h * beams + i
-            writes.append(write_cache(buffer, x, cache_update_index))
+            writes.append(write_cache(buffer, x, cache_update_index, kernels, in_place))
         cache = BeamCache(*writes, cache.mask)
     keys, values = _per_head(cache.keys, heads), _per_head(cache.values, heads)
     out, weights = scaled_dot_product_attention(
@@ -94,17 +95,24 @@ def _attend(projections, dropout_fn, cache, cache_update_index):
     return _ungroup_beams(out), weights, cache
 
 
-def beam_attention(layer, query, cache, cache_update_index=None):
+def beam_attention(layer, query, cache, cache_update_index=None, in_place=False):
     """`(output [batch * beams, 1, dim], weights, cache)` of the `MultiHeadAttention` `layer`
     for `query` `[batch * beams, 1, dim]` on a `BeamCache`: self-attention (with
     `cache_update_index`) projects the query, key and value and writes the step's keys/values
-    into the cache; cross-attention projects the query only."""
+    into the cache (`in_place`: into its buffers, which the caller gives up); cross-attention
+    projects the query only."""
     self_attention = cache_update_index is not None
-    attend = functools.partial(_attend, cache=cache, cache_update_index=cache_update_index)
+    attend = functools.partial(
+        _attend,
+        cache=cache,
+        cache_update_index=cache_update_index,
+        kernels=layer.kernels,
+        in_place=in_place,
+    )
     return layer._attend_with(attend, query, keys_values=self_attention)
 
 
-def _decode_step(model, target_ids, cache_index, cache):
+def _decode_step(model, target_ids, cache_index, cache, in_place):
     """`model.decode_step` on per-layer `BeamCache`s (`cache["self_attention"]`,
     `cache["cross_attention"]`): `target_ids` has `batch * beams` rows; the caches' masks stand
     for the source mask."""
@@ -113,18 +121,18 @@ def _decode_step(model, target_ids, cache_index, cache):
         caches = zip(model.decoder.blocks, cache["self_attention"], cache["cross_attention"])
         new_caches = []
         for block, self_cache, cross_cache in caches:
-            y, self_cache = _block_step(block, y, self_cache, cross_cache, cache_index)
+            y, self_cache = _block_step(block, y, self_cache, cross_cache, cache_index, in_place)
             new_caches.append(self_cache)
         return model.decoder._finish(y), new_caches
 
     return model._decode_step_with(decoder, target_ids, cache_index, cache)
 
 
-def _block_step(block, y, self_cache, cross_cache, cache_index):
+def _block_step(block, y, self_cache, cross_cache, cache_index, in_place):
     """`(output, self-attention cache)` of a `TransformerDecoderBlock` on `BeamCache`s."""
 
     def self_attention(h):
-        return beam_attention(block.self_attention, h, self_cache, cache_index)
+        return beam_attention(block.self_attention, h, self_cache, cache_index, in_place)
 
     def cross_attention(h):
         return beam_attention(block.cross_attention, h, cross_cache)[:2]
@@ -133,7 +141,9 @@ def _block_step(block, y, self_cache, cross_cache, cache_index):
     return y, self_cache
 
 
-def shared_beam_decoder(model, encoder_output, source_mask, batch, max_length, beams):
+def shared_beam_decoder(
+    model, encoder_output, source_mask, batch, max_length, beams, in_place=False
+):
     """The decoding caches of `model` for `beams` beams per input, held once per input.
 
     Returns `(decode, self_attention)`: `self_attention` the initial self-attention caches, per
@@ -143,6 +153,8 @@ def shared_beam_decoder(model, encoder_output, source_mask, batch, max_length, b
     max_length]` holds for each hypothesis the beam slot of its key/value at each position (its
     own slot at `index`, its ancestors' before). The encoder keys/values (`[batch, heads, s_len,
     d]`, `source_mask` `[batch, s_len]` applied) and the tied embedding are fixed in `decode`.
+    With `in_place` (the search's kernel `inplace_cache_writes`) each step writes its keys and
+    values into the caches' own buffers: the caller must not read a cache it passed again.
     """
     cache = model._init_cache(encoder_output, max_length, model.num_heads * beams)
     self_attention = cache.pop("self_attention")  # per layer ([batch, h * k, buffer, d], same)
@@ -160,7 +172,8 @@ def shared_beam_decoder(model, encoder_output, source_mask, batch, max_length, b
         own = ops.logical_and(own, ops.less_equal(positions, index))  # written so far
         mask = ops.reshape(own, (-1, 1, beams, beams * max_length))  # [batch, 1, k, k * buffer]
         layers = [BeamCache(keys, values, mask) for keys, values in self_attention]
-        logits, new = _decode_step(model, target_ids, index, {**cache, "self_attention": layers})
+        step_cache = {**cache, "self_attention": layers}
+        logits, new = _decode_step(model, target_ids, index, step_cache, in_place)
         return logits, [(c.keys, c.values) for c in new["self_attention"]]
 
     return decode, self_attention

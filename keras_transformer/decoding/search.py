@@ -28,12 +28,11 @@ from typing import Any, NamedTuple
 import keras
 from keras import ops
 
-from keras_transformer import fast_paths
 from keras_transformer.config import EOS_ID, DecodingSettings
 from keras_transformer.decoding.beam_cache import SharedByBeams, shared_beam_decoder
 from keras_transformer.decoding.sampling import sampling_picker
-from keras_transformer.fast_paths import inplace_cache_writes
-from keras_transformer.layers.attention import NEG_INF
+from keras_transformer.fast_paths import Kernels
+from keras_transformer.layers.attention import NEG_INF, OwnedCache
 
 # Anything below HALF_NEG_INF is treated as impossible.
 HALF_NEG_INF = 0.5 * NEG_INF
@@ -476,6 +475,7 @@ def translate_ids(
     return_all=False,
     prefix_ids=None,
     seed=0,
+    kernels=None,
     **changes,
 ):
     """Translates padded source ids with a `Transformer`: beam search (greedy for beam 1), or
@@ -504,6 +504,9 @@ def translate_ids(
             `max_length`).
         seed: sampling only: an int (input `i` gets `seed + i`) or int `[batch]`, one seed per
             input; an input's sample depends on its seed alone, and repeats with it.
+        kernels: the search's fast paths (`keras_transformer.fast_paths.Kernels` or a setting;
+            None: the model's `kernels`): `shared_beam_caches` holds beam search's caches once
+            per input, `inplace_cache_writes` writes the search's own caches in place.
         **changes: fields of `settings` to replace (e.g. `beam_size=1`).
 
     Returns:
@@ -523,37 +526,37 @@ def translate_ids(
     settings = DecodingSettings() if settings is None else settings
     settings = dataclasses.replace(settings, **changes) if changes else settings
     k = 1 if settings.sampling else settings.beam_size
+    kernels = Kernels.get(getattr(model, "kernels", None) if kernels is None else kernels)
     source_ids = ops.cast(ops.convert_to_tensor(source_ids), "int32")
     buffer = _output_buffer_length(source_ids, settings.max_extra_length, max_length)
     encoder_output, source_mask = model.encode(source_ids, training=False)
     caps = ops.sum(ops.cast(source_mask, "int32"), axis=1) + settings.max_extra_length  # [batch]
     initial_ids = ops.full(ops.shape(source_ids)[:1], settings.bos_id, dtype="int32")  # [batch]
     log_probs_fn, initial_state = _log_probs_step(
-        model, source_ids, (encoder_output, source_mask), settings, buffer, k, use_cache
+        model, source_ids, (encoder_output, source_mask), settings, buffer, k, use_cache, kernels
     )
     if prefix_ids is not None:
         log_probs_fn, initial_state = _forcing_prefix(log_probs_fn, initial_state, prefix_ids)
     search = (log_probs_fn, initial_ids, initial_state)
-    with inplace_cache_writes():  # the loop is traced here; only our own caches are written
-        if k > 1:
-            outputs = beam_search(
-                *search, k, buffer, settings.alpha, settings.eos_id, max_lengths=caps,
-                return_all=return_all, return_token_scores=True,
-            )  # fmt: skip
-            return DecodingResult(*outputs)
-        pick = None
-        if settings.sampling:
-            seeds = _row_seeds(seed, initial_ids)  # [batch]
-            pick = sampling_picker(
-                settings.sampling_topk, settings.sampling_temperature, settings.sampling_topp, seeds
-            )
-        outputs = greedy_search(
-            *search, buffer, settings.eos_id, settings.alpha, max_lengths=caps, pick=pick,
-            return_token_scores=True,
+    if k > 1:
+        outputs = beam_search(
+            *search, k, buffer, settings.alpha, settings.eos_id, max_lengths=caps,
+            return_all=return_all, return_token_scores=True,
         )  # fmt: skip
-        if return_all:  # a beam of one: [batch, 1, T], [batch, 1], [batch, 1, T]
-            outputs = tuple(ops.expand_dims(x, 1) for x in outputs)
         return DecodingResult(*outputs)
+    pick = None
+    if settings.sampling:
+        seeds = _row_seeds(seed, initial_ids)  # [batch]
+        pick = sampling_picker(
+            settings.sampling_topk, settings.sampling_temperature, settings.sampling_topp, seeds
+        )
+    outputs = greedy_search(
+        *search, buffer, settings.eos_id, settings.alpha, max_lengths=caps, pick=pick,
+        return_token_scores=True,
+    )  # fmt: skip
+    if return_all:  # a beam of one: [batch, 1, T], [batch, 1], [batch, 1, T]
+        outputs = tuple(ops.expand_dims(x, 1) for x in outputs)
+    return DecodingResult(*outputs)
 
 
 def _row_seeds(seed, initial_ids):
@@ -563,12 +566,12 @@ def _row_seeds(seed, initial_ids):
     return ops.broadcast_to(ops.cast(seed, "int32"), ops.shape(initial_ids))
 
 
-def _log_probs_step(model, source_ids, encoded, settings, buffer, k, use_cache):
+def _log_probs_step(model, source_ids, encoded, settings, buffer, k, use_cache, kernels):
     """`(step_fn, initial_state)` of the search: the model's next-token log-probabilities,
     padding and BOS made impossible; `encoded` is `model.encode`'s output and mask."""
     banned = _banned_tokens_mask(model.vocab_size, (settings.pad_id, settings.bos_id))  # [vocab]
     if use_cache:
-        step_fn, initial_state = _cached_step(model, *encoded, buffer, k)
+        step_fn, initial_state = _cached_step(model, *encoded, buffer, k, kernels)
     else:
         step_fn, initial_state = _uncached_step(model, source_ids, k)
 
@@ -621,19 +624,22 @@ def _output_buffer_length(source_ids, max_extra_length, max_length):
     return _static_or_tensor(buffer)
 
 
-def _cached_step(model, encoder_output, source_mask, buffer, k):
+def _cached_step(model, encoder_output, source_mask, buffer, k, kernels):
     """`(step_fn, initial_state)` decoding one token per step with the key/value caches.
 
     The state is the per-layer self-attention cache; the rest is fixed during the search: the
     encoder's keys/values (computed once, repeated per beam) and the tied embedding transposed
-    once. The search owns these caches (fresh buffers, see `init_cache`), so each step's
-    keys/values may be written into them in place (`inplace_cache_writes`). For beam search the
-    fast path `shared_beam_caches` holds the caches once per input instead (`_shared_step`).
+    once. The search owns these caches (fresh buffers, see `init_cache`), so with the kernel
+    `inplace_cache_writes` it hands them to the layers as `OwnedCache`s, whose keys/values are
+    written in place. For beam search the kernel `shared_beam_caches` holds the caches once per
+    input instead (`_shared_step`).
     """
-    if k > 1 and fast_paths.enabled("shared_beam_caches"):
-        return _shared_step(model, encoder_output, source_mask, buffer, k)
+    if k > 1 and kernels.uses("shared_beam_caches"):
+        return _shared_step(model, encoder_output, source_mask, buffer, k, kernels)
     cache = model.init_cache(encoder_output, buffer)
     initial_state = cache.pop("self_attention")  # per layer ([batch, h, buffer, d], same)
+    if kernels.uses("inplace_cache_writes"):
+        initial_state = [OwnedCache(*pair) for pair in initial_state]
     fixed = dict(cache)
     fixed["cross_attention"] = keras.tree.map_structure(
         lambda x: expand_to_beams(x, k), cache["cross_attention"]
@@ -649,7 +655,7 @@ def _cached_step(model, encoder_output, source_mask, buffer, k):
     return step_fn, initial_state
 
 
-def _shared_step(model, encoder_output, source_mask, buffer, k):
+def _shared_step(model, encoder_output, source_mask, buffer, k, kernels):
     """`(step_fn, initial_state)` as `_cached_step`'s for `k` beams, each input's caches held once
     for all its beams (`decoding.beam_cache`): no cache is repeated per beam or reordered.
 
@@ -659,8 +665,9 @@ def _shared_step(model, encoder_output, source_mask, buffer, k):
     before), from which each step builds the self-attention mask.
     """
     batch = ops.shape(source_mask)[0]
+    in_place = kernels.uses("inplace_cache_writes")  # the search's own buffers
     decode, self_attention = shared_beam_decoder(
-        model, encoder_output, source_mask, batch, buffer, k
+        model, encoder_output, source_mask, batch, buffer, k, in_place
     )  # self_attention: per layer ([batch, h * k, buffer, d], same)
     slots = ops.arange(batch * k, dtype="int32") % k  # [rows] each row's own slot
 

@@ -321,6 +321,7 @@ def _write_metadata(export_dir, translator, name):
         "max_length": translator.max_length,
         "vocab_size": translator.model.vocab_size,
         "jit_compile": translator.jit_compile,
+        "fast_paths": translator.kernels.to_config(),
     }
     if settings.sampling:
         metadata["signatures"]["translate_sample"] = {

@@ -11,12 +11,12 @@ import keras
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-from keras_transformer import fast_paths
 from keras_transformer.config import DecodingSettings
 from keras_transformer.data.pipeline import encode_sources
 from keras_transformer.decoding.search import NEG_INF, translate_ids
 from keras_transformer.export.calibration import MAX_MARGIN, MIN_SCORE
 from keras_transformer.export.warmup import bucket_lengths
+from keras_transformer.fast_paths import Kernels
 
 # The confidence's map before any calibration: sigmoid(1 + 2 * score), 0.5 at a score of -0.5
 # (`set_calibration` replaces it with one fitted on a dev set).
@@ -86,6 +86,8 @@ class Translator(tf.Module):
             Faster decoding on CPUs (`docs/guides/performance.md`), but XLA compiles once per
             new chunk shape (sentences x longest source), and TF Serving runs XLA on a CPU only
             with `--xla_cpu_compilation_enabled=true`. Off by default.
+        kernels: the search's fast paths (`keras_transformer.fast_paths.Kernels` or a setting;
+            None: the model's `kernels`), chosen here once.
         **changes: fields of `settings` to replace (e.g. `beam_size=1`).
 
     Call arguments:
@@ -132,6 +134,7 @@ class Translator(tf.Module):
         max_length=None,
         jit_compile=False,
         name=None,
+        kernels=None,
         **changes,
     ):
         super().__init__(name=name)
@@ -153,6 +156,7 @@ class Translator(tf.Module):
         self.max_source_length = int(max_source_length)
         self.max_length = None if max_length is None else int(max_length)
         self.jit_compile = bool(jit_compile)
+        self.kernels = Kernels.get(getattr(model, "kernels", None) if kernels is None else kernels)
         # The search alone, compiled by XLA when asked (a nested function of every signature).
         self._search = tf.function(self._search_ids, jit_compile=self.jit_compile, autograph=False)
         # The confidence's map (see `set_calibration`); read as constants when a signature is
@@ -255,7 +259,7 @@ class Translator(tf.Module):
         token scores are tracked during the search (fast path `tracked_token_scores`), else None:
         `_token_log_probs` computes them by forced decoding."""
         pad_id = self.settings.pad_id
-        tracked = fast_paths.enabled("tracked_token_scores")
+        tracked = self.kernels.uses("tracked_token_scores")
         inputs = (
             source.to_tensor(default_value=pad_id),  # [c, s_len]
             None if prefix is None else prefix.to_tensor(default_value=pad_id),
@@ -301,6 +305,7 @@ class Translator(tf.Module):
             return_all=True,
             prefix_ids=prefix,
             seed=0 if seed is None else seed,
+            kernels=self.kernels,
         )
 
     def _token_log_probs(self, source, ids):

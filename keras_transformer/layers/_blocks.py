@@ -6,6 +6,7 @@ import inspect
 
 import keras
 
+from keras_transformer.fast_paths import Kernels
 from keras_transformer.layers._initializers import clone_initializer
 from keras_transformer.layers._specs import CallTracedSpec
 from keras_transformer.layers.attention import MultiHeadAttention
@@ -34,9 +35,11 @@ class BlockBase(CallTracedSpec, keras.layers.Layer):
         norm_first=False,
         layer_norm_epsilon=1e-6,
         kernel_initializer="glorot_uniform",
+        kernels=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.kernels = Kernels.get(kernels)
         self.num_heads = int(num_heads)
         self.d_ff = int(d_ff)
         self.dropout = float(dropout)
@@ -54,13 +57,17 @@ class BlockBase(CallTracedSpec, keras.layers.Layer):
             key_dim=head_size(d_model, self.num_heads),
             dropout=self.attention_dropout,
             kernel_initializer=clone_initializer(self.kernel_initializer),
+            kernels=self.kernels,
             dtype=self.dtype_policy,
             name=name,
         )
 
     def _norm(self, name):
         return LayerNormalization(
-            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
+            epsilon=self.layer_norm_epsilon,
+            kernels=self.kernels,
+            dtype=self.dtype_policy,
+            name=name,
         )
 
     def _build_feed_forward(self, input_shape):
@@ -69,6 +76,7 @@ class BlockBase(CallTracedSpec, keras.layers.Layer):
             activation=self.activation,
             dropout=self.activation_dropout,
             kernel_initializer=clone_initializer(self.kernel_initializer),
+            kernels=self.kernels,
             dtype=self.dtype_policy,
             name="feed_forward",
         )
@@ -106,6 +114,7 @@ class BlockBase(CallTracedSpec, keras.layers.Layer):
                 "norm_first": self.norm_first,
                 "layer_norm_epsilon": self.layer_norm_epsilon,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "kernels": self.kernels.to_config(),
             }
         )
         return config
@@ -129,6 +138,8 @@ class StackBase(CallTracedSpec, keras.layers.Layer):
         block_kwargs["kernel_initializer"] = keras.initializers.get(
             block_kwargs.get("kernel_initializer", block_names["kernel_initializer"].default)
         )
+        # The fast paths, chosen here once for all the blocks (recorded by name).
+        block_kwargs["kernels"] = Kernels.get(block_kwargs.get("kernels")).to_config()
         super().__init__(**kwargs)
         if num_layers <= 0:
             raise ValueError(f"num_layers must be positive, got {num_layers}")
@@ -155,6 +166,7 @@ class StackBase(CallTracedSpec, keras.layers.Layer):
         if self.blocks[0].norm_first:
             self.final_norm = LayerNormalization(
                 epsilon=self.blocks[0].layer_norm_epsilon,
+                kernels=self.blocks[0].kernels,
                 dtype=self.dtype_policy,
                 name="final_norm",
             )

@@ -1,8 +1,9 @@
 """Fast paths of the layers: the same numbers as the formulas in `attention.py` and
 `normalization.py`, computed faster (measurements in docs/guides/performance.md).
 
-Each function returns None where it does not apply (switched off in `keras_transformer.fast_paths`,
-another backend, XLA, an unusual configuration); the caller then runs the plain formula. The
+Each function takes the caller's `kernels` (a `keras_transformer.fast_paths.Kernels`, chosen
+when the layer was built) and returns None where it does not apply (not chosen, another backend,
+XLA, an unusual configuration); the caller then runs the plain formula. The
 TensorFlow-only kernels import TensorFlow lazily, so the layers still import and run without it
 (on the JAX backend). `tests/test_fast_paths.py` checks every path against the plain form.
 """
@@ -10,20 +11,19 @@ TensorFlow-only kernels import TensorFlow lazily, so the layers still import and
 import keras
 from keras import ops
 
-from keras_transformer import fast_paths
 from keras_transformer.tf_utils import in_xla_context
 
 # ------------------------------------------------------------------------ attention projections
 
 
-def fused_projection(x, denses, compute_dtype, split_heads, training=None):
+def fused_projection(kernels, x, denses, compute_dtype, split_heads, training=None):
     """`x` through the Dense layers `denses` with one (wider) matmul over their concatenated
     kernels; returns one `split_heads(...)` result per layer, or None where it does not apply.
 
     The weights stay separate Dense layers, so checkpoints and configs are unchanged. The product
     is split on its last axis, whose gradient is a cheap concatenation.
     """
-    if len(denses) < 2 or not fast_paths.enabled("fused_projections"):
+    if len(denses) < 2 or not kernels.uses("fused_projections"):
         return None
     units = {d.units for d in denses}
     biases = {d.use_bias for d in denses}
@@ -35,7 +35,7 @@ def fused_projection(x, denses, compute_dtype, split_heads, training=None):
     bias = None
     if denses[0].use_bias:
         bias = ops.concatenate([ops.cast(d.bias, compute_dtype) for d in denses], axis=-1)
-    if _projection_gradients_apply(training):
+    if _projection_gradients_apply(kernels, training):
         y = _tf_dense(x, kernel, bias, relu=False)
     else:
         y = ops.matmul(x, kernel)  # [batch, len, n * units]
@@ -47,11 +47,15 @@ def fused_projection(x, denses, compute_dtype, split_heads, training=None):
 # ------------------------------------------------------------------------ Dense layers
 
 
-def dense(layer, x, training=None):
+def dense(kernels, layer, x, training=None):
     """`layer(x)` for a Keras `Dense` layer (linear or ReLU) with its input gradient computed as
     an einsum over the kernel, or None where this does not apply (switched off, not training,
     another backend, XLA, another activation, LoRA or quantized weights)."""
-    if not _projection_gradients_apply(training) or layer.lora_enabled or layer.quantization_mode:
+    if (
+        not _projection_gradients_apply(kernels, training)
+        or layer.lora_enabled
+        or layer.quantization_mode
+    ):
         return None
     relu = layer.activation is keras.activations.relu
     if not relu and layer.activation is not keras.activations.linear:
@@ -61,17 +65,17 @@ def dense(layer, x, training=None):
     return _tf_dense(ops.cast(x, layer.compute_dtype), kernel, bias, relu)
 
 
-def call_dense(layer, x, training=None):
+def call_dense(kernels, layer, x, training=None):
     """`layer(x)`, through `dense`'s fast path where it applies."""
-    fast = dense(layer, x, training)
+    fast = dense(kernels, layer, x, training)
     return fast if fast is not None else layer(x)
 
 
-def _projection_gradients_apply(training):
+def _projection_gradients_apply(kernels, training):
     # Only where a gradient is wanted: decoding steps keep their plain (fewer) ops.
     return (
         training is True
-        and fast_paths.enabled("projection_gradients")
+        and kernels.uses("projection_gradients")
         and keras.backend.backend() == "tensorflow"
         and not in_xla_context()
     )
@@ -118,20 +122,21 @@ def _tf_dense(x, kernel, bias, relu):
 # ------------------------------------------------------------------------ decoding-cache writes
 
 
-def write_cache(cache, update, index):
+def write_cache(kernels, cache, update, index, owned=False):
     """`cache` `[b, h, max_len, d]` with one position `update` `[b, h, 1, d]` written at `index`,
-    or None where no fast path applies (longer updates, switched off).
+    or None where no fast path applies (longer updates, not chosen).
 
-    Inside `fast_paths.inplace_cache_writes()` (TF graphs outside XLA) the row is written into
-    the cache's own buffer; otherwise it is scattered: in a TF graph `slice_update` runs as a
-    separately compiled XLA kernel per call and costs several times more.
+    A cache its caller gave up (`owned`: the search's own buffers, never read again) is written
+    in place in TF graphs outside XLA; otherwise the row is scattered: in a TF graph
+    `slice_update` runs as a separately compiled XLA kernel per call and costs several times
+    more.
     """
     if update.shape[2] != 1:
         return None
     update = ops.cast(update, cache.dtype)
-    if _inplace_writes_allowed():
+    if owned and _inplace_writes_allowed():
         return _tf_write_in_place(cache, update, index)
-    if not fast_paths.enabled("scatter_cache_writes"):
+    if not kernels.uses("scatter_cache_writes"):
         return None
     b, h, d = ops.shape(cache)[0], ops.shape(cache)[1], ops.shape(cache)[3]
     rows = ops.repeat(ops.arange(b, dtype="int32"), h)  # [b * h]
@@ -142,10 +147,6 @@ def write_cache(cache, update, index):
 
 
 def _inplace_writes_allowed():
-    if not (
-        fast_paths.enabled("inplace_cache_writes") and fast_paths.inside_inplace_cache_writes()
-    ):
-        return False
     if keras.backend.backend() != "tensorflow":
         return False
     import tensorflow as tf
@@ -181,7 +182,7 @@ def fresh_zeros(shape, dtype):
 # ------------------------------------------------------------------------ layer normalization
 
 
-def layer_norm(layer, inputs):
+def layer_norm(kernels, layer, inputs):
     """`layer` (a `LayerNormalization`) applied with a hand-written TensorFlow gradient, or None
     where it does not apply (other backends, other axes, `rms_scaling`, no center or scale).
 
@@ -192,7 +193,7 @@ def layer_norm(layer, inputs):
     """
     last_axis = (-1, [-1], len(inputs.shape) - 1, [len(inputs.shape) - 1])
     if (
-        not fast_paths.enabled("fused_layer_norm")
+        not kernels.uses("fused_layer_norm")
         or keras.backend.backend() != "tensorflow"
         or layer.rms_scaling
         or not (layer.center and layer.scale)

@@ -1,10 +1,12 @@
 """Scaled dot-product attention and multi-head attention with a fixed-size key/value cache."""
 
 import math
+from typing import Any, NamedTuple
 
 import keras
 from keras import ops
 
+from keras_transformer.fast_paths import Kernels
 from keras_transformer.layers import _fast_paths
 from keras_transformer.layers._initializers import clone_initializer
 from keras_transformer.layers._specs import CallTracedSpec
@@ -61,13 +63,28 @@ def scaled_dot_product_attention(query, key, value, mask=None, dropout_fn=None):
     return output, weights
 
 
-def write_cache(cache, update, index):
+def write_cache(cache, update, index, kernels=None, owned=False):
     """`cache` `[batch, heads, max_len, d]` with `update` `[batch, heads, n, d]` written at
-    positions `index .. index + n - 1`; shapes stay static (XLA)."""
-    fast = _fast_paths.write_cache(cache, update, index)  # one decoding step, faster
-    if fast is not None:
-        return fast
+    positions `index .. index + n - 1`; shapes stay static (XLA).
+
+    `kernels` (a `keras_transformer.fast_paths.Kernels`; None: the plain `slice_update`) may
+    write one decoding step faster; `owned` (the caller never reads `cache` again) lets them
+    write it in place."""
+    if kernels is not None:
+        fast = _fast_paths.write_cache(kernels, cache, update, index, owned)
+        if fast is not None:
+            return fast
     return ops.slice_update(cache, [0, 0, index, 0], ops.cast(update, cache.dtype))
+
+
+class OwnedCache(NamedTuple):
+    """A self-attention cache `(keys, values)` that its caller gives up to the layer: the caller
+    never reads it again after passing it, so the step's keys/values may be written into its
+    buffers in place (fast path `inplace_cache_writes`, TF graphs outside XLA). `translate_ids`
+    passes its own caches so; a plain tuple is never changed."""
+
+    keys: Any
+    values: Any
 
 
 def call_outputs(output, scores=None, cache=None):
@@ -123,7 +140,9 @@ class MultiHeadAttention(CallTracedSpec, keras.layers.Layer):
     `[batch, num_heads, max_length, key_dim]` tensors.
     - self-attention: pass the current step's input as `query`, the cache and `cache_update_index`;
       the step's projected key/value are written at that index (`write_cache`: shapes stay
-      static for XLA) and the layer returns `(output, updated_cache)`;
+      static for XLA) and the layer returns `(output, updated_cache)`; a caller that never
+      reads the cache it passed again may pass it as an `OwnedCache` (still the pair), whose
+      buffers are then written in place (TF graphs outside XLA; `translate_ids` does);
     - cross-attention: build the cache once with `compute_key_value_cache(encoder_output)` and pass
       it with `cache_update_index=None`; keys and values are then not recomputed.
     The cache has this one form; beam search's caches shared by the beams of an input are
@@ -137,6 +156,8 @@ class MultiHeadAttention(CallTracedSpec, keras.layers.Layer):
         use_bias: whether the projections have biases.
         output_dim: width of the output; defaults to the query's last dimension.
         kernel_initializer: initializer of the projection kernels.
+        kernels: the fast paths (`keras_transformer.fast_paths.Kernels`, a setting such as
+            `"none"`, or None for the current setting), chosen here once.
 
     Call arguments:
         query: `[batch, q_len, dim]`.
@@ -179,9 +200,11 @@ class MultiHeadAttention(CallTracedSpec, keras.layers.Layer):
         use_bias=True,
         output_dim=None,
         kernel_initializer="glorot_uniform",
+        kernels=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.kernels = Kernels.get(kernels)
         if num_heads <= 0 or key_dim <= 0:
             raise ValueError(
                 f"num_heads and key_dim must be positive, got num_heads={num_heads}, "
@@ -228,11 +251,13 @@ class MultiHeadAttention(CallTracedSpec, keras.layers.Layer):
     def _project(self, x, denses, training=None):
         """`x` through each Dense of `denses`, split into heads: one `[b, h, len, d]` each."""
         fast = _fast_paths.fused_projection(
-            x, denses, self.compute_dtype, self._split_heads, training
+            self.kernels, x, denses, self.compute_dtype, self._split_heads, training
         )
         if fast is not None:
             return fast
-        return [self._split_heads(_fast_paths.call_dense(d, x, training)) for d in denses]
+        return [
+            self._split_heads(_fast_paths.call_dense(self.kernels, d, x, training)) for d in denses
+        ]
 
     def compute_key_value_cache(self, value, key=None, training=None):
         """Projects `key`/`value` once: the pair `(keys, values)` of `[batch, heads, k_len, d]`
@@ -259,9 +284,10 @@ class MultiHeadAttention(CallTracedSpec, keras.layers.Layer):
             (q,) = self._project(query, (self.query_dense,), training)
             k, v = self.compute_key_value_cache(value, key, training)
         if cache is not None:  # self-attention while decoding: k, v are this step's
-            k = write_cache(cache[0], k, cache_update_index)
-            v = write_cache(cache[1], v, cache_update_index)
-            cache = (k, v)
+            owned = isinstance(cache, OwnedCache)
+            k = write_cache(cache[0], k, cache_update_index, self.kernels, owned)
+            v = write_cache(cache[1], v, cache_update_index, self.kernels, owned)
+            cache = OwnedCache(k, v) if owned else (k, v)
         return (q, k, v), cache
 
     def call(
@@ -309,7 +335,7 @@ class MultiHeadAttention(CallTracedSpec, keras.layers.Layer):
         out = ops.transpose(out, (0, 2, 1, 3))
         shape = ops.shape(out)
         out = ops.reshape(out, (shape[0], shape[1], self.num_heads * self.value_dim))
-        return _fast_paths.call_dense(self.output_dense, out, training)
+        return _fast_paths.call_dense(self.kernels, self.output_dense, out, training)
 
     def _compute_mask(self, q, k, attention_mask, use_causal_mask, cache, cache_update_index):
         """Boolean mask `[batch or 1, 1, q_len, k_len]` (None when nothing is masked)."""
@@ -345,6 +371,7 @@ class MultiHeadAttention(CallTracedSpec, keras.layers.Layer):
                 "use_bias": self.use_bias,
                 "output_dim": self.output_dim,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "kernels": self.kernels.to_config(),
             }
         )
         return config

@@ -36,6 +36,8 @@ class TransformerDecoderBlock(BlockBase):
         norm_first: pre-norm instead of the paper's post-norm.
         layer_norm_epsilon: LayerNorm epsilon.
         kernel_initializer: initializer of all projection kernels.
+        kernels: the fast paths of its sub-layers (`keras_transformer.fast_paths.Kernels`, a
+            setting such as `"none"`, or None for the current setting), chosen here once.
         decoder_only: None (default): the mode is chosen by the first call, decoder-only when it
             has no `encoder_output` (nor `cross_attention_cache`); True or False fix it.
 
@@ -240,7 +242,7 @@ class TransformerDecoder(StackBase):
     Args:
         num_layers: number of blocks.
         num_heads, d_ff, dropout, attention_dropout, activation_dropout, activation, norm_first,
-        layer_norm_epsilon, kernel_initializer, decoder_only: passed to every
+        layer_norm_epsilon, kernel_initializer, kernels, decoder_only: passed to every
         `TransformerDecoderBlock`.
 
     Call arguments:

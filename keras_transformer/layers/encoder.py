@@ -23,6 +23,8 @@ class TransformerEncoderBlock(BlockBase):
         norm_first: pre-norm instead of the paper's post-norm.
         layer_norm_epsilon: LayerNorm epsilon.
         kernel_initializer: initializer of all projection kernels.
+        kernels: the fast paths of its sub-layers (`keras_transformer.fast_paths.Kernels`, a
+            setting such as `"none"`, or None for the current setting), chosen here once.
 
     Call arguments:
         inputs: `[batch, length, d_model]`.
@@ -77,7 +79,7 @@ class TransformerEncoder(StackBase):
     Args:
         num_layers: number of blocks.
         num_heads, d_ff, dropout, attention_dropout, activation_dropout, activation, norm_first,
-        layer_norm_epsilon, kernel_initializer: passed to every `TransformerEncoderBlock`.
+        layer_norm_epsilon, kernel_initializer, kernels: passed to every `TransformerEncoderBlock`.
 
     Call arguments:
         inputs: embedded source `[batch, length, d_model]` (token embedding + positions).

@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_transformer.fast_paths import Kernels
 from keras_transformer.layers import _fast_paths
 from keras_transformer.layers._initializers import clone_initializer
 from keras_transformer.layers._specs import CallTracedSpec
@@ -17,6 +18,8 @@ class PositionwiseFeedForward(CallTracedSpec, keras.layers.Layer):
         dropout: dropout on the inner activations (0 in the paper).
         output_dim: output width; defaults to the input's last dimension.
         kernel_initializer: initializer of both kernels.
+        kernels: the fast paths (`keras_transformer.fast_paths.Kernels`, a setting such as
+            `"none"`, or None for the current setting), chosen here once.
 
     Call arguments:
         inputs: `[..., d_model]`.
@@ -39,9 +42,11 @@ class PositionwiseFeedForward(CallTracedSpec, keras.layers.Layer):
         dropout=0.0,
         output_dim=None,
         kernel_initializer="glorot_uniform",
+        kernels=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.kernels = Kernels.get(kernels)
         self.d_ff = int(d_ff)
         self.activation = keras.activations.get(activation)
         self.dropout = float(dropout)
@@ -69,9 +74,9 @@ class PositionwiseFeedForward(CallTracedSpec, keras.layers.Layer):
         self.built = True
 
     def call(self, inputs, training=None):
-        inner = _fast_paths.call_dense(self.inner, inputs, training)
+        inner = _fast_paths.call_dense(self.kernels, self.inner, inputs, training)
         return _fast_paths.call_dense(
-            self.outer, self.inner_dropout(inner, training=training), training
+            self.kernels, self.outer, self.inner_dropout(inner, training=training), training
         )
 
     def compute_output_shape(self, input_shape):
@@ -86,6 +91,7 @@ class PositionwiseFeedForward(CallTracedSpec, keras.layers.Layer):
                 "dropout": self.dropout,
                 "output_dim": self.output_dim,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "kernels": self.kernels.to_config(),
             }
         )
         return config

@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_transformer.fast_paths import Kernels
 from keras_transformer.layers.decoder import TransformerDecoder
 from keras_transformer.layers.embedding import SinusoidalPositionalEncoding, TokenEmbedding
 from keras_transformer.layers.masks import padding_mask
@@ -32,6 +33,8 @@ class DecoderOnlyTransformer(keras.Model):
         norm_first: pre-norm blocks instead of the paper's post-norm.
         layer_norm_epsilon: LayerNorm epsilon.
         dtype: dtype policy of the layers (e.g. `"mixed_bfloat16"`); logits are always float32.
+        kernels: the fast paths of its layers (`keras_transformer.fast_paths.Kernels`, a setting
+            such as `"none"`, or None for the current setting), chosen here once.
 
     Call arguments:
         inputs: int `[batch, length]` token ids (0 = padding).
@@ -66,15 +69,18 @@ class DecoderOnlyTransformer(keras.Model):
         norm_first=False,
         layer_norm_epsilon=1e-6,
         dtype=None,
+        kernels=None,
         **kwargs,
     ):
         hyper_parameters = _arguments(DecoderOnlyTransformer.__init__, locals())
+        kernels = Kernels.get(kernels)
         token_embedding = TokenEmbedding(vocab_size, d_model, dtype=dtype, name="token_embedding")
         positional_encoding = SinusoidalPositionalEncoding(dtype=dtype, name="positional_encoding")
         decoder = TransformerDecoder(
             num_layers, num_heads, d_ff, dropout=dropout, attention_dropout=attention_dropout,
             activation_dropout=activation_dropout, activation=activation, norm_first=norm_first,
-            layer_norm_epsilon=layer_norm_epsilon, decoder_only=True, dtype=dtype, name="decoder",
+            layer_norm_epsilon=layer_norm_epsilon, decoder_only=True, kernels=kernels.to_config(),
+            dtype=dtype, name="decoder",
         )  # fmt: skip
         to_float32 = keras.layers.Activation("linear", dtype="float32", name="logits")
         ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
@@ -86,6 +92,7 @@ class DecoderOnlyTransformer(keras.Model):
         self.token_embedding, self.positional_encoding = token_embedding, positional_encoding
         self.decoder, self.to_float32 = decoder, to_float32
         self.hyper_parameters = hyper_parameters
+        self.kernels = kernels
         for name, value in hyper_parameters.items():
             setattr(self, name, value)
 

@@ -5,6 +5,7 @@ import inspect
 import keras
 from keras import ops
 
+from keras_transformer.fast_paths import Kernels
 from keras_transformer.layers._blocks import head_size
 from keras_transformer.layers._fast_paths import fresh_zeros
 from keras_transformer.layers.decoder import TransformerDecoder
@@ -52,6 +53,9 @@ class Transformer(TrainStep, keras.Model):
         num_encoder_layers, num_decoder_layers: override `num_layers` per stack.
         layer_norm_epsilon: LayerNorm epsilon.
         dtype: dtype policy of the layers (e.g. `"mixed_bfloat16"`); logits are always float32.
+        kernels: the fast paths of its layers and of the searches run on it
+            (`keras_transformer.fast_paths.Kernels`, a setting such as `"none"`, or None for the
+            current setting), chosen here once and recorded in the config.
 
     Call arguments:
         inputs: dict with `"source_ids"` `[batch, s_len]` and `"target_ids"` `[batch, t_len]`
@@ -97,18 +101,21 @@ class Transformer(TrainStep, keras.Model):
         num_decoder_layers=None,
         layer_norm_epsilon=1e-6,
         dtype=None,
+        kernels=None,
         **kwargs,
     ):
         # The signature above is the one declaration of the hyper-parameters: they are kept as
         # given, as attributes and as the config (`get_config`).
         hyper_parameters = _arguments(Transformer.__init__, locals())
         _check(**hyper_parameters)
-        layers = _make_layers(dtype=dtype, **hyper_parameters)
+        kernels = Kernels.get(kernels)
+        layers = _make_layers(dtype=dtype, kernels=kernels.to_config(), **hyper_parameters)
         inputs, logits = _functional_graph(**layers)
         super().__init__(inputs=inputs, outputs=logits, **kwargs)
         for name, value in {**layers, **hyper_parameters}.items():
             setattr(self, name, value)
         self.hyper_parameters = hyper_parameters
+        self.kernels = kernels
         self.head_dim = d_model // num_heads
 
     @classmethod
@@ -156,7 +163,7 @@ class Transformer(TrainStep, keras.Model):
         cache = {
             "cross_attention": self.decoder.compute_cross_attention_cache(encoder_output),
             # Buffers of their own, never folded into graph constants: `translate_ids` writes
-            # them in place (keras_transformer.fast_paths.inplace_cache_writes).
+            # them in place (`layers.attention.OwnedCache`, kernel `inplace_cache_writes`).
             "self_attention": [
                 (fresh_zeros(shape, dtype), fresh_zeros(shape, dtype)) for _ in range(layers)
             ],
@@ -261,6 +268,7 @@ def config_of(model, dtype_policy):
         "trainable": model.trainable,
         **model.hyper_parameters,
         "dtype": keras.dtype_policies.serialize(dtype_policy),
+        "kernels": model.kernels.to_config(),
     }
 
 
@@ -273,10 +281,10 @@ def arguments_from(config):
 
 
 def _arguments(function, arguments):
-    """`function`'s named parameters (all but `self`, `dtype` and `**kwargs`) from `arguments`
-    (its `locals()`), in the signature's order."""
+    """`function`'s named parameters (all but `self`, `dtype`, `kernels` and `**kwargs`) from
+    `arguments` (its `locals()`), in the signature's order."""
     names = list(inspect.signature(function).parameters)[1:]
-    return {name: arguments[name] for name in names if name not in ("dtype", "kwargs")}
+    return {name: arguments[name] for name in names if name not in ("dtype", "kernels", "kwargs")}
 
 
 def _check(

@@ -1,23 +1,23 @@
 """Fast paths of training: the same numbers as `losses.py` and Keras's Adam, computed faster on
 TensorFlow (measurements in docs/guides/performance.md).
 
-Each function returns None (or False) where it does not apply (switched off in
-`keras_transformer.fast_paths`, another backend); the caller then runs the plain form.
+Each function takes the caller's `kernels` (a `keras_transformer.fast_paths.Kernels`, chosen
+when the loss or optimizer was built) and returns None (or False) where it does not apply (not
+chosen, another backend); the caller then runs the plain form.
 `tests/test_fast_paths.py` checks every path against it.
 """
 
 import keras
 
-from keras_transformer import fast_paths
 from keras_transformer.tf_utils import in_xla_context
 
 # ------------------------------------------------------------------------ the loss
 
 
-def cross_entropy(labels, logits, eps):
+def cross_entropy(kernels, labels, logits, eps):
     """`(losses [batch, length], statistics)` of the label-smoothed cross-entropy (TensorFlow), or
     None where the `fused_loss` fast path does not apply."""
-    if not fast_paths.enabled("fused_loss") or keras.backend.backend() != "tensorflow":
+    if not kernels.uses("fused_loss") or keras.backend.backend() != "tensorflow":
         return None
     return _tf_fused_cross_entropy(labels, logits, eps)
 
@@ -112,7 +112,7 @@ def _subtract_at_labels(values, labels, amount):
 _FUSED_ADAM_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
-def apply_adam(optimizer, gradient, variable, learning_rate):
+def apply_adam(kernels, optimizer, gradient, variable, learning_rate):
     """Adam's update of `variable` as one `ResourceApplyAdam` kernel; False (nothing done) where
     the `fused_adam` fast path does not apply (other backends, `amsgrad`, unusual dtypes).
 
@@ -123,7 +123,7 @@ def apply_adam(optimizer, gradient, variable, learning_rate):
     `w -= lr * sqrt(1 - beta_2^t) / (1 - beta_1^t) * m / (sqrt(v) + epsilon)`.
     """
     if (
-        not fast_paths.enabled("fused_adam")
+        not kernels.uses("fused_adam")
         or keras.backend.backend() != "tensorflow"
         or optimizer.amsgrad
         or keras.backend.standardize_dtype(variable.dtype) not in _FUSED_ADAM_DTYPES

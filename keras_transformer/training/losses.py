@@ -4,10 +4,11 @@ import keras
 from keras import ops
 
 from keras_transformer.config import PAD_ID
+from keras_transformer.fast_paths import Kernels
 from keras_transformer.training import _fast_paths
 
 
-def masked_token_cross_entropy(labels, logits, label_smoothing=0.0, pad_id=PAD_ID):
+def masked_token_cross_entropy(labels, logits, label_smoothing=0.0, pad_id=PAD_ID, kernels=None):
     """Per-token cross-entropy against label-smoothed targets, and the non-padding mask.
 
     The smoothed target distribution is `(1 - eps) * one_hot(label) + eps / vocab_size` (eps
@@ -19,20 +20,23 @@ def masked_token_cross_entropy(labels, logits, label_smoothing=0.0, pad_id=PAD_I
         logits: float `[batch, length, vocab_size]` unnormalised scores.
         label_smoothing: eps in `[0, 1)`.
         pad_id: the id whose positions carry no loss.
+        kernels: the fast paths (`keras_transformer.fast_paths.Kernels`, a setting, or None for
+            the current setting): `fused_loss` computes the same numbers faster on TensorFlow.
 
     Returns:
         `(losses, mask)`: float32 `[batch, length]` per-token losses (0 at padding) and the
         float32 `[batch, length]` mask of real tokens.
     """
-    losses, mask, _ = _losses_mask_and_statistics(labels, logits, label_smoothing, pad_id)
+    kernels = Kernels.get(kernels)
+    losses, mask, _ = _losses_mask_and_statistics(labels, logits, label_smoothing, pad_id, kernels)
     return losses, mask
 
 
-def _losses_mask_and_statistics(labels, logits, label_smoothing, pad_id):
+def _losses_mask_and_statistics(labels, logits, label_smoothing, pad_id, kernels):
     """`(losses, mask, statistics)`; `statistics` is None unless the fused TF path ran."""
     logits = ops.cast(logits, "float32")
     labels = ops.cast(labels, "int32")
-    fast = _fast_paths.cross_entropy(labels, logits, float(label_smoothing))
+    fast = _fast_paths.cross_entropy(kernels, labels, logits, float(label_smoothing))
     if fast is not None:
         losses, statistics = fast
     else:
@@ -56,6 +60,9 @@ class MaskedSparseCrossEntropy(keras.losses.Loss):
     Args:
         label_smoothing: eps_ls (the paper uses 0.1).
         pad_id: padding id of the labels (0).
+        kernels: the fast paths (`keras_transformer.fast_paths.Kernels`, a setting, or None for
+            the current setting), chosen here once: `fused_loss` computes the same numbers with
+            less memory on TensorFlow.
         name: loss name.
 
     Call arguments:
@@ -76,7 +83,12 @@ class MaskedSparseCrossEntropy(keras.losses.Loss):
     """
 
     def __init__(
-        self, label_smoothing=0.1, pad_id=PAD_ID, name="masked_sparse_cross_entropy", **kw
+        self,
+        label_smoothing=0.1,
+        pad_id=PAD_ID,
+        name="masked_sparse_cross_entropy",
+        kernels=None,
+        **kw,
     ):
         # "mean_with_sample_weight" divides by the sum of the weights (here: the real tokens) and
         # lets Keras scale the loss for tf.distribute (one replica's share of the global mean).
@@ -84,6 +96,7 @@ class MaskedSparseCrossEntropy(keras.losses.Loss):
         super().__init__(name=name, reduction="mean_with_sample_weight", **kw)
         self.label_smoothing = float(label_smoothing)
         self.pad_id = int(pad_id)
+        self.kernels = Kernels.get(kernels)
 
     def token_weights(self, y_true, sample_weight=None):
         """The weight of each target token in the mean: 1 for real tokens, 0 for padding
@@ -101,7 +114,7 @@ class MaskedSparseCrossEntropy(keras.losses.Loss):
 
     def call(self, y_true, y_pred):
         losses, _, _ = _losses_mask_and_statistics(
-            y_true, y_pred, self.label_smoothing, self.pad_id
+            y_true, y_pred, self.label_smoothing, self.pad_id, self.kernels
         )
         return losses
 
@@ -135,9 +148,14 @@ class MaskedSparseCrossEntropy(keras.losses.Loss):
         with keras.name_scope(self.name):
             weights = self.token_weights(y_true, sample_weight)
             losses, _, statistics = _losses_mask_and_statistics(
-                y_true, y_pred, self.label_smoothing, self.pad_id
+                y_true, y_pred, self.label_smoothing, self.pad_id, self.kernels
             )
         return losses, weights, statistics
 
     def get_config(self):
-        return {"name": self.name, "label_smoothing": self.label_smoothing, "pad_id": self.pad_id}
+        return {
+            "name": self.name,
+            "label_smoothing": self.label_smoothing,
+            "pad_id": self.pad_id,
+            "kernels": self.kernels.to_config(),
+        }

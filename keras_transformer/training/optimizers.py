@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_transformer.fast_paths import Kernels
 from keras_transformer.training import _fast_paths
 
 
@@ -17,7 +18,8 @@ class FusedAdam(keras.optimizers.Adam):
     `keras.optimizers.Adam`: `m += (g - m)(1 - beta_1)`, `v += (g^2 - v)(1 - beta_2)`,
     `w -= lr * sqrt(1 - beta_2^t) / (1 - beta_1^t) * m / (sqrt(v) + epsilon)`.
 
-    The one-kernel update is the `fused_adam` fast path (`keras_transformer.fast_paths`); other
+    The one-kernel update is the `fused_adam` fast path, chosen by the `kernels` argument (a
+    `keras_transformer.fast_paths.Kernels`, a setting, or None for the current setting); other
     backends, `amsgrad=True` and unusual dtypes use Keras's own update. Clipping, weight
     decay, gradient accumulation, EMA and loss scaling are Keras's and work as with `Adam`,
     except that decoupled weight decay applies to matrices only (rank >= 2: kernels,
@@ -34,11 +36,18 @@ class FusedAdam(keras.optimizers.Adam):
         Vaswani et al., 2017, section 5.3.
     """
 
+    def __init__(self, *args, kernels=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.kernels = Kernels.get(kernels)
+
     def build(self, variables):
         if self.weight_decay:
             self.exclude_from_weight_decay(var_list=[v for v in variables if len(v.shape) < 2])
         super().build(variables)
 
     def update_step(self, gradient, variable, learning_rate):
-        if not _fast_paths.apply_adam(self, gradient, variable, learning_rate):
+        if not _fast_paths.apply_adam(self.kernels, self, gradient, variable, learning_rate):
             super().update_step(gradient, variable, learning_rate)
+
+    def get_config(self):
+        return {**super().get_config(), "kernels": self.kernels.to_config()}

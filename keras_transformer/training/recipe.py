@@ -11,7 +11,7 @@ from keras_transformer.training.optimizers import FusedAdam
 from keras_transformer.training.schedules import BudgetSchedule, TransformerSchedule
 
 
-def make_optimizer(config, d_model=None):
+def make_optimizer(config, d_model=None, kernels=None):
     """Adam(beta_1, beta_2, epsilon) on the config's schedule (`train.schedule`: the paper's
     `TransformerSchedule`, or a `BudgetSchedule` ending with the step or time budget), with the
     config's global-norm clipping, decoupled weight decay (`train.weight_decay`, Keras's
@@ -46,6 +46,7 @@ def make_optimizer(config, d_model=None):
         weight_decay=t.weight_decay or None,
         use_ema=t.ema_momentum is not None,
         ema_momentum=0.99 if t.ema_momentum is None else t.ema_momentum,
+        kernels=kernels,
     )
     if config.runtime.mixed_precision == "mixed_float16":
         # float16 gradients underflow without loss scaling.
@@ -85,9 +86,12 @@ def compile_model(model, config, jit_compile=False, steps_per_execution=1):
     ```
     """
     model.gradient_accumulation_steps = int(config.train.gradient_accumulation_steps)
+    kernels = getattr(model, "kernels", None)  # the model's fast paths, for its loss and Adam
     model.compile(
-        optimizer=make_optimizer(config, getattr(model, "d_model", None)),
-        loss=MaskedSparseCrossEntropy(label_smoothing=config.train.label_smoothing),
+        optimizer=make_optimizer(config, getattr(model, "d_model", None), kernels),
+        loss=MaskedSparseCrossEntropy(
+            label_smoothing=config.train.label_smoothing, kernels=kernels
+        ),
         metrics=[MaskedAccuracy(), Perplexity(), TokenCount()],
         jit_compile=jit_compile,
         steps_per_execution=steps_per_execution,
