@@ -66,6 +66,7 @@ from typing import Optional
 
 from keras_transformer import stopping
 from keras_transformer.data import corpora, kept_vocabulary, prepare_progress
+from keras_transformer.data.tokenizer import copy_model
 from keras_transformer.errors import DataError, Preempted
 from keras_transformer.integrity import file_digest, file_problem
 from keras_transformer.workdir import (
@@ -164,16 +165,6 @@ def read_manifest(directory):
         raise DataError(f"cannot read {path}: {e}; delete {directory} to prepare again") from None
 
 
-def _install_vocabulary(source, destination):
-    """Copies `source` to `destination` atomically (see `workdir.write_atomically`)."""
-    gfile = _gfile()
-    with gfile.GFile(source, "rb") as f:
-        write_atomically(destination, f.read())
-    vocab = source[: -len(".model")] + ".vocab"
-    if gfile.exists(vocab):
-        gfile.copy(vocab, destination[: -len(".model")] + ".vocab", overwrite=True)
-
-
 def check_prepared(config, manifest=None, repair=True):
     """Checks that the workdir's prepared data matches `config`; returns its manifest.
 
@@ -220,7 +211,7 @@ def check_prepared(config, manifest=None, repair=True):
     sha256 = manifest["vocabulary"]["sha256"]
     if not _gfile().exists(layout.spm):
         if repair:
-            _install_vocabulary(os.path.join(layout.prepared, VOCABULARY), layout.spm)
+            copy_model(os.path.join(layout.prepared, VOCABULARY), layout.spm)
     elif file_digest(layout.spm)[1] != sha256:
         raise DataError(
             f"{layout.spm} differs from the vocabulary the data in {layout.prepared} was "
@@ -999,7 +990,7 @@ def prepare(config, verbose=True):
         pool.close()
     prepare_progress.forget(root)
     if not _gfile().exists(layout.spm):
-        _install_vocabulary(os.path.join(layout.prepared, VOCABULARY), layout.spm)
+        copy_model(os.path.join(layout.prepared, VOCABULARY), layout.spm)
     kept_vocabulary.forget(layout.root)
     _summary(manifest, layout, verbose)
     return manifest
@@ -1018,7 +1009,7 @@ def _vocabulary(config, layout, vocabulary, verbose, pool, phases):
     total = _known_size(d.train)
     if _gfile().exists(layout.spm):
         _log(f"preparing {d.train} with the existing vocabulary {layout.spm}", verbose)
-        _install_vocabulary(layout.spm, vocabulary)
+        copy_model(layout.spm, vocabulary)
         return total, False, 0
     record = kept_vocabulary.restore(layout.root, _vocabulary_settings(d), vocabulary)
     if record is not None:  # a preparation stopped after training it
