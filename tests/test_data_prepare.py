@@ -106,7 +106,7 @@ def test_prepare_text_counts_skips_by_reason_and_reads_back_the_same_ids(tmp_pat
 def test_word_cached_encoding_equals_whole_sentence_encoding(tmp_path):
     import sentencepiece as spm
 
-    from keras_transformer.data.prepare import _WordCachedEncoder
+    from keras_transformer.data.encoding import _WordCachedEncoder
 
     pairs = read_pairs("synthetic:split=train,size=300", verbose=False)
     path = str(tmp_path / "spm.model")

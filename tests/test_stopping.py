@@ -438,9 +438,9 @@ def test_prepare_whose_lock_is_taken_over_midway_exits_75_and_leaves_the_lock(
 
     from keras_transformer import cli, stopping
 
-    prepare_module = importlib.import_module("keras_transformer.data.prepare")
+    workers_module = importlib.import_module("keras_transformer.data.workers")
     monkeypatch.setenv("KERAS_TRANSFORMER_PREPARE_SEGMENT", "64")
-    real = prepare_module._write_segment_file
+    real = workers_module._write_segment_file
     workdir = tmp_path / "workdir"
 
     taken = []
@@ -454,7 +454,7 @@ def test_prepare_whose_lock_is_taken_over_midway_exits_75_and_leaves_the_lock(
                 time.sleep(0.01)
         return real(path, groups)
 
-    monkeypatch.setattr(prepare_module, "_write_segment_file", stall)
+    monkeypatch.setattr(workers_module, "_write_segment_file", stall)
     config = write_yaml(tmp_path / "tiny.yaml", tiny_yaml(workdir))
     code = cli.main(["prepare", "--config", config, "--set", "runtime.lock_lease_seconds=1"])
     err = capsys.readouterr().err

@@ -559,17 +559,18 @@ def test_prepare_with_two_workers_writes_the_same_shards_as_one(tmp_path, monkey
 
     # The module (the package's `prepare` is the function).
     prepare_module = importlib.import_module("keras_transformer.data.prepare")
+    workers_module = importlib.import_module("keras_transformer.data.workers")
     # Several segments of chunks for each worker (the jobs carry these sizes to them).
-    monkeypatch.setattr(prepare_module, "_CHUNK", 64)
-    monkeypatch.setattr(prepare_module, "_SEGMENT_CHUNKS", 1)
+    monkeypatch.setattr(workers_module, "_CHUNK", 64)
+    monkeypatch.setattr(workers_module, "_SEGMENT_CHUNKS", 1)
     started = []
-    original_start = prepare_module._WorkerPool.start
+    original_start = workers_module.WorkerPool.start
 
     def start(pool, *args):
         original_start(pool, *args)
         started.append(pool.workers if pool.pool is not None else 0)
 
-    monkeypatch.setattr(prepare_module._WorkerPool, "start", start)
+    monkeypatch.setattr(workers_module.WorkerPool, "start", start)
     workdirs = {1: str(tmp_path / "w1"), 2: str(tmp_path / "w2")}
     if where == "ram":
         workdirs[2] = f"ram://prepare_workers_{id(tmp_path)}/w2"

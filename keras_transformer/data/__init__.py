@@ -15,8 +15,9 @@ dataset = data.prepared_dataset(Workdir.of(config).prepared, config.data)
 ```
 
 The rest is importable from the modules: corpus specs (`data.corpora`), batching
-(`data.pipeline`), writing shards and their manifest (`data.prepare`), reading them
-(`data.prepared`), the special ids `PAD_ID`,
+(`data.pipeline`), writing shards and their manifest (`data.prepare`, which runs the jobs of
+`data.manifest`, `data.vocabulary`, `data.encoding`, `data.workers`, `data.shards` and
+`data.statistics`), reading them (`data.prepared`), the special ids `PAD_ID`,
 `UNK_ID`, `BOS_ID`, `EOS_ID` (`data.tokenizer`), the synthetic corpus (`data.synthetic`).
 """
 

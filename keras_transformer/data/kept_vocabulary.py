@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 
+from keras_transformer.data.tokenizer import copy_model, vocab_path
 from keras_transformer.workdir import read_text, write_atomically
 
 MODEL = "prepare.vocabulary.model"
@@ -29,14 +30,7 @@ def keep(root, model_path, record):
     """Keeps the trained vocabulary `model_path` (`spm.model`, and SentencePiece's `spm.vocab`
     beside it) and `record` (JSON-able: the vocabulary's settings, `pairs`,
     `sample_sentences`, `phase_seconds`) in the workdir `root`."""
-    gfile = _gfile()
-    with gfile.GFile(model_path, "rb") as f:
-        proto = f.read()
-    write_atomically(os.path.join(root, MODEL), proto)
-    pieces = _vocab_path(model_path)
-    if gfile.exists(pieces):
-        with gfile.GFile(pieces, "rb") as f:
-            write_atomically(_vocab_path(os.path.join(root, MODEL)), f.read())
+    proto = copy_model(model_path, os.path.join(root, MODEL))
     record = dict(record, sha256=hashlib.sha256(proto).hexdigest())
     write_atomically(os.path.join(root, RECORD), json.dumps(record, indent=1))
 
@@ -55,22 +49,14 @@ def restore(root, settings, model_path):
         return None
     if hashlib.sha256(proto).hexdigest() != record.get("sha256"):
         return None
-    write_atomically(model_path, proto)
-    pieces = _vocab_path(os.path.join(root, MODEL))
-    if gfile.exists(pieces):
-        with gfile.GFile(pieces, "rb") as f:
-            write_atomically(_vocab_path(model_path), f.read())
+    copy_model(os.path.join(root, MODEL), model_path, proto)
     return record
 
 
 def forget(root):
     """Removes the kept vocabulary (the preparation is complete)."""
     gfile = _gfile()
-    for name in (RECORD, MODEL, _vocab_path(MODEL)):
+    for name in (RECORD, MODEL, vocab_path(MODEL)):
         path = os.path.join(root, name)
         if gfile.exists(path):
             gfile.remove(path)
-
-
-def _vocab_path(model_path):
-    return model_path[: -len(".model")] + ".vocab"

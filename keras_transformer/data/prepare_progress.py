@@ -2,7 +2,7 @@
 preparation continue from its last complete segment.
 
 `prepare` encodes the corpus in segments of consecutive pairs (65,536) and appends each
-segment's records to the shards, in the corpus's order (see `prepare._ShardJob`). Once a segment
+segment's records to the shards, in the corpus's order (see `workers.ShardJob`). Once a segment
 is appended, `Shards.commit` flushes the shards and records, in `WORKDIR/prepare.progress.json`
 (written whole, beside and renamed), how far each shard is complete: its size in bytes, its
 records and the sha256 of those bytes, with the counts the manifest needs of the segments so

@@ -8,8 +8,8 @@ as the manifest's `record_dtype` says): one `tf.io.decode_raw` each.
 
 import os
 
+from keras_transformer.data.manifest import read_manifest
 from keras_transformer.data.pipeline import batch_examples
-from keras_transformer.data.prepare import read_manifest
 from keras_transformer.errors import DataError
 
 

@@ -16,8 +16,8 @@ import struct
 
 import numpy as np
 
+from keras_transformer.data.manifest import read_manifest
 from keras_transformer.data.pipeline import _resolve_boundaries, bucket_batch_sizes
-from keras_transformer.data.prepare import read_manifest
 from keras_transformer.data.tokenizer import BOS_ID, EOS_ID
 from keras_transformer.errors import DataError
 

@@ -12,9 +12,10 @@ import re
 import sys
 import warnings
 
+from keras_transformer import local_files
 from keras_transformer.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from keras_transformer.errors import DataError, DataWarning, first_line
-from keras_transformer.workdir import Workdir
+from keras_transformer.workdir import Workdir, write_atomically
 
 _TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)")
 _TOO_LOW = re.compile(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)")
@@ -176,10 +177,35 @@ def _write_model(proto, processor, model_path):
     with tf.io.gfile.GFile(temporary, "wb") as f:
         f.write(proto)
     tf.io.gfile.rename(temporary, model_path, overwrite=True)
-    vocab_path = model_path[: -len(".model")] if model_path.endswith(".model") else model_path
-    with tf.io.gfile.GFile(vocab_path + ".vocab", "w") as f:
+    with tf.io.gfile.GFile(vocab_path(model_path), "w") as f:
         for i in range(processor.get_piece_size()):
             f.write(f"{processor.id_to_piece(i)}\t{processor.get_score(i):g}\n")
+
+
+def vocab_path(model_path):
+    """The readable pieces-and-scores file beside a model: `spm.model` -> `spm.vocab`."""
+    stem = model_path[: -len(".model")] if model_path.endswith(".model") else model_path
+    return stem + ".vocab"
+
+
+def copy_model(source, destination, proto=None):
+    """Writes the model `source` to `destination` atomically (`workdir.write_atomically`), and
+    its `.vocab` beside it where `source` has one; returns the model's bytes.
+
+    Args:
+        source: a model path (any filesystem).
+        destination: where the copy goes (any filesystem).
+        proto: the bytes of `source` when already read (not read again).
+    """
+    gfile = local_files.gfile()
+    if proto is None:
+        with gfile.GFile(source, "rb") as f:
+            proto = f.read()
+    write_atomically(destination, proto)
+    if gfile.exists(vocab_path(source)):
+        with gfile.GFile(vocab_path(source), "rb") as f:
+            write_atomically(vocab_path(destination), f.read())
+    return proto
 
 
 class Tokenizer:
