@@ -237,12 +237,12 @@ def _config_assignments(path):
 
 
 def test_the_config_is_not_changed_after_validation():
-    """Only config.py builds configs; elsewhere a changed config is a new one
+    """Only the config package builds configs; elsewhere a changed config is a new one
     (`dataclasses.replace`), so a value in use has passed validation."""
     found = [
         f"{path.relative_to(PACKAGE)}: {assignment}"
         for path in sorted(PACKAGE.rglob("*.py"))
-        if path != PACKAGE / "config.py"
+        if PACKAGE / "config" not in path.parents
         for assignment in _config_assignments(path)
     ]
     assert not found, "\n".join(found)
@@ -279,8 +279,9 @@ def test_the_checks_see_what_they_look_for(tmp_path):
     assert "keras_transformer.final_model" in graph["keras_transformer.commands"]
 
 
-# Each decoding default is declared once: in config.py (`DecodeConfig`, the special ids), read
-# by `DecodingSettings`. These are the literals that used to be copied around the package.
+# Each decoding default is declared once: in config/sections.py (`DecodeConfig`, the special
+# ids), read by `DecodingSettings`. These are the literals that used to be copied around the
+# package.
 _DECODING_DEFAULTS = {
     "beam_size": "4",
     "alpha": "0.6",
@@ -333,6 +334,7 @@ def test_the_default_check_finds_copies():
 
 def _sources():
     return {path: path.read_text() for path in sorted(PACKAGE.rglob("*.py"))}
+
 
 
 def test_one_finite_minus_infinity():
