@@ -1,6 +1,10 @@
 """The config's sections: one dataclass per YAML section (`model`, `data`, `train`, `decode`,
 `runtime`, `export`), each key declared once with its default, help and valid values (`key()`),
 and `DecodingSettings`, the decoding settings made from the `decode:` section.
+
+`ModelConfig`, the `model:` section, is also the one declaration of the model's hyper-parameters
+and their defaults: `keras_transformer.models.Transformer` takes its keys as keyword arguments,
+and the encoder and decoder layers' arguments of those names default to its defaults.
 """
 
 import dataclasses
@@ -27,9 +31,12 @@ _ACTIVATIONS = ("relu", "gelu", "silu", "swish", "relu6", "elu", "selu", "tanh",
 AUTO = "auto"
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Transformer sizes; the names are those of `keras_transformer.models.Transformer`."""
+    """Transformer sizes: the model's hyper-parameters, each declared here once with its
+    default. `keras_transformer.models.Transformer` takes these keys as keyword arguments
+    (`DecoderOnlyTransformer` those it has), and the blocks' and stacks' arguments of these
+    names default to these values (`ModelConfig.dropout`)."""
 
     num_layers: int = key(6, "encoder and decoder blocks (N)", valid=f"[1, {_MAX_LAYERS}]")
     num_encoder_layers: Optional[int] = key(
