@@ -120,7 +120,7 @@ class BlockBase(CallTracedSpec, keras.layers.Layer):
 
 class StackBase(CallTracedSpec, keras.layers.Layer):
     """Shared constructor and config of the encoder/decoder stacks: `num_layers`, then the
-    blocks' arguments (those of `BlockBase`, with its defaults), passed to every block."""
+    blocks' arguments (those of `BlockBase`, with the same defaults), passed to every block."""
 
     block_class = None
 

@@ -92,7 +92,8 @@ class Transformer(HyperParameters, TrainStep, keras.Model):
         }
         _check(**hyper_parameters)
         self._make_layers(dtype=dtype, **hyper_parameters)
-        super().__init__(*self._functional_graph(), **kwargs)
+        inputs, logits = self._functional_graph()
+        super().__init__(inputs=inputs, outputs=logits, **kwargs)
         self.hyper_parameters = hyper_parameters
         self.head_dim = self.d_model // self.num_heads
 
