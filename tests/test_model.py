@@ -209,14 +209,15 @@ def test_token_dropout_zeroes_whole_token_embeddings_in_training_only():
 
 
 def test_hyper_parameters_are_the_constructor_arguments():
-    """The signature declares them; attributes, config and the `model:` config section follow."""
+    """The `model:` config section (`ModelConfig`) declares them, with the constructor's own
+    three; attributes, config and the model's defaults follow."""
     import dataclasses
-    import inspect
 
     from keras_transformer.config import ModelConfig
+    from keras_transformer.layers import TransformerEncoderBlock
 
-    parameters = inspect.signature(Transformer.__init__).parameters
-    names = [name for name in parameters if name not in ("self", "dtype", "kernels", "kwargs")]
+    section = [field.name for field in dataclasses.fields(ModelConfig)]
+    names = ["vocab_size", *section, "tie_output_projection", "source_vocab_size"]
     given = dict(num_decoder_layers=1, activation="gelu", norm_first=True, token_dropout=0.2)
     model = tiny(**given)
     config = model.get_config()
@@ -225,6 +226,12 @@ def test_hyper_parameters_are_the_constructor_arguments():
         assert getattr(model, name) == config[name] == model.hyper_parameters[name]
     assert {name: config[name] for name in given} == given
     assert len(model.decoder.blocks) == 1 and model.decoder.blocks[0].norm_first
-    # The config file's `model:` section uses the same names and defaults.
+    # The config file's `model:` section uses the same names and defaults (those not given
+    # here or by `tiny`), and so do the blocks.
+    passed = {*given, "num_layers", "d_model", "num_heads", "d_ff", "dropout"}
+    block = TransformerEncoderBlock(num_heads=2, d_ff=4).get_config()
     for field in dataclasses.fields(ModelConfig):
-        assert field.default == parameters[field.name].default, field.name
+        if field.name not in passed:
+            assert field.default == model.hyper_parameters[field.name], field.name
+        if field.name in block and field.name not in ("num_heads", "d_ff"):
+            assert field.default == block[field.name], field.name

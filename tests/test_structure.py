@@ -6,9 +6,11 @@ export, evaluation; training; commands; cli. A module may import from its own le
 """
 
 import ast
+import dataclasses
 import os
 import pathlib
 import re
+import sys
 
 import pytest
 
@@ -310,12 +312,12 @@ def _config_assignments(path):
 
 
 def test_the_config_is_not_changed_after_validation():
-    """Only config.py builds configs; elsewhere a changed config is a new one
+    """Only the config package builds configs; elsewhere a changed config is a new one
     (`dataclasses.replace`), so a value in use has passed validation."""
     found = [
         f"{path.relative_to(PACKAGE)}: {assignment}"
         for path in sorted(PACKAGE.rglob("*.py"))
-        if path != PACKAGE / "config.py"
+        if PACKAGE / "config" not in path.parents
         for assignment in _config_assignments(path)
     ]
     assert not found, "\n".join(found)
@@ -352,8 +354,9 @@ def test_the_checks_see_what_they_look_for(tmp_path):
     assert "keras_transformer.final_model" in graph["keras_transformer.commands.export"]
 
 
-# Each decoding default is declared once: in config.py (`DecodeConfig`, the special ids), read
-# by `DecodingSettings`. These are the literals that used to be copied around the package.
+# Each decoding default is declared once: in config/sections.py (`DecodeConfig`, the special
+# ids), read by `DecodingSettings`. These are the literals that used to be copied around the
+# package.
 _DECODING_DEFAULTS = {
     "beam_size": "4",
     "alpha": "0.6",
@@ -406,6 +409,84 @@ def test_the_default_check_finds_copies():
 
 def _sources():
     return {path: path.read_text() for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+# The primitive layers' own arguments of those names, defaults as Keras's own layers have them:
+# `MultiHeadAttention(dropout=0.0)`, `PositionwiseFeedForward(activation="relu", dropout=0.0)`
+# (the blocks pass them the model's `attention_dropout`, `activation` and `activation_dropout`).
+_OWN_ARGUMENTS = {"layers/attention.py", "layers/feed_forward.py"}
+
+
+def _model_defaults(text):
+    """`[(line, name)]` where `text` gives a key of the `model:` section (`ModelConfig`) a
+    literal default: a parameter's (`layer_norm_epsilon=1e-6`) or a dataclass field's
+    (`dropout: float = key(0.1, ...)`); `ModelConfig.dropout` as a default is a reference."""
+    from keras_transformer.config import ModelConfig
+
+    names = {f.name for f in dataclasses.fields(ModelConfig)}
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = node.args
+            positional = args.posonlyargs + args.args
+            defaults = list(zip(positional[len(positional) - len(args.defaults) :], args.defaults))
+            defaults += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d]
+            literal = [(a, d) for a, d in defaults if isinstance(d, ast.Constant)]
+            found += [(d.lineno, a.arg) for a, d in literal if d.value is not None]  # None: unset
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.value, (ast.Constant, ast.Call)):
+            value = node.value
+            if isinstance(value, ast.Call):  # `key(default, ...)`, `field(default=...)`
+                given = value.args[:1] + [k.value for k in value.keywords if k.arg == "default"]
+                value = given[0] if given else None
+            if isinstance(value, ast.Constant):
+                found.append((node.lineno, getattr(node.target, "id", "")))
+    return [(line, name) for line, name in found if name in names]
+
+
+def test_each_model_hyper_parameter_default_is_declared_once():
+    """`ModelConfig` (config/sections.py) declares the model's hyper-parameters and their
+    defaults; the models take its keys and the blocks and stacks default to its values. They
+    were declared three times (config, `Transformer.__init__`, the blocks; and a fourth time in
+    `DecoderOnlyTransformer`), joined by `inspect.signature` and `_arguments(locals())`."""
+    from keras_transformer.config import ModelConfig
+
+    declared = [
+        (str(path.relative_to(PACKAGE)), name)
+        for path, text in _sources().items()
+        if str(path.relative_to(PACKAGE)) not in _OWN_ARGUMENTS
+        for _, name in _model_defaults(text)
+    ]
+    home = pathlib.Path(sys.modules[ModelConfig.__module__].__file__).relative_to(PACKAGE)
+    names = [f.name for f in dataclasses.fields(ModelConfig)]
+    assert sorted(declared) == sorted((str(home), name) for name in names), declared
+    epsilons = [
+        f"{path.relative_to(PACKAGE)}:{node.lineno}"
+        for path, text in _sources().items()
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.Constant) and node.value == 1e-6
+    ]
+    assert [e.split(":")[0] for e in epsilons] == [str(home)], epsilons
+    joins = [
+        f"{path.relative_to(PACKAGE)}: {pattern}"
+        for path, text in _sources().items()
+        for pattern in ("inspect.signature(", "locals()")
+        if pattern in text
+    ]
+    assert not joins, joins
+
+
+def test_the_model_default_check_finds_copies():
+    text = (
+        "class Block:\n"
+        "    def __init__(self, num_heads, dropout=0.1, *, norm_first=False, d_ff=Config.d_ff,\n"
+        "                 d_model=None):\n"
+        "        pass\n"
+        "@dataclass\nclass Sizes:\n    d_model: int = 512\n"
+        "    layer_norm_epsilon: float = field(default=1e-6)\n    other: int = 3\n"
+    )
+    assert [name for _, name in _model_defaults(text)] == [
+        "dropout", "norm_first", "d_model", "layer_norm_epsilon"
+    ]  # fmt: skip
 
 
 def test_one_finite_minus_infinity():

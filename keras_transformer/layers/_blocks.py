@@ -1,11 +1,14 @@
 """What the encoder and decoder blocks and stacks share: constructor arguments, sub-layer
 wiring (residual, LayerNorm, feed-forward) and config. Private: the public classes are in
-`encoder.py` and `decoder.py`."""
+`encoder.py` and `decoder.py`.
 
-import inspect
+The arguments that are model hyper-parameters default to the config's `model:` section
+(`ModelConfig`, where each is declared once); a stack takes them as its own arguments and
+passes them to each of its blocks."""
 
 import keras
 
+from keras_transformer.config.sections import ModelConfig
 from keras_transformer.fast_paths import Kernels
 from keras_transformer.layers._initializers import clone_initializer
 from keras_transformer.layers._specs import CallTracedSpec
@@ -21,6 +24,10 @@ def head_size(d_model, num_heads):
     return d_model // num_heads
 
 
+# Of every projection kernel of the blocks (Keras's default for `Dense`).
+KERNEL_INITIALIZER = "glorot_uniform"
+
+
 class BlockBase(CallTracedSpec, keras.layers.Layer):
     """Shared constructor arguments, sub-layer wiring and config of the encoder/decoder blocks."""
 
@@ -28,13 +35,13 @@ class BlockBase(CallTracedSpec, keras.layers.Layer):
         self,
         num_heads,
         d_ff,
-        dropout=0.1,
-        attention_dropout=0.0,
-        activation_dropout=0.0,
-        activation="relu",
-        norm_first=False,
-        layer_norm_epsilon=1e-6,
-        kernel_initializer="glorot_uniform",
+        dropout=ModelConfig.dropout,
+        attention_dropout=ModelConfig.attention_dropout,
+        activation_dropout=ModelConfig.activation_dropout,
+        activation=ModelConfig.activation,
+        norm_first=ModelConfig.norm_first,
+        layer_norm_epsilon=ModelConfig.layer_norm_epsilon,
+        kernel_initializer=KERNEL_INITIALIZER,
         kernels=None,
         **kwargs,
     ):
@@ -121,36 +128,47 @@ class BlockBase(CallTracedSpec, keras.layers.Layer):
 
 
 class StackBase(CallTracedSpec, keras.layers.Layer):
-    """Shared constructor and config of the encoder/decoder stacks: `num_layers`, then the block
-    class's own arguments (declared once, by `BlockBase.__init__`), passed to every block."""
+    """Shared constructor and config of the encoder/decoder stacks: `num_layers`, then the
+    blocks' arguments (those of `BlockBase`, with the same defaults), passed to every block."""
 
     block_class = None
 
-    def __init__(self, num_layers, num_heads, d_ff, **kwargs):
-        # The shared arguments, and those a block class adds (the decoder's `decoder_only`).
-        block_names = {
-            **inspect.signature(BlockBase.__init__).parameters,
-            **inspect.signature(self.block_class.__init__).parameters,
-        }
-        block_kwargs = {name: kwargs.pop(name) for name in list(kwargs) if name in block_names}
+    def __init__(
+        self,
+        num_layers,
+        num_heads,
+        d_ff,
+        dropout=ModelConfig.dropout,
+        attention_dropout=ModelConfig.attention_dropout,
+        activation_dropout=ModelConfig.activation_dropout,
+        activation=ModelConfig.activation,
+        norm_first=ModelConfig.norm_first,
+        layer_norm_epsilon=ModelConfig.layer_norm_epsilon,
+        kernel_initializer=KERNEL_INITIALIZER,
+        kernels=None,
+        **kwargs,
+    ):
         # The initializer as an object, made here once per stack (as Keras makes any default
         # seed): the same seed stream, so the same weights for a given global seed, as before.
-        block_kwargs["kernel_initializer"] = keras.initializers.get(
-            block_kwargs.get("kernel_initializer", block_names["kernel_initializer"].default)
-        )
-        # The fast paths, chosen here once for all the blocks (recorded by name).
-        block_kwargs["kernels"] = Kernels.get(block_kwargs.get("kernels")).to_config()
+        kernel_initializer = keras.initializers.get(kernel_initializer)
         super().__init__(**kwargs)
         if num_layers <= 0:
             raise ValueError(f"num_layers must be positive, got {num_layers}")
         self.num_layers = int(num_layers)
+        block_kwargs = dict(
+            num_heads=num_heads, d_ff=d_ff, dropout=dropout, attention_dropout=attention_dropout,
+            activation_dropout=activation_dropout, activation=activation, norm_first=norm_first,
+            layer_norm_epsilon=layer_norm_epsilon, kernel_initializer=kernel_initializer,
+        )  # fmt: skip
         # The blocks' arguments, serializable (activations and initializers by name or config).
         self.block_kwargs = {
             name: value
             if isinstance(value, (str, int, float, bool, type(None)))
             else keras.saving.serialize_keras_object(value)
-            for name, value in dict(num_heads=num_heads, d_ff=d_ff, **block_kwargs).items()
+            for name, value in block_kwargs.items()
         }
+        # The fast paths, chosen here once for all the blocks (recorded by name).
+        self.block_kwargs["kernels"] = Kernels.get(kernels).to_config()
         self.supports_masking = True
 
     def build(self, input_shape, *args, **kwargs):

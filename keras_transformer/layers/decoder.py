@@ -275,10 +275,14 @@ class TransformerDecoder(StackBase):
 
     block_class = TransformerDecoderBlock
 
+    def __init__(self, num_layers, num_heads, d_ff, decoder_only=None, **kwargs):
+        super().__init__(num_layers, num_heads, d_ff, **kwargs)
+        self.block_kwargs["decoder_only"] = decoder_only  # None: the first call chooses
+
     @property
     def decoder_only(self):
         """True or False once built (or given); None while the first call is to choose."""
-        return self.block_kwargs.get("decoder_only")
+        return self.block_kwargs["decoder_only"]
 
     def build(self, inputs_shape, encoder_output_shape=None, cross_attention_cache_shape=None):
         if self.decoder_only is None:

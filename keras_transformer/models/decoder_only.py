@@ -6,11 +6,17 @@ from keras_transformer.fast_paths import Kernels
 from keras_transformer.layers.decoder import TransformerDecoder
 from keras_transformer.layers.embedding import SinusoidalPositionalEncoding, TokenEmbedding
 from keras_transformer.layers.masks import padding_mask
-from keras_transformer.models.transformer import _arguments, arguments_from, config_of
+from keras_transformer.models._hyper_parameters import HyperParameters, take
+
+# Its hyper-parameters: the keys of the `model:` section that a decoder-only model has.
+_KEYS = (
+    "num_layers", "d_model", "num_heads", "d_ff", "dropout", "attention_dropout",
+    "activation_dropout", "activation", "norm_first", "layer_norm_epsilon",
+)  # fmt: skip
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class DecoderOnlyTransformer(keras.Model):
+class DecoderOnlyTransformer(HyperParameters, keras.Model):
     """A causal language model: the paper's decoder without encoder-decoder attention.
 
     A functional Keras model wired from the library's layers: a token embedding (scaled by
@@ -42,6 +48,10 @@ class DecoderOnlyTransformer(keras.Model):
     Returns:
         Logits `[batch, length, vocab_size]` (float32).
 
+    The arguments but `vocab_size` and `dtype` are keys of the config's `model:` section, by
+    keyword, with its defaults (`keras_transformer.config.ModelConfig`); they are kept in
+    `model.hyper_parameters`, read as attributes and saved as the config of `.keras` files.
+
     Example:
     ```python
     model = DecoderOnlyTransformer(vocab_size=1000, num_layers=2, d_model=64, num_heads=4,
@@ -55,46 +65,31 @@ class DecoderOnlyTransformer(keras.Model):
         Language Understanding by Generative Pre-Training" (the decoder-only language model).
     """
 
-    def __init__(
-        self,
-        vocab_size,
-        num_layers=6,
-        d_model=512,
-        num_heads=8,
-        d_ff=2048,
-        dropout=0.1,
-        attention_dropout=0.0,
-        activation_dropout=0.0,
-        activation="relu",
-        norm_first=False,
-        layer_norm_epsilon=1e-6,
-        dtype=None,
-        kernels=None,
-        **kwargs,
-    ):
-        hyper_parameters = _arguments(DecoderOnlyTransformer.__init__, locals())
+    def __init__(self, vocab_size, *, dtype=None, kernels=None, **kwargs):
+        h = {"vocab_size": vocab_size, **take(kwargs, _KEYS)}  # the hyper-parameters
         kernels = Kernels.get(kernels)
-        token_embedding = TokenEmbedding(vocab_size, d_model, dtype=dtype, name="token_embedding")
+        token_embedding = TokenEmbedding(
+            vocab_size, h["d_model"], dtype=dtype, name="token_embedding"
+        )
         positional_encoding = SinusoidalPositionalEncoding(dtype=dtype, name="positional_encoding")
         decoder = TransformerDecoder(
-            num_layers, num_heads, d_ff, dropout=dropout, attention_dropout=attention_dropout,
-            activation_dropout=activation_dropout, activation=activation, norm_first=norm_first,
-            layer_norm_epsilon=layer_norm_epsilon, decoder_only=True, kernels=kernels.to_config(),
-            dtype=dtype, name="decoder",
+            h["num_layers"], h["num_heads"], h["d_ff"], dropout=h["dropout"],
+            attention_dropout=h["attention_dropout"], activation_dropout=h["activation_dropout"],
+            activation=h["activation"], norm_first=h["norm_first"],
+            layer_norm_epsilon=h["layer_norm_epsilon"], decoder_only=True,
+            kernels=kernels.to_config(), dtype=dtype, name="decoder",
         )  # fmt: skip
         to_float32 = keras.layers.Activation("linear", dtype="float32", name="logits")
         ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
         x = positional_encoding(token_embedding(ids))
-        x = keras.layers.Dropout(dropout, dtype=dtype, name="embedding_dropout")(x)
+        x = keras.layers.Dropout(h["dropout"], dtype=dtype, name="embedding_dropout")(x)
         x = decoder(x, decoder_padding_mask=padding_mask(ids))
         logits = to_float32(token_embedding(x, reverse=True))
         super().__init__(inputs=ids, outputs=logits, **kwargs)
         self.token_embedding, self.positional_encoding = token_embedding, positional_encoding
         self.decoder, self.to_float32 = decoder, to_float32
-        self.hyper_parameters = hyper_parameters
+        self.hyper_parameters = h
         self.kernels = kernels
-        for name, value in hyper_parameters.items():
-            setattr(self, name, value)
 
     def init_cache(self, batch_size, max_length):
         """The empty key/value cache for `max_length` positions: one `(keys, values)` pair of
@@ -113,10 +108,3 @@ class DecoderOnlyTransformer(keras.Model):
         x = self.positional_encoding(self.token_embedding(token_ids), start_index=cache_index)
         x, cache = self.decoder(x, self_attention_cache=cache, cache_update_index=cache_index)
         return self.to_float32(self.token_embedding(x, reverse=True)), cache
-
-    def get_config(self):
-        return config_of(self, self.decoder.dtype_policy)
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(**arguments_from(config))

@@ -1,7 +1,5 @@
 """The encoder-decoder Transformer as a functional Keras model."""
 
-import inspect
-
 import keras
 from keras import ops
 
@@ -12,6 +10,7 @@ from keras_transformer.layers.decoder import TransformerDecoder
 from keras_transformer.layers.embedding import SinusoidalPositionalEncoding, TokenEmbedding
 from keras_transformer.layers.encoder import TransformerEncoder
 from keras_transformer.layers.masks import padding_mask
+from keras_transformer.models._hyper_parameters import HyperParameters, take
 from keras_transformer.models._train_step import TrainStep
 
 # The paper's sizes (Table 3) plus small ones for tests and CPUs.
@@ -25,7 +24,7 @@ PRESETS = {
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class Transformer(TrainStep, keras.Model):
+class Transformer(HyperParameters, TrainStep, keras.Model):
     """The Transformer of "Attention Is All You Need" as a functional Keras model.
 
     The graph is built in `__init__` from the library's layers: a token embedding shared by the
@@ -64,9 +63,12 @@ class Transformer(TrainStep, keras.Model):
     Returns:
         Logits `[batch, t_len, vocab_size]` (float32).
 
-    The constructor's arguments are the model's hyper-parameters, declared once by its
-    signature: kept as given, as attributes (`model.d_model`), as `model.hyper_parameters` and
-    as the config that `.keras` files save.
+    The arguments but `dtype` are the model's hyper-parameters, all but `vocab_size` by keyword:
+    the keys of the config's `model:` section, which declares them and their defaults
+    (`keras_transformer.config.ModelConfig`), and `tie_output_projection` and
+    `source_vocab_size`. They are kept as given in `model.hyper_parameters` (a dict), read as
+    attributes (`model.d_model`) and saved as the config of `.keras` files
+    (`models._hyper_parameters`).
 
     Training steps (gradient accumulation, the loss's statistics for the metrics, a
     multi-worker workaround) come from `keras_transformer.models._train_step.TrainStep`.
@@ -82,41 +84,92 @@ class Transformer(TrainStep, keras.Model):
     """
 
     def __init__(
-        self,
-        vocab_size,
-        num_layers=6,
-        d_model=512,
-        num_heads=8,
-        d_ff=2048,
-        dropout=0.1,
-        attention_dropout=0.0,
-        activation_dropout=0.0,
-        token_dropout=0.0,
-        activation="relu",
-        norm_first=False,
-        share_embeddings=True,
-        tie_output_projection=True,
-        source_vocab_size=None,
-        num_encoder_layers=None,
-        num_decoder_layers=None,
-        layer_norm_epsilon=1e-6,
-        dtype=None,
-        kernels=None,
-        **kwargs,
-    ):
-        # The signature above is the one declaration of the hyper-parameters: they are kept as
-        # given, as attributes and as the config (`get_config`).
-        hyper_parameters = _arguments(Transformer.__init__, locals())
+        self, vocab_size, *, tie_output_projection=True, source_vocab_size=None, dtype=None,
+        kernels=None, **kwargs,
+    ):  # fmt: skip
+        hyper_parameters = {
+            "vocab_size": vocab_size,
+            **take(kwargs),
+            "tie_output_projection": tie_output_projection,
+            "source_vocab_size": source_vocab_size,
+        }
         _check(**hyper_parameters)
         kernels = Kernels.get(kernels)
-        layers = _make_layers(dtype=dtype, kernels=kernels.to_config(), **hyper_parameters)
-        inputs, logits = _functional_graph(**layers)
+        self._make_layers(dtype=dtype, kernels=kernels.to_config(), **hyper_parameters)
+        inputs, logits = self._functional_graph()
         super().__init__(inputs=inputs, outputs=logits, **kwargs)
-        for name, value in {**layers, **hyper_parameters}.items():
-            setattr(self, name, value)
         self.hyper_parameters = hyper_parameters
         self.kernels = kernels
-        self.head_dim = d_model // num_heads
+        self.head_dim = self.d_model // self.num_heads
+
+    def _make_layers(
+        self, vocab_size, num_layers, d_model, dropout, token_dropout, share_embeddings,
+        tie_output_projection, source_vocab_size, num_encoder_layers, num_decoder_layers, dtype,
+        **block_arguments,
+    ):  # fmt: skip
+        """The model's layers, as its attributes (the functional graph's names as before)."""
+        self.target_embedding = TokenEmbedding(
+            vocab_size, d_model, dtype=dtype, name="token_embedding"
+        )
+        self.source_embedding = self.target_embedding
+        if not share_embeddings:
+            self.source_embedding = TokenEmbedding(
+                source_vocab_size or vocab_size, d_model, dtype=dtype, name="source_embedding"
+            )
+        # Word dropout: one mask value per token, broadcast over the embedding's width.
+        self.source_token_dropout, self.target_token_dropout = (
+            (None, None)
+            if not token_dropout
+            else tuple(
+                keras.layers.Dropout(
+                    token_dropout, noise_shape=(None, None, 1), dtype=dtype, name=name
+                )
+                for name in ("source_token_dropout", "target_token_dropout")
+            )
+        )
+        self.positional_encoding = SinusoidalPositionalEncoding(
+            dtype=dtype, name="positional_encoding"
+        )
+        self.source_dropout = keras.layers.Dropout(dropout, dtype=dtype, name="source_dropout")
+        self.target_dropout = keras.layers.Dropout(dropout, dtype=dtype, name="target_dropout")
+        stack_arguments = dict(dropout=dropout, dtype=dtype, **block_arguments)
+        self.encoder = TransformerEncoder(
+            num_encoder_layers or num_layers, name="encoder", **stack_arguments
+        )
+        self.decoder = TransformerDecoder(
+            num_decoder_layers or num_layers, name="decoder", **stack_arguments
+        )
+        self.output_projection = (
+            None
+            if tie_output_projection
+            else keras.layers.Dense(vocab_size, dtype=dtype, name="output_projection")
+        )
+        self.to_float32 = keras.layers.Activation("linear", dtype="float32", name="logits")
+
+    def _functional_graph(self):
+        """`(inputs, logits)` of the model: the paper's figure 1 wired from its layers."""
+        source_ids = keras.Input(shape=(None,), dtype="int32", name="source_ids")
+        target_ids = keras.Input(shape=(None,), dtype="int32", name="target_ids")
+        source_mask = padding_mask(source_ids)
+        target_mask = padding_mask(target_ids)
+        x = self.source_embedding(source_ids)
+        if self.source_token_dropout is not None:
+            x = self.source_token_dropout(x)
+        x = self.source_dropout(self.positional_encoding(x))
+        memory = self.encoder(x, padding_mask=source_mask)
+        y = self.target_embedding(target_ids)
+        if self.target_token_dropout is not None:
+            y = self.target_token_dropout(y)
+        y = self.target_dropout(self.positional_encoding(y))
+        y = self.decoder(
+            y, memory, decoder_padding_mask=target_mask, encoder_padding_mask=source_mask
+        )
+        if self.output_projection is None:
+            logits = self.target_embedding(y, reverse=True)
+        else:
+            logits = self.output_projection(y)
+        inputs = {"source_ids": source_ids, "target_ids": target_ids}
+        return inputs, self.to_float32(logits)
 
     @classmethod
     def from_preset(cls, preset, vocab_size, **kwargs):
@@ -252,40 +305,6 @@ class Transformer(TrainStep, keras.Model):
             "decoder_cross_attention": [s["cross_attention"] for s in dec_scores],
         }
 
-    def get_config(self):
-        return config_of(self, self.encoder.dtype_policy)
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(**arguments_from(config))
-
-
-def config_of(model, dtype_policy):
-    """A functional model's `get_config`: its hyper-parameters and dtype policy (the model is
-    rebuilt from them, not from its graph)."""
-    return {
-        "name": model.name,
-        "trainable": model.trainable,
-        **model.hyper_parameters,
-        "dtype": keras.dtype_policies.serialize(dtype_policy),
-        "kernels": model.kernels.to_config(),
-    }
-
-
-def arguments_from(config):
-    """`config_of`'s dict as constructor arguments (the dtype policy deserialized)."""
-    config = dict(config)
-    if isinstance(config.get("dtype"), dict):
-        config["dtype"] = keras.dtype_policies.deserialize(config["dtype"])
-    return config
-
-
-def _arguments(function, arguments):
-    """`function`'s named parameters (all but `self`, `dtype`, `kernels` and `**kwargs`) from
-    `arguments` (its `locals()`), in the signature's order."""
-    names = list(inspect.signature(function).parameters)[1:]
-    return {name: arguments[name] for name in names if name not in ("dtype", "kernels", "kwargs")}
-
 
 def _check(
     vocab_size, d_model, num_heads, token_dropout, share_embeddings, source_vocab_size, **unused
@@ -299,95 +318,6 @@ def _check(
             "share_embeddings=True needs one vocabulary: source_vocab_size "
             f"({source_vocab_size}) != vocab_size ({vocab_size})"
         )
-
-
-def _make_layers(
-    vocab_size,
-    num_layers,
-    d_model,
-    dropout,
-    token_dropout,
-    share_embeddings,
-    tie_output_projection,
-    source_vocab_size,
-    num_encoder_layers,
-    num_decoder_layers,
-    dtype,
-    **block_arguments,
-):
-    """The model's layers by attribute name (the functional graph's names as before)."""
-    target_embedding = TokenEmbedding(vocab_size, d_model, dtype=dtype, name="token_embedding")
-    source_embedding = target_embedding
-    if not share_embeddings:
-        source_embedding = TokenEmbedding(
-            source_vocab_size or vocab_size, d_model, dtype=dtype, name="source_embedding"
-        )
-    # Word dropout: one mask value per token, broadcast over the embedding's width.
-    source_token_dropout, target_token_dropout = (
-        (None, None)
-        if not token_dropout
-        else tuple(
-            keras.layers.Dropout(token_dropout, noise_shape=(None, None, 1), dtype=dtype, name=name)
-            for name in ("source_token_dropout", "target_token_dropout")
-        )
-    )
-    stack_arguments = dict(dropout=dropout, dtype=dtype, **block_arguments)
-    return dict(
-        source_embedding=source_embedding,
-        target_embedding=target_embedding,
-        positional_encoding=SinusoidalPositionalEncoding(dtype=dtype, name="positional_encoding"),
-        source_dropout=keras.layers.Dropout(dropout, dtype=dtype, name="source_dropout"),
-        target_dropout=keras.layers.Dropout(dropout, dtype=dtype, name="target_dropout"),
-        source_token_dropout=source_token_dropout,
-        target_token_dropout=target_token_dropout,
-        encoder=TransformerEncoder(
-            num_encoder_layers or num_layers, name="encoder", **stack_arguments
-        ),
-        decoder=TransformerDecoder(
-            num_decoder_layers or num_layers, name="decoder", **stack_arguments
-        ),
-        output_projection=(
-            None
-            if tie_output_projection
-            else keras.layers.Dense(vocab_size, dtype=dtype, name="output_projection")
-        ),
-        to_float32=keras.layers.Activation("linear", dtype="float32", name="logits"),
-    )
-
-
-def _functional_graph(
-    source_embedding,
-    target_embedding,
-    positional_encoding,
-    source_dropout,
-    target_dropout,
-    source_token_dropout,
-    target_token_dropout,
-    encoder,
-    decoder,
-    output_projection,
-    to_float32,
-):
-    """`(inputs, logits)` of the model: the paper's figure 1 wired from `_make_layers`'s layers."""
-    source_ids = keras.Input(shape=(None,), dtype="int32", name="source_ids")
-    target_ids = keras.Input(shape=(None,), dtype="int32", name="target_ids")
-    source_mask = padding_mask(source_ids)
-    target_mask = padding_mask(target_ids)
-    x = source_embedding(source_ids)
-    if source_token_dropout is not None:
-        x = source_token_dropout(x)
-    memory = encoder(source_dropout(positional_encoding(x)), padding_mask=source_mask)
-    y = target_embedding(target_ids)
-    if target_token_dropout is not None:
-        y = target_token_dropout(y)
-    y = target_dropout(positional_encoding(y))
-    y = decoder(y, memory, decoder_padding_mask=target_mask, encoder_padding_mask=source_mask)
-    if output_projection is None:
-        logits = target_embedding(y, reverse=True)
-    else:
-        logits = output_projection(y)
-    inputs = {"source_ids": source_ids, "target_ids": target_ids}
-    return inputs, to_float32(logits)
 
 
 def build_transformer(model_config, vocab_size, dtype=None):
