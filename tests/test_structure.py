@@ -594,3 +594,22 @@ def test_multi_head_attention_has_one_cache_form():
     home = ast.parse((PACKAGE / "decoding" / "beam_cache.py").read_text())
     defined = {node.name for node in home.body if isinstance(node, ast.ClassDef)}
     assert {"BeamCache", "SharedByBeams"} <= defined
+
+
+def test_figure_1_is_wired_once():
+    """The model's wiring (embeddings, positions, the output projection) is written once, in
+    the methods that the functional graph, `encode`, `decode_step` and `attention_scores` all
+    call, not once per entry point."""
+    tree = ast.parse((PACKAGE / "models" / "transformer.py").read_text())
+    calls = [ast.unparse(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)]
+    assert calls.count("self.positional_encoding") == 1
+    assert calls.count("embedding") == 1  # in `_embed`, for the source and the target
+    assert calls.count("self.output_projection") == 1 and calls.count("ops.matmul") == 1
+    assert (
+        sum(
+            "reverse=True" in ast.unparse(node)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call)
+        )
+        == 1
+    )

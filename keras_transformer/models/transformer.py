@@ -147,29 +147,18 @@ class Transformer(HyperParameters, TrainStep, keras.Model):
         self.to_float32 = keras.layers.Activation("linear", dtype="float32", name="logits")
 
     def _functional_graph(self):
-        """`(inputs, logits)` of the model: the paper's figure 1 wired from its layers."""
+        """`(inputs, logits)` of the model: the paper's figure 1, wired by `encode`,
+        `_embed_target` and `_project` (the same the decoding and inspection methods use)."""
         source_ids = keras.Input(shape=(None,), dtype="int32", name="source_ids")
         target_ids = keras.Input(shape=(None,), dtype="int32", name="target_ids")
-        source_mask = padding_mask(source_ids)
-        target_mask = padding_mask(target_ids)
-        x = self.source_embedding(source_ids)
-        if self.source_token_dropout is not None:
-            x = self.source_token_dropout(x)
-        x = self.source_dropout(self.positional_encoding(x))
-        memory = self.encoder(x, padding_mask=source_mask)
-        y = self.target_embedding(target_ids)
-        if self.target_token_dropout is not None:
-            y = self.target_token_dropout(y)
-        y = self.target_dropout(self.positional_encoding(y))
+        memory, source_mask = self.encode(source_ids, training=None)
         y = self.decoder(
-            y, memory, decoder_padding_mask=target_mask, encoder_padding_mask=source_mask
+            self._embed_target(target_ids),
+            memory,
+            decoder_padding_mask=padding_mask(target_ids),
+            encoder_padding_mask=source_mask,
         )
-        if self.output_projection is None:
-            logits = self.target_embedding(y, reverse=True)
-        else:
-            logits = self.output_projection(y)
-        inputs = {"source_ids": source_ids, "target_ids": target_ids}
-        return inputs, self.to_float32(logits)
+        return {"source_ids": source_ids, "target_ids": target_ids}, self._project(y)
 
     @classmethod
     def from_preset(cls, preset, vocab_size, **kwargs):
@@ -187,11 +176,29 @@ class Transformer(HyperParameters, TrainStep, keras.Model):
         Returns `(encoder_output [batch, s_len, d_model], source_mask [batch, s_len])`.
         """
         source_mask = padding_mask(source_ids)
-        x = self.source_embedding(source_ids)
-        if self.source_token_dropout is not None:
-            x = self.source_token_dropout(x, training=training)
-        x = self.source_dropout(self.positional_encoding(x), training=training)
+        x = self._embed_source(source_ids, training)
         return self.encoder(x, padding_mask=source_mask, training=training), source_mask
+
+    def _embed_source(self, source_ids, training=None):
+        """The encoder's input: the source ids embedded (scaled), word dropout, positions,
+        dropout."""
+        x = self._embed(source_ids, self.source_embedding, self.source_token_dropout, training)
+        return self.source_dropout(x, training=training)
+
+    def _embed_target(self, target_ids, training=None, start_index=0):
+        """The decoder's input: the target ids embedded (scaled), word dropout, positions from
+        `start_index` added, dropout."""
+        y = self._embed(
+            target_ids, self.target_embedding, self.target_token_dropout, training, start_index
+        )
+        return self.target_dropout(y, training=training)
+
+    def _embed(self, ids, embedding, token_dropout, training, start_index=0):
+        """`ids` embedded, with word dropout (when the model has it) and positions added."""
+        x = embedding(ids)
+        if token_dropout is not None:
+            x = token_dropout(x, training=training)
+        return self.positional_encoding(x, start_index=start_index)
 
     def init_cache(self, encoder_output, max_length):
         """The decoding cache for `max_length` target positions.
@@ -267,12 +274,13 @@ class Transformer(HyperParameters, TrainStep, keras.Model):
         """`decode_step` around `decoder(y) -> (output, self-attention cache)`, which runs the
         decoder stack on the embedded step. A private hook: decoding runs its own stack on the
         caches shared by the beams (`keras_transformer.decoding.beam_cache`)."""
-        y = self.positional_encoding(self.target_embedding(target_ids), start_index=cache_index)
-        y, self_cache = decoder(y)
+        y, self_cache = decoder(self._embed_target(target_ids, False, start_index=cache_index))
         logits = self._project(y, cache.get("output_kernel"))
         return logits, {**cache, "self_attention": self_cache}
 
     def _project(self, y, output_kernel=None):
+        """Float32 logits of the decoder's output `y`: the pre-softmax projection (the tied
+        embedding, or `output_kernel` when `init_cache` transposed it, or the untied Dense)."""
         if output_kernel is not None:  # the tied embedding, already transposed
             logits = ops.matmul(y, output_kernel)
         elif self.output_projection is None:
@@ -289,11 +297,14 @@ class Transformer(HyperParameters, TrainStep, keras.Model):
         [batch, heads, t_len, s_len]]}`.
         """
         source_mask = padding_mask(source_ids)
-        x = self.positional_encoding(self.source_embedding(source_ids))
-        memory, enc_scores = self.encoder(x, padding_mask=source_mask, return_attention_scores=True)
-        y = self.positional_encoding(self.target_embedding(target_ids))
+        memory, enc_scores = self.encoder(
+            self._embed_source(source_ids, False),
+            padding_mask=source_mask,
+            return_attention_scores=True,
+            training=False,
+        )
         _, dec_scores = self.decoder(
-            y,
+            self._embed_target(target_ids, False),
             memory,
             decoder_padding_mask=padding_mask(target_ids),
             encoder_padding_mask=source_mask,
