@@ -30,6 +30,7 @@ Options: `--pairs N` (default 200000), `--positions P ...`, `--config FILE`
 """
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -65,6 +66,7 @@ def _parts(args, config):
 
     from keras_transformer.training import trainer
     from keras_transformer.training.distribute import get_strategy, is_chief
+    from keras_transformer.training.strategies import strategy_input
     from keras_transformer.workdir import Workdir
 
     if args.logical_cpus:
@@ -75,7 +77,8 @@ def _parts(args, config):
             cpu, [tf.config.LogicalDeviceConfiguration()] * args.logical_cpus
         )
     strategy = get_strategy(config.runtime)
-    run = trainer._Run(config, Workdir.of(config), strategy, is_chief(strategy), time.time())
+    inputs = strategy_input(strategy)
+    run = trainer._Run(config, Workdir.of(config), inputs, is_chief(strategy), time.time())
     keras.utils.set_random_seed(config.train.seed)
     data = trainer._prepare_data(run)
     model = trainer._build_model(run, data.tokenizer.vocab_size, data.num_pairs)
@@ -96,14 +99,12 @@ def _with_backup(run, backup):
         def backup(self):
             return self.backup_directory
 
-    run.layout = Layout(run.layout.root, backup)
-    return run
+    return dataclasses.replace(run, layout=Layout(run.layout.root, backup))
 
 
 def setup_worker(args, position, backup, skip):
     """One of two workers: writes its part of the resume state of step `position` (the chief's
     state; each worker's data iterator, advanced by `position` steps, unless `skip`)."""
-    from keras_transformer.training import trainer
     from keras_transformer.training.callbacks import ResumeState
     from keras_transformer.training.distribute import WorkerTempDir
     from keras_transformer.training.run_state import RunState
@@ -112,14 +113,15 @@ def setup_worker(args, position, backup, skip):
     run, data, model = _parts(args, _config(args, os.path.join(args.tmp, "work")))
     run = _with_backup(run, backup)
     run_state = RunState()
-    _, batches = trainer._iterated_data(run, data, run_state)
+    _, batches = run.inputs.iterate(data, run_state)
     saves = []
     if not skip:
         for _ in range(position * batches.input.local_replicas):
             batches.iterator.get_next()
         directory = os.path.join(backup, f"data-worker-{batches.input.worker}")
+        worker_input = functools.partial(run.inputs.worker_input, data)
         saves.append(
-            IteratorBackup(directory, batches, 1, lambda: run_state.batches, data.worker_input).save
+            IteratorBackup(directory, batches, 1, lambda: run_state.batches, worker_input).save
         )
     with WorkerTempDir(run.chief, backup) as directory:
         state = ResumeState(
@@ -137,7 +139,7 @@ def setup(args, position, backup, skip):
     if args.strategy == "multi_worker":
         return setup_worker(args, position, backup, skip)
     run, data, model = _parts(args, _config(args, os.path.join(args.tmp, "work")))
-    dataset = data.batches(0)
+    dataset = run.inputs.batches(data, 0)
     iterator = iter(dataset)
     state = ResumeState(model, backup, 1, 1, iterator=None if skip else iterator)
     if not skip:
@@ -150,7 +152,6 @@ def setup(args, position, backup, skip):
 
 def restart(args, backup, started):
     """Times the trainer's restart path (process start to the end of the first step)."""
-    from keras_transformer.training import trainer
     from keras_transformer.training.callbacks import ResumeState
     from keras_transformer.training.replica_batches import ReplicaBatches
     from keras_transformer.training.run_state import RunState
@@ -159,25 +160,27 @@ def restart(args, backup, started):
     if args.strategy == "multi_worker":
         return restart_worker(run, data, model, backup, started)
     run_state = RunState()
-    dataset, iterator = trainer._iterated_data(run, data, run_state)
+    dataset, iterator = run.inputs.iterate(data, run_state)
     saved = iterator.iterator if isinstance(iterator, ReplicaBatches) else iterator
     state = ResumeState(model, backup, 10**9, 1, iterator=saved, run_state=run_state)
     position = state.restore()
-    batches = trainer._resumed_batches(data, dataset, iterator, position, state)
+    batches = run.inputs.resumed(data, dataset, iterator, position, state)
     model.fit(batches, steps_per_epoch=1, epochs=1, verbose=0)
     print(json.dumps({"seconds": time.time() - started, "position": position}), flush=True)
 
 
 def restart_worker(run, data, model, backup, started):
-    """One of two workers: the trainer's restart path (`_restored`: the resume state and this
-    worker's data iterator), then one step."""
-    from keras_transformer.training import trainer
+    """One of two workers: the trainer's restart path (`MultiWorkerInput.restore`: the resume
+    state and this worker's data iterator), then one step."""
     from keras_transformer.training.distribute import WorkerTempDir
     from keras_transformer.training.run_state import RunState
 
     run = _with_backup(run, backup)
     with WorkerTempDir(run.chief, backup) as directory:
-        state, batches = trainer._restored(run, model, data, RunState(), directory)
+        t = run.config.train
+        state, batches = run.inputs.restore(
+            model, data, RunState(), backup, t.checkpoint_every, t.keep_backups, directory
+        )
         model.fit(batches, steps_per_epoch=1, epochs=1, verbose=0)
     seconds = time.time() - started
     restored = state.iterator_restored

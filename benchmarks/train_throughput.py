@@ -52,7 +52,7 @@ def build_and_compile(cfg):
     """
     config = experiment_config(cfg)
     if keras.backend.backend() == "tensorflow":
-        from keras_transformer.training.distribute import resolve_jit_compile
+        from keras_transformer.training.strategies import resolve_jit_compile
 
         xla = resolve_jit_compile(config.runtime.jit_compile)
     else:  # JAX: the step is always compiled by XLA

@@ -613,3 +613,53 @@ def test_figure_1_is_wired_once():
         )
         == 1
     )
+
+
+# The one module that looks at a strategy's type: it chooses the run's input object per kind.
+STRATEGY_MODULE = PACKAGE / "training" / "strategies.py"
+
+
+def _strategy_type_tests(text):
+    """`[(line, code)]` where `text` asks which `tf.distribute` strategy it has:
+    `isinstance`/`issubclass` against a `tf.distribute` type, or a comparison of a type's
+    `__name__` with a strategy's name."""
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        asks = False
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in (
+            "isinstance",
+            "issubclass",
+        ):
+            asks = len(node.args) == 2 and "distribute" in ast.unparse(node.args[1])
+        elif isinstance(node, (ast.Call, ast.Compare)):
+            code = ast.unparse(node)
+            asks = "__name__" in code and re.search(r"[\"'][^\"']*Strategy", code) is not None
+        if asks:
+            found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_only_the_strategy_module_looks_at_a_strategy_type():
+    """What differs between strategies is decided once, in `training/strategies.py` (one input
+    object per kind); the trainer decided it with `isinstance` in three functions and
+    `models/_train_step.py` with its own."""
+    found = [
+        f"{path.relative_to(PACKAGE)}:{line}: {code}"
+        for path, text in _sources().items()
+        if path != STRATEGY_MODULE
+        for line, code in _strategy_type_tests(text)
+    ]
+    assert not found, "\n".join(found)
+    assert _strategy_type_tests(STRATEGY_MODULE.read_text())  # the check sees what it looks for
+
+
+def test_the_strategy_check_finds_type_tests():
+    text = (
+        "def f(strategy, tf, s):\n"
+        "    a = isinstance(strategy, tf.distribute.MirroredStrategy)\n"
+        "    b = isinstance(s, (int, tf.distribute.TPUStrategy))\n"
+        "    c = type(strategy).__name__.startswith('TPUStrategy')\n"
+        "    d = type(s).__name__ == 'MultiWorkerMirroredStrategy'\n"
+        "    e = isinstance(s, dict) and s.__name__ == 'x'\n"
+    )
+    assert [line for line, _ in _strategy_type_tests(text)] == [2, 3, 4, 5]

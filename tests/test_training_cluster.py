@@ -356,7 +356,8 @@ def test_resume_state_holds_the_data_iterator_restart_reads_do_not_grow(tmp_path
 
 def mirrored_restarts(report):
     """Run by `train_runner.py --logical-cpus 2`: under MirroredStrategy, the trainer's resume
-    path (`_iterated_data`, `ResumeState`, `_resumed_batches`) at data positions 5 and 600.
+    path (`MirroredInput.iterate`, `ResumeState`, `MirroredInput.resumed`: the strategy's input
+    object, `training.strategies`) at data positions 5 and 600.
     Checks that the batches after each restart are those of the uninterrupted iterator, and
     that `fit` trains on them (its symbolic build's batch is handed out again); writes the
     records read until the first batch after each restart, and after skipping instead."""
@@ -368,6 +369,7 @@ def mirrored_restarts(report):
     from keras_transformer.training.distribute import get_strategy
     from keras_transformer.training.replica_batches import ReplicaBatches
     from keras_transformer.training.run_state import RunState
+    from keras_transformer.training.strategies import strategy_input
     from keras_transformer.workdir import Workdir
 
     read = []
@@ -380,7 +382,7 @@ def mirrored_restarts(report):
     )
     strategy = get_strategy(config.runtime)
     assert strategy.num_replicas_in_sync == 2
-    run = trainer._Run(config, Workdir.of(config), strategy, True, time.time())
+    run = trainer._Run(config, Workdir.of(config), strategy_input(strategy), True, time.time())
     keras.utils.set_random_seed(config.train.seed)
     data = trainer._prepare_data(run)
     model = trainer._build_model(run, data.tokenizer.vocab_size, data.num_pairs)
@@ -388,11 +390,11 @@ def mirrored_restarts(report):
     def restart(backup):
         """As `_fit` does: (resume state, ReplicaBatches, what `fit` takes)."""
         run_state = RunState()
-        dataset, feeder = trainer._iterated_data(run, data, run_state)
+        dataset, feeder = run.inputs.iterate(data, run_state)
         assert isinstance(feeder, ReplicaBatches)
         state = ResumeState(model, backup, 1, 1, iterator=feeder.iterator, run_state=run_state)
         state.restore()
-        return state, feeder, trainer._resumed_batches(data, dataset, feeder, state.batches, state)
+        return state, feeder, run.inputs.resumed(data, dataset, feeder, state.batches, state)
 
     def arrays(batch):
         """The global batch: a per-replica batch's shares, concatenated."""
@@ -424,7 +426,7 @@ def mirrored_restarts(report):
         first = next(iter(batches))
         found[f"restored{position}"] = _settled(read)
         assert_same(first, expected[0])
-        skipped = iter(data.batches(position))
+        skipped = iter(run.inputs.batches(data, position))
         _settled(read)
         read.clear()
         for a, b in zip(tf.nest.flatten(next(skipped)), arrays(expected[0]), strict=True):

@@ -111,6 +111,12 @@ def test_a_faster_bfloat16_is_chosen_and_trained_in(tmp_path, monkeypatch):
     assert result["precision"] == "mixed_bfloat16"
     with open(tmp_path / precision.CHOICE_FILE) as f:
         assert json.load(f)["tokens_per_second"]["mixed_bfloat16"] == 150.0
+    # The export's model card records the config the run trained with: the chosen precision,
+    # not `auto` (train() once exported with the config it was given).
+    with open(os.path.join(result["saved_model"], "assets.extra", "model_card.json")) as f:
+        card = json.load(f)
+    assert card["config"]["runtime"]["mixed_precision"] == "mixed_bfloat16"
+    assert card["training"]["precision"] == "mixed_bfloat16"
     # Trained in bfloat16, exported in float32: the trainer's SavedModel answers exactly as a
     # re-export of the workdir by `keras-transformer export` (which builds float32).
     from keras_transformer import cli

@@ -27,15 +27,12 @@ import keras
 from keras import ops
 
 
-def _is_multi_worker(strategy):
-    """True for a `tf.distribute.MultiWorkerMirroredStrategy` spanning several workers."""
+def _spans_workers(strategy):
+    """True where `strategy` trains across several workers (processes): the strategy's own
+    answer, which `training.strategies` also reads to choose the trainer's input object."""
     if strategy is None or keras.backend.backend() != "tensorflow":
         return False
-    import tensorflow as tf
-
-    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and bool(
-        strategy.extended._in_multi_worker_mode()
-    )
+    return bool(strategy.extended._in_multi_worker_mode())
 
 
 def _unpack(data):
@@ -297,7 +294,7 @@ class TrainStep:
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         strategy = getattr(self, "_distribute_strategy", None)
-        if iterator is not None and _is_multi_worker(strategy):
+        if iterator is not None and _spans_workers(strategy):
             import tensorflow as tf  # only the TensorFlow trainer calls this method
 
             for _, _, batches in iterator:
@@ -310,8 +307,6 @@ class TrainStep:
         return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
 
     def _multi_worker_logs(self, logs):
-        if keras.backend.backend() != "tensorflow" or not _is_multi_worker(
-            self.distribute_strategy
-        ):
+        if keras.backend.backend() != "tensorflow" or not _spans_workers(self.distribute_strategy):
             return logs
         return {k: ops.reshape(v, (1,)) if len(ops.shape(v)) == 0 else v for k, v in logs.items()}

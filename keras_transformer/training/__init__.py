@@ -2,7 +2,8 @@
 
 The parts (loss, metrics, schedules, optimizer, callbacks, strategies) are importable from their
 modules: `training.losses`, `training.metrics`, `training.schedules`, `training.optimizers`,
-`training.callbacks`, `training.run_state`, `training.distribute`.
+`training.callbacks`, `training.run_state`, `training.distribute` (the strategy chosen by name),
+`training.strategies` (what differs between strategies: one input object per kind).
 
 `train` runs on the backend Keras runs: `training.trainer` on TensorFlow (tf.data, tf.distribute
 strategies), `training.jax_trainer` on JAX (`KERAS_BACKEND=jax`: numpy batches, one device or

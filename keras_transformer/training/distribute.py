@@ -1,4 +1,7 @@
-"""Distribution strategies chosen by name, XLA and mixed-precision settings of `runtime`."""
+"""The distribution strategy chosen by name (`runtime.strategy`), and the workers' coordination:
+which one is the chief, its heartbeat while the others wait for its files, their temporary
+directories. What the trainer does differently under each strategy is the strategy's input object
+(`training.strategies`)."""
 
 import hashlib
 import json
@@ -10,7 +13,6 @@ import time
 import tensorflow as tf
 
 from keras_transformer.errors import ConfigError, WorkerError
-from keras_transformer.models._train_step import _is_multi_worker
 
 
 def _tf_config_workers():
@@ -75,29 +77,6 @@ def _has_local_tpu():
     return bool(tf.config.list_logical_devices("TPU"))
 
 
-def device_kind(strategy=None):
-    """'tpu', 'gpu' or 'cpu': the kind of device the replicas run on."""
-    if strategy is not None and type(strategy).__name__.startswith("TPUStrategy"):
-        return "tpu"
-    if tf.config.list_logical_devices("TPU"):
-        return "tpu"
-    if tf.config.list_logical_devices("GPU"):
-        return "gpu"
-    return "cpu"
-
-
-def resolve_jit_compile(value, strategy=None):
-    """`runtime.jit_compile` as a bool: `auto` compiles with XLA on GPUs and TPUs only.
-
-    On CPUs XLA does not pay: measured on a 2-core CPU with the quickstart model, steps were
-    slower with XLA than without, after a long compile of each bucket shape (the figures are in
-    docs/guides/performance.md); so `auto` leaves it off there.
-    """
-    if value == "auto":
-        return device_kind(strategy) in ("gpu", "tpu")
-    return bool(value)
-
-
 def is_chief(strategy=None):
     """True in the process that writes checkpoints, logs and exports (worker 0 or the chief)."""
     try:
@@ -120,11 +99,6 @@ def task_index():
     except ValueError:
         return 0
     return int((config.get("task") or {}).get("index", 0))
-
-
-def is_multi_worker(strategy):
-    """True for a `MultiWorkerMirroredStrategy` spanning several workers (processes)."""
-    return _is_multi_worker(strategy)
 
 
 # The chief's heartbeat while it prepares: a beat every HEARTBEAT_SECONDS; a waiting worker that
@@ -250,37 +224,6 @@ def wait_for_path(
                 )
         time.sleep(poll)
     return path
-
-
-def make_agreement(strategy):
-    """A function `value -> float` that every worker calls at the same point and that returns the
-    same answer everywhere: the value the chief passed (an all-reduce in which only the first
-    replica, the chief's, contributes).
-
-    Under one process (default, mirrored, TPU) it returns the value itself at no cost. The
-    trainer uses it for the time budget: only the chief's clock counts, so every worker stops
-    after the same step, instead of at its own moment (which would leave the others waiting in
-    the next all-reduce), and uses the same budget-aware learning rate.
-    """
-    if not is_multi_worker(strategy):
-        return float
-
-    @tf.function
-    def chief_value(value):
-        def replica_fn():
-            context = tf.distribute.get_replica_context()
-            first = tf.equal(context.replica_id_in_sync_group, 0)
-            # A copy on this replica's device (the collective needs one to reduce onto).
-            local = tf.where(first, tf.identity(value), tf.zeros_like(value))
-            return context.all_reduce(tf.distribute.ReduceOp.SUM, local)
-
-        return strategy.run(replica_fn)
-
-    def agree(value):
-        total = chief_value(tf.constant(float(value), tf.float64))
-        return float(strategy.experimental_local_results(total)[0])
-
-    return agree
 
 
 class WorkerTempDir:

@@ -21,7 +21,7 @@ import time
 import tensorflow as tf
 
 from keras_transformer import stopping
-from keras_transformer.training.distribute import device_kind
+from keras_transformer.training.strategies import device_kind
 from keras_transformer.workdir import read_text, write_atomically
 
 CHOICE_FILE = "precision.json"
@@ -100,7 +100,8 @@ def resolve_precision(directory, strategy, build, batches, chief=True, agree=flo
         build: `policy -> compiled model`, for `measure_rates`.
         batches: `() -> a few training batches`, for `measure_rates` (called only when timing).
         chief: only the chief times and writes; the others take its answer through `agree`.
-        agree: `value -> the chief's value`, the same on every worker (`make_agreement`).
+        agree: `value -> the chief's value`, the same on every worker (the strategy input's
+            `agreement()`).
 
     Returns:
         `(policy, record)`: `record` is what `precision.json` holds (`precision`, `reason`, and

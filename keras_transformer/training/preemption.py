@@ -16,9 +16,6 @@ all-reduce per step, then a save and an exit) as a Keras callback, saving the st
 already defines (which also holds the data position and the training clock).
 """
 
-
-import tensorflow as tf
-
 from keras_transformer import stopping
 from keras_transformer.errors import Preempted
 from keras_transformer.training.callbacks import writes_in_the_batch_loop
@@ -57,29 +54,6 @@ class CatchSignals:
         return block.__exit__(*exc) if block is not None else False
 
 
-def make_any_worker(strategy):
-    """A function `flag -> bool` that every worker calls after each step: True on all of them
-    when any worker's flag is True (an all-reduce); under one process, the flag itself."""
-    from keras_transformer.training.distribute import is_multi_worker
-
-    if not is_multi_worker(strategy):
-        return bool
-
-    @tf.function
-    def total(flag):
-        def replica_fn():
-            context = tf.distribute.get_replica_context()
-            return context.all_reduce(tf.distribute.ReduceOp.SUM, tf.identity(flag))
-
-        return strategy.run(replica_fn)
-
-    def any_worker(flag):
-        summed = total(tf.constant(1.0 if flag else 0.0, tf.float32))
-        return float(strategy.experimental_local_results(summed)[0]) > 0
-
-    return any_worker
-
-
 class StopOnSignal(RunStateCallback):
     """After each step: when a signal came (to this worker or, with `any_worker`, to any),
     saves `resume` (a `ResumeState`) and `checkpoint` (a `StepCheckpoint`, or None), calls
@@ -92,7 +66,8 @@ class StopOnSignal(RunStateCallback):
         signals: a `CatchSignals`.
         resume: the `ResumeState` callback.
         checkpoint: the chief's `StepCheckpoint`; None on the other workers.
-        any_worker: `flag -> bool`, `make_any_worker(strategy)`; None: this process alone.
+        any_worker: `flag -> bool`, the strategy input's `any_worker()` (an all-reduce under
+            several workers, `training.strategies`); None: this process alone.
         flush: callables run before raising.
     """
 

@@ -41,10 +41,11 @@ class RunState:
     which still consumed their batch). Both are variables: `ResumeState` saves and restores
     them.
 
-    Under several workers the time is one decision: with `agree` (`distribute.make_agreement`,
-    which returns the value the chief passed), every worker takes the chief's seconds after each
-    batch when the time counts (`timed`, or a budget schedule), so all stop after the same step
-    and use the same learning rate; only the clock of the worker with `keeps_time=True` counts.
+    Under several workers the time is one decision: with `agree` (the strategy input's
+    `agreement()`, `training.strategies`, which returns the value the chief passed), every
+    worker takes the chief's seconds after each batch when the time counts (`timed`, or a budget
+    schedule), so all stop after the same step and use the same learning rate; only the clock
+    of the worker with `keeps_time=True` counts.
 
     Args:
         timer: the clock function (`time.monotonic`; tests pass their own).

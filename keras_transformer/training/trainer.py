@@ -5,7 +5,6 @@ build the model, fit (resuming exactly where a killed run stopped), average chec
 and export. Under several workers only the chief writes anything shared (see `_Run`).
 """
 
-import contextlib
 import dataclasses
 import functools
 import json
@@ -37,7 +36,6 @@ from keras_transformer.final_model import (
 from keras_transformer.models import build_transformer
 from keras_transformer.training import end_reserve
 from keras_transformer.training.callbacks import (
-    ResumeState,
     StepCheckpoint,
     StopAtStep,
     TrainingSummaries,
@@ -45,13 +43,9 @@ from keras_transformer.training.callbacks import (
 )
 from keras_transformer.training.dev_evaluation import DevEvaluator, KeepBest
 from keras_transformer.training.distribute import (
-    Heartbeat,
     WorkerTempDir,
     get_strategy,
     is_chief,
-    is_multi_worker,
-    make_agreement,
-    resolve_jit_compile,
     wait_for_path,
 )
 from keras_transformer.training.init_from import (
@@ -59,12 +53,11 @@ from keras_transformer.training.init_from import (
     prepare_parent,
     recorded_parent,
 )
-from keras_transformer.training.preemption import CatchSignals, StopOnSignal, make_any_worker
+from keras_transformer.training.preemption import CatchSignals, StopOnSignal
 from keras_transformer.training.recipe import compile_model, make_optimizer  # noqa: F401
-from keras_transformer.training.replica_batches import ReplicaBatches, iterated_from
 from keras_transformer.training.run_state import RunState
+from keras_transformer.training.strategies import resolve_jit_compile, strategy_input
 from keras_transformer.training.visuals import AttentionSummaries, write_hparams
-from keras_transformer.training.worker_batches import IteratorBackup, WorkerBatches, WorkerInput
 from keras_transformer.workdir import Workdir, join, read_json, write_atomically
 
 # The chief's heartbeat file in the workdir while it prepares the data (multi-worker).
@@ -78,17 +71,18 @@ def _model_dtype(config):
     return None if policy in (None, "float32") else policy
 
 
-def _export(model, tokenizer, config, result=None, alpha=None):
+def _export(run, model, tokenizer, result=None, alpha=None):
     """Exports the SavedModel; returns its path.
 
-    Its model card gets the config, the manifest's counts and `result`'s steps, time, precision
-    and scores; the dev set calibrates its confidence."""
+    Its model card gets the run's (resolved) config, the manifest's counts and `result`'s
+    steps, time, precision and scores; the dev set calibrates its confidence."""
     from keras_transformer.data.prepare import read_manifest
     from keras_transformer.export import export_saved_model
     from keras_transformer.export.card import card_facts
 
+    config = run.config
     try:
-        manifest = read_manifest(Workdir.of(config).prepared)
+        manifest = read_manifest(run.layout.prepared)
     except (OSError, ValueError):
         manifest = None
 
@@ -98,7 +92,7 @@ def _export(model, tokenizer, config, result=None, alpha=None):
         decoding_settings(config, export=True, alpha=alpha),  # alpha: chosen on dev, or None
         config.data,
         config.export.base_dir,
-        export_name(config, Workdir.of(config).root),
+        export_name(config, run.layout.root),
         card_facts=card_facts(config, manifest, result, tokenizer.vocab_size),
         dev_pairs=_read_split(config.data.dev),
         jit_compile=config.export.jit_compile,
@@ -131,34 +125,64 @@ def _print_summary(result):
     print("\n".join(lines), flush=True)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class _Run:
-    """What the steps of one `train()` call share.
+    """What the steps of one `train()` call share, resolved once at its start: the config
+    (after `_with_resolved_precision`, the precision it names is concrete), the workdir's
+    layout, the strategy's input object (`training.strategies`: everything that differs
+    between strategies), whether this worker is the chief, and the start time.
 
-    Under several workers (`multi_worker`) the chief (worker 0) is the only one that writes
-    anything shared: config, vocabulary, checkpoints, backups, TensorBoard, result, export.
-    The others read what it makes, keep their resume states in a temporary directory of their
-    own (deleted at the end) and skip evaluation, scoring and export.
+    Under several workers the chief (worker 0) is the only one that writes anything shared:
+    config, vocabulary, checkpoints, backups, TensorBoard, result, export. The others read what
+    it makes, keep their resume states in a temporary directory of their own (deleted at the
+    end) and skip evaluation, scoring and export.
     """
 
     config: object
     layout: Workdir
-    strategy: object
+    inputs: object
     chief: bool
     started: float
 
+    @property
+    def strategy(self):
+        return self.inputs.strategy
 
-@dataclasses.dataclass
+    @functools.cached_property
+    def decoding(self):
+        """The `decode:` section's `DecodingSettings` (the dev and test scoring)."""
+        return decoding_settings(self.config)
+
+
+@dataclasses.dataclass(frozen=True)
 class _TrainingData:
-    """The tokenizer and the training batches: `batches(position)` is the (deterministic,
-    endless) dataset of global batches from global step `position` on; under several workers,
-    `worker_input(position)` is this worker's share of them (a `WorkerInput`)."""
+    """The tokenizer and where the training batches come from: `shards(multiple)` are the
+    prepared shards in batches of `multiple` shares of `data.tokens_per_batch` (the strategy's
+    input object makes the global batches of them), `accumulation` the micro-batches of a
+    replica's share (`train.gradient_accumulation_steps`)."""
 
     tokenizer: object
-    batches: object
     num_pairs: int
-    first_batches: object  # `() -> a few batches of one replica`, for timing
-    worker_input: object = None
+    prepared: str
+    data_config: object
+    accumulation: int
+
+    def shards(self, multiple, **kwargs):
+        """Batches of `multiple` shares of data.tokens_per_batch, a multiple of `multiple`."""
+        from keras_transformer.data import prepared_dataset
+
+        return prepared_dataset(
+            self.prepared,
+            self.data_config,
+            training=True,
+            tokens_per_batch=self.data_config.tokens_per_batch * multiple,
+            batch_multiple=multiple,
+            **kwargs,
+        )
+
+    def first_batches(self, count=3):
+        """A few batches of one replica, for timing."""
+        return list(self.shards(self.accumulation, verbose=False).take(count))
 
 
 def train(config):
@@ -214,12 +238,19 @@ def _train(config):
         return previous
     # The strategy first: multi-worker and TPU setups must precede any device use.
     strategy = get_strategy(config.runtime)
-    run = _Run(config, layout, strategy, is_chief(strategy), started)
+    run = _Run(config, layout, strategy_input(strategy), is_chief(strategy), started)
     # Seeding clears TensorFlow's kernel caches, which would drop the SentencePiece op's resource
     # (the tokenizer must be created after it).
     keras.utils.set_random_seed(config.train.seed)
     data = _prepare_data(run)
-    _resolve_auto_precision(run, data)
+    if config.runtime.mixed_precision == "auto":
+        run, data = _with_resolved_precision(run, data)
+    return _train_resolved(run, data)
+
+
+def _train_resolved(run, data):
+    """Builds, fits, chooses the final model, scores and exports: every step reads the run's
+    one resolved config (`run.config`)."""
     model = _build_model(run, data.tokenizer.vocab_size, data.num_pairs)
     parent = recorded_parent(run.config)  # fine-tuning: train.init_from
     load_parent_weights(model, run.config, parent)
@@ -235,10 +266,10 @@ def _train(config):
     result = _score(run, final, data.tokenizer, step, stopper)
     if parent:
         result["init_from"] = {key: parent[key] for key in ("path", "checkpoint", "step")}
-    result["saved_model"] = _export(final.model, data.tokenizer, config, result, final.alpha)
+    result["saved_model"] = _export(run, final.model, data.tokenizer, result, final.alpha)
     # What followed training (choice, scoring, export): within the budget's end.
     result["end_seconds"] = round(time.perf_counter() - end_started, 1)
-    if run.config.train.max_minutes is not None:
+    if t.max_minutes is not None:
         result["budget"] = _budget_json(run, stopper)
     return _finish(run, result)
 
@@ -287,15 +318,14 @@ def _prepare_data(run):
     A waiting worker sees the chief's heartbeat (`distribute.Heartbeat`) and fails within a
     minute when it stops.
     """
-    from keras_transformer.data import Tokenizer, prepare, prepared_dataset
+    from keras_transformer.data import Tokenizer, prepare
     from keras_transformer.data.prepare import MANIFEST, VOCABULARY, check_prepared, read_manifest
 
     config, layout = run.config, run.layout
     heartbeat = os.path.join(layout.root, PREPARE_HEARTBEAT)
     if run.chief:
         tf.io.gfile.makedirs(layout.root)
-        # Workers waiting for the prepared data see that the chief is alive.
-        with Heartbeat(heartbeat) if is_multi_worker(run.strategy) else contextlib.nullcontext():
+        with run.inputs.heartbeat(heartbeat):  # seen by the workers waiting for the data
             prepare_parent(config)  # fine-tuning: the parent's vocabulary, before prepare
             manifest = prepare(config)
         save_config(config, layout.config)
@@ -308,50 +338,13 @@ def _prepare_data(run):
         )
         manifest = check_prepared(config, read_manifest(layout.prepared), repair=False)
     tokenizer = Tokenizer(os.path.join(layout.prepared, VOCABULARY))
-    # data.tokens_per_batch is per replica and micro-batch.
-    k = config.train.gradient_accumulation_steps
-    share = run.strategy.num_replicas_in_sync * k
-
-    def shards(multiple, **kwargs):
-        """Batches of `multiple` shares of data.tokens_per_batch, a multiple of `multiple`."""
-        return prepared_dataset(
-            layout.prepared,
-            config.data,
-            training=True,
-            tokens_per_batch=config.data.tokens_per_batch * multiple,
-            batch_multiple=multiple,
-            **kwargs,
-        )
-
-    def worker_input(position):
-        return _worker_input(run.strategy, functools.partial(shards, k, verbose=False), position)
-
-    def batches(position):
-        if not is_multi_worker(run.strategy):
-            return shards(share).skip(position)
-        return worker_input(position).distributed
-
-    def first_batches(count=3):
-        return list(shards(k, verbose=False).take(count))
-
-    data = _TrainingData(tokenizer, batches, manifest["counts"]["written"], first_batches)
-    data.worker_input = worker_input if is_multi_worker(run.strategy) else None
-    return data
-
-
-def _worker_input(strategy, shards, position):
-    """Several workers: this worker's `WorkerInput` from global step `position` on. Each worker
-    reads its own shards (every num_workers-th file; `shards(input_context=...)` makes the
-    per-replica batches) for its replicas; a global step takes one batch for each replica."""
-    made = []
-
-    def per_worker(context):
-        local_replicas = context.num_replicas_in_sync // context.num_input_pipelines
-        made.append((shards(input_context=context).skip(position * local_replicas), context))
-        return made[-1][0]
-
-    distributed = strategy.distribute_datasets_from_function(per_worker)
-    return WorkerInput(distributed, *made[-1], start=position)
+    return _TrainingData(
+        tokenizer,
+        manifest["counts"]["written"],
+        layout.prepared,
+        config.data,  # data.tokens_per_batch is per replica and micro-batch
+        config.train.gradient_accumulation_steps,
+    )
 
 
 def _with_precision(config, policy):
@@ -360,19 +353,17 @@ def _with_precision(config, policy):
     )
 
 
-def _resolve_auto_precision(run, data):
-    """`runtime.mixed_precision: auto` made concrete: `run.config` then names the precision
-    that `training.precision.resolve_precision` chose (on a CPU, by timing a few train steps of
-    this model on these batches in float32 and mixed_bfloat16; read back from the workdir on a
-    resume). The random seed is set again afterwards, so the model starts from the same weights
-    as a run that named the chosen precision itself."""
+def _with_resolved_precision(run, data):
+    """`(run, data)` for `runtime.mixed_precision: auto`: a new run whose config names the
+    precision that `training.precision.resolve_precision` chose (on a CPU, by timing a few train
+    steps of this model on these batches in float32 and mixed_bfloat16; read back from the
+    workdir on a resume), and the data with a new tokenizer. The random seed is set again
+    afterwards, so the model starts from the same weights as a run that named the chosen
+    precision itself."""
     from keras_transformer.data import Tokenizer
     from keras_transformer.training.precision import resolve_precision
 
-    config = run.config
-    if config.runtime.mixed_precision != "auto":
-        return
-    vocab_size = data.tokenizer.vocab_size
+    config, vocab_size = run.config, data.tokenizer.vocab_size
 
     def build(policy):
         concrete = _with_precision(config, policy)
@@ -385,12 +376,13 @@ def _resolve_auto_precision(run, data):
         build,
         data.first_batches,
         chief=run.chief,
-        agree=make_agreement(run.strategy),
+        agree=run.inputs.agreement(),
     )
-    run.config = _with_precision(config, policy)
     keras.utils.set_random_seed(config.train.seed)
     # Seeding drops the SentencePiece op's resource: the tokenizer is made again.
-    data.tokenizer = Tokenizer(data.tokenizer.model_path)
+    tokenizer = Tokenizer(data.tokenizer.model_path)
+    resolved = dataclasses.replace(run, config=_with_precision(config, policy))
+    return resolved, dataclasses.replace(data, tokenizer=tokenizer)
 
 
 def _build_model(run, vocab_size, num_pairs):
@@ -425,19 +417,19 @@ def _fit(run, model, data):
     Exact resume: Keras's `fit` draws all epochs from one iterator when `steps_per_epoch` is
     set. Under the default strategy, MirroredStrategy and MultiWorkerMirroredStrategy that
     iterator's state (file offsets, shuffle buffer, partial buckets) is saved at each resume
-    state (with it; under several workers each worker's beside it, see `_iterated_data`), so a
+    state (with it; under several workers each worker's beside it, see `training.strategies`), so a
     resume continues where the killed run was at a cost that does not grow with the step. Under
     TPUStrategy, or when no iterator state was saved (an older workdir, a worker killed before
     it wrote its own), the dataset is deterministic, so skipping the batches the killed run
     consumed gives the batches the uninterrupted run would have seen next (reading through
     them once).
     """
-    config, layout, chief = run.config, run.layout, run.chief
-    t = config.train
-    multi_worker = is_multi_worker(run.strategy)
-    run_state = RunState(agree=make_agreement(run.strategy), keeps_time=chief)
+    t, layout, chief = run.config.train, run.layout, run.chief
+    run_state = RunState(agree=run.inputs.agreement(), keeps_time=chief)
     with WorkerTempDir(chief, layout.backup) as backup_dir:
-        resume, batches = _restored(run, model, data, run_state, backup_dir)
+        resume, batches = run.inputs.restore(
+            model, data, run_state, layout.backup, t.checkpoint_every, t.keep_backups, backup_dir
+        )
         step = optimizer_step(model)
         stopper, signals, callbacks = _callbacks(run, model, data, resume)
         # Epochs count from the restored step: evaluations stay at multiples of
@@ -458,7 +450,7 @@ def _fit(run, model, data):
                     shuffle=False,  # prepared_dataset shuffles (seeded, so a resume skips exactly)
                 )
         except tf.errors.OpError as e:
-            if multi_worker and _is_peer_failure(e):
+            if run.inputs.lost_peers(e):
                 raise WorkerError(
                     f"worker {'0 (chief)' if chief else 'task'} lost its peers during training "
                     f"({type(e).__name__}); restart every worker with the same command to "
@@ -469,38 +461,6 @@ def _fit(run, model, data):
     if step < t.steps and not stopper.out_of_time:
         raise RuntimeError(f"training stopped at step {step} of {t.steps} (NaN loss?)")
     return stopper
-
-
-def _restored(run, model, data, run_state, write_directory):
-    """`(resume, batches)`: the resume state (a `ResumeState` writing to `write_directory`),
-    restored, and what `fit` trains on from its data position. Under several workers each worker
-    also saves its data iterator at the same steps (`IteratorBackup`, before the state) and
-    restores it at the restored step."""
-    t = run.config.train
-    dataset, iterator = _iterated_data(run, data, run_state)
-    backup, saved = None, iterator
-    if isinstance(iterator, ReplicaBatches):
-        saved = iterator.iterator
-    elif isinstance(iterator, WorkerBatches):
-        directory = os.path.join(run.layout.backup, f"data-worker-{iterator.input.worker}")
-        backup = IteratorBackup(
-            directory, iterator, t.keep_backups, lambda: run_state.batches, data.worker_input
-        )
-        saved = None  # each worker's own, beside the resume state
-    resume = ResumeState(
-        model,
-        run.layout.backup,
-        t.checkpoint_every,
-        t.keep_backups,
-        write_directory=write_directory,
-        iterator=saved,
-        run_state=run_state,
-        before_save=() if backup is None else [backup.save],
-    )
-    position = resume.restore()
-    if backup is not None and position:
-        resume.iterator_restored = backup.restore(optimizer_step(model), position)
-    return resume, _resumed_batches(data, dataset, iterator, position, resume)
 
 
 def _callbacks(run, model, data, resume):
@@ -531,81 +491,11 @@ def _callbacks(run, model, data, resume):
             signals,
             resume,
             checkpoint,
-            any_worker=make_any_worker(run.strategy),
+            any_worker=run.inputs.any_worker(),
             flush=[lambda: summaries.on_train_end()],
         )
     )
     return stopper, signals, callbacks
-
-
-def _iterated_data(run, data, run_state):
-    """`(dataset, iterator)`: the training batches and the iterator `fit` will draw them from,
-    whose state the resume state saves (so a resume costs the same at any step):
-
-    - the default strategy: the `tf.data` iterator of `data.batches(0)`;
-    - MirroredStrategy (one worker, several replicas): a `ReplicaBatches` over it, whose
-      `iterator` (a plain `tf.data` iterator: TensorFlow's distributed iterators cannot be
-      saved) the resume state saves, and which splits each global batch between the replicas
-      as Keras's own distribution of the dataset would;
-    - MultiWorkerMirroredStrategy (several workers): a `WorkerBatches` over this worker's
-      own dataset (each worker reads its own shards, `data.worker_input(0)`), whose `iterator`
-      each worker saves in `WORKDIR/backup/data-worker-K` at the steps of the resume state
-      (`IteratorBackup`: only the chief's resume state is kept in the workdir), and which gives
-      the worker's replicas the batches Keras's own distribution of the dataset would;
-    - `(None, None)` where `fit` must make its own iterator (TPU): the data position is then
-      found by skipping, which reads the batches before it.
-    """
-    strategy = run.strategy
-    if strategy is tf.distribute.get_strategy():
-        dataset = data.batches(0)
-        return dataset, iter(dataset)
-    if is_multi_worker(strategy):
-        batches = WorkerBatches(strategy, data.worker_input(0))
-        return batches.input.distributed, batches
-    if not isinstance(strategy, tf.distribute.MirroredStrategy):
-        return None, None
-    dataset = data.batches(0)
-    return dataset, ReplicaBatches(strategy, dataset, lambda: run_state.batches)
-
-
-def _resumed_batches(data, dataset, iterator, position, resume):
-    """What `fit` trains on from the restored data position: the restored iterator (or a
-    `ReplicaBatches` or `WorkerBatches` over it), or (a state without one) the batches from
-    `position` on."""
-    if iterator is None:
-        return data.batches(position)
-    if isinstance(iterator, WorkerBatches):
-        if position and not resume.iterator_restored:
-            iterator.reset(data.worker_input(position))
-        return iterator.as_dataset()
-    if position and not resume.iterator_restored:
-        dataset = data.batches(position)
-        if isinstance(iterator, ReplicaBatches):
-            iterator.reset(dataset, position)
-            resume.track_iterator(iterator.iterator)
-        else:
-            iterator = iter(dataset)
-            resume.track_iterator(iterator)
-    if isinstance(iterator, ReplicaBatches):
-        iterator.reset_position(position)
-        return iterator.as_dataset()
-    return iterated_from(dataset, lambda: iterator)
-
-
-def _is_peer_failure(error):
-    """A collective that timed out or was aborted because a worker disappeared."""
-    if isinstance(
-        error,
-        (
-            tf.errors.DeadlineExceededError,
-            tf.errors.UnavailableError,
-            tf.errors.CancelledError,
-            tf.errors.AbortedError,
-        ),
-    ):
-        return True
-    message = str(error).lower()
-    return "collective" in message or "peer" in message or "heartbeat" in message
 
 
 def _chief_callbacks(run, model, data, stopper):
@@ -617,7 +507,7 @@ def _chief_callbacks(run, model, data, stopper):
     write_hparams(layout.logs, config)
     dev_pairs = _read_split(config.data.dev)
     if dev_pairs:
-        greedy = dataclasses.replace(decoding_settings(config).without_sampling(), beam_size=1)
+        greedy = dataclasses.replace(run.decoding.without_sampling(), beam_size=1)
         evaluator = DevEvaluator(
             dev_pairs[: t.eval_max_sentences],
             data.tokenizer,
@@ -628,7 +518,7 @@ def _chief_callbacks(run, model, data, stopper):
             skip_at_step=t.steps,
         )
         callbacks.append(evaluator)
-        if end_reserve.estimates(config, is_multi_worker(run.strategy)):
+        if end_reserve.estimates(config, run.inputs.several_workers):
             test_pairs = _read_split(config.data.test)
             callbacks.append(
                 end_reserve.EndReserve(
@@ -708,7 +598,7 @@ def _score(run, final, tokenizer, step, stopper):
     """sacreBLEU / chrF of the final model (a `FinalModel`) on the dev and test sets (the
     `decode` settings, with the length penalty chosen on dev if any)."""
     config, layout = run.config, run.layout
-    settings = decoding_settings(config).without_sampling()  # BLEU of the search
+    settings = run.decoding.without_sampling()  # BLEU of the search
     if final.alpha is not None:
         settings = dataclasses.replace(settings, alpha=final.alpha)
     result = {
