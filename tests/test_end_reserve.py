@@ -16,6 +16,7 @@ from keras_transformer.models import build_transformer
 from keras_transformer.training import end_reserve, train
 from keras_transformer.training.callbacks import StopAtStep
 from keras_transformer.training.end_reserve import EndReserve, EndWork, end_work
+from keras_transformer.training.run_state import RunState
 from keras_transformer.training.schedules import BudgetSchedule
 from tests.test_final_model import _copy_workdir
 from tests.test_training_schedule import _assert_documented_time_keys
@@ -106,7 +107,7 @@ class _Evaluator:
 
 
 def test_the_estimate_moves_the_stop_and_the_decay_and_a_resume_keeps_it(
-    tmp_path, copy_model, toy_spm_path
+    tmp_path, copy_model, toy_spm_path, capsys
 ):
     """At a dev evaluation the end's seconds are the measured speeds times the end's work;
     training's stop moves to the budget less those, the learning rate's time runs faster by the
@@ -121,16 +122,16 @@ def test_the_estimate_moves_the_stop_and_the_decay_and_a_resume_keeps_it(
     probe = min(len(pairs), end_reserve.SAMPLE_BATCHES * size)
     # Beam: 9 s then 2 s for the probe (7 s of tracing); greedy: 4 s then 1 s (3 s).
     clock = _Readings([0, 9, 10, 12, 20, 24, 30, 31])
-    stopper = StopAtStep(10**6, max_seconds=540.0)
+    stopper = StopAtStep(10**6, max_seconds=540.0, run_state=RunState(timer=clock))
     work = EndWork(beam=1000, greedy=300, traces=10)
-    lines = []
     callback = EndReserve(
         config, _Evaluator(pairs, tokenizer), stopper, work,
-        lambda: build_transformer(config.model, tokenizer.vocab_size),
-        root=layout.root, timer=clock, report=lines.append,
+        lambda: build_transformer(config.model, tokenizer.vocab_size), root=layout.root,
     )  # fmt: skip
     callback.set_model(copy_model)
+    capsys.readouterr()
     callback.on_epoch_end(0)
+    lines = capsys.readouterr().out.splitlines()
     end = end_reserve.MARGIN * (1000 * 2 / probe + 300 * 1 / probe + 10 * 7)  # beam, greedy, traces
     assert callback.estimate["end_seconds"] == pytest.approx(end, abs=0.06)
     assert stopper.max_seconds == pytest.approx(600 - end)
@@ -143,7 +144,7 @@ def test_the_estimate_moves_the_stop_and_the_decay_and_a_resume_keeps_it(
         callback.on_epoch_end(1)
     finally:
         copy_model.stop_training = False
-    assert clock.readings == [0] and len(lines) == 1
+    assert clock.readings == [0] and not capsys.readouterr().out
     # A later run of the same workdir (a resume) starts where the estimate left training.
     again = StopAtStep(10**6, max_seconds=540.0)
     EndReserve(config, _Evaluator(pairs, tokenizer), again, work, None, root=layout.root)
@@ -164,7 +165,7 @@ def test_the_schedule_reaches_zero_where_the_moved_stop_is():
 
     schedule = BudgetSchedule(16, warmup_steps=2, total_steps=10**6, total_seconds=100.0)
     model = _toy(schedule)
-    stopper = StopAtStep(10**6, max_seconds=50.0, timer=_FakeTimer())
+    stopper = StopAtStep(10**6, max_seconds=50.0, run_state=RunState(timer=_FakeTimer()))
     stopper.run_state.schedule_scale = 2.0
     _fit(model, [stopper], steps=50)
     assert int(model.optimizer.iterations) == 5 and stopper.out_of_time

@@ -8,7 +8,6 @@ import signal
 
 import keras
 import numpy as np
-import pytest
 import tensorflow as tf
 from training_helpers import RecordRate
 
@@ -45,7 +44,7 @@ class _SignalAfter:
 
 
 
-def _run(directory, order, shared_by, signal_after=None):
+def _run(directory, order, signal_after=None):
     """Fits a toy model with the stopper (a 75-second budget), the resume state (every step)
     and the signal handler in `order`; returns what they decided and saved."""
     keras.utils.set_random_seed(1)
@@ -53,15 +52,9 @@ def _run(directory, order, shared_by, signal_after=None):
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     model.compile(FusedAdam(schedule), "mse")
     model.optimizer.build(model.trainable_variables)
-    timer = _FakeTimer()
-    if shared_by == "run_state":
-        run_state = RunState(timer=timer)
-        resume = ResumeState(model, str(directory), every=1, keep=1, run_state=run_state)
-        stopper = StopAtStep(10**6, max_seconds=75.0, run_state=run_state)
-    else:  # one clock variable handed to both, as before the run state
-        clock = tf.Variable(0.0, dtype=tf.float64)
-        resume = ResumeState(model, str(directory), every=1, keep=1, clock=clock)
-        stopper = StopAtStep(10**6, max_seconds=75.0, clock=clock, timer=timer)
+    run_state = RunState(timer=_FakeTimer())
+    resume = ResumeState(model, str(directory), every=1, keep=1, run_state=run_state)
+    stopper = StopAtStep(10**6, max_seconds=75.0, run_state=run_state)
     signals = _SignalAfter(signal_after)
     signals.model = model
     parts = {"stopper": stopper, "resume": resume, "signal": StopOnSignal(signals, resume)}
@@ -91,11 +84,8 @@ def _run(directory, order, shared_by, signal_after=None):
 ORDERS = list(itertools.permutations(["stopper", "resume", "signal"]))
 
 
-@pytest.mark.parametrize("shared_by", ["run_state", "clock"])
-def test_any_order_of_the_callbacks_saves_the_same_state_and_stops_at_the_same_step(
-    tmp_path, shared_by
-):
-    found = [_run(tmp_path / f"{i}", order, shared_by) for i, order in enumerate(ORDERS)]
+def test_any_order_of_the_callbacks_saves_the_same_state_and_stops_at_the_same_step(tmp_path):
+    found = [_run(tmp_path / f"{i}", order) for i, order in enumerate(ORDERS)]
     # 10 s per step: the 75-second budget ends after step 8, whose state holds 8 batches and
     # 80 seconds.
     expected = found[0]
@@ -106,11 +96,8 @@ def test_any_order_of_the_callbacks_saves_the_same_state_and_stops_at_the_same_s
         assert result == expected, order
 
 
-@pytest.mark.parametrize("shared_by", ["run_state", "clock"])
-def test_a_signal_saves_the_batch_just_consumed_in_any_order(tmp_path, shared_by):
-    found = [
-        _run(tmp_path / f"{i}", order, shared_by, signal_after=3) for i, order in enumerate(ORDERS)
-    ]
+def test_a_signal_saves_the_batch_just_consumed_in_any_order(tmp_path):
+    found = [_run(tmp_path / f"{i}", order, signal_after=3) for i, order in enumerate(ORDERS)]
     for order, result in zip(ORDERS, found):
         assert result["preempted"] == result["step"] == 3, order
         assert result["saved"] == {"data_position": 3, "training_seconds": 30.0}, order

@@ -15,6 +15,7 @@ from keras_transformer.config import ConfigError, load_config
 from keras_transformer.training import train
 from keras_transformer.training.callbacks import ResumeState, StopAtStep
 from keras_transformer.training.optimizers import FusedAdam
+from keras_transformer.training.run_state import RunState
 from keras_transformer.training.schedules import BudgetSchedule
 from keras_transformer.training.trainer import make_optimizer
 
@@ -119,7 +120,7 @@ def test_stop_at_step_feeds_the_time_to_the_schedule_and_stops_at_zero():
     schedule = BudgetSchedule(16, warmup_steps=2, total_steps=10**6, total_seconds=100.0)
     model = _toy(schedule)
     record = RecordRate()
-    stopper = StopAtStep(10**6, max_seconds=100.0, timer=_FakeTimer())
+    stopper = StopAtStep(10**6, max_seconds=100.0, run_state=RunState(timer=_FakeTimer()))
     _fit(model, [stopper, record], steps=50)
     # The timer reads once at the start and once after each step: 10 s per step, the budget of
     # 100 s ends after step 10, when the rate reaches zero.
@@ -130,15 +131,14 @@ def test_stop_at_step_feeds_the_time_to_the_schedule_and_stops_at_zero():
 
 
 def test_resume_continues_the_same_curve(tmp_path):
-    import tensorflow as tf
 
     def run(steps, directory, timer):
         schedule = BudgetSchedule(16, warmup_steps=2, total_steps=10**6, total_seconds=200.0)
         model = _toy(schedule)
-        clock = tf.Variable(0.0, dtype=tf.float64)
-        state = ResumeState(model, str(directory), every=1, keep=1, clock=clock)
+        run_state = RunState(timer=timer)
+        state = ResumeState(model, str(directory), every=1, keep=1, run_state=run_state)
         state.restore()
-        stopper = StopAtStep(10**6, max_seconds=200.0, clock=clock, timer=timer)
+        stopper = StopAtStep(10**6, max_seconds=200.0, run_state=run_state)
         record = RecordRate()
         # The clock is advanced before the state saves it (the trainer's order too).
         _fit(model, [stopper, state, record], steps=steps)

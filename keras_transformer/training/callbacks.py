@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from keras_transformer.errors import DataError, first_line, write_refused
 from keras_transformer.integrity import remove_with_checksum
-from keras_transformer.training.run_state import RunStateCallback, optimizer_step, shared
+from keras_transformer.training.run_state import RunStateCallback, optimizer_step
 from keras_transformer.workdir import checkpoint_path, list_checkpoints, save_model_weights
 
 
@@ -147,15 +147,13 @@ class ResumeState(RunStateCallback):
         keep: states kept.
         write_directory: where states are written, when not `directory` (a non-chief worker's
             temporary directory: TensorFlow's multi-worker guide has every worker save).
-        clock: a scalar variable holding the seconds trained (the same one as `StopAtStep`'s),
-            when no `run_state` is given.
         iterator: the `tf.data` iterator the training batches come from, saved with the state
             (its position, shuffle buffer and partial buckets: TensorFlow's iterator
             checkpointing), so a resume finds its place in the data without reading the batches
             before it; None: the data position alone is saved (the trainer then skips that many
             batches).
-        run_state: the run's `RunState`, shared with `StopAtStep` and `StopOnSignal` (None: the
-            one of `clock`, or one of its own).
+        run_state: the run's `RunState`, shared with `StopAtStep` and `StopOnSignal` (None: one
+            of its own).
         before_save: callables `step -> None` called before each state is written (under
             several workers, each worker's data iterator: `worker_batches.IteratorBackup`).
 
@@ -174,12 +172,11 @@ class ResumeState(RunStateCallback):
         every,
         keep,
         write_directory=None,
-        clock=None,
         iterator=None,
         run_state=None,
         before_save=(),
     ):
-        super().__init__(shared(run_state, clock))
+        super().__init__(run_state)
         self.directory = directory
         self.every = int(every)
         self.before_save = list(before_save)
@@ -339,34 +336,16 @@ class StopAtStep(RunStateCallback):
     Args:
         steps: the run's optimizer steps.
         max_seconds: the time budget; None: no budget.
-        agree: `seconds -> seconds`, the chief's value on every worker (set on the run state).
-        keeps_time: False on the workers whose clock does not count (set on the run state).
-        clock: a scalar variable holding the seconds trained so far (restored before `fit`,
-            the same one as `ResumeState`'s), when no `run_state` is given.
-        timer: the clock function (`time.monotonic`; tests pass their own; set on the run
-            state).
-        run_state: the run's `RunState` (None: the one of `clock`, or one of its own).
+        run_state: the run's `RunState`, shared with `ResumeState` (None: one of its own). Its
+            clock, timer and the workers' agreement on the time are the run state's.
     """
 
-    def __init__(
-        self,
-        steps,
-        max_seconds=None,
-        agree=None,
-        keeps_time=True,
-        clock=None,
-        timer=None,
-        run_state=None,
-    ):
-        super().__init__(shared(run_state, clock))
+    def __init__(self, steps, max_seconds=None, run_state=None):
+        super().__init__(run_state)
         self.steps = int(steps)
         self.max_seconds = max_seconds
         self.out_of_time = False
-        state = self.run_state
-        state.timed = state.timed or max_seconds is not None
-        state.agree = agree if agree is not None else state.agree
-        state.timer = timer or state.timer
-        state.keeps_time = state.keeps_time and keeps_time
+        self.run_state.timed = self.run_state.timed or max_seconds is not None
 
     @property
     def elapsed(self):

@@ -19,7 +19,6 @@ every worker's decision), keeps the fixed reserve.
 
 import dataclasses
 import json
-import time
 
 import keras
 
@@ -140,12 +139,10 @@ class EndReserve(keras.callbacks.Callback):
         work: the end's `EndWork`.
         twin: `() -> model`: a float32 model of the same architecture (built once).
         root: the workdir, where the estimate is kept; None keeps nothing.
-        timer: the clock (`time.perf_counter`; tests pass their own).
-        report: `line -> None` (default print).
+    The probes are timed with the run state's timer (`stopper.run_state.timer`).
     """
 
-    def __init__(self, config, evaluator, stopper, work, twin, root=None, timer=None,
-                 report=print):  # fmt: skip
+    def __init__(self, config, evaluator, stopper, work, twin, root=None):
         super().__init__()
         self.config = config
         self.evaluator = evaluator
@@ -153,8 +150,6 @@ class EndReserve(keras.callbacks.Callback):
         self.work = work
         self.twin = twin
         self.root = root
-        self.timer = timer or time.perf_counter
-        self.report = report
         self.estimate = None  # the last estimate: a dict (see `apply`)
         self._twin = None
         self._cache = {}
@@ -193,10 +188,10 @@ class EndReserve(keras.callbacks.Callback):
         data = self.config.data
 
         def timed():
-            began = self.timer()
+            began = self.stopper.run_state.timer()
             translate_sentences(self._twin, self.evaluator.tokenizer, sources, data, settings,
                                 self._cache)  # fmt: skip
-            return self.timer() - began
+            return self.stopper.run_state.timer() - began
 
         first = timed() if settings not in self._traced else None
         seconds = timed()
@@ -224,7 +219,7 @@ class EndReserve(keras.callbacks.Callback):
         if previous is None or abs(seconds - previous) >= 1.0:
             total = t.max_minutes * 60
             over = total - end_seconds < MIN_TRAINING_SHARE * total
-            self.report(
+            print(
                 f"the end (choice, scoring, export) needs about {end_seconds:.0f}s at the "
                 f"speed measured now: training stops at {seconds / 60:.1f} of the "
                 f"{t.max_minutes:g} budget minutes"

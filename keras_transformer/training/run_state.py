@@ -11,7 +11,6 @@ order of the callbacks in `fit` does not change what any of them sees.
 """
 
 import time
-import weakref
 
 import keras
 import tensorflow as tf
@@ -51,7 +50,6 @@ class RunState:
         timer: the clock function (`time.monotonic`; tests pass their own).
         agree: `seconds -> seconds`, the chief's value on every worker; None: the value itself.
         keeps_time: False on the workers whose clock does not count.
-        clock: a scalar float64 variable to keep the seconds in (default: a new one).
 
     Example:
     ```python
@@ -61,10 +59,8 @@ class RunState:
     ```
     """
 
-    def __init__(self, timer=None, agree=None, keeps_time=True, clock=None):
-        if clock is None:
-            clock = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="training_seconds")
-        self.clock = clock
+    def __init__(self, timer=None, agree=None, keeps_time=True):
+        self.clock = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="training_seconds")
         self.position = tf.Variable(0, dtype=tf.int64, trainable=False, name="data_position")
         self.timer = timer or time.monotonic
         self.agree = agree
@@ -125,24 +121,6 @@ class RunState:
         self.position.assign_add(1)
 
 
-# The run state of each clock variable handed to callbacks without a run state (see `shared`).
-_BY_CLOCK = weakref.WeakValueDictionary()
-
-
-def shared(run_state=None, clock=None):
-    """`run_state`; or, given only a `clock` variable, the one run state of every callback
-    given that variable (made on first use); or, given neither, a new run state."""
-    if run_state is not None:
-        return run_state
-    if clock is None:
-        return RunState()
-    found = _BY_CLOCK.get(id(clock))
-    if found is None or found.clock is not clock:
-        found = RunState(clock=clock)
-        _BY_CLOCK[id(clock)] = found
-    return found
-
-
 class RunStateCallback(keras.callbacks.Callback):
     """A callback that reads a `RunState`: it tells the run state when training and each batch
     begin; its `on_train_batch_end` must call `self.run_state.batch_ends()` before reading it.
@@ -153,7 +131,7 @@ class RunStateCallback(keras.callbacks.Callback):
 
     def __init__(self, run_state=None):
         super().__init__()
-        self.run_state = shared(run_state)
+        self.run_state = RunState() if run_state is None else run_state
 
     def on_train_begin(self, logs=None):
         self.run_state.train_begins(self.model)
