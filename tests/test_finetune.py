@@ -12,7 +12,7 @@ from training_helpers import tiny_config, write_yaml
 from keras_transformer import cli
 from keras_transformer.data import Tokenizer, read_pairs
 from keras_transformer.models import build_transformer
-from keras_transformer.training import train, trainer
+from keras_transformer.training import strategies, train
 from keras_transformer.workdir import Workdir, load_model_weights
 
 # Short sentences and a word-level vocabulary: the tiny model learns them in a few hundred steps.
@@ -82,13 +82,13 @@ def _weights_at_start(monkeypatch, config):
     """The model's weights once `fit`'s resume state is restored, before any update."""
     captured = []
 
-    class Capturing(trainer.ResumeState):
+    class Capturing(strategies.ResumeState):
         def restore(self):
             position = super().restore()
             captured.append([np.asarray(w) for w in self.model.get_weights()])
             raise _Stop(position)
 
-    monkeypatch.setattr(trainer, "ResumeState", Capturing)
+    monkeypatch.setattr(strategies, "ResumeState", Capturing)  # the input object makes it
     with pytest.raises(_Stop):
         train(config)
     monkeypatch.undo()
