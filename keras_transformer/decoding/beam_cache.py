@@ -142,7 +142,7 @@ def _block_step(block, y, self_cache, cross_cache, cache_index, in_place):
 
 
 def shared_beam_decoder(
-    model, encoder_output, source_mask, batch, max_length, beams, in_place=False
+    model, encoder_output, source_mask, max_length, beams, in_place=False
 ):
     """The decoding caches of `model` for `beams` beams per input, held once per input.
 
@@ -158,7 +158,7 @@ def shared_beam_decoder(
     """
     cache = model._init_cache(encoder_output, max_length, model.num_heads * beams)
     self_attention = cache.pop("self_attention")  # per layer ([batch, h * k, buffer, d], same)
-    s_len = ops.shape(source_mask)[1]
+    batch, s_len = ops.shape(source_mask)[0], ops.shape(source_mask)[1]
     source_mask = ops.reshape(ops.cast(source_mask, "bool"), (-1, 1, 1, s_len))
     source_mask = ops.broadcast_to(source_mask, (batch, 1, beams, s_len))  # [batch, 1, k, s_len]
     cache["cross_attention"] = [

@@ -667,7 +667,7 @@ def _shared_step(model, encoder_output, source_mask, buffer, k, kernels):
     batch = ops.shape(source_mask)[0]
     in_place = kernels.uses("inplace_cache_writes")  # the search's own buffers
     decode, self_attention = shared_beam_decoder(
-        model, encoder_output, source_mask, batch, buffer, k, in_place
+        model, encoder_output, source_mask, buffer, k, in_place
     )  # self_attention: per layer ([batch, h * k, buffer, d], same)
     slots = ops.arange(batch * k, dtype="int32") % k  # [rows] each row's own slot
 

@@ -209,7 +209,7 @@ class Transformer(HyperParameters, TrainStep, keras.Model):
         keys/values, computed here once per sentence. With tied embeddings it also holds
         `"output_kernel"` (`output_kernel()`): the embedding transposed once here rather than at
         every step. (Beam search's caches shared by the beams of a sentence are decoding's own:
-        `keras_transformer.decoding.beam_cache.init_shared_cache`.)
+        `keras_transformer.decoding.beam_cache.shared_beam_decoder`.)
         """
         return self._init_cache(encoder_output, max_length, self.num_heads)
 
