@@ -1,0 +1,251 @@
+"""`keras-transformer export --format litert`: the model as two LiteRT (TFLite) models for
+phones, edge devices and the cheapest CPU, with a runtime that needs no TensorFlow
+(`keras_transformer.litert`).
+
+The directory holds:
+
+- `encoder.tflite`: source ids to each decoder layer's cross-attention keys and values;
+- `decoder_step.tflite`: one token of every hypothesis against the runtime's caches
+  (`keras_transformer.export.litert_graphs` has the contract);
+- `spm.model`, the SentencePiece model;
+- `keras_transformer.json`: the format, the quantization, the shapes the runtime needs, the
+  decoding settings (fixed here, as in the SavedModel) and the confidence's calibration;
+- `model_card.json`, `model_card.md`.
+
+Both graphs are converted with TensorFlow's converter from `TFLITE_BUILTINS` only (a
+`SELECT_TF_OPS` fallback would need TensorFlow's kernels at run time). Quantization:
+
+- `float32`: the model's weights as they are;
+- `float16`: weights stored in float16 (half the size), computed in float32;
+- `dynamic_int8`: weights int8 per output channel, activations quantized at run time
+  (`Optimize.DEFAULT`; XNNPACK runs the fully-connected layers as int8 products). The decoder's
+  embedding lookup reads an int8 copy of the rows it needs (`litert_graphs.quantized_rows`).
+
+The directory is written next to its destination and renamed into place: it appears whole or
+not at all, and an existing non-empty directory is never overwritten.
+"""
+
+import json
+import os
+import shutil
+import tempfile
+
+from keras_transformer import stopping
+from keras_transformer.config import DecodingSettings
+from keras_transformer.errors import UsageError
+
+METADATA_FILE = "keras_transformer.json"
+SPM_FILE = "spm.model"
+ENCODER_FILE = "encoder.tflite"
+STEP_FILE = "decoder_step.tflite"
+QUANTIZATIONS = ("float32", "float16", "dynamic_int8")
+FORMAT_VERSION = 1
+PHASE = "the LiteRT conversion"  # what `stopping.check` names
+# What `keras_transformer.litert.LiteRTTranslator` answers (the model card's "signatures").
+RUNTIME_FUNCTIONS = {
+    "translate": {
+        "inputs": ["text"],
+        "outputs": ["translation", "score", "token_scores", "confidence"],
+    },
+    "translate_nbest": {
+        "inputs": ["text"],
+        "outputs": ["translations", "scores", "token_scores", "confidence"],
+    },
+    "translate_prefix": {"inputs": ["text", "prefix"], "outputs": ["translation", "score"]},
+}
+
+
+def _check(model, quantization):
+    if quantization not in QUANTIZATIONS:
+        raise UsageError(
+            f"--quantization {quantization}: a LiteRT export takes one of {', '.join(QUANTIZATIONS)}"
+        )
+    if getattr(model, "decoder_only", False) or not hasattr(model, "encode"):
+        raise UsageError("a LiteRT export needs an encoder-decoder Transformer")
+
+
+def _specs(model, beams):
+    """The step's input signature (`litert_graphs` module docstring)."""
+    import tensorflow as tf
+
+    heads, size = model.num_heads, model.head_dim
+    caches = {}
+    for i in range(len(model.decoder.blocks)):
+        for name in ("self_keys", "self_values", "cross_keys", "cross_values"):
+            key = f"{name}_{i}"
+            caches[key] = tf.TensorSpec([None, heads, None, size], tf.float32, name=key)
+    return [
+        tf.TensorSpec([None], tf.int32, name="ids"),
+        tf.TensorSpec([1], tf.int32, name="position"),
+        tf.TensorSpec([None, 1, beams, None], tf.float32, name="self_bias"),
+        tf.TensorSpec([None, 1, 1, None], tf.float32, name="cross_bias"),
+        caches,
+    ]
+
+
+def _convert(function, quantization):
+    """`(flatbuffer, output names)` of a traced `tf.function` (variables frozen into
+    constants); the names in the order of the LiteRT model's outputs (the function's output
+    dict flattened: sorted keys), which the converted model does not keep."""
+    import tensorflow as tf
+    from tensorflow.python.framework.convert_to_constants import (
+        convert_variables_to_constants_v2,
+    )
+
+    concrete = function.get_concrete_function()
+    names = sorted(concrete.structured_outputs)
+    frozen = convert_variables_to_constants_v2(concrete)
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([frozen])
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+    if quantization != "float32":
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    if quantization == "float16":
+        converter.target_spec.supported_types = [tf.float16]
+    return converter.convert(), names
+
+
+def convert_graphs(model, settings, quantization="float32"):
+    """`({"encoder": (bytes, output names), "decoder_step": (...)}, top_k)`: `model`'s two
+    LiteRT graphs for `settings`' beam size (the step's `K`, the candidates kept per row:
+    `2 * beam_size`)."""
+    import tensorflow as tf
+
+    from keras_transformer.export import litert_graphs
+
+    beams = settings.beam_size
+    top_k = 2 * beams
+    quantized = None
+    if quantization == "dynamic_int8":
+        quantized = litert_graphs.quantized_rows(model.target_embedding.embeddings.numpy())
+    encoder = tf.function(
+        litert_graphs.encoder_function(model),
+        input_signature=[tf.TensorSpec([None, None], tf.int32, name="source_ids")],
+        autograph=False,
+    )
+    banned = (settings.pad_id, settings.bos_id)
+    step = tf.function(
+        litert_graphs.step_function(model, beams, top_k, banned, settings.eos_id, quantized),
+        input_signature=_specs(model, beams),
+        autograph=False,
+    )
+    graphs = {"encoder": _convert(encoder, quantization)}
+    stopping.check(PHASE)
+    graphs["decoder_step"] = _convert(step, quantization)
+    return graphs, top_k
+
+
+def _metadata(model, settings, quantization, data_config, top_k, calibration, outputs):
+    from keras_transformer.export.translator import DEFAULT_CALIBRATION
+
+    def field(key, default):
+        if data_config is None:
+            return default
+        if isinstance(data_config, dict):
+            return data_config.get(key, default)
+        return getattr(data_config, key, default)
+
+    return {
+        "format": "litert",
+        "format_version": FORMAT_VERSION,
+        "quantization": quantization,
+        "encoder": ENCODER_FILE,
+        "decoder_step": STEP_FILE,
+        "tokenizer": SPM_FILE,
+        "num_layers": len(model.decoder.blocks),
+        "num_heads": model.num_heads,
+        "head_dim": model.head_dim,
+        "vocab_size": model.vocab_size,
+        "top_k": top_k,
+        "outputs": outputs,
+        "max_source_length": int(field("max_source_length", 128)),
+        "max_length": field("max_target_length", None),
+        "decoding": {
+            "beam_size": settings.beam_size,
+            "alpha": settings.alpha,
+            "n_best": settings.hypotheses,
+            "max_extra_length": settings.max_extra_length,
+            "batch_size": settings.batch_size,
+            "pad_id": settings.pad_id,
+            "bos_id": settings.bos_id,
+            "eos_id": settings.eos_id,
+        },
+        "calibration": dict(calibration or DEFAULT_CALIBRATION),
+    }
+
+
+def export_litert(
+    model,
+    tokenizer,
+    output_dir,
+    quantization="float32",
+    data_config=None,
+    settings=None,
+    card_facts=None,
+    calibration=None,
+):
+    """Exports `model` as a LiteRT directory (module docstring) that
+    `keras_transformer.litert.load` translates with.
+
+    Args:
+        model: a trained `Transformer` (TensorFlow backend, float32 weights).
+        tokenizer: SentencePiece model bytes, or an object with `.model_proto`.
+        output_dir: the directory to create (it must not exist or be empty).
+        quantization: `float32`, `float16` or `dynamic_int8`.
+        data_config: `DataConfig` (or dict): `max_source_length` (inputs are truncated to it)
+            and `max_target_length` (the longest output, EOS included).
+        settings: the `DecodingSettings` fixed in the export (beam size, length penalty, n-best,
+            extra length, batch size); sampling is not exported.
+        card_facts: the training side of the model card (`export.card.card_facts`).
+        calibration: the confidence's map (`Translator.set_calibration`'s three numbers);
+            None: the default map.
+
+    Returns:
+        `output_dir`.
+    """
+    from keras_transformer.export.card import build_card, render_markdown
+    from keras_transformer.export.translator import _model_proto
+
+    _check(model, quantization)
+    settings = (DecodingSettings() if settings is None else settings).without_sampling()
+    if os.path.isdir(output_dir) and os.listdir(output_dir):
+        raise UsageError(f"{output_dir} already exists and is not empty: choose another --output")
+    spm_bytes = _model_proto(tokenizer)
+    graphs, top_k = convert_graphs(model, settings, quantization)
+    (encoder, encoder_outputs), (step, step_outputs) = graphs["encoder"], graphs["decoder_step"]
+    outputs = {"encoder": encoder_outputs, "decoder_step": step_outputs}
+    metadata = _metadata(model, settings, quantization, data_config, top_k, calibration, outputs)
+    sizes = {"encoder_bytes": len(encoder), "decoder_step_bytes": len(step)}
+    card = build_card(
+        card_facts, os.path.basename(os.path.normpath(output_dir)), metadata["decoding"],
+        metadata["calibration"], None, RUNTIME_FUNCTIONS,
+    )  # fmt: skip
+    card["litert"] = {"quantization": quantization, **sizes}
+    files = {
+        ENCODER_FILE: encoder,
+        STEP_FILE: step,
+        SPM_FILE: spm_bytes,
+        METADATA_FILE: json.dumps(metadata, indent=2).encode(),
+        "model_card.json": json.dumps(card, indent=2, default=str).encode(),
+        "model_card.md": render_markdown(card).encode(),
+    }
+    return _write_directory(output_dir, files)
+
+
+def _write_directory(output_dir, files):
+    """`files` (`{name: bytes}`) written into a hidden directory beside `output_dir` and renamed
+    into place (the metadata last, so a directory with it is whole)."""
+    parent = os.path.dirname(os.path.abspath(output_dir))
+    os.makedirs(parent, exist_ok=True)
+    tmp_dir = tempfile.mkdtemp(prefix=".litert-", dir=parent)
+    try:
+        for name, data in files.items():
+            with open(os.path.join(tmp_dir, name), "wb") as f:
+                f.write(data)
+        stopping.check(PHASE)  # the last moment: the directory does not appear
+        if os.path.isdir(output_dir):
+            os.rmdir(output_dir)  # empty: checked by the caller
+        os.rename(tmp_dir, output_dir)
+    except BaseException:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        raise
+    return output_dir

@@ -1,0 +1,150 @@
+"""The two graphs of a LiteRT export, written with the model's own layers: the encoder (source
+ids to each decoder layer's cross-attention keys and values) and one decoder step.
+
+The step takes no cache it must write. Each decoder layer's self-attention keys and values live
+in the runtime's buffers, shared by the beams of a sentence as in
+`keras_transformer.decoding.beam_cache` (one slot per beam; an additive bias lets each
+hypothesis see only the keys its own history wrote); the step attends to them and to its own
+new key, and returns the new keys and values, which the runtime writes into the slots. So no
+cache is copied into or out of the graph, and beams are reordered by reordering a small table of
+slot ids in the runtime, not the caches. The cross-attention keys and values are computed once
+per sentence by the encoder graph and shared by its beams.
+
+Shapes (`B` sentences, `k` beams, `H` heads, `d` head size, `T` the cache's positions, `S`
+source tokens, `L` decoder layers; only `B`, `T` and `S` vary):
+
+- encoder: `source_ids` int32 `[B, S]` -> `cross_keys_{l}`, `cross_values_{l}` `[B, H, S, d]`.
+- step: `ids` int32 `[B * k]` (each hypothesis's last token), `position` int32 `[1]`,
+  `self_keys_{l}`, `self_values_{l}` `[B, H, k * T, d]` (slot `s`, position `t` at `s * T +
+  t`), `self_bias` float32 `[B, 1, k, k * T]` (0 where the hypothesis may attend, -1e9
+  elsewhere), `cross_keys_{l}`, `cross_values_{l}`, `cross_bias` float32 `[B, 1, 1, S]` ->
+  `top_log_probs` float32 `[B * k, K]` (best first), `top_ids` int32 `[B * k, K]`,
+  `eos_log_probs` float32 `[B * k]`, `new_keys_{l}`, `new_values_{l}` `[B, H, k, d]`.
+
+The log-probabilities are the model's log-softmax with padding and BOS made impossible, as in
+`keras_transformer.decoding.search`; only the top `K` of each row leave the graph (the search
+needs no more: a sentence's best `2k` candidates are among its rows' best `2k` each).
+"""
+
+import math
+
+import numpy as np
+from keras import ops
+
+from keras_transformer.layers.attention import NEG_INF
+
+
+def encoder_function(model):
+    """`fn(source_ids) -> {cross_keys_l, cross_values_l}` for `model` (a `Transformer`)."""
+
+    def encoder(source_ids):
+        encoder_output, _ = model.encode(source_ids, training=False)
+        outputs = {}
+        for i, block in enumerate(model.decoder.blocks):
+            keys, values = block.cross_attention.compute_key_value_cache(encoder_output)
+            outputs[f"cross_keys_{i}"], outputs[f"cross_values_{i}"] = keys, values
+        return outputs
+
+    return encoder
+
+
+def _heads(x, beams, heads):
+    """`[B * k, H * d]` -> `[B, H, k, d]`."""
+    x = ops.reshape(x, (-1, beams, heads, x.shape[-1] // heads))
+    return ops.transpose(x, (0, 2, 1, 3))
+
+
+def _merge(x):
+    """`[B, H, k, d]` -> `[B * k, H * d]`."""
+    x = ops.transpose(x, (0, 2, 1, 3))
+    return ops.reshape(x, (-1, x.shape[2] * x.shape[3]))
+
+
+def _self_attention(layer, h, keys, values, bias, beams):
+    """One step of `layer`'s self-attention on the shared slots: `(output, (new_keys,
+    new_values))`; the step's own key/value joins the cached ones without being written."""
+    heads = layer.num_heads
+    q = _heads(layer.query_dense(h), beams, heads)
+    q = q * (1.0 / math.sqrt(layer.key_dim))
+    new_keys = _heads(layer.key_dense(h), beams, heads)  # [B, H, k, d]
+    new_values = _heads(layer.value_dense(h), beams, heads)
+    cached = ops.einsum("bhqd,bhkd->bhqk", q, keys) + bias  # [B, H, k, k * T]
+    own = ops.sum(q * new_keys, axis=-1, keepdims=True)  # [B, H, k, 1]
+    weights = ops.softmax(ops.concatenate([cached, own], axis=-1), axis=-1)
+    out = ops.matmul(weights[..., :-1], values) + weights[..., -1:] * new_values
+    return layer.output_dense(_merge(out)), (new_keys, new_values)
+
+
+def _cross_attention(layer, h, keys, values, bias, beams):
+    """`layer`'s cross-attention of the `k` beams of each sentence on its encoder keys/values."""
+    q = _heads(layer.query_dense(h), beams, layer.num_heads)
+    q = q * (1.0 / math.sqrt(layer.key_dim))
+    weights = ops.softmax(ops.einsum("bhqd,bhkd->bhqk", q, keys) + bias, axis=-1)
+    return layer.output_dense(_merge(ops.matmul(weights, values)))
+
+
+def quantized_rows(matrix):
+    """`(int8 [n, m], float32 [n])`: each row of `matrix` scaled to [-127, 127] (symmetric,
+    per row, as the converter quantizes a fully-connected layer's weights per output)."""
+    matrix = np.asarray(matrix, "float32")
+    scale = np.maximum(np.abs(matrix).max(axis=1), 1e-12) / 127.0
+    return np.round(matrix / scale[:, None]).astype("int8"), scale.astype("float32")
+
+
+def _embedding(model, quantized):
+    """`embed(ids [B * k], position [1]) -> [B * k, d_model]`: the decoder's input as
+    `Transformer._embed_target` makes it. `quantized` (from `quantized_rows`): the rows are
+    looked up in int8 and only they are dequantized (a table the converter quantized would be
+    dequantized whole at every step)."""
+    if quantized is None:
+
+        def embed(ids, position):
+            x = model._embed_target(ops.expand_dims(ids, 1), False, start_index=position[0])
+            return ops.reshape(x, (-1, model.d_model))
+
+        return embed
+    table, scale = (ops.convert_to_tensor(x) for x in quantized)
+    layer = model.target_embedding
+    factor = math.sqrt(layer.d_model) if layer.scale else 1.0
+
+    def embed(ids, position):
+        rows = ops.cast(ops.take(table, ids, axis=0), "float32")
+        x = rows * ops.expand_dims(ops.take(scale, ids, axis=0) * factor, 1)
+        x = model.positional_encoding(ops.expand_dims(x, 1), start_index=position[0])
+        return ops.reshape(x, (-1, model.d_model))
+
+    return embed
+
+
+def step_function(model, beams, top_k, banned_ids, eos_id, quantized_embedding=None):
+    """`fn(ids, position, self_bias, cross_bias, caches) -> outputs` (module docstring) for
+    `model` with `beams` hypotheses per sentence (`quantized_embedding`: see `_embedding`)."""
+    vocab = model.vocab_size
+    ban = [NEG_INF if i in banned_ids else 0.0 for i in range(vocab)]
+    embed = _embedding(model, quantized_embedding)
+
+    def step(ids, position, self_bias, cross_bias, caches):
+        x = embed(ids, position)  # [B * k, d_model]
+        outputs = {}
+        for i, block in enumerate(model.decoder.blocks):
+            self_kv = caches[f"self_keys_{i}"], caches[f"self_values_{i}"]
+            cross_kv = caches[f"cross_keys_{i}"], caches[f"cross_values_{i}"]
+
+            def self_attention(h, layer=block.self_attention, kv=self_kv):
+                y, new = _self_attention(layer, h, *kv, self_bias, beams)
+                return y, None, new
+
+            def cross_attention(h, layer=block.cross_attention, kv=cross_kv):
+                return _cross_attention(layer, h, *kv, cross_bias, beams), None
+
+            x, _, (keys, values) = block._sublayers(x, self_attention, cross_attention, False)
+            outputs[f"new_keys_{i}"], outputs[f"new_values_{i}"] = keys, values
+        logits = model._project(model.decoder._finish(x))  # [B * k, vocab] float32
+        top_logits, top_ids = ops.top_k(logits + ops.convert_to_tensor(ban), top_k)
+        normaliser = ops.logsumexp(logits, axis=-1, keepdims=True)  # log-softmax's, over all
+        outputs["top_log_probs"] = top_logits - normaliser
+        outputs["top_ids"] = ops.cast(top_ids, "int32")
+        outputs["eos_log_probs"] = logits[:, eos_id] - normaliser[:, 0]
+        return outputs
+
+    return step

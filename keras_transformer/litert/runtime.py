@@ -1,0 +1,339 @@
+"""Translating with a LiteRT export (`keras_transformer.export.litert`) with the LiteRT
+interpreter, SentencePiece and numpy alone: no TensorFlow, no Keras.
+
+It answers as the SavedModel's `Translator` does, step by step: invalid UTF-8 replaced with
+U+FFFD; SentencePiece pieces truncated to `max_source_length - 1`, then EOS; the request sorted
+by length and decoded in chunks of `batch_size` sentences, each padded to its longest; the same
+search (`keras_transformer.litert.search`); the best hypotheses detokenized without padding and
+EOS, with their scores, token scores and calibrated confidence, in the request's order.
+"""
+
+import json
+import os
+
+import numpy as np
+
+from keras_transformer.litert.search import search
+
+NEG_INF = -1.0e9  # keras_transformer.layers.attention.NEG_INF
+MIN_SCORE, MAX_MARGIN = -50.0, 20.0  # keras_transformer.export.calibration
+METADATA_FILE = "keras_transformer.json"
+
+
+class LiteRTError(ValueError):
+    """A directory that is not a LiteRT export this version can run."""
+
+
+def is_litert_export(path):
+    """True when `path` is a directory holding a LiteRT export's metadata."""
+    metadata = os.path.join(str(path), METADATA_FILE)
+    if not os.path.isfile(metadata):
+        return False
+    try:
+        with open(metadata, encoding="utf-8") as f:
+            return json.load(f).get("format") == "litert"
+    except (OSError, ValueError):
+        return False
+
+
+def _interpreter(path, num_threads):
+    try:
+        from ai_edge_litert.interpreter import Interpreter
+    except ImportError:
+        raise LiteRTError(
+            'the LiteRT runtime is not installed: pip install "keras-nmt-transformer[litert]" '
+            "(or ai-edge-litert)"
+        ) from None
+    return Interpreter(model_path=path, num_threads=num_threads)
+
+
+def load(path, num_threads=None):
+    """The `LiteRTTranslator` of the export in the directory `path`."""
+    return LiteRTTranslator(path, num_threads)
+
+
+def _as_text(text):
+    """A request's string as `str`: bytes decoded as UTF-8 with invalid bytes replaced by U+FFFD
+    (as the SavedModel's transcoding does); `str` with lone surrogates made valid the same way."""
+    if isinstance(text, bytes):
+        return text.decode("utf-8", errors="replace")
+    return str(text).encode("utf-8", errors="replace").decode("utf-8")
+
+
+class LiteRTTranslator:
+    """A LiteRT export as string-to-string functions (the SavedModel's signatures, in numpy).
+
+    Args:
+        path: the export's directory.
+        num_threads: the interpreter's threads (None: LiteRT's default).
+
+    Example:
+    ```python
+    from keras_transformer import litert
+    translator = litert.load("saved_models/quickstart-litert")
+    translator.translate(["Guten Morgen."])["translation"]
+    ```
+    """
+
+    def __init__(self, path, num_threads=None):
+        import sentencepiece
+
+        if not is_litert_export(path):
+            raise LiteRTError(f"{path} is not a LiteRT export (no {METADATA_FILE} of format litert)")
+        with open(os.path.join(path, METADATA_FILE), encoding="utf-8") as f:
+            self.metadata = meta = json.load(f)
+        self.path = path
+        self.settings = meta["decoding"]
+        self.max_source_length = int(meta["max_source_length"])
+        self.max_length = meta.get("max_length")
+        self.calibration = meta["calibration"]
+        with open(os.path.join(path, meta["tokenizer"]), "rb") as f:
+            self._spm = sentencepiece.SentencePieceProcessor(model_proto=f.read())
+        encoder = _interpreter(os.path.join(path, meta["encoder"]), num_threads)
+        self._encoder = _Encoder(encoder, meta["outputs"]["encoder"])
+        step = _interpreter(os.path.join(path, meta["decoder_step"]), num_threads)
+        self._step = _Step(step, meta)
+
+    @property
+    def max_target_length(self):
+        """The longest output (EOS included), as `Translator.max_target_length`."""
+        longest = self.max_source_length + self.settings["max_extra_length"]
+        return longest if self.max_length is None else min(int(self.max_length), longest)
+
+    # ----------------------------------------------------------------- the signatures
+
+    def translate(self, texts):
+        """`serving_default`: `{"translation": [n] str, "score": float32 [n], "token_scores":
+        float32 [n, longest], "confidence": float32 [n]}`."""
+        out = self._hypotheses(texts, 1)
+        return {
+            "translation": [row[0] for row in out["text"]],
+            "score": out["score"][:, 0],
+            "token_scores": out["token_scores"][:, 0],
+            "confidence": out["confidence"][:, 0],
+        }
+
+    def translate_nbest(self, texts):
+        """`translate_nbest`: `{"translations": [n][n_best] str, "scores", "token_scores",
+        "confidence"}`, best first."""
+        out = self._hypotheses(texts, int(self.settings["n_best"]))
+        return {
+            "translations": out["text"],
+            "scores": out["score"],
+            "token_scores": out["token_scores"],
+            "confidence": out["confidence"],
+        }
+
+    def translate_prefix(self, texts, prefixes):
+        """`translate_prefix`: `{"translation", "score"}`, each translation starting with its
+        prefix's pieces (an empty prefix: `translate`'s answer)."""
+        if len(texts) != len(prefixes):
+            raise ValueError(
+                f"translate_prefix: text has {len(texts)} strings but prefix has "
+                f"{len(prefixes)} strings; they must be the same"
+            )
+        out = self._hypotheses(texts, 1, prefixes)
+        return {"translation": [row[0] for row in out["text"]], "score": out["score"][:, 0]}
+
+    # ----------------------------------------------------------------- the pieces
+
+    def _source_ids(self, texts):
+        eos = self.settings["eos_id"]
+        cut = self.max_source_length - 1
+        return [self._spm.encode(_as_text(t))[:cut] + [eos] for t in texts]
+
+    def _prefix_ids(self, prefixes):
+        room = self.settings["max_extra_length"]
+        if self.max_length is not None:
+            room = min(room, int(self.max_length) - 1)
+        return [self._spm.encode(_as_text(p))[: max(room, 0)] for p in prefixes]
+
+    def _hypotheses(self, texts, keep, prefixes=None):
+        texts = list(texts)
+        n, width = len(texts), self.max_target_length
+        sources = self._source_ids(texts)
+        prefix_ids = None if prefixes is None else self._prefix_ids(list(prefixes))
+        order = np.argsort([len(s) for s in sources], kind="stable")
+        text = [None] * n
+        score = np.zeros((n, keep), "float32")
+        token_scores = np.zeros((n, keep, width), "float32")
+        lengths = np.zeros((n, keep), "int32")
+        margins = np.zeros((n, keep), "float32")
+        chunk = int(self.settings["batch_size"])
+        for start in range(0, n, chunk):
+            rows = order[start : start + chunk]
+            prefix = None if prefix_ids is None else [prefix_ids[i] for i in rows]
+            ids, s, t = self._search_chunk([sources[i] for i in rows], prefix)
+            ids, t = ids[:, :keep], t[:, :keep]
+            for j, i in enumerate(rows):
+                text[i] = [self._detokenize(h) for h in ids[j]]
+            score[rows], margins[rows] = s[:, :keep], _margins(s)[:, :keep]
+            token_scores[rows, :, : t.shape[2]] = t
+            lengths[rows] = (ids != self.settings["pad_id"]).sum(-1)
+        longest = int(lengths.max()) if n else 0
+        return {
+            "text": text,
+            "score": score,
+            "token_scores": token_scores[:, :, :longest],
+            "length": lengths,
+            "confidence": self._confidence(score, margins),
+        }
+
+    def _search_chunk(self, sources, prefix):
+        """Padded ids of one chunk through the encoder and the search: `(ids [c, K, T], scores
+        [c, K], token scores [c, K, T])`, best first."""
+        s = self.settings
+        c, s_len = len(sources), max(len(x) for x in sources)
+        source = np.zeros((c, s_len), "int32")
+        for i, row in enumerate(sources):
+            source[i, : len(row)] = row
+        buffer = s_len + s["max_extra_length"]
+        if self.max_length is not None:
+            buffer = min(buffer, int(self.max_length))
+        caps = np.minimum(np.array([len(x) for x in sources]) + s["max_extra_length"], buffer)
+        cross = self._encoder(source)
+        self._step.start(cross, source != s["pad_id"], buffer)
+        prefix_matrix = None
+        if prefix is not None and any(prefix):
+            prefix_matrix = np.zeros((c, max(len(p) for p in prefix)), "int32")
+            for i, row in enumerate(prefix):
+                prefix_matrix[i, : len(row)] = row
+        return search(
+            self._step, c, s["beam_size"], buffer, caps, s["alpha"], s["eos_id"], s["bos_id"],
+            prefix=prefix_matrix, return_all=True,
+        )  # fmt: skip
+
+    def _detokenize(self, ids):
+        special = (self.settings["pad_id"], self.settings["eos_id"])
+        return self._spm.decode([int(i) for i in ids if i not in special])
+
+    def _confidence(self, scores, margins):
+        cal = self.calibration
+        logit = (
+            cal["bias"]
+            + cal["score_weight"] * np.maximum(scores, MIN_SCORE)
+            + cal["margin_weight"] * margins
+        )
+        return (1.0 / (1.0 + np.exp(-logit))).astype("float32")
+
+
+def _margins(scores):
+    """float32 `[c, K]`: each hypothesis's score minus the best score of the others (0 for
+    greedy search), clipped, as `Translator._margins`."""
+    width = scores.shape[1]
+    if width == 1:
+        return np.zeros_like(scores)
+    others = np.where(np.eye(width, dtype=bool), np.float32(NEG_INF), scores[:, None, :])
+    margin = scores - others.max(axis=-1)
+    return np.clip(margin, -MAX_MARGIN, MAX_MARGIN).astype("float32")
+
+
+def _output_indices(interpreter, names):
+    """`{name: tensor index}` of the interpreter's outputs, named in order by `names` (the
+    export's metadata: the converted model keeps no output names)."""
+    details = interpreter.get_output_details()
+    if len(details) != len(names):
+        raise LiteRTError(f"the LiteRT model has {len(details)} outputs, its metadata names {len(names)}")
+    return {name: d["index"] for name, d in zip(names, details)}
+
+
+def _resize(interpreter, indices, shapes):
+    for name, shape in shapes.items():
+        interpreter.resize_tensor_input(indices[name], shape, strict=False)
+    interpreter.allocate_tensors()
+
+
+class _Encoder:
+    """`encoder.tflite`: int32 source ids `[c, S]` -> `{cross_keys_l: [c, H, S, d], ...}`."""
+
+    def __init__(self, interpreter, names):
+        self.interpreter = interpreter
+        self.input = interpreter.get_input_details()[0]["index"]
+        self.outputs = _output_indices(interpreter, names)
+        self.shape = None
+
+    def __call__(self, source):
+        it = self.interpreter
+        if self.shape != source.shape:
+            _resize(it, {"source_ids": self.input}, {"source_ids": source.shape})
+            self.shape = source.shape
+        it.set_tensor(self.input, source)
+        it.invoke()
+        return {name: it.get_tensor(index) for name, index in self.outputs.items()}
+
+
+class _Step:
+    """`decoder_step.tflite` as the search's step (`keras_transformer.litert.search`).
+
+    The self-attention caches are the interpreter's own input buffers, one slot per beam
+    (`keras_transformer.export.litert_graphs`): each call writes the step's new keys and values
+    into them through numpy views, and `reorder` only permutes `history`, which records for
+    each hypothesis the slot holding its key at each position. Nothing is copied per step but
+    the step's own inputs and outputs.
+    """
+
+    def __init__(self, interpreter, meta):
+        self.interpreter = interpreter
+        self.inputs = {d["name"]: d["index"] for d in interpreter.get_input_details()}
+        self.outputs = _output_indices(interpreter, meta["outputs"]["decoder_step"])
+        self.layers, self.heads = int(meta["num_layers"]), int(meta["num_heads"])
+        self.head_dim, self.beams = int(meta["head_dim"]), int(meta["decoding"]["beam_size"])
+        self.shapes = None
+
+    def start(self, cross, source_mask, positions):
+        """Readies the step for a chunk: the encoder's `cross` keys/values, the source mask
+        `[c, S]` and `positions` cache positions; the caches start empty."""
+        c, s_len = source_mask.shape
+        k, heads, size = self.beams, self.heads, self.head_dim
+        shapes = {"ids": [c * k], "position": [1], "self_bias": [c, 1, k, k * positions]}
+        shapes["cross_bias"] = [c, 1, 1, s_len]
+        for i in range(self.layers):
+            shapes[f"self_keys_{i}"] = shapes[f"self_values_{i}"] = [c, heads, k * positions, size]
+            shapes[f"cross_keys_{i}"] = shapes[f"cross_values_{i}"] = [c, heads, s_len, size]
+        it = self.interpreter
+        if shapes != self.shapes:
+            _resize(it, self.inputs, shapes)
+            self.shapes = shapes
+            for i in range(self.layers):  # never read unwritten (masked), but must be finite
+                for name in ("self_keys", "self_values"):
+                    it.tensor(self.inputs[f"{name}_{i}"])().fill(0.0)
+        for name, value in cross.items():
+            it.set_tensor(self.inputs[name], value)
+        bias = np.where(source_mask, 0.0, NEG_INF).astype("float32")
+        it.set_tensor(self.inputs["cross_bias"], bias.reshape(c, 1, 1, s_len))
+        self.rows, self.positions = c * k, positions
+        self.history = np.zeros((c, k, positions), "int32")  # the slot of each key
+
+    def _self_bias(self, index):
+        """`[c, 1, k, k * T]`: 0 where a hypothesis's own keys are (positions before `index`
+        in the slots its history names), NEG_INF elsewhere."""
+        k = self.beams
+        own = self.history[:, :, None, :] == np.arange(k)[None, None, :, None]  # [c, k, k, T]
+        own &= np.arange(self.positions) < index
+        bias = np.where(own, np.float32(0.0), np.float32(NEG_INF))
+        return bias.reshape(-1, 1, k, k * self.positions)
+
+    def __call__(self, ids, index):
+        it, k = self.interpreter, self.beams
+        it.set_tensor(self.inputs["ids"], np.asarray(ids, "int32"))
+        it.set_tensor(self.inputs["position"], np.array([index], "int32"))
+        it.set_tensor(self.inputs["self_bias"], self._self_bias(index))
+        it.invoke()
+        c = self.rows // k
+        for i in range(self.layers):
+            for name in ("keys", "values"):
+                new = it.get_tensor(self.outputs[f"new_{name}_{i}"])  # [c, H, k, d]
+                cache = it.tensor(self.inputs[f"self_{name}_{i}"])()
+                cache.reshape(c, self.heads, k, self.positions, self.head_dim)[:, :, :, index] = new
+                del cache  # no reference to the interpreter's buffers may outlive this
+        self.history[:, :, index] = np.arange(k)
+        return (
+            it.get_tensor(self.outputs["top_log_probs"]),
+            it.get_tensor(self.outputs["top_ids"]),
+            it.get_tensor(self.outputs["eos_log_probs"]),
+        )
+
+    def reorder(self, origin):
+        """The hypotheses of each sentence follow their origins (flat rows `[c * k]`)."""
+        flat = self.history.reshape(self.rows, self.positions)
+        self.history = flat[np.asarray(origin)].reshape(self.history.shape)
