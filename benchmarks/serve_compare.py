@@ -153,6 +153,31 @@ def ctranslate2_decoders(model, spm_bytes, cfg, work, compute_types, beam=4):
     return decoders
 
 
+def litert_decoders(model, spm_bytes, cfg, work, quantizations, beam=4):
+    """`{"ours_litert_<quantization>": () -> lengths}`: our LiteRT exports run by
+    `keras_transformer.litert` (no TensorFlow in the loop), 2 threads, the same settings as the
+    SavedModel's."""
+    from keras_transformer import litert
+    from keras_transformer.config import DecodingSettings
+    from keras_transformer.export.litert import export_litert
+
+    settings = DecodingSettings(beam_size=beam, alpha=0.6, batch_size=SENTENCES, n_best=1,
+                                max_extra_length=cfg["tgt"] - cfg["src"])  # fmt: skip
+    data = {"max_source_length": cfg["src"] + 1, "max_target_length": cfg["tgt"] + 1}
+    text = sources(cfg)
+    decoders = {}
+    for quantization in quantizations:
+        path = os.path.join(work, f"litert-{quantization}")
+        export_litert(model, spm_bytes, path, quantization, data, settings)
+        translator = litert.load(path, num_threads=2)
+
+        def decode_batch(t=translator):
+            return [len(x.split()) for x in t.translate(text)["translation"]]
+
+        decoders[f"ours_litert_{quantization}"] = decode_batch
+    return decoders
+
+
 def measure(decoders, cfg, runs, rounds):
     """Best tokens/s of each decoder over `rounds` rounds, the decoders taking turns in each
     round (so a burst of load from the machine's other jobs hits them alike)."""
@@ -184,7 +209,7 @@ def bench_model_garden(cfg):
     return None
 
 
-def run_shape(name, cfg, runs, rounds, peer, beam=4, xla=False):
+def run_shape(name, cfg, runs, rounds, peer, beam=4, xla=False, litert=()):
     load = os.getloadavg()[0]
     model = build_model(cfg)
     spm_bytes = word_vocabulary(cfg["vocab"])
@@ -201,6 +226,8 @@ def run_shape(name, cfg, runs, rounds, peer, beam=4, xla=False):
         decoders.update(
             ctranslate2_decoders(model, spm_bytes, cfg, work, ("float32", "int8"), beam)
         )
+        if litert:
+            decoders.update(litert_decoders(model, spm_bytes, cfg, work, litert, beam))
         figures = measure(decoders, cfg, runs, rounds)
     for system, (tokens_per_s, seconds) in figures.items():
         emit(what=what, system=system, tokens_per_s=round(tokens_per_s, 1),
@@ -219,6 +246,11 @@ def run_shape(name, cfg, runs, rounds, peer, beam=4, xla=False):
         ratios["ours_xla_over_ct2_float32"] = round(
             figures["ours_saved_model_xla"][0] / ct2_float32, 3
         )
+    ct2_int8 = figures["ctranslate2_int8"][0]
+    for quantization in litert:
+        ours_litert = figures[f"ours_litert_{quantization}"][0]
+        ratios[f"ours_litert_{quantization}_over_ct2_float32"] = round(ours_litert / ct2_float32, 3)
+        ratios[f"ours_litert_{quantization}_over_ct2_int8"] = round(ours_litert / ct2_int8, 3)
     if mg is not None:
         ratios["ours_over_model_garden"] = round(ours / mg, 3)
         ratios["ct2_float32_over_model_garden"] = round(ct2_float32 / mg, 3)
@@ -239,10 +271,16 @@ def main():
         "--xla", action="store_true",
         help="also our export with its search compiled by XLA (export.jit_compile: true)",
     )  # fmt: skip
+    parser.add_argument(
+        "--litert", default="float32,dynamic_int8",
+        help="comma-separated quantizations of our LiteRT export to add ('' for none)",
+    )  # fmt: skip
     args = parser.parse_args()
+    litert = tuple(q for q in args.litert.split(",") if q)
     for name in args.shapes.split(","):
         run_shape(
-            name, SHAPES[name], args.runs, args.rounds, not args.no_peer, args.beam_size, args.xla
+            name, SHAPES[name], args.runs, args.rounds, not args.no_peer, args.beam_size, args.xla,
+            litert,
         )
 
 

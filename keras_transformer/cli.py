@@ -20,6 +20,9 @@ from keras_transformer.errors import (
     write_refused,
 )
 
+# `export --quantization`: CTranslate2's weight types, then the LiteRT export's
+# (`keras_transformer.export.litert.QUANTIZATIONS`; `commands.flags.check_export` matches each
+# to its format).
 QUANTIZATIONS = (
     "int8",
     "int8_float32",
@@ -29,6 +32,7 @@ QUANTIZATIONS = (
     "float16",
     "bfloat16",
     "float32",
+    "dynamic_int8",
 )
 
 
@@ -155,7 +159,12 @@ def _add_translate_command(sub, common):
         parents=[common],
         help="translate TEXT arguments, stdin lines or an --input file",
     )
-    p.add_argument("--model", required=True, help="SavedModel directory (or its parent)")
+    p.add_argument(
+        "--model",
+        required=True,
+        help="SavedModel directory (or its parent), or a LiteRT export's directory (run "
+        "without TensorFlow)",
+    )
     p.add_argument("--batch-size", type=int, default=32, help="sentences per call (default 32)")
     p.add_argument(
         "--n-best",
@@ -202,7 +211,12 @@ def _add_model_commands(sub, common):
     p = sub.add_parser(
         "evaluate", parents=[common], help="sacreBLEU and chrF of a SavedModel on a test set"
     )
-    p.add_argument("--model", required=True, help="SavedModel directory (or its parent)")
+    p.add_argument(
+        "--model",
+        required=True,
+        help="SavedModel directory (or its parent), or a LiteRT export's directory (run "
+        "without TensorFlow)",
+    )
     p.add_argument("--source", required=True, help="source sentences, one per line")
     p.add_argument("--reference", required=True, help="reference translations, one per line")
     p.add_argument("--batch-size", type=int, default=32, help="sentences per call (default 32)")
@@ -211,14 +225,24 @@ def _add_model_commands(sub, common):
     p = sub.add_parser(
         "score", parents=[common], help="log-probability of each target given its source"
     )
-    p.add_argument("--model", required=True, help="SavedModel directory (or its parent)")
+    p.add_argument(
+        "--model",
+        required=True,
+        help="SavedModel directory (or its parent), or a LiteRT export's directory (run "
+        "without TensorFlow)",
+    )
     p.add_argument("--source", required=True, help="source sentences, one per line")
     p.add_argument("--target", required=True, help="target sentences to score, one per line")
     p.add_argument("--batch-size", type=int, default=32, help="sentences per call (default 32)")
     p.set_defaults(func=commands.score_command)
 
     p = sub.add_parser("info", parents=[common], help="print a SavedModel's model card")
-    p.add_argument("--model", required=True, help="SavedModel directory (or its parent)")
+    p.add_argument(
+        "--model",
+        required=True,
+        help="SavedModel directory (or its parent), or a LiteRT export's directory (run "
+        "without TensorFlow)",
+    )
     p.set_defaults(func=commands.info_command)
 
 
@@ -239,7 +263,8 @@ def _add_export_command(sub, common):
     p.add_argument(
         "--output",
         help="base directory of the named model (default from config); with --format "
-        "ctranslate2, the CTranslate2 model directory (default BASE_DIR/NAME-ctranslate2)",
+        "ctranslate2 or litert, the model directory (default BASE_DIR/NAME-ctranslate2, "
+        "BASE_DIR/NAME-litert-QUANTIZATION)",
     )
     p.add_argument(
         "--name",
@@ -262,14 +287,16 @@ def _add_export_command(sub, common):
     )
     p.add_argument(
         "--format",
-        choices=("saved_model", "ctranslate2"),
+        choices=("saved_model", "ctranslate2", "litert"),
         default="saved_model",
-        help="saved_model (TF Serving, default) or ctranslate2 (needs the ctranslate2 extra)",
+        help="saved_model (TF Serving, default), ctranslate2 (needs the ctranslate2 extra) or "
+        "litert (LiteRT/TFLite for devices and small CPUs; run by the litert extra)",
     )
     p.add_argument(
         "--quantization",
         choices=QUANTIZATIONS,
-        help="CTranslate2 weight type (default: float32 as trained)",
+        help="ctranslate2: its weight type; litert: float32, float16 or dynamic_int8 (int8 "
+        "weights, activations quantized at run time) (default: float32 as trained)",
     )
     p.set_defaults(func=commands.export_command, stops_safely=True)
 

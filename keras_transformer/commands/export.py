@@ -111,10 +111,30 @@ def _record_export(workdir, path, final):
     write_atomically(layout.result, json.dumps(result, indent=2))
 
 
+def _export_litert(args, config, final, spm_bytes, name, averaged):
+    """`export --format litert`: the LiteRT directory (`keras_transformer.export.litert`)."""
+    from keras_transformer.export.litert import export_litert
+
+    quantization = getattr(args, "quantization", None) or "float32"
+    output = args.output or os.path.join(config.export.base_dir, f"{name}-litert-{quantization}")
+    facts, _ = _card_inputs(args.workdir, config, final.model.vocab_size, final.selection)
+    path = export_litert(
+        final.model,
+        spm_bytes,
+        output,
+        quantization,
+        config.data,
+        flags.export_settings(config, args, final.alpha),
+        facts,
+    )
+    what = averaged or f"step {final.steps[-1]}"
+    print(f"converted {what} to LiteRT ({quantization}) in {path}")
+
+
 def export_command(args):
     """`keras-transformer export --workdir DIR [--average N] [--output DIR] [--beam-size K]
     [--alpha A] [--n-best N] [--max-extra-length L] [--sampling-topk K [--temperature T]
-    [--top-p P]] [--format saved_model|ctranslate2] [--quantization TYPE]`."""
+    [--top-p P]] [--format saved_model|ctranslate2|litert] [--quantization TYPE]`."""
     export_format = flags.export_format(args)
     if export_format == "ctranslate2":
         from keras_transformer.export.ct2 import require_ctranslate2
@@ -143,6 +163,8 @@ def export_command(args):
         )
         print(f"converted {averaged or f'step {steps[-1]}'} to CTranslate2 in {path}")
         return
+    if export_format == "litert":
+        return _export_litert(args, config, final, spm_bytes, name, averaged)
     from keras_transformer.export.saved_model import export_saved_model
 
     settings = flags.export_settings(config, args, final.alpha)

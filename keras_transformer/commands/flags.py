@@ -95,20 +95,38 @@ def sampling_request(args):
 
 
 def export_format(args):
-    """`export --format`: `saved_model` (the default) or `ctranslate2`."""
+    """`export --format`: `saved_model` (the default), `ctranslate2` or `litert`."""
     return getattr(args, "format", None) or "saved_model"
 
 
 def check_export(args):
     """`UsageError` for `export` flags that exclude each other or a value out of range (the
     decoding flags are checked with the workdir's config: `export_settings`)."""
-    if export_format(args) != "ctranslate2" and getattr(args, "quantization", None) is not None:
-        raise UsageError("--quantization applies to --format ctranslate2 only")
+    _check_quantization(export_format(args), getattr(args, "quantization", None))
+    if export_format(args) == "litert" and any(
+        getattr(args, key, None) is not None for key in SAMPLING_FLAGS
+    ):
+        raise UsageError("a LiteRT export searches (beam or greedy): it takes no sampling flags")
     average = getattr(args, "average", None)
     if getattr(args, "select_on_dev", False) and average is not None:
         raise UsageError("--average and --select-on-dev exclude each other")
     if average is not None and average < 1:
         raise UsageError(f"--average must be a positive integer, got {average}")
+
+
+def _check_quantization(export_format, quantization):
+    from keras_transformer.export.litert import QUANTIZATIONS as LITERT
+
+    if quantization is None:
+        return
+    if export_format == "saved_model":
+        raise UsageError("--quantization applies to --format ctranslate2 or litert")
+    if export_format == "litert" and quantization not in LITERT:
+        raise UsageError(
+            f"--quantization {quantization}: --format litert takes {', '.join(LITERT)}"
+        )
+    if export_format == "ctranslate2" and quantization == "dynamic_int8":
+        raise UsageError("--quantization dynamic_int8 is LiteRT's: CTranslate2's int8 is int8")
 
 
 def export_settings(config, args, chosen_alpha=None):

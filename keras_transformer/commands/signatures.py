@@ -99,6 +99,39 @@ def load_serving_function(model_path, n_best=None, prefix=None, sampling=None):
     return translate
 
 
+def load_litert_function(model_path, n_best=None, prefix=None, sampling=None):
+    """`load_serving_function` for a LiteRT export (`keras_transformer.litert`): the same
+    `texts -> (translations, scores)`, with no TensorFlow loaded."""
+    from keras_transformer.litert import LiteRTError, load
+
+    if sampling is not None:
+        raise UsageError(f"{model_path} is a LiteRT export: it searches and cannot sample")
+    try:
+        translator = load(model_path)
+    except (LiteRTError, OSError, ValueError) as e:
+        raise UsageError(f"cannot load the LiteRT export in {model_path}: {first_line(e)}") from None
+    exported = int(translator.settings["n_best"])
+    if n_best is not None and n_best > exported:
+        raise UsageError(
+            f"--n-best {n_best}: {model_path} was exported with {exported} hypotheses per input "
+            "(export it again with --n-best, at most its --beam-size)"
+        )
+
+    def translate(texts):
+        if n_best is not None:
+            out = translator.translate_nbest(texts)
+            scores = [row[:n_best] for row in out["scores"].tolist()]
+            return [row[:n_best] for row in out["translations"]], scores
+        if prefix is not None:
+            out = translator.translate_prefix(texts, [prefix] * len(texts))
+        else:
+            out = translator.translate(texts)
+        return out["translation"], out["score"].tolist()
+
+    translate.loaded = translator
+    return translate
+
+
 def _decoded(texts):
     """The signature's UTF-8 strings as `str` (an invalid byte becomes U+FFFD)."""
     return [text.decode("utf-8", errors="replace") for text in texts]

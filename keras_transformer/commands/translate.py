@@ -8,7 +8,8 @@ import sys
 
 from keras_transformer.commands import flags, startup
 from keras_transformer.commands.lines import output_lines, output_rows
-from keras_transformer.commands.signatures import load_serving_function
+from keras_transformer.commands.signatures import load_litert_function, load_serving_function
+from keras_transformer.litert.runtime import is_litert_export
 
 
 def translate_command(args):
@@ -20,8 +21,7 @@ def translate_command(args):
     request = flags.translate_request(args)
     if request.chunk_lines is not None:
         return _translate_file(args, request)
-    startup.import_tensorflow(getattr(args, "verbose", False))
-    translate = load_serving_function(args.model, request.n_best, request.prefix, request.sampling)
+    translate = _load(args, request.n_best, request.prefix, request.sampling)
     batch_size = request.batch_size
     if args.text:
         for line in output_lines(translate, list(args.text), batch_size, request.n_best):
@@ -37,23 +37,35 @@ def translate_command(args):
         sys.stdout.flush()
 
 
+def _load(args, n_best, prefix=None, sampling=None):
+    """The translation function of `--model`: a LiteRT export's (no TensorFlow), else the
+    SavedModel signature the request names."""
+    if is_litert_export(args.model):
+        return load_litert_function(args.model, n_best, prefix, sampling)
+    startup.import_tensorflow(getattr(args, "verbose", False))
+    return load_serving_function(args.model, n_best, prefix, sampling)
+
+
 def _translate_file(args, request):
     """`keras-transformer translate --model DIR --input FILE --output FILE [--n-best K]
     [--chunk-lines N]`: streams FILE through the model into the output (K lines
     `SCORE<TAB>TRANSLATION` per input with `--n-best`), with progress on stderr and one summary
     line; run again after a kill, it continues (`keras_transformer.file_translation`)."""
-    from keras_transformer.export.saved_model import resolve_model_dir
     from keras_transformer.file_translation import check_paths, translate_file
 
-    startup.import_tensorflow(getattr(args, "verbose", False))
     check_paths(args.input, args.output)  # before the model loads: a typo fails at once
     n_best = request.n_best
-    translate = load_serving_function(args.model, n_best, sampling=request.sampling)
+    translate = _load(args, n_best, sampling=request.sampling)
 
     def rows(texts):
         return output_rows(*translate(texts), n_best)
 
-    model = os.path.realpath(resolve_model_dir(args.model))
+    model = args.model
+    if not is_litert_export(model):
+        from keras_transformer.export.saved_model import resolve_model_dir
+
+        model = resolve_model_dir(model)
+    model = os.path.realpath(model)
     result = translate_file(
         rows, args.input, args.output, request.batch_size, request.chunk_lines, model, n_best or 1
     )

@@ -283,7 +283,17 @@ class _Step:
     def start(self, cross, source_mask, positions):
         """Readies the step for a chunk: the encoder's `cross` keys/values, the source mask
         `[c, S]` and `positions` cache positions; the caches start empty."""
-        c, s_len = source_mask.shape
+        c = source_mask.shape[0]
+        bias = np.where(source_mask, 0.0, NEG_INF).astype("float32")[:, None, None, :]
+        self._layout(c, source_mask.shape[1], positions, {**cross, "cross_bias": bias})
+        self.history = np.zeros((c, self.beams, positions), "int32")  # the slot of each key
+        self.live = np.arange(c)  # the sentences still searched (`keep`), in the batch
+
+    def _layout(self, c, s_len, positions, values, zero_caches=True):
+        """The interpreter's inputs sized for `c` sentences, `s_len` source tokens and
+        `positions` cache positions, with the inputs in `values` set (resized only when a
+        size changed; the self-attention caches then zeroed: never read unwritten, since
+        masked, but they must be finite)."""
         k, heads, size = self.beams, self.heads, self.head_dim
         shapes = {"ids": [c * k], "position": [1], "self_bias": [c, 1, k, k * positions]}
         shapes["cross_bias"] = [c, 1, 1, s_len]
@@ -294,15 +304,39 @@ class _Step:
         if shapes != self.shapes:
             _resize(it, self.inputs, shapes)
             self.shapes = shapes
-            for i in range(self.layers):  # never read unwritten (masked), but must be finite
-                for name in ("self_keys", "self_values"):
-                    it.tensor(self.inputs[f"{name}_{i}"])().fill(0.0)
-        for name, value in cross.items():
+            if zero_caches:
+                for name in self._self_caches():
+                    it.tensor(self.inputs[name])().fill(0.0)
+        for name, value in values.items():
             it.set_tensor(self.inputs[name], value)
-        bias = np.where(source_mask, 0.0, NEG_INF).astype("float32")
-        it.set_tensor(self.inputs["cross_bias"], bias.reshape(c, 1, 1, s_len))
         self.rows, self.positions = c * k, positions
-        self.history = np.zeros((c, k, positions), "int32")  # the slot of each key
+
+    def _self_caches(self):
+        return [f"self_{n}_{i}" for i in range(self.layers) for n in ("keys", "values")]
+
+    def keep(self, sentences):
+        """Only `sentences` (indices into the live ones) go on. The batch is compacted to them
+        once at most half of it is live (a resize costs about a step; until then the settled
+        sentences' rows are computed and ignored)."""
+        self.live = self.live[np.asarray(sentences, "int64")]
+        if len(self.live) and len(self.live) <= self.rows // self.beams // 2:
+            self._compact()
+
+    def _compact(self):
+        it, live = self.interpreter, self.live
+        names = self._self_caches() + [
+            f"cross_{n}_{i}" for i in range(self.layers) for n in ("keys", "values")
+        ]
+        values = {name: it.get_tensor(self.inputs[name])[live] for name in names}
+        values["cross_bias"] = it.get_tensor(self.inputs["cross_bias"])[live]
+        s_len = values["cross_bias"].shape[-1]
+        self._layout(len(live), s_len, self.positions, values, zero_caches=False)
+        self.history = self.history[live]
+        self.live = np.arange(len(live))
+
+    def _live_rows(self):
+        k = self.beams
+        return (self.live[:, None] * k + np.arange(k)).reshape(-1)
 
     def _self_bias(self, index):
         """`[c, 1, k, k * T]`: 0 where a hypothesis's own keys are (positions before `index`
@@ -315,7 +349,10 @@ class _Step:
 
     def __call__(self, ids, index):
         it, k = self.interpreter, self.beams
-        it.set_tensor(self.inputs["ids"], np.asarray(ids, "int32"))
+        rows = self._live_rows()
+        all_ids = np.zeros(self.rows, "int32")  # settled sentences' rows: computed, ignored
+        all_ids[rows] = ids
+        it.set_tensor(self.inputs["ids"], all_ids)
         it.set_tensor(self.inputs["position"], np.array([index], "int32"))
         it.set_tensor(self.inputs["self_bias"], self._self_bias(index))
         it.invoke()
@@ -327,13 +364,11 @@ class _Step:
                 cache.reshape(c, self.heads, k, self.positions, self.head_dim)[:, :, :, index] = new
                 del cache  # no reference to the interpreter's buffers may outlive this
         self.history[:, :, index] = np.arange(k)
-        return (
-            it.get_tensor(self.outputs["top_log_probs"]),
-            it.get_tensor(self.outputs["top_ids"]),
-            it.get_tensor(self.outputs["eos_log_probs"]),
-        )
+        names = ("top_log_probs", "top_ids", "eos_log_probs")
+        return tuple(it.get_tensor(self.outputs[name])[rows] for name in names)
 
     def reorder(self, origin):
-        """The hypotheses of each sentence follow their origins (flat rows `[c * k]`)."""
+        """The live hypotheses of each sentence follow their origins (flat live rows)."""
+        rows = self._live_rows()
         flat = self.history.reshape(self.rows, self.positions)
-        self.history = flat[np.asarray(origin)].reshape(self.history.shape)
+        flat[rows] = flat[rows[np.asarray(origin)]]
