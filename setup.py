@@ -55,6 +55,9 @@ setup(
     extras_require={
         # `keras-transformer export --format ctranslate2` (imported only by that command).
         "ctranslate2": ["ctranslate2>=4.5,<5"],
+        # Translation with a LiteRT export (`keras_transformer.litert`): the LiteRT interpreter,
+        # without TensorFlow (`export --format litert` itself uses TensorFlow's converter).
+        "litert": ["ai-edge-litert>=2.0,<3"],
         "test": [
             "pytest>=8",
             # Tests in parallel processes (the README test command runs two).
@@ -66,6 +69,8 @@ setup(
             "ipykernel>=6",
             # The CTranslate2 conversion tests run in CI too.
             "ctranslate2>=4.5,<5",
+            # The LiteRT export's tests run its runtime.
+            "ai-edge-litert>=2.0,<3",
             # Our layers pass KerasHub's own layer test (its TestCase imports grain).
             "keras-hub>=0.32",
             "grain>=0.2",

@@ -279,7 +279,13 @@ def main():
     litert = tuple(q for q in args.litert.split(",") if q)
     for name in args.shapes.split(","):
         run_shape(
-            name, SHAPES[name], args.runs, args.rounds, not args.no_peer, args.beam_size, args.xla,
+            name,
+            SHAPES[name],
+            args.runs,
+            args.rounds,
+            not args.no_peer,
+            args.beam_size,
+            args.xla,
             litert,
         )
 

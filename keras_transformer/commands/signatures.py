@@ -109,7 +109,9 @@ def load_litert_function(model_path, n_best=None, prefix=None, sampling=None):
     try:
         translator = load(model_path)
     except (LiteRTError, OSError, ValueError) as e:
-        raise UsageError(f"cannot load the LiteRT export in {model_path}: {first_line(e)}") from None
+        raise UsageError(
+            f"cannot load the LiteRT export in {model_path}: {first_line(e)}"
+        ) from None
     exported = int(translator.settings["n_best"])
     if n_best is not None and n_best > exported:
         raise UsageError(

@@ -58,7 +58,7 @@ RUNTIME_FUNCTIONS = {
 def _check(model, quantization):
     if quantization not in QUANTIZATIONS:
         raise UsageError(
-            f"--quantization {quantization}: a LiteRT export takes one of {', '.join(QUANTIZATIONS)}"
+            f"--quantization {quantization}: a LiteRT export takes {', '.join(QUANTIZATIONS)}"
         )
     if getattr(model, "decoder_only", False) or not hasattr(model, "encode"):
         raise UsageError("a LiteRT export needs an encoder-decoder Transformer")

@@ -13,9 +13,8 @@ import os
 
 import numpy as np
 
-from keras_transformer.litert.search import search
+from keras_transformer.litert.search import NEG_INF, search
 
-NEG_INF = -1.0e9  # keras_transformer.layers.attention.NEG_INF
 MIN_SCORE, MAX_MARGIN = -50.0, 20.0  # keras_transformer.export.calibration
 METADATA_FILE = "keras_transformer.json"
 
@@ -79,7 +78,9 @@ class LiteRTTranslator:
         import sentencepiece
 
         if not is_litert_export(path):
-            raise LiteRTError(f"{path} is not a LiteRT export (no {METADATA_FILE} of format litert)")
+            raise LiteRTError(
+                f"{path} is not a LiteRT export (no {METADATA_FILE} of format litert)"
+            )
         with open(os.path.join(path, METADATA_FILE), encoding="utf-8") as f:
             self.metadata = meta = json.load(f)
         self.path = path
@@ -233,7 +234,9 @@ def _output_indices(interpreter, names):
     export's metadata: the converted model keeps no output names)."""
     details = interpreter.get_output_details()
     if len(details) != len(names):
-        raise LiteRTError(f"the LiteRT model has {len(details)} outputs, its metadata names {len(names)}")
+        raise LiteRTError(
+            f"the LiteRT model has {len(details)} outputs, its metadata names {len(names)}"
+        )
     return {name: d["index"] for name, d in zip(names, details)}
 
 

@@ -1,0 +1,250 @@
+"""The LiteRT export and its TensorFlow-free runtime (`keras_transformer.export.litert`,
+`keras_transformer.litert`): the float32 export answers every signature it has as the SavedModel
+does (translations, scores, token scores, confidence; n-best; prefixes; hostile inputs; empty and
+large requests), the int8 export is smaller and stays close, the runtime runs where TensorFlow
+cannot be imported, and `export --format litert` / `translate --model DIR` work from the CLI.
+Skipped only when the `litert` extra (ai-edge-litert) is missing."""
+
+import json
+import os
+import subprocess
+import sys
+
+import _inference_fixtures as fx
+import numpy as np
+import pytest
+import tensorflow as tf
+from test_cli_inference import _write_workdir
+
+from keras_transformer import stopping
+from keras_transformer.errors import Preempted, UsageError
+from keras_transformer.export.litert import export_litert
+
+pytest.importorskip("ai_edge_litert")
+
+from keras_transformer import litert  # noqa: E402
+
+# Numerically sensitive: CI runs this module again with oneDNN off and with one thread.
+pytestmark = pytest.mark.numerics
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _calibration(saved_model_path):
+    with open(os.path.join(saved_model_path, "assets.extra", "model_card.json")) as f:
+        return json.load(f)["calibration"]
+
+
+@pytest.fixture(scope="module")
+def saved_model(exported_copy_model):
+    _, path = exported_copy_model
+    loaded = tf.saved_model.load(path)
+    return loaded, path
+
+
+@pytest.fixture(scope="module")
+def litert_dirs(copy_model, toy_spm_bytes, saved_model, tmp_path_factory):
+    """The copy model exported with the SavedModel's settings and calibration."""
+    from keras_transformer.config import DecodingSettings
+
+    base = tmp_path_factory.mktemp("litert")
+    settings = DecodingSettings(**fx.EXPORT_DECODE)
+    calibration = {
+        k: v
+        for k, v in _calibration(saved_model[1]).items()
+        if k in ("score_weight", "margin_weight", "bias")
+    }
+    return {
+        q: export_litert(
+            copy_model,
+            toy_spm_bytes,
+            str(base / q),
+            q,
+            fx.EXPORT_DATA,
+            settings,
+            calibration=calibration,
+        )  # fmt: skip
+        for q in ("float32", "dynamic_int8")
+    }
+
+
+def _texts(outputs):
+    return [x.decode("utf-8", errors="replace") for x in np.asarray(outputs).reshape(-1)]
+
+
+REQUEST = fx.NORMAL + fx.HOSTILE + fx.toy_sentences(40, seed=11)
+
+
+def test_float32_answers_every_input_as_the_saved_model(saved_model, litert_dirs):
+    loaded, _ = saved_model
+    ours = litert.load(litert_dirs["float32"])
+    reference = loaded.signatures["serving_default"](text=tf.constant(REQUEST))
+    got = ours.translate(REQUEST)
+    assert got["translation"] == _texts(reference["translation"])
+    for key in ("score", "token_scores", "confidence"):
+        np.testing.assert_allclose(got[key], reference[key].numpy(), atol=1e-4, err_msg=key)
+
+
+def test_float32_n_best_and_prefix_answer_as_the_saved_model(saved_model, litert_dirs):
+    loaded, _ = saved_model
+    ours = litert.load(litert_dirs["float32"])
+    reference = loaded.signatures["translate_nbest"](text=tf.constant(REQUEST))
+    got = ours.translate_nbest(REQUEST)
+    k = reference["translations"].shape[1]
+    assert [row for row in got["translations"]] == [
+        _texts(row) for row in reference["translations"].numpy()
+    ]
+    assert np.shape(got["scores"]) == (len(REQUEST), k)
+    for key in ("scores", "token_scores", "confidence"):
+        np.testing.assert_allclose(got[key], reference[key].numpy(), atol=1e-4, err_msg=key)
+    prefixes = ["red", "", "blue blue blue blue blue blue blue blue blue blue", "cat dog"]
+    prefixes = (prefixes * len(REQUEST))[: len(REQUEST)]
+    reference = loaded.signatures["translate_prefix"](
+        text=tf.constant(REQUEST), prefix=tf.constant(prefixes)
+    )
+    got = ours.translate_prefix(REQUEST, prefixes)
+    assert got["translation"] == _texts(reference["translation"])
+    np.testing.assert_allclose(got["score"], reference["score"].numpy(), atol=1e-4)
+    with pytest.raises(ValueError, match="must be the same"):
+        ours.translate_prefix(REQUEST, prefixes[:1])
+
+
+@pytest.mark.parametrize("rows", [0, 1, 513])
+def test_requests_of_any_size_are_answered_as_the_saved_model(saved_model, litert_dirs, rows):
+    """Empty requests, one row, and more rows than several chunks (with a 100 kB string and a NUL
+    among them), in the request's order."""
+    loaded, _ = saved_model
+    request = (fx.toy_sentences(rows, seed=3) + ["red \x00 cat", "dog " * 25_000])[:rows]
+    reference = loaded.signatures["serving_default"](text=tf.constant(request, tf.string))
+    got = litert.load(litert_dirs["float32"]).translate(request)
+    assert got["translation"] == _texts(reference["translation"])
+    assert got["token_scores"].shape == tuple(reference["token_scores"].shape)
+    np.testing.assert_allclose(got["score"], reference["score"].numpy(), atol=1e-4)
+
+
+def test_settled_sentences_leave_the_batch_without_changing_answers(litert_dirs, monkeypatch):
+    """Sentences of very different lengths in one chunk: the short ones settle first and the
+    batch is compacted (`_Step.keep`); the answers equal those of a runtime that never drops."""
+    from keras_transformer.litert import runtime
+
+    sentences = ["red", "blue", "cat", "dog", "red apple cat dog fish", "plum pear", "a", "b"]
+    translator = litert.load(litert_dirs["float32"])
+    translator.settings = {**translator.settings, "batch_size": len(sentences)}
+    compacted = []
+    real = runtime._Step._compact
+    monkeypatch.setattr(
+        runtime._Step, "_compact", lambda self: compacted.append(len(self.live)) or real(self)
+    )
+    dropping = translator.translate_nbest(sentences)
+    assert compacted, "no chunk was compacted: the test does not exercise keep()"
+    monkeypatch.delattr(runtime._Step, "keep")
+    kept = translator.translate_nbest(sentences)
+    assert dropping["translations"] == kept["translations"]
+    np.testing.assert_allclose(dropping["scores"], kept["scores"], atol=1e-5)
+
+
+def test_int8_is_smaller_and_stays_close(litert_dirs):
+    from ai_edge_litert.interpreter import Interpreter
+
+    def weights(quantization):  # {dtype: elements} of the step's constant tensors of 1,024+
+        counts = {}
+        path = os.path.join(litert_dirs[quantization], "decoder_step.tflite")
+        interpreter = Interpreter(model_path=path)
+        for t in interpreter.get_tensor_details():
+            size = int(np.prod(t["shape"]))
+            if size >= 1024 and t["name"] and "serving" not in t["name"]:
+                counts[t["dtype"]] = counts.get(t["dtype"], 0) + size
+        return counts
+
+    # The converter quantizes tensors of 1,024 elements and more: those are int8 now.
+    float32, int8 = weights("float32"), weights("dynamic_int8")
+    assert int8.get(np.int8, 0) >= 0.9 * float32[np.float32], (float32, int8)
+    sentences = fx.toy_sentences(100, seed=11)
+    out = {q: litert.load(path).translate(sentences) for q, path in litert_dirs.items()}
+    same = sum(
+        a == b for a, b in zip(out["float32"]["translation"], out["dynamic_int8"]["translation"])
+    )
+    assert same >= 95, same  # the copy model's answers are clear: int8 rounding rarely flips one
+
+
+def test_the_graphs_hold_only_builtin_ops(litert_dirs):
+    from ai_edge_litert.interpreter import Interpreter
+
+    for path in litert_dirs.values():
+        for name in ("encoder.tflite", "decoder_step.tflite"):
+            ops = {o["op_name"] for o in Interpreter(os.path.join(path, name))._get_ops_details()}
+            assert not {op for op in ops if op.startswith("Flex") or op == "CUSTOM"}, ops
+
+
+def test_the_runtime_translates_where_tensorflow_cannot_be_imported(litert_dirs):
+    script = (
+        "import sys\n"
+        "for name in ('tensorflow', 'keras', 'jax', 'tensorflow_text'):\n"
+        "    sys.modules[name] = None\n"
+        "from keras_transformer import litert\n"
+        "t = litert.load(sys.argv[1])\n"
+        "print(t.translate(['red apple cat', 'dog'])['translation'])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, litert_dirs["float32"]],
+        capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    expected = litert.load(litert_dirs["float32"]).translate(["red apple cat", "dog"])
+    assert done.stdout.strip() == str(expected["translation"])
+
+
+def test_an_export_appears_whole_or_not_at_all(copy_model, toy_spm_bytes, tmp_path, monkeypatch):
+    output = tmp_path / "model"
+    os.makedirs(output)
+    (output / "kept.txt").write_text("mine")
+    with pytest.raises(UsageError, match="already exists"):
+        export_litert(copy_model, toy_spm_bytes, str(output))
+    assert os.listdir(output) == ["kept.txt"]
+    fresh = tmp_path / "fresh"
+
+    def preempted(phase):
+        raise Preempted(f"stopped during {phase}")
+
+    monkeypatch.setattr(stopping, "check", preempted)
+    with pytest.raises(Preempted):
+        export_litert(copy_model, toy_spm_bytes, str(fresh))
+    assert sorted(os.listdir(tmp_path)) == ["model"]  # no directory, no temporary left
+    with pytest.raises(UsageError, match="float32, float16, dynamic_int8"):
+        export_litert(copy_model, toy_spm_bytes, str(fresh), "int4")
+
+
+def test_export_and_translate_commands(tmp_path, copy_model, toy_spm_path, run_cli):
+    workdir = _write_workdir(tmp_path, copy_model, toy_spm_path, steps=(100,))
+    output = tmp_path / "litert"
+    code, out, err = run_cli(
+        "export", "--workdir", str(workdir), "--format", "litert", "--quantization",
+        "dynamic_int8", "--output", str(output),
+    )  # fmt: skip
+    assert code == 0, err
+    assert str(output) in out
+    assert {"encoder.tflite", "decoder_step.tflite", "spm.model", "keras_transformer.json"} <= set(
+        os.listdir(output)
+    )
+    code, out, err = run_cli("translate", "--model", str(output), "red apple cat", "dog")
+    assert code == 0, err
+    assert (
+        out.splitlines()
+        == litert.load(str(output)).translate(["red apple cat", "dog"])["translation"]
+    )
+    code, out, err = run_cli("translate", "--model", str(output), "--n-best", "2", "red apple")
+    assert code == 0, err
+    assert len(out.splitlines()) == 2 and all("\t" in line for line in out.splitlines())
+    code, _, err = run_cli("translate", "--model", str(output), "--n-best", "5", "red")
+    assert code == 2 and "exported with 2 hypotheses" in err
+    code, _, err = run_cli("translate", "--model", str(output), "--sampling-topk", "5", "red")
+    assert code == 2 and "cannot sample" in err
+    for flags, message in (
+        (["--quantization", "int8"], "--format litert takes"),
+        (["--sampling-topk", "5"], "no sampling flags"),
+    ):
+        code, _, err = run_cli(
+            "export", "--workdir", str(workdir), "--format", "litert", "--output",
+            str(tmp_path / "other"), *flags,
+        )  # fmt: skip
+        assert code == 2 and message in err, err
