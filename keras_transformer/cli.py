@@ -209,7 +209,7 @@ def _add_model_commands(sub, common):
     signatures and its model card."""
     _add_translate_command(sub, common)
     p = sub.add_parser(
-        "evaluate", parents=[common], help="sacreBLEU and chrF of a SavedModel on a test set"
+        "evaluate", parents=[common], help="sacreBLEU and chrF of an export on a test set"
     )
     p.add_argument(
         "--model",
@@ -228,15 +228,14 @@ def _add_model_commands(sub, common):
     p.add_argument(
         "--model",
         required=True,
-        help="SavedModel directory (or its parent), or a LiteRT export's directory (run "
-        "without TensorFlow)",
+        help="SavedModel directory (or its parent); a LiteRT export has no score function",
     )
     p.add_argument("--source", required=True, help="source sentences, one per line")
     p.add_argument("--target", required=True, help="target sentences to score, one per line")
     p.add_argument("--batch-size", type=int, default=32, help="sentences per call (default 32)")
     p.set_defaults(func=commands.score_command)
 
-    p = sub.add_parser("info", parents=[common], help="print a SavedModel's model card")
+    p = sub.add_parser("info", parents=[common], help="print an export's model card")
     p.add_argument(
         "--model",
         required=True,

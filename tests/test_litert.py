@@ -44,16 +44,12 @@ def saved_model(exported_copy_model):
 
 @pytest.fixture(scope="module")
 def litert_dirs(copy_model, toy_spm_bytes, saved_model, tmp_path_factory):
-    """The copy model exported with the SavedModel's settings and calibration."""
+    """The copy model exported with the SavedModel's settings, its confidence fitted on the same
+    dev pairs (by the export translating them itself)."""
     from keras_transformer.config import DecodingSettings
 
     base = tmp_path_factory.mktemp("litert")
     settings = DecodingSettings(**fx.EXPORT_DECODE)
-    calibration = {
-        k: v
-        for k, v in _calibration(saved_model[1]).items()
-        if k in ("score_weight", "margin_weight", "bias")
-    }
     return {
         q: export_litert(
             copy_model,
@@ -62,7 +58,7 @@ def litert_dirs(copy_model, toy_spm_bytes, saved_model, tmp_path_factory):
             q,
             fx.EXPORT_DATA,
             settings,
-            calibration=calibration,
+            dev_pairs=fx.dev_pairs(),
         )  # fmt: skip
         for q in ("float32", "dynamic_int8")
     }
@@ -73,6 +69,15 @@ def _texts(outputs):
 
 
 REQUEST = fx.NORMAL + fx.HOSTILE + fx.toy_sentences(40, seed=11)
+
+
+def test_the_confidence_is_fitted_on_dev_as_the_saved_models(saved_model, litert_dirs):
+    with open(os.path.join(litert_dirs["float32"], "model_card.json")) as f:
+        ours = json.load(f)["calibration"]
+    reference = _calibration(saved_model[1])
+    assert ours["fitted"] and reference["fitted"]
+    for key in ("score_weight", "margin_weight", "bias"):
+        assert ours[key] == pytest.approx(reference[key], abs=1e-3), key
 
 
 def test_float32_answers_every_input_as_the_saved_model(saved_model, litert_dirs):

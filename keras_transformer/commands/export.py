@@ -117,7 +117,7 @@ def _export_litert(args, config, final, spm_bytes, name, averaged):
 
     quantization = getattr(args, "quantization", None) or "float32"
     output = args.output or os.path.join(config.export.base_dir, f"{name}-litert-{quantization}")
-    facts, _ = _card_inputs(args.workdir, config, final.model.vocab_size, final.selection)
+    facts, dev_pairs = _card_inputs(args.workdir, config, final.model.vocab_size, final.selection)
     path = export_litert(
         final.model,
         spm_bytes,
@@ -126,6 +126,7 @@ def _export_litert(args, config, final, spm_bytes, name, averaged):
         config.data,
         flags.export_settings(config, args, final.alpha),
         facts,
+        dev_pairs=dev_pairs,
     )
     what = averaged or f"step {final.steps[-1]}"
     print(f"converted {what} to LiteRT ({quantization}) in {path}")

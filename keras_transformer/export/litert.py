@@ -182,6 +182,7 @@ def export_litert(
     settings=None,
     card_facts=None,
     calibration=None,
+    dev_pairs=None,
 ):
     """Exports `model` as a LiteRT directory (module docstring) that
     `keras_transformer.litert.load` translates with.
@@ -197,12 +198,14 @@ def export_litert(
             extra length, batch size); sampling is not exported.
         card_facts: the training side of the model card (`export.card.card_facts`).
         calibration: the confidence's map (`Translator.set_calibration`'s three numbers);
-            None: the default map.
+            None: the default map, or the one fitted on `dev_pairs`.
+        dev_pairs: `[(source, reference), ...]`: the first 1,000 are translated by this export
+            itself (with `keras_transformer.litert`, when installed) to fit the confidence
+            against sentence chrF, as the SavedModel's export does, and to time it for the card.
 
     Returns:
         `output_dir`.
     """
-    from keras_transformer.export.card import build_card, render_markdown
     from keras_transformer.export.translator import _model_proto
 
     _check(model, quantization)
@@ -214,26 +217,87 @@ def export_litert(
     (encoder, encoder_outputs), (step, step_outputs) = graphs["encoder"], graphs["decoder_step"]
     outputs = {"encoder": encoder_outputs, "decoder_step": step_outputs}
     metadata = _metadata(model, settings, quantization, data_config, top_k, calibration, outputs)
-    sizes = {"encoder_bytes": len(encoder), "decoder_step_bytes": len(step)}
-    card = build_card(
-        card_facts, os.path.basename(os.path.normpath(output_dir)), metadata["decoding"],
-        metadata["calibration"], None, RUNTIME_FUNCTIONS,
-    )  # fmt: skip
-    card["litert"] = {"quantization": quantization, **sizes}
-    files = {
-        ENCODER_FILE: encoder,
-        STEP_FILE: step,
-        SPM_FILE: spm_bytes,
-        METADATA_FILE: json.dumps(metadata, indent=2).encode(),
-        "model_card.json": json.dumps(card, indent=2, default=str).encode(),
-        "model_card.md": render_markdown(card).encode(),
+    card = {
+        "facts": card_facts,
+        "name": os.path.basename(os.path.normpath(output_dir)),
+        "sizes": {"encoder_bytes": len(encoder), "decoder_step_bytes": len(step)},
     }
-    return _write_directory(output_dir, files)
+    files = {ENCODER_FILE: encoder, STEP_FILE: step, SPM_FILE: spm_bytes}
+
+    def finish(directory):  # the metadata and the card, once the export can translate
+        _write_json(os.path.join(directory, METADATA_FILE), metadata)
+        figures, speed = {"fitted": False, **metadata["calibration"]}, None
+        if dev_pairs and calibration is None and _runtime_installed():
+            figures, speed = _calibrate(directory, dev_pairs)
+            metadata["calibration"] = {key: figures[key] for key in DEFAULT_KEYS}
+            _write_json(os.path.join(directory, METADATA_FILE), metadata)
+        _write_card(directory, metadata, card, figures, speed)
+
+    return _write_directory(output_dir, files, finish)
 
 
-def _write_directory(output_dir, files):
-    """`files` (`{name: bytes}`) written into a hidden directory beside `output_dir` and renamed
-    into place (the metadata last, so a directory with it is whole)."""
+DEFAULT_KEYS = ("score_weight", "margin_weight", "bias")  # the confidence's map
+MAX_CALIBRATION_SENTENCES = 1000
+
+
+def _runtime_installed():
+    import importlib.util
+
+    return importlib.util.find_spec("ai_edge_litert") is not None
+
+
+def _write_json(path, value):
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(value, f, indent=2, default=str)
+
+
+def _calibrate(directory, dev_pairs):
+    """`(calibration figures, speed)`: the export in `directory` translates the dev sources;
+    the confidence's map is fitted on their sentence chrF (`export.calibration`)."""
+    import time
+
+    from keras_transformer import litert
+    from keras_transformer.export import calibration as calib
+
+    pairs = list(dev_pairs)[:MAX_CALIBRATION_SENTENCES]
+    sources, references = [s for s, _ in pairs], [r for _, r in pairs]
+    translator = litert.load(directory)
+    started = time.perf_counter()
+    out = translator._hypotheses(sources, 1)
+    seconds = time.perf_counter() - started
+    hypotheses = [row[0] for row in out["text"]]
+    x = calib.features(out["score"][:, 0], out["margin"][:, 0])
+    chrf = calib.sentence_chrf(hypotheses, references)
+    fitted = calib.fit_calibration(x, chrf / 100.0)
+    report = calib.calibration_report(
+        calib.apply_calibration(fitted, x), hypotheses, references, chrf
+    )
+    speed = {
+        "sentences": len(sources),
+        "seconds": round(seconds, 3),
+        "sentences_per_second": round(len(sources) / seconds, 2),
+        "tokens_per_second": round(float(out["length"][:, 0].sum()) / seconds, 1),
+        "request": f"all {len(sources)} dev sentences in one call (LiteRT runtime)",
+        "threads": os.cpu_count(),
+    }
+    return {"fitted": True, **fitted, **report}, speed
+
+
+def _write_card(directory, metadata, card, calibration, speed):
+    from keras_transformer.export.card import build_card, render_markdown
+
+    built = build_card(
+        card["facts"], card["name"], metadata["decoding"], calibration, speed, RUNTIME_FUNCTIONS
+    )
+    built["litert"] = {"quantization": metadata["quantization"], **card["sizes"]}
+    _write_json(os.path.join(directory, "model_card.json"), built)
+    with open(os.path.join(directory, "model_card.md"), "w", encoding="utf-8") as f:
+        f.write(render_markdown(built))
+
+
+def _write_directory(output_dir, files, finish):
+    """`files` (`{name: bytes}`) written into a hidden directory beside `output_dir`, then
+    `finish(directory)`, then the directory renamed into place."""
     parent = os.path.dirname(os.path.abspath(output_dir))
     os.makedirs(parent, exist_ok=True)
     tmp_dir = tempfile.mkdtemp(prefix=".litert-", dir=parent)
@@ -241,6 +305,7 @@ def _write_directory(output_dir, files):
         for name, data in files.items():
             with open(os.path.join(tmp_dir, name), "wb") as f:
                 f.write(data)
+        finish(tmp_dir)
         stopping.check(PHASE)  # the last moment: the directory does not appear
         if os.path.isdir(output_dir):
             os.rmdir(output_dir)  # empty: checked by the caller

@@ -177,6 +177,7 @@ class LiteRTTranslator:
             "score": score,
             "token_scores": token_scores[:, :, :longest],
             "length": lengths,
+            "margin": margins,
             "confidence": self._confidence(score, margins),
         }
 
