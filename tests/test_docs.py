@@ -21,7 +21,7 @@ DOCS = os.path.join(ROOT, "docs")
 CONFIG_PAGE = os.path.join(DOCS, "reference", "config.md")
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
 # The packages whose `__all__` is the public API, each with its page under docs/reference/api/.
-PUBLIC_PACKAGES = ["layers", "models", "decoding", "export", "training", "data"]
+PUBLIC_PACKAGES = ["layers", "models", "decoding", "export", "training", "data", "litert"]
 # Modules without `__all__`: their public functions (and these classes) are the API.
 PUBLIC_MODULES = {"config": ["ExperimentConfig"], "fast_paths": []}
 
