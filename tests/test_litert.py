@@ -172,6 +172,20 @@ def test_int8_is_smaller_and_stays_close(litert_dirs):
     assert same >= 95, same  # the copy model's answers are clear: int8 rounding rarely flips one
 
 
+@pytest.mark.parametrize("vocab", [40, 4096, 8192, 8193, 32000])
+def test_blocked_top_k_equals_top_k(vocab):
+    """The step's two-pass top-k (the fast path) against `ops.top_k` (its plain form)."""
+    from keras import ops
+
+    from keras_transformer.export.litert_graphs import blocked_top_k
+
+    x = np.random.default_rng(vocab).standard_normal((6, vocab)).astype("float32")
+    x[0, ::7] = -1e9  # banned entries
+    for k in (1, 2, 8):
+        for got, expected in zip(blocked_top_k(x, k), ops.top_k(x, k)):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
+
+
 def test_the_graphs_hold_only_builtin_ops(litert_dirs):
     from ai_edge_litert.interpreter import Interpreter
 

