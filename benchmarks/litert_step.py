@@ -1,0 +1,160 @@
+"""Where the LiteRT decoder step's time goes: the exported step against variants without parts of
+it, timed in turns in one process.
+
+Usage (from the repository root, PYTHONPATH=$PWD):
+    python benchmarks/litert_step.py --shapes small,base --beam-size 4
+    python benchmarks/litert_step.py --shapes base --beam-size 1 --quantization float32
+
+For each shape (random weights) the step is converted as `export --format litert` converts it
+(`keras_transformer.export.litert.convert_graphs`), then again with parts taken out:
+
+- `plain_top_k`: `ops.top_k` over the whole vocabulary instead of `blocked_top_k`;
+- `no_head`: no output projection, log-softmax normaliser or top-k (the decoder stack alone);
+- `no_attention`: the decoder stack without its self- and cross-attention products (the
+  fully-connected layers, layer norms and residuals only), no head.
+
+Each runs at 32 sentences x beam rows, a 33-position cache and a 32-token source (the
+serve_compare shapes), 2 threads; the best of `--rounds` rounds of 3 calls, the variants taking
+turns. The differences are the parts' costs: `head = full - no_head`, `attention = no_head -
+no_attention`. One JSON line per shape (ledger `litert_step` with BENCH_LABEL set).
+"""
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import numpy as np  # noqa: E402
+
+from benchmarks.common import emit  # noqa: E402
+from benchmarks.serve_compare import SHAPES, build_model  # noqa: E402
+
+VARIANTS = ("full", "plain_top_k", "no_head", "no_attention")
+
+
+def _without_attention(graphs):
+    """The attention products replaced by what keeps the layers' projections in the graph."""
+
+    def self_attention(layer, h, keys, values, bias, beams):
+        new_keys = graphs._heads(layer.key_dense(h), beams, layer.num_heads)
+        new_values = graphs._heads(layer.value_dense(h), beams, layer.num_heads)
+        return layer.output_dense(graphs._merge(new_values)), (new_keys, new_values)
+
+    def cross_attention(layer, h, keys, values, bias, beams):
+        return layer.output_dense(h)
+
+    return self_attention, cross_attention
+
+
+def convert_variant(model, settings, quantization, variant):
+    """The step's LiteRT flatbuffer for `variant` (module docstring)."""
+    from keras import ops
+
+    from keras_transformer.export import litert_graphs
+
+    saved = (litert_graphs._self_attention, litert_graphs._cross_attention,
+             litert_graphs.blocked_top_k, model._project, model.vocab_size)  # fmt: skip
+    try:
+        if variant == "plain_top_k":
+            litert_graphs.blocked_top_k = lambda x, k: ops.top_k(x, k)
+        if variant in ("no_head", "no_attention"):  # 16 outputs instead of the vocabulary
+            model._project = lambda y, kernel=None: ops.matmul(y, ops.ones((y.shape[-1], 16)))
+            model.vocab_size = 16
+        if variant == "no_attention":
+            attention = _without_attention(litert_graphs)
+            litert_graphs._self_attention, litert_graphs._cross_attention = attention
+        return _convert_step(model, settings, quantization)
+    finally:
+        (litert_graphs._self_attention, litert_graphs._cross_attention,
+         litert_graphs.blocked_top_k, model._project, model.vocab_size) = saved  # fmt: skip
+
+
+def _convert_step(model, settings, quantization):
+    """The step alone, as `litert.convert_graphs` converts it."""
+    import tensorflow as tf
+
+    from keras_transformer.export import litert, litert_graphs
+
+    quantized = None
+    if quantization == "dynamic_int8":
+        quantized = litert_graphs.quantized_rows(model.target_embedding.embeddings.numpy())
+    beams = settings.beam_size
+    step = litert_graphs.step_function(
+        model, beams, 2 * beams, (settings.pad_id, settings.bos_id), settings.eos_id, quantized
+    )
+    function = tf.function(step, input_signature=litert._specs(model, beams), autograph=False)
+    return litert._convert(function, quantization)[0]
+
+
+def ready_interpreter(flatbuffer, cfg, beams):
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_content=flatbuffer, num_threads=2)
+    inputs = {d["name"]: d["index"] for d in interpreter.get_input_details()}
+    c, positions, heads = 32, cfg["tgt"] + 1, cfg["heads"]
+    size = cfg["d"] // heads
+    shapes = {"ids": [c * beams], "position": [1], "self_bias": [c, 1, beams, beams * positions],
+              "cross_bias": [c, 1, 1, cfg["src"]]}  # fmt: skip
+    for i in range(cfg["layers"]):
+        shapes[f"self_keys_{i}"] = shapes[f"self_values_{i}"] = [c, heads, beams * positions, size]
+        shapes[f"cross_keys_{i}"] = shapes[f"cross_values_{i}"] = [c, heads, cfg["src"], size]
+    for name, shape in shapes.items():
+        interpreter.resize_tensor_input(inputs[name], shape)
+    interpreter.allocate_tensors()
+    rng = np.random.default_rng(0)
+    for name, shape in shapes.items():
+        if name == "ids":
+            value = rng.integers(4, cfg["vocab"], shape).astype("int32")
+        elif name == "position":
+            value = np.array([positions // 2], "int32")
+        elif name.endswith("bias"):
+            value = np.zeros(shape, "float32")
+        else:
+            value = rng.standard_normal(shape).astype("float32")
+        interpreter.set_tensor(inputs[name], value)
+    interpreter.invoke()
+    return interpreter
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="small,base")
+    parser.add_argument("--beam-size", type=int, default=4)
+    parser.add_argument("--quantization", default="dynamic_int8")
+    parser.add_argument("--rounds", type=int, default=6)
+    args = parser.parse_args()
+    from keras_transformer.config import DecodingSettings
+
+    settings = DecodingSettings(beam_size=args.beam_size)
+    for name in args.shapes.split(","):
+        cfg = SHAPES[name]
+        model = build_model(cfg)
+        interpreters = {
+            v: ready_interpreter(
+                convert_variant(model, settings, args.quantization, v), cfg, args.beam_size
+            )
+            for v in VARIANTS
+        }
+        load = os.getloadavg()[0]
+        best = dict.fromkeys(VARIANTS, float("inf"))
+        for _ in range(args.rounds):
+            for v, interpreter in interpreters.items():
+                start = time.perf_counter()
+                for _ in range(3):
+                    interpreter.invoke()
+                best[v] = min(best[v], (time.perf_counter() - start) / 3)
+        ms = {v: round(1e3 * s, 2) for v, s in best.items()}
+        emit(what="litert_step_ms", shape=name, beam=args.beam_size,
+             quantization=args.quantization, rows=32 * args.beam_size, **ms,
+             head=round(ms["full"] - ms["no_head"], 2),
+             attention=round(ms["no_head"] - ms["no_attention"], 2),
+             top_k_saved=round(ms["plain_top_k"] - ms["full"], 2),
+             load1=load, load1_end=os.getloadavg()[0])  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
