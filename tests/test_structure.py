@@ -615,6 +615,44 @@ def test_figure_1_is_wired_once():
     )
 
 
+# Where a config's decoding settings are made (`config.decoding_settings`): the config package,
+# the commands, and once at the top of each training path (the trainer's `_Run`, the JAX
+# trainer's `train`). The modules below get `DecodingSettings` values (#48).
+_MAKES_DECODING_SETTINGS = {"training/trainer.py": {"_Run"}, "training/jax_trainer.py": {"train"}}
+
+
+def _decoding_settings_calls(text):
+    """`[(line, top-level definition)]` where `text` calls `decoding_settings(...)`."""
+    found = []
+    for top in ast.parse(text).body:
+        for node in ast.walk(top):
+            if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("decoding_settings"):
+                found.append((node.lineno, getattr(top, "name", None)))
+    return found
+
+
+def test_the_decoding_settings_are_made_once_at_the_top():
+    """`train()` resolves its run once at the top and hands each lower module what it needs:
+    the end's reserve, the final model's choice and the JAX trainer's callbacks made the
+    decoding settings again from the whole config they were given."""
+    found = [
+        f"{name}:{line} (in {where})"
+        for path, text in _sources().items()
+        for name in [str(path.relative_to(PACKAGE))]
+        if not name.startswith(("config/", "commands/"))
+        for line, where in _decoding_settings_calls(text)
+        if where not in _MAKES_DECODING_SETTINGS.get(name, ())
+    ]
+    assert not found, "\n".join(found)
+    trainer = (PACKAGE / "training" / "trainer.py").read_text()
+    assert [where for _, where in _decoding_settings_calls(trainer)] == ["_Run", "_Run"]
+    text = (
+        "def f(c):\n    return config.decoding_settings(c)\n"
+        "class R:\n    d = decoding_settings(1)\n"
+    )
+    assert _decoding_settings_calls(text) == [(2, "f"), (4, "R")]
+
+
 # The one module that looks at a strategy's type: it chooses the run's input object per kind.
 STRATEGY_MODULE = PACKAGE / "training" / "strategies.py"
 
@@ -663,6 +701,8 @@ def test_the_strategy_check_finds_type_tests():
         "    e = isinstance(s, dict) and s.__name__ == 'x'\n"
     )
     assert [line for line, _ in _strategy_type_tests(text)] == [2, 3, 4, 5]
+
+
 def _lines_of_code(path):
     """Lines of `path` that are code: not blank, not comments, not docstrings."""
     text = path.read_text()
