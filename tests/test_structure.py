@@ -653,6 +653,44 @@ def test_the_decoding_settings_are_made_once_at_the_top():
     assert _decoding_settings_calls(text) == [(2, "f"), (4, "R")]
 
 
+def _name_lists(text, names):
+    """Lines where `text` lists more than half of `names`: a signature's parameters, a call's
+    keywords, a dict's keys, or a tuple's or list's strings (a sub-layer built with three of
+    them is no list of them)."""
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            listed = [a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs]
+        elif isinstance(node, ast.Call):
+            listed = [k.arg for k in node.keywords]
+        elif isinstance(node, (ast.Dict, ast.Tuple, ast.List)):
+            items = node.keys if isinstance(node, ast.Dict) else node.elts
+            listed = [i.value for i in items if isinstance(i, ast.Constant)]
+        else:
+            continue
+        if len(set(listed) & set(names)) > len(names) / 2:
+            found.append(node.lineno)
+    return found
+
+
+def test_the_block_arguments_are_listed_once():
+    """The blocks' arguments are listed once, in `_blocks.BLOCK_ARGUMENTS`, which serves the
+    blocks and the stacks (their arguments, defaults and configs); `BlockBase` and `StackBase`
+    each listed them twice (a signature, a config or the arguments passed on)."""
+    from keras_transformer.layers import _blocks
+
+    text = (PACKAGE / "layers" / "_blocks.py").read_text()
+    names = _blocks.BLOCK_ARGUMENTS
+    tuple_line = next(
+        node.lineno
+        for node in ast.parse(text).body
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "BLOCK_ARGUMENTS"
+    )
+    assert _name_lists(text, names) == [tuple_line]
+    copy = "def f(num_heads, d_ff, dropout, activation, norm_first):\n    return dict(d_ff=1)\n"
+    assert _name_lists(copy, names) == [1]
+
+
 # The one module that looks at a strategy's type: it chooses the run's input object per kind.
 STRATEGY_MODULE = PACKAGE / "training" / "strategies.py"
 
