@@ -599,7 +599,8 @@ def test_multi_head_attention_has_one_cache_form():
 def test_figure_1_is_wired_once():
     """The model's wiring (embeddings, positions, the output projection) is written once, in
     the methods that the functional graph, `encode`, `decode_step` and `attention_scores` all
-    call, not once per entry point."""
+    call, not once per entry point; and the decoder-only model's, in the methods that its
+    functional graph and `decode_step` call."""
     tree = ast.parse((PACKAGE / "models" / "transformer.py").read_text())
     calls = [ast.unparse(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)]
     assert calls.count("self.positional_encoding") == 1
@@ -613,6 +614,23 @@ def test_figure_1_is_wired_once():
         )
         == 1
     )
+    # The decoder-only model likewise: its functional graph and `decode_step` both call
+    # `_embed` and `_project` (it wired its embedding, positions and projection twice).
+    tree = ast.parse((PACKAGE / "models" / "decoder_only.py").read_text())
+    calls = [
+        ast.unparse(node.func).removeprefix("self.")
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+    ]
+    assert calls.count("positional_encoding") == 1
+    assert calls.count("token_embedding") == 2  # in `_embed`, and reversed in `_project`
+    assert calls.count("to_float32") == 1
+    reversed_calls = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and any(k.arg == "reverse" for k in node.keywords)
+    ]
+    assert len(reversed_calls) == 1
 
 
 # Where a config's decoding settings are made (`config.decoding_settings`): the config package,
