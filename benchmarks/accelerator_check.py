@@ -243,8 +243,10 @@ def quickstart(check):
     trained = time.perf_counter() - start
     settings = decoding_settings(config).without_sampling()
     start = time.perf_counter()
-    greedy = _bleu(model, processor, dev_pairs, config, dataclasses.replace(settings, beam_size=1))
-    beam = _bleu(model, processor, dev_pairs, config, settings)
+    greedy = _bleu(
+        model, processor, dev_pairs, config.data, dataclasses.replace(settings, beam_size=1)
+    )
+    beam = _bleu(model, processor, dev_pairs, config.data, settings)
     check.emit(
         what="quickstart", steps=config.train.steps, dev_bleu_greedy=round(greedy, 2),
         dev_bleu_beam=round(beam, 2), beam_size=settings.beam_size, dev_sentences=len(dev_pairs),
@@ -328,8 +330,13 @@ def torch_peer(cfg):
     torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     tokens_per_s = cfg["batch"] * cfg["tgt"] * cfg["steps"] / seconds
-    return {"impl": "torch.nn.Transformer", "dtype": "autocast_bfloat16",
-            "torch": torch.__version__, "tokens_per_s": round(tokens_per_s, 1), "cfg": cfg}
+    return {
+        "impl": "torch.nn.Transformer",
+        "dtype": "autocast_bfloat16",
+        "torch": torch.__version__,
+        "tokens_per_s": round(tokens_per_s, 1),
+        "cfg": cfg,
+    }
 
 
 def main(argv=None):

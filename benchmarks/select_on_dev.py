@@ -129,9 +129,9 @@ def compare(args):
     sentences; and whether the run kept its `train.max_minutes` budget."""
     import dataclasses
 
-    from keras_transformer.config import budget_seconds, load_config
+    from keras_transformer.config import budget_seconds, decoding_settings, load_config
     from keras_transformer.data import Tokenizer, read_pairs
-    from keras_transformer.final_model import final_model
+    from keras_transformer.final_model import Plan, final_model
     from keras_transformer.workdir import Workdir
 
     layout = Workdir(os.path.join(args.work, "workdir"))
@@ -142,8 +142,9 @@ def compare(args):
         config, export=dataclasses.replace(config.export, select_screen_sentences=0)
     )
     tokenizer = Tokenizer(layout.spm)
+    plan = Plan.of(every, decoding_settings(every, export=True))
     exhaustive = final_model(
-        every, layout, tokenizer.vocab_size, tokenizer, read_pairs(config.data.dev),
+        plan, layout, tokenizer.vocab_size, tokenizer, read_pairs(config.data.dev),
         report=lambda line: None,
     ).selection  # fmt: skip
     screened = result["selection"]
@@ -185,9 +186,7 @@ def compare(args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--stage", choices=("train", "evaluate", "both", "compare"), default="both"
-    )
+    parser.add_argument("--stage", choices=("train", "evaluate", "both", "compare"), default="both")
     parser.add_argument(
         "--corpus", default=os.path.join(REPO, "..", "shared", "data", "tatoeba-en-de")
     )

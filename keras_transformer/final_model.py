@@ -2,7 +2,7 @@
 its last checkpoints, or the candidate that the dev set chooses.
 
 What `train` does after training and what `keras-transformer export` does on a workdir are the
-same, so both call `final_model`:
+same, so both call `final_model`, with a `Plan` each resolves from its config at its start:
 
 - `export.average_checkpoints: N` and a numeric `decode.alpha`: the average of the last N
   complete checkpoints (the paper's final models), decoded with that alpha;
@@ -26,7 +26,7 @@ import hashlib
 import json
 import time
 
-from keras_transformer.config import AUTO, DecodingSettings, decoding_settings
+from keras_transformer.config import AUTO, DecodingSettings
 from keras_transformer.errors import UsageError
 from keras_transformer.evaluation import evaluate_bleu
 from keras_transformer.models import build_transformer
@@ -86,7 +86,7 @@ class FinalModel:
     Attributes:
         model: a float32 Keras model outside any distribution strategy.
         steps: the checkpoint steps averaged into it.
-        alpha: the length penalty chosen on dev; None: the config's (`decoding_settings`).
+        alpha: the length penalty chosen on dev; None: the export settings' (`Plan.settings`).
         selection: the dev-set choice (`to_json()` goes to `result.json`), or None.
         dev_scores: `(settings, sentences, scores)`: the chosen candidate's dev figures of the
             choice (`evaluation.score_translations`), decoded with the `DecodingSettings`
@@ -101,25 +101,61 @@ class FinalModel:
     dev_scores: tuple = None
 
 
-def selects_on_dev(config):
-    """True when the config lets the dev set choose (`auto` averaging or length penalty)."""
-    return config.export.average_checkpoints == AUTO or chooses_alpha(config)
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How the final model is made: what `final_model` reads of the run's config, resolved
+    once at the top (`Plan.of`, in `train` and `keras-transformer export`), so that nothing
+    here reads the whole config or makes decoding settings again.
 
+    Attributes:
+        model: the `model:` section (the architecture rebuilt).
+        data: the `data:` section (the dev set tokenized and decoded as in training).
+        export: the `export:` section (`average_checkpoints`, `select_*`).
+        settings: the export's `DecodingSettings`: the choice decodes with its search (without
+            sampling), at its length penalty unless the dev set chooses one.
+        chooses_alpha: the dev set chooses the length penalty (`decode.alpha: auto`, no
+            `export.alpha`).
+        keep_checkpoints: `train.keep_checkpoints` (the longest average `auto` tries).
+        keep_best: `train.keep_best` (the kept best checkpoints are candidates too).
+    """
 
-def choosing_everything(config):
-    """`config` with `auto` averaging and length penalty: every candidate is chosen among (what
-    `export --select-on-dev` asks for where the config fixes both)."""
-    return dataclasses.replace(
-        config,
-        decode=dataclasses.replace(config.decode, alpha=AUTO),
-        export=dataclasses.replace(config.export, average_checkpoints=AUTO, alpha=None),
-    )
+    model: object
+    data: object
+    export: object
+    settings: DecodingSettings
+    chooses_alpha: bool
+    keep_checkpoints: int
+    keep_best: int = 0
 
+    @classmethod
+    def of(cls, config, settings):
+        """The plan of the `ExperimentConfig` `config`, whose export's `DecodingSettings` are
+        `settings` (`config.decoding_settings(config, export=True)`)."""
+        return cls(
+            config.model,
+            config.data,
+            config.export,
+            settings,
+            config.decode.alpha == AUTO and config.export.alpha is None,
+            config.train.keep_checkpoints,
+            config.train.keep_best,
+        )
 
-def chooses_alpha(config):
-    """True when the dev set chooses the length penalty (`decode.alpha: auto`, no
-    `export.alpha`)."""
-    return config.decode.alpha == AUTO and config.export.alpha is None
+    @property
+    def selects(self):
+        """True when the dev set chooses (`auto` averaging or length penalty)."""
+        return self.export.average_checkpoints == AUTO or self.chooses_alpha
+
+    def choosing_everything(self):
+        """The plan with `auto` averaging and length penalty: every candidate is chosen among
+        (what `export --select-on-dev` asks for where the config fixes both). Its settings'
+        alpha is the paper's, as `decode.alpha: auto` makes it where nothing fixes one."""
+        return dataclasses.replace(
+            self,
+            export=dataclasses.replace(self.export, average_checkpoints=AUTO),
+            settings=dataclasses.replace(self.settings, alpha=PAPER_ALPHA),
+            chooses_alpha=True,
+        )
 
 
 def load_checkpoints(model, checkpoints):
@@ -158,14 +194,14 @@ def read_best(directory):
     return {int(k): v for k, v in state["scores"].items()}, [int(s) for s in state["kept"]]
 
 
-def candidates(config, layout, alpha=None):
+def candidates(plan, layout, alpha=None):
     """The candidates of the dev-set choice for the workdir `layout` (see the module's
     docstring); `alpha` fixes the length penalty (e.g. `export --alpha`)."""
     complete = complete_checkpoints(layout.checkpoints)
     if not complete:
         last_checkpoints(layout, 1)  # raises the line that says why
-    count = config.export.average_checkpoints
-    counts = (1, 2, 3, config.train.keep_checkpoints) if count == AUTO else (count,)
+    count = plan.export.average_checkpoints
+    counts = (1, 2, 3, plan.keep_checkpoints) if count == AUTO else (count,)
     sets = []
     for n in sorted(set(counts)):
         if n <= len(complete) or n == counts[0]:
@@ -174,10 +210,10 @@ def candidates(config, layout, alpha=None):
         sets += _best_sets(layout, {tuple(s for s, _ in cps) for cps, _ in sets})
     if alpha is not None:
         alphas = (alpha,)
-    elif chooses_alpha(config):
+    elif plan.chooses_alpha:
         alphas = ALPHA_CANDIDATES
     else:
-        alphas = (decoding_settings(config, export=True).alpha,)
+        alphas = (plan.settings.alpha,)
     found = [Candidate(cps, a, kind) for cps, kind in sets for a in alphas]
     return sorted(found, key=Candidate.simplicity)
 
@@ -235,7 +271,7 @@ def figures_key(**what):
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def select_on_dev(model, tokenizer, config, layout, dev_pairs, alpha=None, report=print, kept=None,
+def select_on_dev(model, tokenizer, plan, layout, dev_pairs, alpha=None, report=print, kept=None,
                   deadline=None, after_sentences=0):  # fmt: skip
     """Chooses the final model on the first `export.select_max_sentences` of `dev_pairs`, loads
     it into `model` and returns the `FinalModel`.
@@ -255,22 +291,22 @@ def select_on_dev(model, tokenizer, config, layout, dev_pairs, alpha=None, repor
     candidate's BLEU, so a stopped choice goes on from the next candidate.
     """
     started = time.perf_counter()
-    pairs = list(dev_pairs)[: config.export.select_max_sentences]
-    base = decoding_settings(config, export=True).without_sampling()
-    found = candidates(config, layout, alpha)
+    pairs = list(dev_pairs)[: plan.export.select_max_sentences]
+    base = plan.settings.without_sampling()
+    found = candidates(plan, layout, alpha)
     sets = list(dict.fromkeys((c.checkpoints, c.kind) for c in found))  # simplest first
-    screen = config.export.select_screen_sentences
+    screen = plan.export.select_screen_sentences
     report(f"choosing the final model on {len(pairs)} dev sentences: {len(found)} candidates")
     kept, greedy = kept or KeptFigures(None), {}
     state = {"loaded": None, "cache": {}, "figures": {}}
-    if screen and len(sets) > config.export.select_finalists:
-        greedy = _screen(model, tokenizer, config, pairs[:screen], base, sets, kept, state)
+    if screen and len(sets) > plan.export.select_finalists:
+        greedy = _screen(model, tokenizer, plan.data, pairs[:screen], base, sets, kept, state)
         sets = sorted(sets, key=lambda s: -greedy[s])  # stable: the simpler first on a tie
         for cps, kind in sets:
             what = Candidate(cps, 0.0, kind).describe().rsplit(",", 1)[0]  # no alpha
             report(f"  greedy dev BLEU {greedy[(cps, kind)]:6.2f}  {what}")
-        sets = sets[: config.export.select_finalists]
-    key = figures_key(pairs=pairs, settings=dataclasses.asdict(base), data=config.data)
+        sets = sets[: plan.export.select_finalists]
+    key = figures_key(pairs=pairs, settings=dataclasses.asdict(base), data=plan.data)
     scores, beam_seconds, beam_decoded = [], 0.0, 0
     for index, (checkpoints, kind) in enumerate(sets):
         alphas = [c for c in found if (c.checkpoints, c.kind) == (checkpoints, kind)]
@@ -283,7 +319,7 @@ def select_on_dev(model, tokenizer, config, layout, dev_pairs, alpha=None, repor
         for candidate in alphas:
             settings = dataclasses.replace(base, alpha=candidate.alpha)
             began = time.perf_counter()
-            bleu = _dev_bleu(model, tokenizer, config, pairs, settings, candidate, kept,
+            bleu = _dev_bleu(model, tokenizer, plan.data, pairs, settings, candidate, kept,
                              ("choice", key), state)  # fmt: skip
             beam_seconds += time.perf_counter() - began
             beam_decoded += len(pairs)
@@ -330,20 +366,27 @@ def _screened_json(greedy, sentences):
     return {"screened": {"sentences": sentences, "greedy_dev_bleu": rows}}
 
 
-def _screen(model, tokenizer, config, pairs, base, sets, kept, state):
+def _screen(model, tokenizer, data, pairs, base, sets, kept, state):
     """`{(checkpoints, kind): greedy dev BLEU on pairs}` of each checkpoint set."""
     settings = dataclasses.replace(base, beam_size=1)
-    key = figures_key(pairs=pairs, settings=dataclasses.asdict(settings), data=config.data)
+    key = figures_key(pairs=pairs, settings=dataclasses.asdict(settings), data=data)
     return {
         (checkpoints, kind): _dev_bleu(
-            model, tokenizer, config, pairs, settings, Candidate(checkpoints, 0.0, kind), kept,
-            ("screen", key), state,
+            model,
+            tokenizer,
+            data,
+            pairs,
+            settings,
+            Candidate(checkpoints, 0.0, kind),
+            kept,
+            ("screen", key),
+            state,
         )  # fmt: skip
         for checkpoints, kind in sets
     }
 
 
-def _dev_bleu(model, tokenizer, config, pairs, settings, candidate, kept, section, state):
+def _dev_bleu(model, tokenizer, data, pairs, settings, candidate, kept, section, state):
     """The dev BLEU of `candidate` decoded with `settings` (kept in `kept[section]`); loads its
     checkpoints into `model` unless `state["loaded"]` already holds them."""
     name = _figure_name(candidate)
@@ -353,7 +396,7 @@ def _dev_bleu(model, tokenizer, config, pairs, settings, candidate, kept, sectio
             load_checkpoints(model, candidate.checkpoints)
             state["loaded"] = candidate.checkpoints
         figures, _ = evaluate_bleu(
-            model, tokenizer, pairs, config.data, settings, _cache=state["cache"], stop_phase=PHASE
+            model, tokenizer, pairs, data, settings, _cache=state["cache"], stop_phase=PHASE
         )
         bleu = figures["bleu"]
         kept.put(*section, name, bleu)
@@ -376,22 +419,22 @@ def _candidate_json(candidate, bleu):
     }
 
 
-def final_model(config, layout, vocab_size, tokenizer=None, dev_pairs=None, select=None, **kw):
-    """The final model of the workdir `layout`: rebuilt from `config` (float32, outside any
-    strategy), with the dev set's choice (`select`, default: `selects_on_dev(config)`) or the
+def final_model(plan, layout, vocab_size, tokenizer=None, dev_pairs=None, select=None, **kw):
+    """The final model of the workdir `layout`: rebuilt from `plan.model` (float32, outside any
+    strategy), with the dev set's choice (`select`, default: `plan.selects`) or the
     average of the last `export.average_checkpoints` complete checkpoints.
 
     Args:
-        config: the run's `ExperimentConfig`.
+        plan: the run's `Plan` (`Plan.of(config, settings)`).
         layout: its `Workdir`.
         vocab_size: the vocabulary's size.
         tokenizer: the run's `Tokenizer` (needed to choose on dev).
         dev_pairs: the dev `[(source, reference)]` (needed to choose on dev).
         select: choose on dev (None: when the config says `auto`).
-        **kw: `average` (a count instead of the config's), `alpha` (a fixed length penalty for
-            the choice), `strict` (refuse fewer checkpoints than asked; default True),
-            `report` (`line -> None`, default print), `kept` (a `KeptFigures` for the
-            choice), `deadline` and `after_sentences` (a time budget: see `select_on_dev`).
+        **kw: `average` (a count instead of `export.average_checkpoints`), `alpha` (a fixed
+            length penalty for the choice), `strict` (refuse fewer checkpoints than asked;
+            default True), `report` (`line -> None`, default print), `kept` (a `KeptFigures`
+            for the choice), `deadline` and `after_sentences` (a time budget: see `select_on_dev`).
 
     Returns:
         A `FinalModel`.
@@ -400,22 +443,23 @@ def final_model(config, layout, vocab_size, tokenizer=None, dev_pairs=None, sele
     ```python
     layout = Workdir("workdirs/quickstart")
     config = load_config(layout.config)
-    final = final_model(config, layout, Tokenizer(layout.spm).vocab_size)
+    plan = Plan.of(config, decoding_settings(config, export=True))
+    final = final_model(plan, layout, Tokenizer(layout.spm).vocab_size)
     ```
     """
     report = kw.get("report", print)
-    model = build_transformer(config.model, vocab_size)
-    if select and not selects_on_dev(config):
-        config = choosing_everything(config)  # asked for (export --select-on-dev): all candidates
-    select = selects_on_dev(config) if select is None else select
+    model = build_transformer(plan.model, vocab_size)
+    if select and not plan.selects:
+        plan = plan.choosing_everything()  # asked for (export --select-on-dev): all candidates
+    select = plan.selects if select is None else select
     if select and dev_pairs:
         return select_on_dev(
-            model, tokenizer, config, layout, dev_pairs, kw.get("alpha"), report, kw.get("kept"),
+            model, tokenizer, plan, layout, dev_pairs, kw.get("alpha"), report, kw.get("kept"),
             kw.get("deadline"), kw.get("after_sentences", 0),
         )  # fmt: skip
     if select:
         report("no dev set to choose the final model on: the last checkpoint, alpha as configured")
-    count = kw.get("average") or config.export.average_checkpoints
+    count = kw.get("average") or plan.export.average_checkpoints
     count = 1 if count == AUTO else count
     checkpoints = last_checkpoints(layout, count, kw.get("strict", True))
     load_checkpoints(model, checkpoints)

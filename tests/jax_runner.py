@@ -226,7 +226,7 @@ def translate_dev(workdir):
     load_model_weights(model, list_checkpoints(Workdir.of(config).checkpoints)[-1][1])
     sources = [s for s, _ in read_pairs(config.data.dev)]
     settings = decoding_settings(config, export=True)
-    return {"sources": sources, "translations": translate(model, processor, sources, config,
+    return {"sources": sources, "translations": translate(model, processor, sources, config.data,
                                                           settings)}  # fmt: skip
 
 

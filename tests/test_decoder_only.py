@@ -260,9 +260,9 @@ def test_language_model_generates_the_task_back(trained_language_model, search):
             model, batch, max_length, use_cache=use_cache, prompt_ids=sequences[:, 1:2]
         )
         if search == "greedy":
-            ids, scores = greedy_search(step_fn, bos, state, max_length)
+            ids, scores, _ = greedy_search(step_fn, bos, state, max_length)
         else:
-            ids, scores = beam_search(step_fn, bos, state, 3, max_length, alpha=0.6)
+            ids, scores, _ = beam_search(step_fn, bos, state, 3, max_length, alpha=0.6)
         results.append((np_(ids), np_(scores)))
     (cached_ids, cached_scores), (full_ids, full_scores) = results
     np.testing.assert_array_equal(cached_ids, sequences[:, 1:])

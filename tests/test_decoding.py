@@ -14,6 +14,7 @@ from keras import ops
 
 from keras_transformer.decoding import beam_search, greedy_search, translate_ids
 from keras_transformer.decoding.search import (
+    DecodingResult,
     expand_to_beams,
     flatten_beams,
     gather_beams,
@@ -114,7 +115,7 @@ def test_exhaustive_beam_search_equals_brute_force_nbest(alpha):
     fake = MarkovFake()
     # 4 live tokens: at most 4^2 * 5 = 80 candidates per step, so beam 80 is exhaustive.
     batch, k, max_length = 3, 80, fake.length
-    ids, scores = beam_search(
+    ids, scores, _ = beam_search(
         fake.step_fn,
         np.full((batch,), 2),
         np.arange(batch),
@@ -140,7 +141,7 @@ def test_exhaustive_beam_search_equals_brute_force_nbest(alpha):
 
 def test_small_beam_scores_are_the_scores_of_its_outputs():
     fake = MarkovFake(vocab=6, length=5, seed=3)
-    ids, scores = beam_search(
+    ids, scores, _ = beam_search(
         fake.step_fn,
         np.full((4,), 2),
         np.arange(4),
@@ -161,14 +162,30 @@ def test_small_beam_scores_are_the_scores_of_its_outputs():
 def test_beam_size_one_equals_greedy():
     fake = MarkovFake(vocab=7, length=6, seed=5)
     initial = np.full((5,), 2)
-    beam_ids, beam_scores = beam_search(
+    beam_ids, beam_scores, _ = beam_search(
         fake.step_fn, initial, np.arange(5), beam_size=1, max_length=6, alpha=0.0, eos_id=EOS
     )
-    greedy_ids, greedy_scores = greedy_search(
+    greedy_ids, greedy_scores, _ = greedy_search(
         fake.step_fn, initial, np.arange(5), max_length=6, eos_id=EOS
     )
     np.testing.assert_array_equal(beam_ids, greedy_ids)
     np.testing.assert_allclose(beam_scores, greedy_scores, rtol=1e-6)
+
+
+def test_the_searches_return_one_type():
+    """`greedy_search` and `beam_search` return a `DecodingResult` whatever their options (as
+    `translate_ids` does): the token scores are always there, shaped like the ids."""
+    fake = MarkovFake(vocab=6, length=5, seed=3)
+    args = (fake.step_fn, np.full((4,), 2), np.arange(4))
+    found = [
+        greedy_search(*args, max_length=5, eos_id=EOS),
+        beam_search(*args, beam_size=2, max_length=5, eos_id=EOS),
+        beam_search(*args, beam_size=2, max_length=5, eos_id=EOS, return_all=True),
+    ]
+    for result in found:
+        assert isinstance(result, DecodingResult)
+        assert tuple(result.token_scores.shape) == tuple(result.ids.shape)
+    assert tuple(found[2].ids.shape) == (4, 2, 5) and tuple(found[2].scores.shape) == (4, 2)
 
 
 @pytest.mark.parametrize("beam_size", [1, 2, 4])
@@ -177,7 +194,7 @@ def test_token_scores_are_the_log_probs_of_each_output_token(beam_size):
     scores are the log-probabilities of its tokens, then 0; they sum to its unnormalised score."""
     fake = MarkovFake(vocab=6, length=5, seed=3)
     args = (fake.step_fn, np.full((4,), 2), np.arange(4))
-    kwargs = dict(max_length=5, alpha=0.6, eos_id=EOS, return_token_scores=True)
+    kwargs = dict(max_length=5, alpha=0.6, eos_id=EOS)
     if beam_size == 1:
         ids, scores, token_scores = (np.asarray(x)[:, None] for x in greedy_search(*args, **kwargs))
     else:
@@ -216,7 +233,7 @@ def _position_step(ids, index, state):
 def test_length_penalty_changes_the_winner():
     short, long = math.log(0.37), math.log(0.30) + math.log(0.90)  # [EOS] vs [4, EOS]
     assert short > long and short < long / lp(2, 2.0)  # alpha 2 favours the longer one
-    ids, scores = beam_search(
+    ids, scores, _ = beam_search(
         _position_step,
         np.array([2]),
         np.zeros((1,)),
@@ -226,7 +243,7 @@ def test_length_penalty_changes_the_winner():
         eos_id=EOS,
     )
     assert _strip(ids[0]) == [EOS] and float(scores[0]) == pytest.approx(short, rel=1e-5)
-    ids, scores = beam_search(
+    ids, scores, _ = beam_search(
         _position_step,
         np.array([2]),
         np.zeros((1,)),
@@ -240,7 +257,7 @@ def test_length_penalty_changes_the_winner():
 
 
 def test_nbest_exact_outputs_and_order():
-    ids, scores = beam_search(
+    ids, scores, _ = beam_search(
         _position_step,
         np.array([2, 2]),
         np.zeros((2,)),
@@ -272,9 +289,9 @@ def test_eos_is_forced_at_each_inputs_length_limit(beam_size):
     max_lengths = np.array([1, 3, 6])
     args = (_never_eos_step, np.full((3,), 2), np.zeros((3,)))
     if beam_size == 1:
-        ids, _ = greedy_search(*args, max_length=6, eos_id=EOS, max_lengths=max_lengths)
+        ids, _, _ = greedy_search(*args, max_length=6, eos_id=EOS, max_lengths=max_lengths)
     else:
-        ids, _ = beam_search(
+        ids, _, _ = beam_search(
             *args, beam_size=beam_size, max_length=6, eos_id=EOS, max_lengths=max_lengths
         )
     ids = np.asarray(ids)
@@ -293,8 +310,8 @@ def test_beam_search_compiles_with_xla():
         jit_compile=True,
     )
     initial, state = tf.fill([3], 2), tf.range(3)
-    ids, scores = run(initial, state)
-    eager_ids, eager_scores = beam_search(
+    ids, scores, _ = run(initial, state)
+    eager_ids, eager_scores, _ = beam_search(
         fake.step_fn, initial, state, beam_size=4, max_length=4, alpha=0.6, eos_id=EOS
     )
     np.testing.assert_array_equal(ids, eager_ids)
@@ -374,7 +391,7 @@ assert keras.backend.backend() == "jax"
 fake = MarkovFake()
 run = jax.jit(lambda s: beam_search(fake.step_fn, np.full((3,), 2), s, beam_size=80, max_length=4,
                                     alpha=0.6, eos_id=3, return_all=True))
-ids, scores = run(np.arange(3))
+ids, scores, _ = run(np.arange(3))
 for row in range(3):
     ref = fake.reference_nbest(row, 0.6, 4)[:80]
     np.testing.assert_allclose(np.asarray(scores)[row], [s for s, _ in ref], rtol=1e-5, atol=1e-6)

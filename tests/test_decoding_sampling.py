@@ -28,7 +28,7 @@ def _first_tokens(topk, temperature, topp, rows=20000):
 
     pick = sampling_picker(topk, temperature, topp, seeds=np.arange(rows, dtype="int32"))
     initial = np.full((rows,), 2, "int32")
-    ids, _ = greedy_search(step_fn, initial, initial, max_length=2, eos_id=EOS, pick=pick)
+    ids, _, _ = greedy_search(step_fn, initial, initial, max_length=2, eos_id=EOS, pick=pick)
     return np.asarray(ids)[:, 0]
 
 

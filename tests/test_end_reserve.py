@@ -18,9 +18,14 @@ from keras_transformer.training.callbacks import StopAtStep
 from keras_transformer.training.end_reserve import EndReserve, EndWork, end_work
 from keras_transformer.training.run_state import RunState
 from keras_transformer.training.schedules import BudgetSchedule
-from tests.test_final_model import _copy_workdir
+from tests.test_final_model import _copy_workdir, _plan
 from tests.test_training_schedule import _assert_documented_time_keys
 from tests.training_helpers import tiny_config
+
+
+def _scoring(config):
+    """The dev and test scoring's `DecodingSettings` (`train`'s `_Run.decoding`)."""
+    return decoding_settings(config).without_sampling()
 
 
 def _counting(monkeypatch):
@@ -50,9 +55,10 @@ def test_the_end_work_counts_what_the_choice_decodes(
     pairs = read_pairs(config.data.dev)
     counted = _counting(monkeypatch)
     tokenizer = Tokenizer(layout.spm)
-    final_model(config, layout, tokenizer.vocab_size, tokenizer, pairs, report=lambda line: None)
+    plan = _plan(config)
+    final_model(plan, layout, tokenizer.vocab_size, tokenizer, pairs, report=lambda line: None)
     test_sentences = 10
-    work = end_work(config, len(pairs), test_sentences)
+    work = end_work(plan, _scoring(config), len(pairs), test_sentences)
     calibration = len(pairs)  # all 48 (under the calibration's 1,000)
     scoring = len(pairs)  # 40 of 48 chosen on: the scoring decodes dev again
     assert work.beam == counted[2] + scoring + test_sentences + calibration
@@ -71,7 +77,7 @@ def test_the_dev_scoring_reuses_the_choices_decoding(tmp_path, copy_model, toy_s
         config, export=dataclasses.replace(config.export, select_max_sentences=len(pairs))
     )
     tokenizer = Tokenizer(layout.spm)
-    final = final_model(config, layout, tokenizer.vocab_size, tokenizer, pairs,
+    final = final_model(_plan(config), layout, tokenizer.vocab_size, tokenizer, pairs,
                         report=lambda line: None)  # fmt: skip
     settings = dataclasses.replace(decoding_settings(config).without_sampling(), alpha=final.alpha)
     reused = reused_dev_scores(final, settings, len(pairs))
@@ -81,11 +87,13 @@ def test_the_dev_scoring_reuses_the_choices_decoding(tmp_path, copy_model, toy_s
     assert reused_dev_scores(final, other, len(pairs)) is None
     assert reused_dev_scores(final, settings, len(pairs) - 1) is None
     # 3 checkpoint sets screened, 2 finalists x 2 alphas at the beam; calibration on all 48.
-    assert end_work(config, len(pairs), 0).beam == 48 + 2 * 2 * 48  # dev scoring reused
+    work = end_work(_plan(config), _scoring(config), len(pairs), 0)
+    assert work.beam == 48 + 2 * 2 * 48  # dev scoring reused
     forty = dataclasses.replace(
         config, export=dataclasses.replace(config.export, select_max_sentences=40)
     )
-    assert end_work(forty, len(pairs), 0).beam == 48 + 48 + 2 * 2 * 40  # dev scored again
+    work = end_work(_plan(forty), _scoring(forty), len(pairs), 0)
+    assert work.beam == 48 + 48 + 2 * 2 * 40  # dev scored again
 
 
 class _Readings:
@@ -124,8 +132,9 @@ def test_the_estimate_moves_the_stop_and_the_decay_and_a_resume_keeps_it(
     clock = _Readings([0, 9, 10, 12, 20, 24, 30, 31])
     stopper = StopAtStep(10**6, max_seconds=540.0, run_state=RunState(timer=clock))
     work = EndWork(beam=1000, greedy=300, traces=10)
+    beam = decoding_settings(config, export=True).without_sampling()
     callback = EndReserve(
-        config, _Evaluator(pairs, tokenizer), stopper, work,
+        config.train, config.data, beam, _Evaluator(pairs, tokenizer), stopper, work,
         lambda: build_transformer(config.model, tokenizer.vocab_size), root=layout.root,
     )  # fmt: skip
     callback.set_model(copy_model)
@@ -147,7 +156,8 @@ def test_the_estimate_moves_the_stop_and_the_decay_and_a_resume_keeps_it(
     assert clock.readings == [0] and not capsys.readouterr().out
     # A later run of the same workdir (a resume) starts where the estimate left training.
     again = StopAtStep(10**6, max_seconds=540.0)
-    EndReserve(config, _Evaluator(pairs, tokenizer), again, work, None, root=layout.root)
+    EndReserve(config.train, config.data, beam, _Evaluator(pairs, tokenizer), again, work, None,
+               root=layout.root)  # fmt: skip
     assert again.max_seconds == pytest.approx(stopper.max_seconds, abs=0.1)
     assert again.run_state.schedule_scale == pytest.approx(stopper.run_state.schedule_scale, 1e-3)
     # Another budget ignores it; an end shorter than the tenth keeps the tenth; training keeps

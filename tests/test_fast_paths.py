@@ -9,6 +9,9 @@ in-place decoding-cache writes of translate_ids and the exported per-token score
 the search.
 """
 
+import pathlib
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -506,6 +509,33 @@ def test_fused_adam_equals_keras_adam(jit_compile):
     assert isinstance(restored, FusedAdam) and restored.beta_2 == 0.98
 
 
+def test_adam_slots_are_kerass_own():
+    """The fused Adam writes the moments through `_fast_paths.adam_slots`, the one reader of
+    Keras's private `_momentums` / `_velocities` (Keras has no public accessor): they must be
+    the slots Keras's own update writes and the optimizer's variables hold (what checkpoints
+    save and a resume restores). A Keras that renames or re-keys them fails here, loudly."""
+    from keras_transformer.training._fast_paths import adam_slots
+
+    variables = [keras.Variable(rand((2, 3), 50)), keras.Variable(rand((3,), 51))]
+    optimizer = keras.optimizers.Adam(0.1, beta_1=0.9, beta_2=0.98)  # Keras's update
+    optimizer.build(variables)
+    gradients = [np.full((2, 3), 0.5, "float32"), np.full((3,), 2.0, "float32")]
+    optimizer.apply(gradients, variables)
+    for variable, gradient in zip(variables, gradients):
+        m, v = adam_slots(optimizer, variable)
+        assert tuple(m.shape) == tuple(v.shape) == tuple(variable.shape)
+        np.testing.assert_allclose(np.asarray(m), 0.1 * gradient, rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(v), 0.02 * gradient**2, rtol=1e-5)
+        assert sum(x is m or x is v for x in optimizer.variables) == 2
+    package = pathlib.Path(__file__).resolve().parents[1] / "keras_transformer"
+    readers = [
+        str(path.relative_to(package))
+        for path in sorted(package.rglob("*.py"))
+        if re.search(r"\._(momentums|velocities)\b", path.read_text())
+    ]
+    assert readers == ["training/_fast_paths.py"], readers
+
+
 @pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
 def test_layer_norm_equals_keras_layer_norm(dtype):
     """Output and gradients (input, gamma, beta) of the hand-written LayerNorm equal Keras's."""
@@ -710,8 +740,14 @@ def test_shared_beam_caches_equal_reordered_caches(copy_model, trained):
     def run(kernels):
         fn = tf.function(
             lambda s, p: translate_ids(
-                model, s, beam_size=4, alpha=0.6, max_extra_length=5, return_all=True,
-                prefix_ids=p, kernels=kernels,
+                model,
+                s,
+                beam_size=4,
+                alpha=0.6,
+                max_extra_length=5,
+                return_all=True,
+                prefix_ids=p,
+                kernels=kernels,
             )  # fmt: skip
         )
         outputs = [np.asarray(x) for x in fn(src, prefix)]

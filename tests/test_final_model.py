@@ -15,7 +15,7 @@ from keras_transformer import cli
 from keras_transformer.config import decoding_settings, from_dict, load_config, save_config
 from keras_transformer.data import Tokenizer, read_pairs
 from keras_transformer.evaluation import evaluate_bleu
-from keras_transformer.final_model import PAPER_ALPHA, final_model, read_best
+from keras_transformer.final_model import PAPER_ALPHA, Plan, final_model, read_best
 from keras_transformer.models import build_transformer
 from keras_transformer.training import train
 from keras_transformer.workdir import (
@@ -50,6 +50,11 @@ def chosen_run(tmp_path_factory):
     )
     result = train(config)
     return config, Workdir(str(workdir)), result
+
+
+def _plan(config):
+    """The `final_model.Plan` that `train` and `export` resolve from `config`."""
+    return Plan.of(config, decoding_settings(config, export=True))
 
 
 def _dev_bleu(config, layout, tokenizer, steps, kind, alpha, settings=None, sentences=None):
@@ -143,7 +148,7 @@ def test_the_same_workdir_chooses_the_same_candidate(chosen_run):
     config, layout, result = chosen_run
     tokenizer = Tokenizer(layout.spm)
     again = final_model(
-        load_config(layout.config), layout, tokenizer.vocab_size, tokenizer,
+        _plan(load_config(layout.config)), layout, tokenizer.vocab_size, tokenizer,
         read_pairs(config.data.dev), report=lambda line: None,
     )  # fmt: skip
     assert again.selection["candidates"] == result["selection"]["candidates"]
@@ -224,7 +229,7 @@ def test_export_select_on_dev_from_the_command_line(tmp_path, copy_model, toy_sp
     assert len(selection["screened"]["greedy_dev_bleu"]) == 3  # steps 300; 200-300; 100-300
     tokenizer = Tokenizer(layout.spm)
     again = final_model(
-        fixed, layout, tokenizer.vocab_size, tokenizer, read_pairs(config.data.dev),
+        _plan(fixed), layout, tokenizer.vocab_size, tokenizer, read_pairs(config.data.dev),
         report=lambda line: None, select=True,
     )  # fmt: skip
     timeless = lambda d: {k: v for k, v in d.items() if k != "seconds"}  # noqa: E731
@@ -296,7 +301,8 @@ def test_the_choice_is_the_recomputed_maximum_where_the_candidates_differ(
     tokenizer = Tokenizer(layout.spm)
     pairs = read_pairs(config.data.dev)
     lines = []
-    final = final_model(config, layout, tokenizer.vocab_size, tokenizer, pairs, report=lines.append)
+    plan = _plan(config)
+    final = final_model(plan, layout, tokenizer.vocab_size, tokenizer, pairs, report=lines.append)
     candidates = final.selection["candidates"]
     if screen:
         finalists = _finalists(config, layout, tokenizer, final.selection["screened"])
@@ -329,7 +335,7 @@ def test_the_choice_is_the_recomputed_maximum_where_the_candidates_differ(
         decode=dataclasses.replace(config.decode, alpha=1.0),
         export=dataclasses.replace(config.export, average_checkpoints=2),
     )
-    plain = final_model(fixed, layout, tokenizer.vocab_size, report=lines.append)
+    plain = final_model(_plan(fixed), layout, tokenizer.vocab_size, report=lines.append)
     assert plain.steps == [200, 300] and plain.selection is None and plain.alpha is None
 
 
@@ -341,7 +347,7 @@ def test_a_deadline_passed_keeps_only_the_first_finalist(tmp_path, copy_model, t
     tokenizer = Tokenizer(layout.spm)
     lines = []
     final = final_model(
-        config, layout, tokenizer.vocab_size, tokenizer, read_pairs(config.data.dev),
+        _plan(config), layout, tokenizer.vocab_size, tokenizer, read_pairs(config.data.dev),
         report=lines.append, deadline=time.perf_counter() - 1.0, after_sentences=100,
     )  # fmt: skip
     screened = final.selection["screened"]["greedy_dev_bleu"]

@@ -601,7 +601,8 @@ def test_multi_head_attention_has_one_cache_form():
 def test_figure_1_is_wired_once():
     """The model's wiring (embeddings, positions, the output projection) is written once, in
     the methods that the functional graph, `encode`, `decode_step` and `attention_scores` all
-    call, not once per entry point."""
+    call, not once per entry point; and the decoder-only model's, in the methods that its
+    functional graph and `decode_step` call."""
     tree = ast.parse((PACKAGE / "models" / "transformer.py").read_text())
     calls = [ast.unparse(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)]
     assert calls.count("self.positional_encoding") == 1
@@ -615,6 +616,99 @@ def test_figure_1_is_wired_once():
         )
         == 1
     )
+    # The decoder-only model likewise: its functional graph and `decode_step` both call
+    # `_embed` and `_project` (it wired its embedding, positions and projection twice).
+    tree = ast.parse((PACKAGE / "models" / "decoder_only.py").read_text())
+    calls = [
+        ast.unparse(node.func).removeprefix("self.")
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+    ]
+    assert calls.count("positional_encoding") == 1
+    assert calls.count("token_embedding") == 2  # in `_embed`, and reversed in `_project`
+    assert calls.count("to_float32") == 1
+    reversed_calls = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and any(k.arg == "reverse" for k in node.keywords)
+    ]
+    assert len(reversed_calls) == 1
+
+
+# Where a config's decoding settings are made (`config.decoding_settings`): the config package,
+# the commands, and once at the top of each training path (the trainer's `_Run`, the JAX
+# trainer's `train`). The modules below get `DecodingSettings` values (#48).
+_MAKES_DECODING_SETTINGS = {"training/trainer.py": {"_Run"}, "training/jax_trainer.py": {"train"}}
+
+
+def _decoding_settings_calls(text):
+    """`[(line, top-level definition)]` where `text` calls `decoding_settings(...)`."""
+    found = []
+    for top in ast.parse(text).body:
+        for node in ast.walk(top):
+            if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("decoding_settings"):
+                found.append((node.lineno, getattr(top, "name", None)))
+    return found
+
+
+def test_the_decoding_settings_are_made_once_at_the_top():
+    """`train()` resolves its run once at the top and hands each lower module what it needs:
+    the end's reserve, the final model's choice and the JAX trainer's callbacks made the
+    decoding settings again from the whole config they were given."""
+    found = [
+        f"{name}:{line} (in {where})"
+        for path, text in _sources().items()
+        for name in [str(path.relative_to(PACKAGE))]
+        if not name.startswith(("config/", "commands/"))
+        for line, where in _decoding_settings_calls(text)
+        if where not in _MAKES_DECODING_SETTINGS.get(name, ())
+    ]
+    assert not found, "\n".join(found)
+    trainer = (PACKAGE / "training" / "trainer.py").read_text()
+    assert [where for _, where in _decoding_settings_calls(trainer)] == ["_Run", "_Run"]
+    text = (
+        "def f(c):\n    return config.decoding_settings(c)\n"
+        "class R:\n    d = decoding_settings(1)\n"
+    )
+    assert _decoding_settings_calls(text) == [(2, "f"), (4, "R")]
+
+
+def _name_lists(text, names):
+    """Lines where `text` lists more than half of `names`: a signature's parameters, a call's
+    keywords, a dict's keys, or a tuple's or list's strings (a sub-layer built with three of
+    them is no list of them)."""
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            listed = [a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs]
+        elif isinstance(node, ast.Call):
+            listed = [k.arg for k in node.keywords]
+        elif isinstance(node, (ast.Dict, ast.Tuple, ast.List)):
+            items = node.keys if isinstance(node, ast.Dict) else node.elts
+            listed = [i.value for i in items if isinstance(i, ast.Constant)]
+        else:
+            continue
+        if len(set(listed) & set(names)) > len(names) / 2:
+            found.append(node.lineno)
+    return found
+
+
+def test_the_block_arguments_are_listed_once():
+    """The blocks' arguments are listed once, in `_blocks.BLOCK_ARGUMENTS`, which serves the
+    blocks and the stacks (their arguments, defaults and configs); `BlockBase` and `StackBase`
+    each listed them twice (a signature, a config or the arguments passed on)."""
+    from keras_transformer.layers import _blocks
+
+    text = (PACKAGE / "layers" / "_blocks.py").read_text()
+    names = _blocks.BLOCK_ARGUMENTS
+    tuple_line = next(
+        node.lineno
+        for node in ast.parse(text).body
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "BLOCK_ARGUMENTS"
+    )
+    assert _name_lists(text, names) == [tuple_line]
+    copy = "def f(num_heads, d_ff, dropout, activation, norm_first):\n    return dict(d_ff=1)\n"
+    assert _name_lists(copy, names) == [1]
 
 
 # The one module that looks at a strategy's type: it chooses the run's input object per kind.
@@ -665,6 +759,8 @@ def test_the_strategy_check_finds_type_tests():
         "    e = isinstance(s, dict) and s.__name__ == 'x'\n"
     )
     assert [line for line, _ in _strategy_type_tests(text)] == [2, 3, 4, 5]
+
+
 def _lines_of_code(path):
     """Lines of `path` that are code: not blank, not comments, not docstrings."""
     text = path.read_text()

@@ -31,8 +31,8 @@ def load_workdir_model(workdir, average=None, select=None, alpha=None):
     import sentencepiece as spm
     import tensorflow as tf
 
-    from keras_transformer.config import load_config
-    from keras_transformer.final_model import final_model, selects_on_dev
+    from keras_transformer.config import decoding_settings, load_config
+    from keras_transformer.final_model import Plan, final_model
 
     gfile = tf.io.gfile  # the workdir may be on any TensorFlow filesystem (gs://...)
     if not gfile.isdir(workdir):
@@ -43,8 +43,11 @@ def load_workdir_model(workdir, average=None, select=None, alpha=None):
         if not gfile.exists(path) or gfile.isdir(path):
             raise UsageError(f"{workdir} is not a training workdir: no {what} {path}")
     config = load_config(config_path)
+    # The choice decodes with the config's export settings (the command's decoding flags apply
+    # to what is exported: `flags.export_settings`).
+    plan = Plan.of(config, decoding_settings(config, export=True))
     if select is None:
-        select = average is None and selects_on_dev(config)
+        select = average is None and plan.selects
     with gfile.GFile(spm_path, "rb") as f:
         spm_bytes = f.read()
     try:
@@ -54,7 +57,7 @@ def load_workdir_model(workdir, average=None, select=None, alpha=None):
     tokenizer, dev_pairs = _selection_inputs(config, spm_bytes) if select else (None, None)
     try:
         final = final_model(
-            config, layout, vocab_size, tokenizer, dev_pairs, select, average=average, alpha=alpha
+            plan, layout, vocab_size, tokenizer, dev_pairs, select, average=average, alpha=alpha
         )
     except (ValueError, OSError) as e:
         raise UsageError(f"cannot load checkpoints of {workdir}: {first_line(e)}") from None

@@ -39,7 +39,7 @@ def language_model_step(
     Example:
     ```python
     step_fn, state = language_model_step(model, batch_size=2, max_length=20)
-    ids, scores = beam_search(step_fn, ops.full((2,), BOS_ID), state, 4, max_length=20)
+    ids = beam_search(step_fn, ops.full((2,), BOS_ID), state, 4, max_length=20).ids
     ```
     """
     if use_cache:

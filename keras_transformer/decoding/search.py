@@ -129,12 +129,30 @@ def _force_eos(log_probs, must_end, eos_id):
     return ops.cond(ops.any(must_end), forced, lambda: log_probs)
 
 
+class DecodingResult(NamedTuple):
+    """What a search found for each input (as OpenNMT-tf's `DecodingResult`): what
+    `greedy_search`, `beam_search` and `translate_ids` return, one type whatever the settings.
+    `T` is the output length (EOS included, then 0-padding); with `return_all`, each field has
+    an n-best axis after the batch, best first.
+
+    ids: int32 `[batch, T]` (`[batch, n, T]`), the output tokens without BOS.
+    scores: float32 `[batch]` (`[batch, n]`), length-normalised log-probabilities.
+    token_scores: float32, shaped like `ids`: log p of each output token (EOS included, then 0),
+        tracked with the hypotheses during the search; they sum to the score times the length
+        penalty.
+    """
+
+    ids: Any
+    scores: Any
+    token_scores: Any
+
+
 # --------------------------------------------------------------------------- greedy search
 
 
 def greedy_search(
     step_fn, initial_ids, initial_state, max_length, eos_id=EOS_ID, alpha=0.0, max_lengths=None,
-    pick=None, return_token_scores=False,
+    pick=None,
 ):  # fmt: skip
     """Picks the most likely next token at every step until EOS (or the one `pick` draws).
 
@@ -149,17 +167,17 @@ def greedy_search(
         max_lengths: optional int `[batch]`, a smaller limit per input; EOS is forced at the limit.
         pick: optional `pick(log_probs [batch, vocab], index) -> int32 [batch]` choosing each
             token instead of the argmax (e.g. `decoding.sampling.sampling_picker`).
-        return_token_scores: also return the log-probability of each output token.
 
     Returns:
-        `(ids, scores)`: int32 `[batch, max_length]` generated tokens (EOS included, then 0) and
-        float32 `[batch]` scores `sum(log p) / length_penalty(length, alpha)` (the model's
-        log-probabilities, whatever `pick` does); with `return_token_scores` a third, float32
+        A `DecodingResult`: `ids` int32 `[batch, max_length]` generated tokens (EOS included,
+        then 0), `scores` float32 `[batch]` `sum(log p) / length_penalty(length, alpha)` (the
+        model's log-probabilities, whatever `pick` does) and `token_scores` float32
         `[batch, max_length]`: log p of each token of `ids` (EOS included, then 0).
 
     Example:
     ```python
-    ids, scores = greedy_search(step_fn, ops.full((batch,), 2), cache, max_length=60)
+    result = greedy_search(step_fn, ops.full((batch,), 2), cache, max_length=60)
+    result.ids, result.scores  # [batch, 60], [batch]
     ```
     """
     caps = _output_caps(initial_ids, max_length, max_lengths)  # [batch]
@@ -198,9 +216,7 @@ def greedy_search(
     loop_vars = (index, sequences, token_scores, log_prob_sums, finished, lengths, initial_state)
     _, sequences, token_scores, log_prob_sums, _, lengths, _ = ops.while_loop(cond, body, loop_vars)
     scores = log_prob_sums / length_penalty(ops.maximum(lengths, 1), alpha)
-    if return_token_scores:
-        return sequences[:, 1:], scores, token_scores[:, 1:]
-    return sequences[:, 1:], scores
+    return DecodingResult(sequences[:, 1:], scores, token_scores[:, 1:])
 
 
 # --------------------------------------------------------------------------- beam search
@@ -347,7 +363,7 @@ def _beam_search_step(state, step_fn, k, caps, alpha, eos_id):
 
 
 def _best_hypotheses(state, alpha, return_all):
-    """`(ids, scores, token scores)` of the finished hypotheses, without the BOS column."""
+    """The `DecodingResult` of the finished hypotheses, without the BOS column."""
     # With EOS forced at every limit an input always has finished hypotheses; fall back to the
     # alive ones anyway so the result never holds an empty slot.
     any_finished = state.finished_flags[:, 0]  # [batch]
@@ -360,8 +376,8 @@ def _best_hypotheses(state, alpha, return_all):
     scores = ops.where(ops.expand_dims(any_finished, 1), state.finished_scores, alive_scores)
     sequences, token_scores = sequences[:, :, 1:], token_scores[:, :, 1:]  # [batch, k, max_len]
     if return_all:
-        return sequences, scores, token_scores
-    return sequences[:, 0], scores[:, 0], token_scores[:, 0]
+        return DecodingResult(sequences, scores, token_scores)
+    return DecodingResult(sequences[:, 0], scores[:, 0], token_scores[:, 0])
 
 
 def beam_search(
@@ -374,7 +390,6 @@ def beam_search(
     eos_id=EOS_ID,
     max_lengths=None,
     return_all=False,
-    return_token_scores=False,
 ):
     """Beam search with GNMT's length penalty, keeping alive and finished hypotheses apart.
 
@@ -402,18 +417,19 @@ def beam_search(
         eos_id: the end-of-sequence token.
         max_lengths: optional int `[batch]`, a smaller limit per input.
         return_all: return all `beam_size` finished hypotheses (n-best) instead of the best.
-        return_token_scores: also return the log-probability of each output token, tracked
-            with the hypotheses during the search.
 
     Returns:
-        `(ids, scores)`: int32 `[batch, max_length]` (EOS included, then 0) and float32 `[batch]`;
-        with `return_all`, `[batch, beam_size, max_length]` and `[batch, beam_size]` sorted from
-        the best score down; with `return_token_scores` a third, float32 like `ids`: log p of
-        each token (EOS included, then 0), summing to the unnormalised score.
+        A `DecodingResult`: `ids` int32 `[batch, max_length]` (EOS included, then 0), `scores`
+        float32 `[batch]` and `token_scores` float32 like `ids`: log p of each token (EOS
+        included, then 0), tracked with the hypotheses during the search and summing to the
+        unnormalised score; with `return_all`, `[batch, beam_size, max_length]`,
+        `[batch, beam_size]` and `[batch, beam_size, max_length]`, sorted from the best score
+        down.
 
     Example:
     ```python
-    ids, scores = beam_search(step_fn, bos, cache, beam_size=5, max_length=60, alpha=1.0)
+    result = beam_search(step_fn, bos, cache, beam_size=5, max_length=60, alpha=1.0)
+    result.ids, result.scores  # [batch, 60], [batch]
     ```
     """
     k = int(beam_size)
@@ -429,8 +445,7 @@ def beam_search(
         lambda state: (_beam_search_step(state, step_fn, k, caps, alpha, eos_id),),
         (state,),
     )
-    ids, scores, token_scores = _best_hypotheses(state, alpha, return_all)
-    return (ids, scores, token_scores) if return_token_scores else (ids, scores)
+    return _best_hypotheses(state, alpha, return_all)
 
 
 # --------------------------------------------------------------------------- the model
@@ -447,23 +462,6 @@ def _banned_tokens_mask(vocab_size, banned_ids):
 
 def _static_or_tensor(value):
     return value if isinstance(value, int) else ops.cast(value, "int32")
-
-
-class DecodingResult(NamedTuple):
-    """What `translate_ids` found for each input (as OpenNMT-tf's `DecodingResult`): one type
-    whatever the settings. `T` is the output length (EOS included, then 0-padding); with
-    `return_all`, each field has an n-best axis after the batch, best first.
-
-    ids: int32 `[batch, T]` (`[batch, n, T]`), the output tokens without BOS.
-    scores: float32 `[batch]` (`[batch, n]`), length-normalised log-probabilities.
-    token_scores: float32, shaped like `ids`: log p of each output token (EOS included, then 0),
-        tracked with the hypotheses during the search; they sum to the score times the length
-        penalty.
-    """
-
-    ids: Any
-    scores: Any
-    token_scores: Any
 
 
 def translate_ids(
@@ -539,24 +537,22 @@ def translate_ids(
         log_probs_fn, initial_state = _forcing_prefix(log_probs_fn, initial_state, prefix_ids)
     search = (log_probs_fn, initial_ids, initial_state)
     if k > 1:
-        outputs = beam_search(
+        return beam_search(
             *search, k, buffer, settings.alpha, settings.eos_id, max_lengths=caps,
-            return_all=return_all, return_token_scores=True,
+            return_all=return_all,
         )  # fmt: skip
-        return DecodingResult(*outputs)
     pick = None
     if settings.sampling:
         seeds = _row_seeds(seed, initial_ids)  # [batch]
         pick = sampling_picker(
             settings.sampling_topk, settings.sampling_temperature, settings.sampling_topp, seeds
         )
-    outputs = greedy_search(
-        *search, buffer, settings.eos_id, settings.alpha, max_lengths=caps, pick=pick,
-        return_token_scores=True,
-    )  # fmt: skip
+    result = greedy_search(
+        *search, buffer, settings.eos_id, settings.alpha, max_lengths=caps, pick=pick
+    )
     if return_all:  # a beam of one: [batch, 1, T], [batch, 1], [batch, 1, T]
-        outputs = tuple(ops.expand_dims(x, 1) for x in outputs)
-    return DecodingResult(*outputs)
+        result = DecodingResult(*(ops.expand_dims(x, 1) for x in result))
+    return result
 
 
 def _row_seeds(seed, initial_ids):

@@ -2,9 +2,10 @@
 wiring (residual, LayerNorm, feed-forward) and config. Private: the public classes are in
 `encoder.py` and `decoder.py`.
 
-The arguments that are model hyper-parameters default to the config's `model:` section
-(`ModelConfig`, where each is declared once); a stack takes them as its own arguments and
-passes them to each of its blocks."""
+The blocks' arguments are named once, in `BLOCK_ARGUMENTS`: a block takes them, a stack takes
+them as its own and passes them to each of its blocks, and both record them in their configs.
+Those that are model hyper-parameters default to the config's `model:` section (`ModelConfig`,
+where each is declared once)."""
 
 import keras
 
@@ -27,35 +28,43 @@ def head_size(d_model, num_heads):
 # Of every projection kernel of the blocks (Keras's default for `Dense`).
 KERNEL_INITIALIZER = "glorot_uniform"
 
+# The blocks' arguments (besides `kernels`), in the order of their configs. All but
+# `kernel_initializer` are keys of the `model:` section.
+BLOCK_ARGUMENTS = (
+    "num_heads", "d_ff", "dropout", "attention_dropout", "activation_dropout", "activation",
+    "norm_first", "layer_norm_epsilon", "kernel_initializer",
+)  # fmt: skip
+
+
+def block_arguments(kwargs, **given):
+    """Pops the block arguments from a constructor's `kwargs` (what is left is Keras's):
+    `{name: value}` for each of `BLOCK_ARGUMENTS`, from `given`, `kwargs`, or the default
+    (`ModelConfig`'s; `KERNEL_INITIALIZER`)."""
+    values = {"kernel_initializer": KERNEL_INITIALIZER, **given}
+    values.update({name: kwargs.pop(name) for name in BLOCK_ARGUMENTS if name in kwargs})
+    return {
+        name: values[name] if name in values else getattr(ModelConfig, name)
+        for name in BLOCK_ARGUMENTS
+    }
+
 
 class BlockBase(CallTracedSpec, keras.layers.Layer):
-    """Shared constructor arguments, sub-layer wiring and config of the encoder/decoder blocks."""
+    """Shared constructor arguments, sub-layer wiring and config of the encoder/decoder blocks:
+    `num_heads`, `d_ff`, then by keyword the rest of `BLOCK_ARGUMENTS` and `kernels`."""
 
-    def __init__(
-        self,
-        num_heads,
-        d_ff,
-        dropout=ModelConfig.dropout,
-        attention_dropout=ModelConfig.attention_dropout,
-        activation_dropout=ModelConfig.activation_dropout,
-        activation=ModelConfig.activation,
-        norm_first=ModelConfig.norm_first,
-        layer_norm_epsilon=ModelConfig.layer_norm_epsilon,
-        kernel_initializer=KERNEL_INITIALIZER,
-        kernels=None,
-        **kwargs,
-    ):
+    def __init__(self, num_heads, d_ff, *, kernels=None, **kwargs):
+        given = block_arguments(kwargs, num_heads=num_heads, d_ff=d_ff)
         super().__init__(**kwargs)
         self.kernels = Kernels.get(kernels)
-        self.num_heads = int(num_heads)
-        self.d_ff = int(d_ff)
-        self.dropout = float(dropout)
-        self.attention_dropout = float(attention_dropout)
-        self.activation_dropout = float(activation_dropout)
-        self.activation = keras.activations.get(activation)
-        self.norm_first = bool(norm_first)
-        self.layer_norm_epsilon = float(layer_norm_epsilon)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.num_heads = int(given["num_heads"])
+        self.d_ff = int(given["d_ff"])
+        self.dropout = float(given["dropout"])
+        self.attention_dropout = float(given["attention_dropout"])
+        self.activation_dropout = float(given["activation_dropout"])
+        self.activation = keras.activations.get(given["activation"])
+        self.norm_first = bool(given["norm_first"])
+        self.layer_norm_epsilon = float(given["layer_norm_epsilon"])
+        self.kernel_initializer = keras.initializers.get(given["kernel_initializer"])
         self.supports_masking = True
 
     def _attention(self, d_model, name):
@@ -110,56 +119,32 @@ class BlockBase(CallTracedSpec, keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
+        config.update({name: getattr(self, name) for name in BLOCK_ARGUMENTS})
         config.update(
-            {
-                "num_heads": self.num_heads,
-                "d_ff": self.d_ff,
-                "dropout": self.dropout,
-                "attention_dropout": self.attention_dropout,
-                "activation_dropout": self.activation_dropout,
-                "activation": keras.activations.serialize(self.activation),
-                "norm_first": self.norm_first,
-                "layer_norm_epsilon": self.layer_norm_epsilon,
-                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
-                "kernels": self.kernels.to_config(),
-            }
+            activation=keras.activations.serialize(self.activation),
+            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
+            kernels=self.kernels.to_config(),
         )
         return config
 
 
 class StackBase(CallTracedSpec, keras.layers.Layer):
     """Shared constructor and config of the encoder/decoder stacks: `num_layers`, then the
-    blocks' arguments (those of `BlockBase`, with the same defaults), passed to every block."""
+    blocks' arguments (`BLOCK_ARGUMENTS`, with the same defaults, and `kernels`), passed to
+    every block."""
 
     block_class = None
 
-    def __init__(
-        self,
-        num_layers,
-        num_heads,
-        d_ff,
-        dropout=ModelConfig.dropout,
-        attention_dropout=ModelConfig.attention_dropout,
-        activation_dropout=ModelConfig.activation_dropout,
-        activation=ModelConfig.activation,
-        norm_first=ModelConfig.norm_first,
-        layer_norm_epsilon=ModelConfig.layer_norm_epsilon,
-        kernel_initializer=KERNEL_INITIALIZER,
-        kernels=None,
-        **kwargs,
-    ):
+    def __init__(self, num_layers, num_heads, d_ff, *, kernels=None, **kwargs):
+        block_kwargs = block_arguments(kwargs, num_heads=num_heads, d_ff=d_ff)
         # The initializer as an object, made here once per stack (as Keras makes any default
         # seed): the same seed stream, so the same weights for a given global seed, as before.
-        kernel_initializer = keras.initializers.get(kernel_initializer)
+        initializer = keras.initializers.get(block_kwargs["kernel_initializer"])
+        block_kwargs["kernel_initializer"] = initializer
         super().__init__(**kwargs)
         if num_layers <= 0:
             raise ValueError(f"num_layers must be positive, got {num_layers}")
         self.num_layers = int(num_layers)
-        block_kwargs = dict(
-            num_heads=num_heads, d_ff=d_ff, dropout=dropout, attention_dropout=attention_dropout,
-            activation_dropout=activation_dropout, activation=activation, norm_first=norm_first,
-            layer_norm_epsilon=layer_norm_epsilon, kernel_initializer=kernel_initializer,
-        )  # fmt: skip
         # The blocks' arguments, serializable (activations and initializers by name or config).
         self.block_kwargs = {
             name: value

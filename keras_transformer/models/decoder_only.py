@@ -68,28 +68,40 @@ class DecoderOnlyTransformer(HyperParameters, keras.Model):
     def __init__(self, vocab_size, *, dtype=None, kernels=None, **kwargs):
         h = {"vocab_size": vocab_size, **take(kwargs, _KEYS)}  # the hyper-parameters
         kernels = Kernels.get(kernels)
-        token_embedding = TokenEmbedding(
-            vocab_size, h["d_model"], dtype=dtype, name="token_embedding"
-        )
-        positional_encoding = SinusoidalPositionalEncoding(dtype=dtype, name="positional_encoding")
-        decoder = TransformerDecoder(
-            h["num_layers"], h["num_heads"], h["d_ff"], dropout=h["dropout"],
-            attention_dropout=h["attention_dropout"], activation_dropout=h["activation_dropout"],
-            activation=h["activation"], norm_first=h["norm_first"],
-            layer_norm_epsilon=h["layer_norm_epsilon"], decoder_only=True,
-            kernels=kernels.to_config(), dtype=dtype, name="decoder",
-        )  # fmt: skip
-        to_float32 = keras.layers.Activation("linear", dtype="float32", name="logits")
+        self._make_layers(dtype=dtype, kernels=kernels.to_config(), **h)
         ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
-        x = positional_encoding(token_embedding(ids))
-        x = keras.layers.Dropout(h["dropout"], dtype=dtype, name="embedding_dropout")(x)
-        x = decoder(x, decoder_padding_mask=padding_mask(ids))
-        logits = to_float32(token_embedding(x, reverse=True))
-        super().__init__(inputs=ids, outputs=logits, **kwargs)
-        self.token_embedding, self.positional_encoding = token_embedding, positional_encoding
-        self.decoder, self.to_float32 = decoder, to_float32
+        x = self.decoder(self._embed(ids), decoder_padding_mask=padding_mask(ids))
+        super().__init__(inputs=ids, outputs=self._project(x), **kwargs)
         self.hyper_parameters = h
         self.kernels = kernels
+
+    def _make_layers(self, vocab_size, num_layers, d_model, dtype, kernels, **block_arguments):
+        """The model's layers, as its attributes (named as the functional graph's layers)."""
+        self.token_embedding = TokenEmbedding(
+            vocab_size, d_model, dtype=dtype, name="token_embedding"
+        )
+        self.positional_encoding = SinusoidalPositionalEncoding(
+            dtype=dtype, name="positional_encoding"
+        )
+        self.decoder = TransformerDecoder(
+            num_layers, decoder_only=True, kernels=kernels, dtype=dtype, name="decoder",
+            **block_arguments,
+        )  # fmt: skip
+        self.to_float32 = keras.layers.Activation("linear", dtype="float32", name="logits")
+        # Made after the decoder (as its seed is drawn): the same weights for a given seed.
+        self.embedding_dropout = keras.layers.Dropout(
+            block_arguments["dropout"], dtype=dtype, name="embedding_dropout"
+        )
+
+    def _embed(self, ids, training=None, start_index=0):
+        """The decoder's input: `ids` embedded (scaled), positions from `start_index` added,
+        dropout."""
+        x = self.positional_encoding(self.token_embedding(ids), start_index=start_index)
+        return self.embedding_dropout(x, training=training)
+
+    def _project(self, x):
+        """Float32 logits of the decoder's output `x`: the tied embedding's projection."""
+        return self.to_float32(self.token_embedding(x, reverse=True))
 
     def init_cache(self, batch_size, max_length):
         """The empty key/value cache for `max_length` positions: one `(keys, values)` pair of
@@ -105,6 +117,6 @@ class DecoderOnlyTransformer(HyperParameters, keras.Model):
         real tokens: the cache keeps no padding mask (a prompt batch of several lengths goes
         through `decoding.language_model_step`'s `prompt_ids`, forced one token per step).
         """
-        x = self.positional_encoding(self.token_embedding(token_ids), start_index=cache_index)
+        x = self._embed(token_ids, training=False, start_index=cache_index)
         x, cache = self.decoder(x, self_attention_cache=cache, cache_update_index=cache_index)
-        return self.to_float32(self.token_embedding(x, reverse=True)), cache
+        return self._project(x), cache

@@ -131,8 +131,7 @@ def apply_adam(kernels, optimizer, gradient, variable, learning_rate):
         return False
     import tensorflow as tf
 
-    index = optimizer._get_variable_index(variable)
-    m, v = optimizer._momentums[index], optimizer._velocities[index]
+    m, v = adam_slots(optimizer, variable)
     dtype = variable.dtype
     if isinstance(gradient, tf.IndexedSlices):  # what Keras's Adam does implicitly
         gradient = tf.convert_to_tensor(gradient)
@@ -152,6 +151,22 @@ def apply_adam(kernels, optimizer, gradient, variable, learning_rate):
         grad=tf.cast(gradient, dtype),
     )
     return True
+
+
+def adam_slots(optimizer, variable):
+    """`(momentum, velocity)`: the slot variables of `variable` in the built Keras `Adam`
+    `optimizer`, those Keras's own update writes and checkpoints hold.
+
+    Keras 3 has no public accessor for them: `Adam.build` keeps them in the private lists
+    `_momentums` and `_velocities`, in the order of `_get_variable_index` (Keras 3.12 to 3.15).
+    This is the one place that reads those names, and
+    `tests/test_fast_paths.py::test_adam_slots_are_kerass_own` fails if Keras renames or
+    re-keys them. Owning the slots through the public `add_variable_from_reference` instead
+    would leave Keras's update (the fallback: other backends, amsgrad, other dtypes) without
+    them, or hold every moment twice and change the checkpoints' variables.
+    """
+    index = optimizer._get_variable_index(variable)
+    return optimizer._momentums[index], optimizer._velocities[index]
 
 
 def _handle(variable):

@@ -22,7 +22,7 @@ import json
 
 import keras
 
-from keras_transformer.config import AUTO, budget_seconds, decoding_settings
+from keras_transformer.config import AUTO, budget_seconds
 from keras_transformer.evaluation import translate_sentences
 from keras_transformer.workdir import join, read_json, write_atomically
 
@@ -63,23 +63,24 @@ class EndWork:
         return self.beam * beam_seconds + self.greedy * greedy_seconds + self.traces * trace_seconds
 
 
-def end_work(config, dev_sentences, test_sentences):
-    """The `EndWork` of `config`'s end with `dev_sentences` and `test_sentences` pairs: the
-    choice's candidates (screened greedily, the finalists at the beam, `final_model`), the dev
+def end_work(plan, scoring, dev_sentences, test_sentences):
+    """The `EndWork` of the end with `dev_sentences` and `test_sentences` pairs, the final
+    model made by `plan` (a `final_model.Plan`) and scored with the `DecodingSettings`
+    `scoring`: the choice's candidates (screened greedily, the finalists at the beam), the dev
     scoring (unless it reuses the choice's decoding), the test scoring and the calibration."""
     from keras_transformer.export.saved_model import MAX_CALIBRATION_SENTENCES
-    from keras_transformer.final_model import ALPHA_CANDIDATES, chooses_alpha, selects_on_dev
+    from keras_transformer.final_model import ALPHA_CANDIDATES
 
-    e, t = config.export, config.train
+    e = plan.export
     calibration = min(dev_sentences, MAX_CALIBRATION_SENTENCES)
     beam, greedy, traces = test_sentences + calibration, 0, 1 + EXPORT_TRACES
-    choosing = bool(dev_sentences) and selects_on_dev(config)
+    choosing = bool(dev_sentences) and plan.selects
     select = min(dev_sentences, e.select_max_sentences)
-    beam += 0 if scoring_reuses_the_choice(config, dev_sentences) else dev_sentences
+    beam += 0 if scoring_reuses_the_choice(plan, scoring, dev_sentences) else dev_sentences
     if choosing:
-        sets = len({1, 2, 3, t.keep_checkpoints}) if e.average_checkpoints == AUTO else 1
-        sets += 2 if (t.keep_best and e.average_checkpoints == AUTO) else 0
-        alphas = len(ALPHA_CANDIDATES) if chooses_alpha(config) else 1
+        sets = len({1, 2, 3, plan.keep_checkpoints}) if e.average_checkpoints == AUTO else 1
+        sets += 2 if (plan.keep_best and e.average_checkpoints == AUTO) else 0
+        alphas = len(ALPHA_CANDIDATES) if plan.chooses_alpha else 1
         finalists = sets
         if e.select_screen_sentences and sets > e.select_finalists:
             finalists = e.select_finalists
@@ -90,18 +91,16 @@ def end_work(config, dev_sentences, test_sentences):
     return EndWork(beam, greedy, traces)
 
 
-def scoring_reuses_the_choice(config, dev_sentences):
-    """True when the dev scoring reuses the choice's decoding of the chosen candidate
-    (`final_model.reused_dev_scores`): the choice decodes every one of the `dev_sentences`
-    with the scoring's search (the export's, but for the alpha it chooses)."""
-    from keras_transformer.final_model import selects_on_dev
-
-    if not dev_sentences or not selects_on_dev(config):
+def scoring_reuses_the_choice(plan, scoring, dev_sentences):
+    """True when the dev scoring (with the `DecodingSettings` `scoring`) reuses the choice's
+    decoding of the chosen candidate (`final_model.reused_dev_scores`): the choice (`plan`)
+    decodes every one of the `dev_sentences` with the scoring's search (the export's, but for
+    the alpha it chooses)."""
+    if not dev_sentences or not plan.selects:
         return False
-    scoring = decoding_settings(config).without_sampling()
-    choice = decoding_settings(config, export=True).without_sampling()
-    same = dataclasses.replace(scoring, alpha=0.0) == dataclasses.replace(choice, alpha=0.0)
-    return same and config.export.select_max_sentences >= dev_sentences
+    scoring = dataclasses.replace(scoring.without_sampling(), alpha=0.0)
+    choice = dataclasses.replace(plan.settings.without_sampling(), alpha=0.0)
+    return scoring == choice and plan.export.select_max_sentences >= dev_sentences
 
 
 def training_seconds(train, end_seconds):
@@ -122,9 +121,10 @@ def read_estimate(root, train):
     return kept if kept and same else None
 
 
-def estimates(config, strategy_is_multi_worker):
-    """True when the end's seconds are estimated during training (see the module)."""
-    t = config.train
+def estimates(train, strategy_is_multi_worker):
+    """True when the end's seconds are estimated during training (see the module), under the
+    `train:` section `train`."""
+    t = train
     return t.max_minutes is not None and t.end_minutes is None and not strategy_is_multi_worker
 
 
@@ -133,7 +133,10 @@ class EndReserve(keras.callbacks.Callback):
     the learning rate's decay) so that the end fits the budget (see the module).
 
     Args:
-        config: the run's `ExperimentConfig`.
+        train: the run's `train:` section (the budget).
+        data: its `data:` section (how the sample is decoded).
+        beam: the export's `DecodingSettings` without sampling: the end's beam search (its
+            greedy search is the same at beam 1).
         evaluator: the run's `DevEvaluator` (the same evaluations; its first dev pairs probe).
         stopper: the run's `StopAtStep` (its `max_seconds` moves).
         work: the end's `EndWork`.
@@ -142,9 +145,9 @@ class EndReserve(keras.callbacks.Callback):
     The probes are timed with the run state's timer (`stopper.run_state.timer`).
     """
 
-    def __init__(self, config, evaluator, stopper, work, twin, root=None):
+    def __init__(self, train, data, beam, evaluator, stopper, work, twin, root=None):
         super().__init__()
-        self.config = config
+        self.train, self.data, self.beam = train, data, beam
         self.evaluator = evaluator
         self.stopper = stopper
         self.work = work
@@ -155,7 +158,7 @@ class EndReserve(keras.callbacks.Callback):
         self._cache = {}
         self._traced = {}  # settings -> seconds of the first call less a timed call's
         self._measured_at = None  # training seconds at the last measurement
-        kept = read_estimate(root, config.train) if root else None
+        kept = read_estimate(root, train) if root else None
         if kept:
             self.apply(kept["end_seconds"], kept.get("speeds", {}), keep=False)
 
@@ -164,15 +167,14 @@ class EndReserve(keras.callbacks.Callback):
 
         if self.model.stop_training or self.evaluator.skips(optimizer_step(self.model)):
             return  # training is over: nothing left to move
-        elapsed, budget = self.stopper.elapsed, budget_seconds(self.config.train)[0]
+        elapsed, budget = self.stopper.elapsed, budget_seconds(self.train)[0]
         if self._measured_at is not None and elapsed - self._measured_at < (
             REMEASURE_SHARE * budget
         ):
             return  # measured lately: each measurement costs training time
         self._measured_at = elapsed
-        beam = decoding_settings(self.config, export=True).without_sampling()
-        greedy = dataclasses.replace(beam, beam_size=1)
-        speeds = {"beam": self.measure(beam), "greedy": self.measure(greedy)}
+        greedy = dataclasses.replace(self.beam, beam_size=1)
+        speeds = {"beam": self.measure(self.beam), "greedy": self.measure(greedy)}
         speeds["trace"] = max(self._traced.values())
         end = MARGIN * self.work.seconds(speeds["beam"], speeds["greedy"], speeds["trace"])
         self.apply(end, speeds)
@@ -185,7 +187,7 @@ class EndReserve(keras.callbacks.Callback):
         self._twin.set_weights(self.model.get_weights())
         sample = self.evaluator.pairs[: SAMPLE_BATCHES * settings.batch_size]
         sources = [s for s, _ in sample]
-        data = self.config.data
+        data = self.data
 
         def timed():
             began = self.stopper.run_state.timer()
@@ -201,7 +203,7 @@ class EndReserve(keras.callbacks.Callback):
 
     def apply(self, end_seconds, speeds=None, keep=True):
         """Training stops when the end's `end_seconds` are left of the budget."""
-        t = self.config.train
+        t = self.train
         fixed = budget_seconds(t)[0]
         seconds = training_seconds(t, end_seconds)
         previous = self.stopper.max_seconds
@@ -223,6 +225,10 @@ class EndReserve(keras.callbacks.Callback):
                 f"the end (choice, scoring, export) needs about {end_seconds:.0f}s at the "
                 f"speed measured now: training stops at {seconds / 60:.1f} of the "
                 f"{t.max_minutes:g} budget minutes"
-                + ("; more than half the budget: the end may overrun it (fewer dev "
-                   "sentences: export.select_max_sentences)" if over else "")  # fmt: skip
+                + (
+                    "; more than half the budget: the end may overrun it (fewer dev "
+                    "sentences: export.select_max_sentences)"
+                    if over
+                    else ""
+                )  # fmt: skip
             )

@@ -62,6 +62,8 @@ def train(config):
         print(f"{layout.root} already holds a finished run ({previous['step']} steps).")
         return previous
     started = time.time()
+    # The `decode:` settings, once: dev BLEU (greedy) during training and the final scoring.
+    settings = decoding_settings(config).without_sampling()
     devices = _distribute()
     keras.utils.set_random_seed(config.train.seed)
     pairs, processor = _prepared(config, layout)
@@ -79,8 +81,8 @@ def train(config):
         pairs, config.data, seed=config.train.seed, start=position,
         tokens_per_batch=config.data.tokens_per_batch * share, batch_multiple=share,
     )  # fmt: skip
-    _fit(config, layout, model, batches, processor, position)
-    return _finish(config, layout, model, processor, started)
+    _fit(config, layout, model, batches, processor, position, settings)
+    return _finish(config, layout, model, processor, started, settings)
 
 
 def _check_supported(config):
@@ -133,7 +135,7 @@ def _prepared(config, layout):
     return prepared_pairs(layout.prepared), processor
 
 
-def _fit(config, layout, model, batches, processor, position):
+def _fit(config, layout, model, batches, processor, position, settings):
     t = config.train
     initial_epoch = position // t.steps_per_epoch
     epochs = initial_epoch + math.ceil(max(0, t.steps - position) / t.steps_per_epoch)
@@ -143,7 +145,8 @@ def _fit(config, layout, model, batches, processor, position):
     ]
     dev = _read_split(config.data.dev)[: t.eval_max_sentences]
     if dev:
-        callbacks.append(DevBleu(dev, processor, config, join(layout.logs, "dev_bleu.jsonl")))
+        path = join(layout.logs, "dev_bleu.jsonl")
+        callbacks.append(DevBleu(dev, processor, config.data, settings, path))
     if position < t.steps:
         model.fit(
             batches,
@@ -216,12 +219,13 @@ def restore_state(model, directory):
     return position
 
 
-def translate(model, processor, texts, config, settings):
+def translate(model, processor, texts, data, settings):
     """`texts` -> translations (strings) with the model's own search (`translate_ids`) on
-    this backend, `decode.batch_size` sentences at a time, in one jitted function of the
+    this backend, `settings.batch_size` sentences at a time (sources cut to the `data:`
+    section's `max_source_length`), in one jitted function of the
     variables' values (`search_function`): each batch is padded to the batch size and its
     sources to a multiple of 8 tokens, so that few shapes compile (padding changes no output)."""
-    max_source, rows = config.data.max_source_length, config.decode.batch_size
+    max_source, rows = data.max_source_length, settings.batch_size
     search = search_function(model, settings)
     values = [v.value for v in model.variables]
     outputs = []
@@ -257,26 +261,27 @@ def _until_eos(row):
     return row[: row.index(EOS_ID)] if EOS_ID in row else [i for i in row if i]
 
 
-def _bleu(model, processor, pairs, config, settings):
+def _bleu(model, processor, pairs, data, settings):
     import sacrebleu
 
-    hypotheses = translate(model, processor, [s for s, _ in pairs], config, settings)
+    hypotheses = translate(model, processor, [s for s, _ in pairs], data, settings)
     return sacrebleu.corpus_bleu(hypotheses, [[t for _, t in pairs]]).score
 
 
 class DevBleu(keras.callbacks.Callback):
-    """Greedy dev BLEU after each epoch: printed and appended to `path` (JSON lines)."""
+    """Greedy dev BLEU after each epoch (the `decode:` `settings` at beam 1, the `data:`
+    section `data`): printed and appended to `path` (JSON lines)."""
 
-    def __init__(self, pairs, processor, config, path):
+    def __init__(self, pairs, processor, data, settings, path):
         super().__init__()
-        self.pairs, self.processor, self.config, self.path = pairs, processor, config, path
-        self.settings = decoding_settings(config).without_sampling()
+        self.pairs, self.processor, self.data, self.path = pairs, processor, data, path
+        self.settings = settings
 
     def on_epoch_end(self, epoch, logs=None):
         model = self.model
         step = int(model.optimizer.iterations.numpy())
         greedy = dataclasses.replace(self.settings, beam_size=1)
-        bleu = _bleu(model, self.processor, self.pairs, self.config, greedy)
+        bleu = _bleu(model, self.processor, self.pairs, self.data, greedy)
         print(f"step {step}: dev BLEU (greedy) {bleu:.2f}", flush=True)
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         with open(self.path, "a") as f:
@@ -289,10 +294,9 @@ def _read_split(spec):
     return read_pairs(spec) if spec else []
 
 
-def _finish(config, layout, model, processor, started):
-    """Scores the last step's model on dev and test (the `decode` settings) and writes
+def _finish(config, layout, model, processor, started, settings):
+    """Scores the last step's model on dev and test (the `decode` `settings`) and writes
     `result.json`."""
-    settings = decoding_settings(config).without_sampling()
     step = int(model.optimizer.iterations.numpy())
     result = {
         "name": config.name,
@@ -309,7 +313,8 @@ def _finish(config, layout, model, processor, started):
     for split, spec in (("dev", config.data.dev), ("test", config.data.test)):
         pairs = _read_split(spec)
         if pairs:
-            result[split] = {"bleu": round(_bleu(model, processor, pairs, config, settings), 2)}
+            bleu = _bleu(model, processor, pairs, config.data, settings)
+            result[split] = {"bleu": round(bleu, 2)}
     result["wall_seconds"] = round(time.time() - started, 1)
     write_atomically(layout.result, json.dumps(result, indent=2))
     print(f"Finished {config.name} at step {step} on JAX: {json.dumps(result)}", flush=True)

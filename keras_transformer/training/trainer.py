@@ -28,10 +28,10 @@ from keras_transformer.evaluation import evaluate_bleu
 from keras_transformer.final_model import (
     KEPT_FIGURES,
     KeptFigures,
+    Plan,
     figures_key,
     final_model,
     reused_dev_scores,
-    selects_on_dev,
 )
 from keras_transformer.models import build_transformer
 from keras_transformer.training import end_reserve
@@ -86,10 +86,13 @@ def _export(run, model, tokenizer, result=None, alpha=None):
     except (OSError, ValueError):
         manifest = None
 
+    settings = run.export_decoding
+    if alpha is not None:  # chosen on dev
+        settings = dataclasses.replace(settings, alpha=alpha)
     return export_saved_model(
         model,
         tokenizer,
-        decoding_settings(config, export=True, alpha=alpha),  # alpha: chosen on dev, or None
+        settings,
         config.data,
         config.export.base_dir,
         export_name(config, run.layout.root),
@@ -130,7 +133,19 @@ class _Run:
     """What the steps of one `train()` call share, resolved once at its start: the config
     (after `_with_resolved_precision`, the precision it names is concrete), the workdir's
     layout, the strategy's input object (`training.strategies`: everything that differs
-    between strategies), whether this worker is the chief, and the start time.
+    between strategies), whether this worker is the chief, and the start time; and from the
+    config, the decoding settings (`decoding`, `export_decoding`) and how the final model is
+    made (`plan`), so that the modules below get those values and the sections they read,
+    never the config to make them again.
+
+    The whole config still goes where a step records or compares all of it: `save_config`
+    (the workdir's `config.yaml`), `write_hparams` (TensorBoard's hyperparameters),
+    `card_facts` (the model card embeds it), `prepare(config)` and `check_prepared` (the
+    manifest records the data settings and refuses a workdir whose differ; `prepare` is public
+    API), `prepare_parent` / `recorded_parent` / `load_parent_weights` (`train.init_from`
+    compares the parent's `config.yaml` with this one), `compile_model` (the public recipe for
+    your own `model.fit`, which reads `train`, `model` and `runtime`), `Workdir.of` and
+    `export_name` (the config package's own).
 
     Under several workers the chief (worker 0) is the only one that writes anything shared:
     config, vocabulary, checkpoints, backups, TensorBoard, result, export. The others read what
@@ -152,6 +167,17 @@ class _Run:
     def decoding(self):
         """The `decode:` section's `DecodingSettings` (the dev and test scoring)."""
         return decoding_settings(self.config)
+
+    @functools.cached_property
+    def export_decoding(self):
+        """The export's `DecodingSettings` (the `export:` section over `decode:`): the choice
+        of the final model decodes with its search, the SavedModel fixes it in its graph."""
+        return decoding_settings(self.config, export=True)
+
+    @functools.cached_property
+    def plan(self):
+        """How the final model is made (`final_model.Plan`)."""
+        return Plan.of(self.config, self.export_decoding)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -518,14 +544,17 @@ def _chief_callbacks(run, model, data, stopper):
             skip_at_step=t.steps,
         )
         callbacks.append(evaluator)
-        if end_reserve.estimates(config, run.inputs.several_workers):
+        if end_reserve.estimates(t, run.inputs.several_workers):
             test_pairs = _read_split(config.data.test)
+            scoring = run.decoding.without_sampling()
             callbacks.append(
                 end_reserve.EndReserve(
-                    config,
+                    t,
+                    config.data,
+                    run.export_decoding.without_sampling(),
                     evaluator,
                     stopper,
-                    end_reserve.end_work(config, len(dev_pairs), len(test_pairs)),
+                    end_reserve.end_work(run.plan, scoring, len(dev_pairs), len(test_pairs)),
                     lambda: build_transformer(config.model, data.tokenizer.vocab_size),
                     root=layout.root,
                 )
@@ -573,18 +602,19 @@ def _final_model(run, tokenizer, deadline=None):
 
     `deadline` (`time.perf_counter()`): the end of `train.max_minutes`; the choice leaves time
     to score the dev and test sets and to calibrate the export on dev after it."""
-    config = run.config
-    dev_pairs = _read_split(config.data.dev) if selects_on_dev(config) else None
+    config, plan = run.config, run.plan
+    dev_pairs = _read_split(config.data.dev) if plan.selects else None
     after = 0
     if deadline is not None and dev_pairs:
         from keras_transformer.export.saved_model import MAX_CALIBRATION_SENTENCES
 
         test_pairs = _read_split(config.data.test) or []
-        scoring = 0 if end_reserve.scoring_reuses_the_choice(config, len(dev_pairs)) else 1
+        reuses = end_reserve.scoring_reuses_the_choice(plan, run.decoding, len(dev_pairs))
+        scoring = 0 if reuses else 1
         after = (scoring * len(dev_pairs) + len(test_pairs)
                  + min(len(dev_pairs), MAX_CALIBRATION_SENTENCES))  # fmt: skip
     return final_model(
-        config, run.layout, tokenizer.vocab_size, tokenizer, dev_pairs, strict=False,
+        plan, run.layout, tokenizer.vocab_size, tokenizer, dev_pairs, strict=False,
         kept=_kept_figures(run.layout), deadline=deadline, after_sentences=after,
     )  # fmt: skip
 
