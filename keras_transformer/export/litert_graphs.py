@@ -103,11 +103,13 @@ def blocked_top_k(x, k, block=TOP_K_BLOCK):
     blocks = -(-vocab // block)
     if blocks * block != vocab:  # padded with entries below any logit
         x = ops.pad(x, ((0, 0), (0, blocks * block - vocab)), constant_values=2.0 * NEG_INF)
+    import tensorflow as tf  # the export's backend; a batched GATHER converts to one op
+
     x = ops.reshape(x, (-1, blocks, block))
     _, best_blocks = ops.top_k(ops.max(x, axis=-1), k)  # [rows, k]
-    candidates = ops.take_along_axis(x, ops.expand_dims(best_blocks, -1), axis=1)  # [rows, k, b]
+    candidates = tf.gather(x, best_blocks, axis=1, batch_dims=1)  # [rows, k, block]
     values, positions = ops.top_k(ops.reshape(candidates, (-1, k * block)), k)
-    chosen = ops.take_along_axis(best_blocks, positions // block, axis=1)
+    chosen = tf.gather(best_blocks, positions // block, axis=1, batch_dims=1)
     return values, chosen * block + positions % block
 
 
