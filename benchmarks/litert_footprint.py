@@ -8,7 +8,7 @@ Usage (from the repository root, PYTHONPATH=$PWD):
 Each shape's model (random weights; the quickstart's: `configs/quickstart.yaml`'s model with a
 1,000-piece vocabulary) is exported with beam 4 and batch 32. A fresh process with TensorFlow
 blocked loads the export with `keras_transformer.litert` and translates 32 sentences of `src`
-random words in one request; its peak resident memory (`ru_maxrss`) is the figure, beside that
+random words in one request; its peak resident memory (`VmHWM`) is the figure, beside that
 of a process that only imports the same modules (Python, numpy, SentencePiece, LiteRT). One
 JSON line per shape and quantization (ledger `litert_footprint` with BENCH_LABEL set).
 """
@@ -30,7 +30,7 @@ QUICKSTART = {"vocab": 1000, "d": 128, "layers": 2, "heads": 4, "ff": 512, "src"
 SHAPES = {"quickstart": QUICKSTART, "small": SMALL, "base": BASE}
 
 _CHILD = """
-import resource, sys
+import sys
 for name in ("tensorflow", "keras", "jax"):
     sys.modules[name] = None
 from keras_transformer import litert
@@ -41,7 +41,8 @@ if sys.argv[1] != "-":
     vocab, length = int(sys.argv[2]), int(sys.argv[3])
     texts = [" ".join(f"t{i}" for i in rng.integers(4, vocab, length)) for _ in range(32)]
     translator.translate(texts)
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+with open("/proc/self/status") as f:  # VmHWM: this image's own peak (ru_maxrss keeps the
+    print([int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM")][0])  # parent's)
 """
 
 
