@@ -127,6 +127,19 @@ def test_requests_of_any_size_are_answered_as_the_saved_model(saved_model, liter
     np.testing.assert_allclose(got["score"], reference["score"].numpy(), atol=1e-4)
 
 
+def test_smuggled_bytes_get_the_answer_of_their_bytes(litert_dirs):
+    """A `str` with lone surrogates (bytes Python could not decode, `surrogateescape`) is
+    answered as those bytes are, U+FFFD for each invalid sequence."""
+    translator = litert.load(litert_dirs["float32"])
+    raw = [b"red \xff\xfe apple \xc3", b"a\xed\xa0\x80b cat"]
+    smuggled = [x.decode("utf-8", errors="surrogateescape") for x in raw] + ["dog \ud800 red"]
+    expected = translator.translate(raw + [b"dog \xed\xa0\x80 red"])
+    from keras_transformer.litert.runtime import _as_text
+
+    assert [_as_text(x) for x in smuggled[:2]] == [x.decode("utf-8", "replace") for x in raw]
+    assert translator.translate(smuggled)["translation"] == expected["translation"]
+
+
 def test_settled_sentences_leave_the_batch_without_changing_answers(litert_dirs, monkeypatch):
     """Sentences of very different lengths in one chunk: the short ones settle first and the
     batch is compacted (`_Step.keep`); the answers equal those of a runtime that never drops."""

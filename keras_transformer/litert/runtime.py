@@ -52,11 +52,17 @@ def load(path, num_threads=None):
 
 
 def _as_text(text):
-    """A request's string as `str`: bytes decoded as UTF-8 with invalid bytes replaced by U+FFFD
-    (as the SavedModel's transcoding does); `str` with lone surrogates made valid the same way."""
-    if isinstance(text, bytes):
-        return text.decode("utf-8", errors="replace")
-    return str(text).encode("utf-8", errors="replace").decode("utf-8")
+    """A request's string as valid `str`: bytes decoded as UTF-8 with each invalid sequence
+    replaced by U+FFFD, exactly as the SavedModel's `unicode_transcode` replaces them. A `str`
+    holding lone surrogates (undecodable bytes that Python smuggled in with `surrogateescape`,
+    e.g. from `sys.argv`) becomes those bytes again first, so it gets the same answer."""
+    if not isinstance(text, bytes):
+        text = str(text)
+        try:
+            text = text.encode("utf-8", errors="surrogateescape")
+        except UnicodeEncodeError:  # a surrogate no byte was escaped into
+            text = text.encode("utf-8", errors="surrogatepass")
+    return text.decode("utf-8", errors="replace")
 
 
 class LiteRTTranslator:
