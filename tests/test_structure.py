@@ -29,6 +29,9 @@ LEVELS = {
     "keras_transformer.tf_utils": 0,
     "keras_transformer.local_files": 0,
     "keras_transformer.stopping": 0,
+    # The LiteRT runtime imports nothing of the package but itself (and no TensorFlow or Keras:
+    # tests/test_litert.py runs it where they cannot be imported).
+    "keras_transformer.litert": 0,
     "keras_transformer.layers": 1,
     "keras_transformer.data": 1,
     "keras_transformer.models": 2,
