@@ -118,3 +118,26 @@ def calibration_report(confidence, hypotheses, references, chrf):
         "mean_confidence": round(float(np.mean(confidence)), 4),
         "mean_sentence_chrf": round(float(np.mean(chrf)), 2),
     }
+
+
+def fit_on_dev(hypotheses, references, scores, margins):
+    """The confidence's map fitted on dev translations (their search scores and n-best
+    margins) against their sentence chrF: `(map, card figures)`, the figures being the map,
+    `fitted: True` and `calibration_report`'s. Both exports (SavedModel, LiteRT) fit with it."""
+    x = features(scores, margins)
+    chrf = sentence_chrf(hypotheses, references)
+    fitted = fit_calibration(x, chrf / 100.0)
+    report = calibration_report(apply_calibration(fitted, x), hypotheses, references, chrf)
+    return fitted, {"fitted": True, **fitted, **report}
+
+
+def decoding_speed(sentences, seconds, tokens, request):
+    """The model card's `decoding_speed` of `sentences` decoded in `seconds` (`tokens` output
+    tokens; `request` says how they were sent)."""
+    return {
+        "sentences": sentences,
+        "seconds": round(seconds, 3),
+        "sentences_per_second": round(sentences / seconds, 2),
+        "tokens_per_second": round(float(tokens) / seconds, 1),
+        "request": request,
+    }

@@ -266,21 +266,10 @@ def _calibrate(directory, dev_pairs):
     out = translator._hypotheses(sources, 1)
     seconds = time.perf_counter() - started
     hypotheses = [row[0] for row in out["text"]]
-    x = calib.features(out["score"][:, 0], out["margin"][:, 0])
-    chrf = calib.sentence_chrf(hypotheses, references)
-    fitted = calib.fit_calibration(x, chrf / 100.0)
-    report = calib.calibration_report(
-        calib.apply_calibration(fitted, x), hypotheses, references, chrf
-    )
-    speed = {
-        "sentences": len(sources),
-        "seconds": round(seconds, 3),
-        "sentences_per_second": round(len(sources) / seconds, 2),
-        "tokens_per_second": round(float(out["length"][:, 0].sum()) / seconds, 1),
-        "request": f"all {len(sources)} dev sentences in one call (LiteRT runtime)",
-        "threads": os.cpu_count(),
-    }
-    return {"fitted": True, **fitted, **report}, speed
+    _, figures = calib.fit_on_dev(hypotheses, references, out["score"][:, 0], out["margin"][:, 0])
+    request = f"all {len(sources)} dev sentences in one call (LiteRT runtime)"
+    speed = calib.decoding_speed(len(sources), seconds, out["length"][:, 0].sum(), request)
+    return figures, {**speed, "threads": os.cpu_count()}
 
 
 def _write_card(directory, metadata, card, calibration, speed):

@@ -218,24 +218,20 @@ def _calibrate(translator, dev_pairs):
     out = features(tf.constant(sources))
     seconds = time.perf_counter() - started
     hypotheses = [t.decode("utf-8") for t in out["text"].numpy()]
-    x = calib.features(out["score"].numpy(), out["margin"].numpy())
-    chrf = calib.sentence_chrf(hypotheses, references)
-    fitted = calib.fit_calibration(x, chrf / 100.0)
+    fitted, figures = calib.fit_on_dev(
+        hypotheses, references, out["score"].numpy(), out["margin"].numpy()
+    )
     translator.set_calibration(**fitted)
-    report = calib.calibration_report(
-        calib.apply_calibration(fitted, x), hypotheses, references, chrf
+    request = (
+        f"all {len(sources)} dev sentences in one call (graph batch "
+        f"{translator.settings.batch_size})"
     )
     speed = {
-        "sentences": len(sources),
-        "seconds": round(seconds, 3),
-        "sentences_per_second": round(len(sources) / seconds, 2),
-        "tokens_per_second": round(float(np.sum(out["length"].numpy())) / seconds, 1),
-        "request": f"all {len(sources)} dev sentences in one call (graph batch "
-        f"{translator.settings.batch_size})",
+        **calib.decoding_speed(len(sources), seconds, np.sum(out["length"].numpy()), request),
         "cpu": _cpu_name(),
         "threads": os.cpu_count(),
     }
-    return {"fitted": True, **fitted, **report}, speed
+    return figures, speed
 
 
 def _cpu_name():
