@@ -181,7 +181,7 @@ def test_export_errors_exit_2(tmp_path, copy_model, toy_spm_path, run_cli):
     assert not os.path.exists(tmp_path / "saved_models" / "workdir" / "1")
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_cli_as_a_program(tmp_path, model_base_dir):
     """The real entry point in a subprocess: stdout, stderr and exit codes."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -105,7 +105,7 @@ def test_workdir_is_an_override_validated_with_the_config(tmp_path, monkeypatch,
     assert [c.runtime.workdir for c in loaded] == ["2024", "w"]
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_missing_corpus_file_and_mismatched_line_counts(tmp_path):
     config = _write_config(tmp_path / "tiny.yaml", TINY)
     missing = tmp_path / "nope.de"
@@ -149,7 +149,7 @@ def _losses_by_step(logdir, pid=None):
     return dict(read_scalars(directory)["loss"])
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 @pytest.mark.numerics
 def test_sigkilled_run_resumes_exactly(tmp_path):
     """Killed (SIGKILL) after a backup and started again with the same command, the run sees

@@ -405,7 +405,7 @@ print("JAX OK")
 """
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_search_runs_on_jax():
     pytest.importorskip("jax")
     tests_dir = os.path.dirname(os.path.abspath(__file__))

@@ -60,8 +60,8 @@ def test_ci_blocks_follow_their_markers():
     assert "keras-transformer translate --model saved_models/quickstart" in main
     assert test.strip() == (
         'pip install -e ".[test,docs]" && ruff check . && mkdocs build --strict '
-        "&& python -m pytest -q -n 2 && TF_ENABLE_ONEDNN_OPTS=0 TF_NUM_INTRAOP_THREADS=1 "
-        "python -m pytest -q -n 2 -m numerics"
+        '&& python -m pytest -q -n 2 -m "not scenario" && TF_ENABLE_ONEDNN_OPTS=0 '
+        'TF_NUM_INTRAOP_THREADS=1 python -m pytest -q -n 2 -m "numerics and not scenario"'
     )
 
 
@@ -367,7 +367,7 @@ def exported_quickstart(tmp_path_factory, toy_spm_bytes):
     return base, path
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_python_examples_run(exported_quickstart, monkeypatch, capsys):
     base, _ = exported_quickstart
     monkeypatch.chdir(base)  # relative paths as in the documentation: saved_models/quickstart/1
@@ -426,7 +426,7 @@ def _as_json(values):
     return values.tolist()
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_rest_requests_match_the_signature(exported_quickstart):
     """Answers the documented REST bodies as TF Serving's REST API does, on the real signatures
     (`signature_name`, default `serving_default`)."""
@@ -477,7 +477,7 @@ def test_rest_requests_match_the_signature(exported_quickstart):
             _check_documented_response(documented, response)
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_grpc_tensor_matches_the_signature(exported_quickstart):
     """The documented gRPC request tensor: DT_STRING, shape [n], accepted by the signature."""
     import tensorflow as tf

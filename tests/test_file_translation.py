@@ -112,7 +112,7 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_a_killed_translation_resumes_without_translating_a_line_twice(
     tmp_path, model_base_dir, run_cli, monkeypatch
 ):

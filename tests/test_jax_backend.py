@@ -167,7 +167,7 @@ def _assert_same_step(path, stepped):
         assert not np.allclose(jax_side["w0"], jax_side["w0_before"])  # the step moved it
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_quickstart_trained_on_jax_reaches_the_tensorflow_backends_dev_bleu(tmp_path):
     """`configs/quickstart.yaml` trained for its 600 steps on the JAX backend reaches a greedy
     dev BLEU within 2 points of the TensorFlow backend's after the same steps, from the same
@@ -225,7 +225,7 @@ def _weights(path):
 DEV_100 = "data.dev=synthetic:split=dev,size=100"
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_jax_training_killed_resumes_exactly_and_its_workdir_exports_as_the_jax_search(tmp_path):
     """`KERAS_BACKEND=jax keras-transformer train` (with gradient accumulation, k = 2): a run
     SIGKILLed after its step-2 state and run again (with `tensorflow` unimportable) ends with

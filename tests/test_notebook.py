@@ -27,7 +27,7 @@ def test_notebook_is_stored_without_outputs_and_matches_its_generator():
     )
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_notebook_runs_top_to_bottom(tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")

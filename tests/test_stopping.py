@@ -201,7 +201,7 @@ def _export(workdir):
     return files, card, signatures, requests
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_sigterm_during_the_dev_choice_and_the_export_exits_75_and_the_same_command_finishes(
     tmp_path,
 ):
@@ -475,7 +475,7 @@ def _train_argv(config, workdir, *extra):
             f"export.base_dir={workdir / 'saved_models'}", *extra]  # fmt: skip
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_sigterm_during_scoring_and_the_ctranslate2_conversion_exits_75_and_the_same_command_finishes(  # noqa: E501
     tmp_path,
 ):
@@ -520,7 +520,7 @@ def test_sigterm_during_scoring_and_the_ctranslate2_conversion_exits_75_and_the_
     ]  # fmt: skip
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_sigterm_during_the_precision_timing_exits_75_and_the_same_command_finishes(tmp_path):
     """`train` with `runtime.mixed_precision: auto` stopped while it times the precisions (on a
     CPU): exit 75, no lock, no precision chosen, no checkpoint; the same command then times,

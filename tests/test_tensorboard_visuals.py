@@ -40,7 +40,7 @@ def tiny_run(tmp_path_factory):
     return config, result, _events(os.path.join(workdir, "logs"))
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_attention_images_at_each_evaluation(tiny_run):
     config, _, events = tiny_run
     images = [(run, step, v) for run, step, v in events if v.tag.startswith("attention/")]
@@ -65,7 +65,7 @@ def test_attention_images_at_each_evaluation(tiny_run):
         assert "translated as" in value.metadata.summary_description
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_sample_translations_as_text(tiny_run):
     config, _, events = tiny_run
     texts = [(run, step, v) for run, step, v in events if v.tag == "sample_translations"]
@@ -75,7 +75,7 @@ def test_sample_translations_as_text(tiny_run):
     assert all("**source:**" in s and "**model:**" in s for s in samples)
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_resolved_config_in_hparams(tiny_run):
     config, _, events = tiny_run
     hparams = [(run, v) for run, _, v in events if v.metadata.plugin_data.plugin_name == "hparams"]

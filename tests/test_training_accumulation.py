@@ -74,7 +74,7 @@ def test_two_micro_batches_equal_one_large_batch():
     assert_same_update(tf.distribute.get_strategy())
 
 
-@pytest.mark.slow  # ~30 s of XLA compilation on a 2-core CPU
+@pytest.mark.scenario  # ~30 s of XLA compilation on a 2-core CPU
 def test_two_micro_batches_equal_one_large_batch_with_xla():
     assert_same_update(tf.distribute.get_strategy(), jit_compile=True)
 
@@ -86,7 +86,7 @@ def mirrored_check():
     assert_same_update(strategy)
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_two_micro_batches_equal_one_large_batch_under_mirrored_strategy():
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.update(TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")

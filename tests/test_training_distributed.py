@@ -24,7 +24,7 @@ def _weights(path):
     return [data[f"w{i}"] for i in range(sum(k.startswith("w") for k in data.files))], data
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_mirrored_strategy_two_cpu_replicas(tmp_path):
     output = tmp_path / "mirrored.npz"
     run = subprocess.run(
@@ -42,7 +42,7 @@ def test_mirrored_strategy_two_cpu_replicas(tmp_path):
     assert all(np.isfinite(w).all() for w in weights)
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_multi_worker_mirrored_strategy_two_processes(tmp_path):
     ports = free_ports(2)
     cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}

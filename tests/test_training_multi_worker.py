@@ -127,7 +127,7 @@ def _assert_finished_alike(workers, outputs, exported=True):
     return chief_step
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_two_workers_stop_together_on_the_time_budget(tmp_path):
     workdir = tmp_path / "work"
     # The budget schedule follows the chief's clock: every worker's learning rate (and so its
@@ -157,7 +157,7 @@ def test_two_workers_stop_together_on_the_time_budget(tmp_path):
     assert "precision auto" not in outputs[1][1]  # the worker did not time
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_a_lost_worker_fails_its_peer_and_the_restarted_pair_resumes(tmp_path):
     workdir = tmp_path / "work"
     config = _config(tmp_path, workdir, dev=False, steps=20)

@@ -66,7 +66,7 @@ def test_measure_rates_times_real_train_steps_in_each_precision():
     assert built["float32"].encoder.compute_dtype == "float32"
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_auto_times_records_and_trains_as_the_chosen_precision(tmp_path, capsys):
     result = train(_auto(tmp_path / "auto"))
     out = capsys.readouterr().out
@@ -84,7 +84,7 @@ def test_auto_times_records_and_trains_as_the_chosen_precision(tmp_path, capsys)
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_resume_keeps_the_recorded_choice_without_timing(tmp_path, monkeypatch, capsys):
     # A run that chose bfloat16 before (on whatever machine) stays in bfloat16 when resumed.
     os.makedirs(tmp_path, exist_ok=True)
@@ -100,7 +100,7 @@ def test_resume_keeps_the_recorded_choice_without_timing(tmp_path, monkeypatch, 
     assert "as chosen before" in capsys.readouterr().out
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_a_faster_bfloat16_is_chosen_and_trained_in(tmp_path, monkeypatch):
     monkeypatch.setattr(
         precision,

@@ -14,7 +14,7 @@ from keras_transformer.training import compile_model, train
 from keras_transformer.workdir import list_checkpoints
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_short_run_learns_logs_checkpoints_and_resumes(tmp_path, capsys):
     config = tiny_config(tmp_path, train=dict(steps=8))
     result = train(config)

@@ -152,7 +152,7 @@ def test_resume_continues_the_same_curve(tmp_path):
     assert int(model.optimizer.iterations) == 12
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_train_with_the_linear_schedule_ends_at_zero(tmp_path):
     config = tiny_config(tmp_path, train=dict(steps=8, schedule="linear"))
     result = train(config)

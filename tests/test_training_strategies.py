@@ -23,7 +23,7 @@ from training_helpers import (
 )
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_train_under_mirrored_strategy_with_accumulation_bfloat16_and_ema(tmp_path):
     workdir = tmp_path / "work"
     values = tiny_yaml(
@@ -120,7 +120,7 @@ def paper_configs_two_steps():
         del model
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_paper_configs_run_two_steps_under_mirrored_strategy():
     run = call_in_runner("test_training_strategies:paper_configs_two_steps", timeout=540)
     assert run.returncode == 0, run.stderr[-3000:]
