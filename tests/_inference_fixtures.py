@@ -31,12 +31,34 @@ def toy_sentences(n, seed=0):
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 5))) for _ in range(n)]
 
 
+# The directory every pytest-xdist worker of this run shares (`shared_runs.run_root`, set by
+# tests/conftest.py): the vocabulary and the trained copy model are made there once per run.
+SHARED_ROOT = None
+
+
+def _shared(name, build):
+    """`build(directory)` once per test run (every worker reads the same files), or in this
+    process's own directory outside pytest."""
+    if SHARED_ROOT is None:
+        directory = os.path.join(work_dir(), name)
+        os.makedirs(directory, exist_ok=True)
+        build(directory)
+        return directory
+    from shared_runs import shared_directory
+
+    return str(shared_directory(SHARED_ROOT, name, lambda path: build(str(path))))
+
+
 @functools.lru_cache(maxsize=None)
 def spm_model_path():
     """A SentencePiece model with pad 0, unk 1, bos 2, eos 3 trained on the toy sentences."""
+    return os.path.join(_shared("toy_spm", _train_spm), "spm.model")
+
+
+def _train_spm(directory):
     import sentencepiece as spm
 
-    prefix = os.path.join(work_dir(), "spm")
+    prefix = os.path.join(directory, "spm")
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(toy_sentences(2000, seed=1)),
         model_prefix=prefix,
@@ -49,7 +71,6 @@ def spm_model_path():
         hard_vocab_limit=False,
         minloglevel=2,
     )
-    return prefix + ".model"
 
 
 @functools.lru_cache(maxsize=None)
@@ -119,7 +140,38 @@ def dev_pairs(n=64, seed=7):
 
 @functools.lru_cache(maxsize=None)
 def trained_model(steps=600):
-    """A tiny Transformer trained with `model.fit` to copy its input (target = source)."""
+    """A tiny Transformer trained with `model.fit` to copy its input (target = source): trained
+    by the first worker that asks, and its weights loaded by the others."""
+    from keras_transformer.models import Transformer
+
+    trained = {}
+
+    def train(directory):
+        trained["model"] = _train_copy_model(steps)
+        weights = trained["model"].get_weights()  # in order: Keras's layer names may differ
+        np.savez(os.path.join(directory, "weights.npz"), *weights)
+
+    directory = _shared(f"copy_model_{steps}", train)
+    if "model" in trained:
+        return trained["model"]
+    model = Transformer(vocab_size=spm_processor().get_piece_size(), **MODEL_KWARGS)
+    model({"source_ids": np.ones((1, 2), "int32"), "target_ids": np.ones((1, 2), "int32")})
+    with np.load(os.path.join(directory, "weights.npz")) as saved:
+        model.set_weights([saved[f"arr_{i}"] for i in range(len(saved.files))])
+    _compile(model)
+    return model
+
+
+def _compile(model):
+    import keras
+
+    model.compile(
+        optimizer=keras.optimizers.Adam(3e-3),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+
+
+def _train_copy_model(steps):
     import keras
 
     from keras_transformer.models import Transformer
@@ -138,10 +190,7 @@ def trained_model(steps=600):
     labels = pad([p + [EOS] for p in pieces])
     weights = (labels != PAD).astype("float32")
     model = Transformer(vocab_size=sp.get_piece_size(), **MODEL_KWARGS)
-    model.compile(
-        optimizer=keras.optimizers.Adam(3e-3),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    )
+    _compile(model)
     batch = 64
     epochs = max(1, steps * batch // len(texts))
     model.fit(

@@ -336,6 +336,14 @@ def run_block(code, cwd, bin_dir, where, timeout=600, language="bash"):
 QUICKSTART = "keras-transformer train --config configs/quickstart.yaml"
 
 
+def toy_quickstart_config():
+    """The config `QUICKSTART` trains at toy scale (what the `toy_quickstart` fixture runs)."""
+    from keras_transformer.config import load_config
+
+    path = os.path.join(ROOT, "configs", "quickstart.yaml")
+    return load_config(path, overrides=toy_overrides(path, []))
+
+
 def shell_words(code):
     """The words of a recipe's commands (for checks on what it runs)."""
     return shlex.split(code.replace("\\\n", " "), comments=True)

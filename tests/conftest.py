@@ -88,6 +88,37 @@ def _free_memory_after_each_module():
         pass
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _shared_root(tmp_path_factory):
+    """What the shared fixtures build once per run, whatever the number of workers
+    (tests/shared_runs.py)."""
+    import _inference_fixtures as fx
+    from _recipes import toy_quickstart_config
+    from shared_runs import provide, run_root
+
+    fx.SHARED_ROOT = run_root(tmp_path_factory)
+    # Registered first: no test may train it again, before or after the fixture builds it.
+    provide(fx.SHARED_ROOT, "toy_quickstart", toy_quickstart_config())
+    return fx.SHARED_ROOT
+
+
+@pytest.fixture(scope="session")
+def toy_quickstart(_shared_root):
+    """A directory in which the README's quickstart ran at toy scale (`tests/_recipes.py`:
+    `keras-transformer train --config configs/quickstart.yaml` with `toy_argv`'s settings):
+    `workdirs/quickstart/` and `saved_models/quickstart/1/`. Trained once per run; a test that
+    changes it copies it first."""
+    from _recipes import QUICKSTART, make_bin, run_block, toy_quickstart_config
+    from shared_runs import shared_directory
+
+    bin_dir = make_bin(str(_shared_root / "toy_quickstart_bin"))
+    return shared_directory(
+        _shared_root, "toy_quickstart",
+        lambda directory: run_block(QUICKSTART, directory, bin_dir, "the toy_quickstart fixture"),
+        provides=toy_quickstart_config(),
+    )  # fmt: skip
+
+
 @pytest.fixture(scope="session")
 def toy_spm_path():
     """A SentencePiece model (pad 0, unk 1, bos 2, eos 3) of the toy copy-task vocabulary."""
@@ -117,19 +148,24 @@ def model(copy_model):
 
 
 @pytest.fixture(scope="session")
-def exported_copy_model(copy_model, toy_spm_bytes, tmp_path_factory):
+def exported_copy_model(copy_model, toy_spm_bytes, _shared_root):
     """`(translator, path of version 1)`: `copy_model` as a `Translator` and exported as the
     SavedModel `saved_models/toy/1` (decoding settings `fx.EXPORT_DECODE`, `fx.EXPORT_DATA`;
     confidence calibrated on `fx.dev_pairs()`)."""
     import _inference_fixtures as fx
+    from shared_runs import shared_directory
 
     from keras_transformer.export import Translator, export_saved_model
 
-    base = str(tmp_path_factory.mktemp("exported") / "saved_models")
-    path = export_saved_model(
-        copy_model, toy_spm_bytes, fx.EXPORT_DECODE, fx.EXPORT_DATA, base, "toy",
-        dev_pairs=fx.dev_pairs(),
-    )  # fmt: skip
+    def export(directory):
+        export_saved_model(
+            copy_model, toy_spm_bytes, fx.EXPORT_DECODE, fx.EXPORT_DATA,
+            str(directory / "saved_models"), "toy", dev_pairs=fx.dev_pairs(),
+        )  # fmt: skip
+
+    # Exported once per run: every worker reads the same version (tests only read it).
+    path = str(shared_directory(_shared_root, "exported_copy_model", export)
+               / "saved_models" / "toy" / "1")  # fmt: skip
     decode, data = fx.EXPORT_DECODE, fx.EXPORT_DATA
     translator = Translator(
         copy_model,

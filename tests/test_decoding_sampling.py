@@ -132,12 +132,20 @@ def test_sampling_settings_are_checked():
 
 
 @pytest.fixture(scope="module")
-def sampling_export(model, toy_spm_bytes, tmp_path_factory):
+def sampling_export(model, toy_spm_bytes, _shared_root):
+    """The copy model exported with sampling: once per run (shared by the workers)."""
+    from shared_runs import shared_directory
+
     from keras_transformer.export import export_saved_model
 
-    base = str(tmp_path_factory.mktemp("sampling") / "saved_models")
     settings = DecodingSettings(**fx.EXPORT_DECODE, sampling_topk=8, sampling_temperature=2.0)
-    return export_saved_model(model, toy_spm_bytes, settings, fx.EXPORT_DATA, base, "toy")
+
+    def export(base):
+        export_saved_model(model, toy_spm_bytes, settings, fx.EXPORT_DATA,
+                           str(base / "saved_models"), "toy")  # fmt: skip
+
+    base = shared_directory(_shared_root, "sampling_export", export)
+    return str(base / "saved_models" / "toy" / "1")
 
 
 def test_export_adds_translate_sample(sampling_export):

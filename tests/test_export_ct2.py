@@ -38,15 +38,21 @@ def sentences():
 
 
 @pytest.fixture(scope="module")
-def ct2_dirs(copy_model, toy_spm_bytes, tmp_path_factory):
-    base = tmp_path_factory.mktemp("ct2")
+def ct2_dirs(copy_model, toy_spm_bytes, _shared_root):
+    """The copy model converted to CTranslate2, float32 and int8: once per run (shared by the
+    workers; the tests only read it)."""
+    from shared_runs import shared_directory
+
     data = {"max_source_length": fx.MAX_SOURCE_LENGTH, "max_target_length": 64}
-    return {
-        quantization: export_ctranslate2(
-            copy_model, toy_spm_bytes, str(base / quantization), quantization, data
-        )
-        for quantization in ("float32", "int8")
-    }
+    quantizations = ("float32", "int8")
+
+    def convert(base):
+        for quantization in quantizations:
+            export_ctranslate2(copy_model, toy_spm_bytes, str(base / quantization), quantization,
+                               data)  # fmt: skip
+
+    base = shared_directory(_shared_root, "ct2_copy_model", convert)
+    return {quantization: str(base / quantization) for quantization in quantizations}
 
 
 def _ours(model, sentences, beam_size):

@@ -46,13 +46,18 @@ def _train_argv(config, workdir, *extra):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A finished 4-step run: checkpoints and resume states at steps 2 and 4."""
-    root = tmp_path_factory.mktemp("trained")
-    config = _yaml(str(root))
-    workdir = root / "workdir"
-    assert cli.main(_train_argv(config, workdir)) == 0
-    return config, workdir
+def trained(_shared_root):
+    """A finished 4-step run: checkpoints and resume states at steps 2 and 4 (trained once per
+    run, shared by the workers; the tests copy it before they change it)."""
+    from shared_runs import shared_directory
+
+    def run(root):
+        assert cli.main(_train_argv(_yaml(str(root)), root / "workdir")) == 0
+
+    # Not registered as provided: the refused-write tests train its config again, each with a
+    # write failing midway (the subject of the test).
+    root = shared_directory(_shared_root, "faults_trained", run)
+    return os.path.join(str(root), "tiny.yaml"), root / "workdir"
 
 
 @pytest.fixture

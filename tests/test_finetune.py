@@ -38,12 +38,15 @@ def _config(root, name, **train_keys):
 
 
 @pytest.fixture(scope="module")
-def parent(tmp_path_factory):
-    """A tiny model trained 200 steps on the built-in corpus: its workdir."""
-    root = tmp_path_factory.mktemp("finetune")
-    config = _config(str(root), "parent")
-    train(config)
-    return config
+def parent(_shared_root):
+    """A tiny model trained 200 steps on the built-in corpus: its workdir (trained once per run,
+    shared by the workers; the tests only read it)."""
+    from shared_runs import shared_directory
+
+    root = _shared_root / "finetune_parent"
+    shared_directory(_shared_root, "finetune_parent", lambda _: train(_config(str(root), "parent")),
+                     provides=_config(str(root), "parent"))  # fmt: skip
+    return _config(str(root), "parent")
 
 
 def _weights_of_checkpoint(config, path):

@@ -17,7 +17,7 @@ import tensorflow as tf
 from training_helpers import RUNNER, call_in_runner, files_under, subprocess_env
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_train_and_export_on_ram_filesystem_write_nothing_locally(tmp_path):
     cwd, tmp, home = tmp_path / "cwd", tmp_path / "tmp", tmp_path / "home"
     for directory in (cwd, tmp, home):
@@ -60,17 +60,18 @@ def test_train_and_export_on_ram_filesystem_write_nothing_locally(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def tiny_prepared(tmp_path_factory):
+def tiny_prepared(_shared_root):
     """A workdir prepared once with the tiny configs' data (`training_helpers.tiny_config` and
     `test_cli_train.TINY` share it): `_copy_prepared` puts it in the workdirs of the tests
     instead of each run preparing its own."""
+    from shared_runs import shared_directory
     from training_helpers import tiny_config
 
     from keras_transformer.data.prepare import prepare
 
-    root = tmp_path_factory.mktemp("tiny_prepared")
-    prepare(tiny_config(root), verbose=False)
-    return root
+    # Prepared once per run, shared by the workers (the tests copy it).
+    return shared_directory(_shared_root, "tiny_prepared",
+                            lambda root: prepare(tiny_config(root), verbose=False))  # fmt: skip
 
 
 def _copy_prepared(prepared_root, workdir):
@@ -132,7 +133,7 @@ def _stopped_step(code, output):
     return int(lines[0].split("after step ")[1].split(":")[0])
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_sigterm_saves_exits_75_and_the_same_command_resumes_exactly(tmp_path, tiny_prepared):
     """SIGTERM mid-run (the process sends it itself at step 6, see `train_runner.py`): the step
     in progress ends, the resume state and a checkpoint of that step are saved, one line, exit
@@ -179,7 +180,7 @@ def test_sigterm_saves_exits_75_and_the_same_command_resumes_exactly(tmp_path, t
     assert kept == sorted(p.name for p in (tmp_path / "reference" / "checkpoints").iterdir())
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_sigterm_to_one_of_two_workers_stops_both_after_one_step_and_they_resume_exactly(
     tmp_path, tiny_prepared
 ):
@@ -442,7 +443,7 @@ def mirrored_restarts(report):
         json.dump(found, f)
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_mirrored_resume_state_holds_the_data_iterator_restart_reads_do_not_grow(tmp_path):
     """Under MirroredStrategy (two logical CPUs) the resume state holds the data iterator too:
     a restart at batch 600 reads as many records as one at batch 5, while skipping reads every

@@ -1,0 +1,152 @@
+"""The two tiers of the suite: the README's test command (the fast tier) collects no test marked
+`scenario`, and `.ci/run`'s scenario tier collects only those; together they are every test."""
+
+import dataclasses
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+from _recipes import marked_blocks
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.join(ROOT, "tests")
+
+# A pytest plugin for the collecting subprocess: one line per collected test, with whether it
+# carries the `scenario` marker (its own or its module's).
+PLUGIN = """
+def pytest_collection_finish(session):
+    for item in session.items:
+        marked = item.get_closest_marker("scenario") is not None
+        print("COLLECTED", "scenario" if marked else "fast", item.nodeid)
+"""
+
+
+def _pytest_commands(text):
+    """The argument lists of every `python -m pytest` in a shell command line."""
+    commands = []
+    for part in re.split(r"&&|\|\||;|\n", text):
+        words = shlex.split(part)
+        if "pytest" not in words:
+            continue
+        args = words[words.index("pytest") + 1 :]
+        env = {w.split("=", 1)[0]: w.split("=", 1)[1] for w in words if re.match(r"^[A-Z_]+=", w)}
+        commands.append((env, args))
+    return commands
+
+
+def _without_workers(args):
+    """`args` without `-n N` and `-q` (the collection runs in one quiet process)."""
+    kept, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == "-n":
+            skip = True
+        elif arg not in ("-q",) and not arg.startswith("--durations"):
+            kept.append(arg)
+    return kept
+
+
+def _modules_with_scenarios():
+    """The test modules that hold at least one scenario test (what the collection reads: all
+    of them would cost the import of every test module)."""
+    found = []
+    for name in sorted(os.listdir(HERE)):
+        if name.startswith("test_") and name.endswith(".py"):
+            with open(os.path.join(HERE, name), encoding="utf-8") as f:
+                if "mark.scenario" in f.read():
+                    found.append(os.path.join("tests", name))
+    return found
+
+
+def _collect_all(runs, tmp_path):
+    """`[{node id: "scenario" | "fast"}]`: what `pytest ARGS` collects, for each `(env, args)` of
+    `runs` (in parallel subprocesses)."""
+    plugin_dir = tmp_path / "plugin"
+    plugin_dir.mkdir(exist_ok=True)
+    (plugin_dir / "tier_probe.py").write_text(PLUGIN)
+    processes = []
+    for extra_env, args in runs:
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+        env.pop("PYTEST_ADDOPTS", None)
+        env["PYTHONPATH"] = os.pathsep.join([str(plugin_dir), ROOT, env.get("PYTHONPATH", "")])
+        env.update(extra_env)
+        command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "tier_probe",
+                   "-p", "no:cacheprovider", *args, *_modules_with_scenarios()]  # fmt: skip
+        processes.append(subprocess.Popen(command, cwd=ROOT, env=env, text=True,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    results = []
+    for process in processes:
+        out, err = process.communicate(timeout=300)
+        assert process.returncode in (0, 5), out[-3000:] + err[-3000:]
+        collected = {}
+        for line in out.splitlines():
+            if line.startswith("COLLECTED "):
+                _, tier, nodeid = line.split(" ", 2)
+                collected[nodeid] = tier
+        results.append(collected)
+    return results
+
+
+def _readme_test_command():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        blocks = {kind: code for _, lang, kind, _, code in marked_blocks(f.read())}
+    return blocks["ci:test"]
+
+
+def _ci_scenario_commands():
+    with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
+        text = f.read().replace("\\\n", " ")
+    lines = [line.split("phase scenario-", 1)[1].split(" ", 1)[1]
+             for line in text.splitlines() if line.startswith("phase scenario-")]  # fmt: skip
+    return [command for line in lines for command in _pytest_commands(line.replace("env ", ""))]
+
+
+def test_the_fast_tier_collects_no_scenario_and_the_scenario_tier_only_scenarios(tmp_path):
+    fast = _pytest_commands(_readme_test_command())
+    scenario = _ci_scenario_commands()
+    assert len(fast) == 2 and len(scenario) == 2, (fast, scenario)
+    runs = [({}, [])] + [(env, _without_workers(args)) for env, args in fast + scenario]
+    everything, *tiers = _collect_all(runs, tmp_path)
+    assert "scenario" in everything.values() and "fast" in everything.values()
+    fast_ids, scenario_ids = set(), set()
+    for collected in tiers[: len(fast)]:
+        wrong = sorted(n for n, tier in collected.items() if tier == "scenario")
+        assert not wrong, f"the README's test command collects scenario tests: {wrong}"
+        fast_ids |= set(collected)
+    for collected in tiers[len(fast) :]:
+        wrong = sorted(n for n, tier in collected.items() if tier == "fast")
+        assert not wrong, f".ci/run's scenario tier collects fast tests: {wrong}"
+        scenario_ids |= set(collected)
+    # Every test runs in one tier or the other (the numerics reruns are subsets of the two).
+    assert fast_ids | scenario_ids == set(everything)
+
+
+def test_a_test_that_trains_a_run_a_shared_fixture_provides_fails(tmp_path):
+    """The README's quickstart at toy scale is `toy_quickstart`'s run: trained again from
+    scratch by a test, in the test's process or in a subprocess, it fails naming the fixture;
+    interrupted or resumed runs (what scenario tests exercise) are not refused."""
+    from _recipes import QUICKSTART, make_bin, run_block, toy_quickstart_config
+
+    from keras_transformer.training import train
+
+    config = toy_quickstart_config()
+    runtime = dataclasses.replace(config.runtime, workdir=str(tmp_path / "in_process"))
+    config = dataclasses.replace(config, runtime=runtime)
+    try:
+        train(config)
+    except AssertionError as error:
+        assert "shared fixture `toy_quickstart`" in str(error)
+    else:
+        raise AssertionError("the provided run was trained again")
+    assert not os.path.exists(tmp_path / "in_process" / "checkpoints")
+
+    bin_dir = make_bin(str(tmp_path / "bin"))
+    try:
+        run_block(QUICKSTART, tmp_path, bin_dir, "test_tiers")
+    except AssertionError as error:
+        assert "shared fixture `toy_quickstart`" in str(error)
+    else:
+        raise AssertionError("the provided run was trained again in a subprocess")
