@@ -28,11 +28,11 @@ not at all, and an existing non-empty directory is never overwritten.
 import json
 import os
 import shutil
-import tempfile
 
 from keras_transformer import stopping
 from keras_transformer.config import DecodingSettings
 from keras_transformer.errors import UsageError
+from keras_transformer.workdir import staging_directory
 
 METADATA_FILE = "keras_transformer.json"
 SPM_FILE = "spm.model"
@@ -287,9 +287,7 @@ def _write_card(directory, metadata, card, calibration, speed):
 def _write_directory(output_dir, files, finish):
     """`files` (`{name: bytes}`) written into a hidden directory beside `output_dir`, then
     `finish(directory)`, then the directory renamed into place."""
-    parent = os.path.dirname(os.path.abspath(output_dir))
-    os.makedirs(parent, exist_ok=True)
-    tmp_dir = tempfile.mkdtemp(prefix=".litert-", dir=parent)
+    tmp_dir = staging_directory(os.path.dirname(os.path.abspath(output_dir)), ".litert-")
     try:
         for name, data in files.items():
             with open(os.path.join(tmp_dir, name), "wb") as f:
