@@ -161,6 +161,30 @@ def test_settled_sentences_leave_the_batch_without_changing_answers(litert_dirs,
     np.testing.assert_allclose(dropping["scores"], kept["scores"], atol=1e-5)
 
 
+def test_concurrent_requests_get_the_sequential_answers(litert_dirs):
+    """8 threads each sending 50 requests of 1 to 7 sentences to one translator at once (a
+    server's worker threads): every answer equals the one the request gets alone. With one
+    interpreter pair serving them all, the requests crashed (`RuntimeError: There is at least 1
+    reference to internal data`, `ValueError: ... shape mismatch`) or mixed their caches. With
+    at most `min(4, CPUs)` interpreter sets, at least half the threads wait for one."""
+    translator = litert.load(litert_dirs["float32"])
+    requests = fx.concurrent_requests(threads=8, per_thread=50)
+
+    def answer(request):
+        out = translator.translate(request)
+        return out["translation"], out["score"]
+
+    alone = [[answer(request) for request in mine] for mine in requests]
+    together = fx.run_concurrently(answer, requests)
+    for mine, theirs in zip(alone, together):
+        for (text, score), (text_together, score_together) in zip(mine, theirs):
+            assert text_together == text
+            np.testing.assert_allclose(score_together, score, atol=1e-5)
+    assert 1 <= translator._made <= translator.interpreters <= 4
+    with pytest.raises(ValueError, match="at least 1"):
+        litert.load(litert_dirs["float32"], interpreters=0)
+
+
 def test_int8_is_smaller_and_stays_close(litert_dirs):
     from ai_edge_litert.interpreter import Interpreter
 
