@@ -209,6 +209,74 @@ def test_int8_is_smaller_and_stays_close(litert_dirs):
     assert same >= 95, same  # the copy model's answers are clear: int8 rounding rarely flips one
 
 
+def _spread_embedding_model(vocab=2048, spread=100.0):
+    """A tiny untrained Transformer whose embedding rows' norms spread `spread` times, largest
+    first: `(model, the embedding table)`. Its vocabulary is over the converter's 1,024 elements
+    (the size from which it quantizes a float constant)."""
+    from keras_transformer.models import Transformer
+
+    model = Transformer(vocab_size=vocab, **fx.MODEL_KWARGS)
+    model({"source_ids": np.ones((1, 3), "int32"), "target_ids": np.ones((1, 3), "int32")})
+    rng = np.random.default_rng(61)
+    rows = rng.uniform(-1.0, 1.0, (vocab, model.d_model)).astype("float32")
+    rows *= (np.geomspace(1.0, 1.0 / spread, vocab) / np.linalg.norm(rows, axis=1))[:, None]
+    model.target_embedding.embeddings.assign(rows * 0.05)
+    return model, rows * 0.05
+
+
+def test_int8_embedding_rows_keep_their_own_scales():
+    """The `dynamic_int8` step's embedding rows are int8 with one scale per row; the converter
+    quantizes float32 constants of 1,024 elements and more to int8 with one scale for the whole
+    tensor, which left the `[vocab]` scale vector 127 levels: rows 100 times smaller than the
+    largest came back up to a third off. The scales stay exact now, and every row of a table
+    whose row norms spread 100x comes back within 1% of its norm."""
+    import tensorflow as tf
+    from ai_edge_litert.interpreter import Interpreter
+
+    from keras_transformer.config import DecodingSettings
+    from keras_transformer.export import litert as litert_export
+    from keras_transformer.export import litert_graphs
+
+    model, table = _spread_embedding_model()
+    vocab = len(table)
+    graphs, _ = litert_export.convert_graphs(model, DecodingSettings(beam_size=2), "dynamic_int8")
+    step = Interpreter(model_content=graphs["decoder_step"][0])
+    tensors = {t["index"]: t for t in step.get_tensor_details()}
+    looked_up = [  # what the step's GATHERs read from: the rows, the per-row scales
+        tensors[op["inputs"][0]] for op in step._get_ops_details() if op["op_name"] == "GATHER"
+    ]
+    scales = [t for t in looked_up if list(t["shape"]) == [vocab]]
+    assert scales and all(t["dtype"] != np.int8 for t in scales), scales
+    assert [list(t["shape"]) for t in looked_up if t["dtype"] == np.int8] == [[vocab, 32]]
+
+    # The embedding itself through the same conversion: every row against the float table and
+    # against its int8 values times its own scale (float32's rounding apart).
+    quantized = litert_graphs.quantized_rows(table)
+    embed = litert_graphs._embedding(model, quantized)
+    function = tf.function(
+        lambda ids: {"x": embed(ids, tf.constant([0]))},
+        input_signature=[tf.TensorSpec([None], tf.int32)],
+        autograph=False,
+    )
+    flatbuffer, _ = litert_export._convert(function, "dynamic_int8")
+    interpreter = Interpreter(model_content=flatbuffer)
+    index = interpreter.get_input_details()[0]["index"]
+    interpreter.resize_tensor_input(index, [vocab])
+    interpreter.allocate_tensors()
+    interpreter.set_tensor(index, np.arange(vocab, dtype="int32"))
+    interpreter.invoke()
+    got = interpreter.get_tensor(interpreter.get_output_details()[0]["index"])  # [vocab, d]
+    ids = np.arange(vocab, dtype="int32")[:, None]
+    expected = np.asarray(model._embed_target(ids, False)).reshape(vocab, -1)  # float32 + position
+    factor = np.sqrt(model.d_model) if model.target_embedding.scale else 1.0
+    norms = np.linalg.norm(table * factor, axis=1)
+    error = np.linalg.norm(got - expected, axis=1) / norms
+    assert error.max() < 0.01, (error.max(), int(error.argmax()))
+    positions = expected.astype("float64") - table * factor  # the encoding of position 0
+    rows = quantized[0].astype("float64") * quantized[1][:, None] * factor
+    np.testing.assert_allclose(got, positions + rows, rtol=0, atol=1e-6)  # float32's rounding
+
+
 @pytest.mark.parametrize("vocab", [40, 4096, 8192, 8193, 32000])
 def test_blocked_top_k_equals_top_k(vocab):
     """The step's two-pass top-k (the fast path) against `ops.top_k` (its plain form)."""

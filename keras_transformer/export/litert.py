@@ -19,7 +19,9 @@ Both graphs are converted with TensorFlow's converter from `TFLITE_BUILTINS` onl
 - `float16`: weights stored in float16 (half the size), computed in float32;
 - `dynamic_int8`: weights int8 per output channel, activations quantized at run time
   (`Optimize.DEFAULT`; XNNPACK runs the fully-connected layers as int8 products). The decoder's
-  embedding lookup reads an int8 copy of the rows it needs (`litert_graphs.quantized_rows`).
+  embedding lookup reads an int8 copy of the rows it needs (`litert_graphs.quantized_rows`),
+  each with its own scale, kept as int32 fixed point (`litert_graphs.fixed_point_scales`: the
+  converter would quantize a float32 scale vector again, with one scale for all rows).
 
 The directory is written next to its destination and renamed into place: it appears whole or
 not at all, and an existing non-empty directory is never overwritten.
