@@ -56,6 +56,7 @@ import os
 import re
 import shutil
 import tempfile
+import uuid
 import warnings
 
 from keras_transformer import local_files
@@ -227,6 +228,25 @@ def local_directory():
         yield directory
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def staging_directory(parent, prefix):
+    """A new empty directory in the local directory `parent` (created if needed), named
+    `prefix` and a random suffix: where an export is written before it is renamed into place.
+
+    It gets the permissions any new directory gets (`mkdir`: 0777 less the umask, default ACLs
+    applied), not `tempfile.mkdtemp`'s 0700, which the rename would carry over: TF Serving, a
+    container or a web server running as another user could not read the export.
+    """
+    os.makedirs(parent, exist_ok=True)
+    for _ in range(100):
+        path = os.path.join(parent, f"{prefix}{uuid.uuid4().hex[:12]}")
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(f"no free name for a new directory {prefix}... in {parent}")
 
 
 def copy_tree(local_dir, destination, last=None):

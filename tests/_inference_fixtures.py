@@ -202,3 +202,30 @@ def _train_copy_model(steps):
         verbose=0,
     )
     return model
+
+
+def concurrent_requests(threads=8, per_thread=50, seed=5):
+    """`[thread][request]` lists of 1 to 7 sentences (a hostile input now and then): what the
+    concurrency tests send from each of `threads` threads at once."""
+    rng = random.Random(seed)
+    pool = toy_sentences(200, seed=seed) + NORMAL + HOSTILE
+    return [
+        [[rng.choice(pool) for _ in range(rng.randint(1, 7))] for _ in range(per_thread)]
+        for _ in range(threads)
+    ]
+
+
+def run_concurrently(call, requests):
+    """`call(request)` for each request of `requests[i]` in thread `i`, all threads released at
+    once: the answers, `[thread][request]`. A thread's exception is raised here."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    start = threading.Barrier(len(requests))
+
+    def work(mine):
+        start.wait()
+        return [call(request) for request in mine]
+
+    with ThreadPoolExecutor(len(requests)) as pool:
+        return list(pool.map(work, requests))

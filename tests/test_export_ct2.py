@@ -153,6 +153,20 @@ def test_scores_are_the_models_log_probabilities(copy_model, ct2_dirs):
         np.testing.assert_allclose(results[i].log_probs, expected, atol=1e-4)
 
 
+def test_others_read_the_export_as_the_umask_lets_them(ct2_dirs):
+    """The directory gets the mode any new directory gets (not `mkdtemp`'s 0700, which the
+    rename into place kept: TF Serving or a server under another uid could not read it)."""
+    import stat
+
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in ct2_dirs.values():
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o777 & ~mask, path
+        for name in os.listdir(path):
+            mode = stat.S_IMODE(os.stat(os.path.join(path, name)).st_mode)
+            assert mode & 0o444 == 0o444 & ~mask, (name, oct(mode))
+
+
 def test_export_command_writes_a_ctranslate2_model(capsys, tmp_path, copy_model, toy_spm_path):
     workdir = _write_workdir(tmp_path, copy_model, toy_spm_path, steps=(100,))
     output = tmp_path / "ct2-int8"

@@ -161,6 +161,30 @@ def test_settled_sentences_leave_the_batch_without_changing_answers(litert_dirs,
     np.testing.assert_allclose(dropping["scores"], kept["scores"], atol=1e-5)
 
 
+def test_concurrent_requests_get_the_sequential_answers(litert_dirs):
+    """8 threads each sending 50 requests of 1 to 7 sentences to one translator at once (a
+    server's worker threads): every answer equals the one the request gets alone. With one
+    interpreter pair serving them all, the requests crashed (`RuntimeError: There is at least 1
+    reference to internal data`, `ValueError: ... shape mismatch`) or mixed their caches. With
+    at most `min(4, CPUs)` interpreter sets, at least half the threads wait for one."""
+    translator = litert.load(litert_dirs["float32"])
+    requests = fx.concurrent_requests(threads=8, per_thread=50)
+
+    def answer(request):
+        out = translator.translate(request)
+        return out["translation"], out["score"]
+
+    alone = [[answer(request) for request in mine] for mine in requests]
+    together = fx.run_concurrently(answer, requests)
+    for mine, theirs in zip(alone, together):
+        for (text, score), (text_together, score_together) in zip(mine, theirs):
+            assert text_together == text
+            np.testing.assert_allclose(score_together, score, atol=1e-5)
+    assert 1 <= translator._made <= translator.interpreters <= 4
+    with pytest.raises(ValueError, match="at least 1"):
+        litert.load(litert_dirs["float32"], interpreters=0)
+
+
 def test_int8_is_smaller_and_stays_close(litert_dirs):
     from ai_edge_litert.interpreter import Interpreter
 
@@ -183,6 +207,74 @@ def test_int8_is_smaller_and_stays_close(litert_dirs):
         a == b for a, b in zip(out["float32"]["translation"], out["dynamic_int8"]["translation"])
     )
     assert same >= 95, same  # the copy model's answers are clear: int8 rounding rarely flips one
+
+
+def _spread_embedding_model(vocab=2048, spread=100.0):
+    """A tiny untrained Transformer whose embedding rows' norms spread `spread` times, largest
+    first: `(model, the embedding table)`. Its vocabulary is over the converter's 1,024 elements
+    (the size from which it quantizes a float constant)."""
+    from keras_transformer.models import Transformer
+
+    model = Transformer(vocab_size=vocab, **fx.MODEL_KWARGS)
+    model({"source_ids": np.ones((1, 3), "int32"), "target_ids": np.ones((1, 3), "int32")})
+    rng = np.random.default_rng(61)
+    rows = rng.uniform(-1.0, 1.0, (vocab, model.d_model)).astype("float32")
+    rows *= (np.geomspace(1.0, 1.0 / spread, vocab) / np.linalg.norm(rows, axis=1))[:, None]
+    model.target_embedding.embeddings.assign(rows * 0.05)
+    return model, rows * 0.05
+
+
+def test_int8_embedding_rows_keep_their_own_scales():
+    """The `dynamic_int8` step's embedding rows are int8 with one scale per row; the converter
+    quantizes float32 constants of 1,024 elements and more to int8 with one scale for the whole
+    tensor, which left the `[vocab]` scale vector 127 levels: rows 100 times smaller than the
+    largest came back up to a third off. The scales stay exact now, and every row of a table
+    whose row norms spread 100x comes back within 1% of its norm."""
+    import tensorflow as tf
+    from ai_edge_litert.interpreter import Interpreter
+
+    from keras_transformer.config import DecodingSettings
+    from keras_transformer.export import litert as litert_export
+    from keras_transformer.export import litert_graphs
+
+    model, table = _spread_embedding_model()
+    vocab = len(table)
+    graphs, _ = litert_export.convert_graphs(model, DecodingSettings(beam_size=2), "dynamic_int8")
+    step = Interpreter(model_content=graphs["decoder_step"][0])
+    tensors = {t["index"]: t for t in step.get_tensor_details()}
+    looked_up = [  # what the step's GATHERs read from: the rows, the per-row scales
+        tensors[op["inputs"][0]] for op in step._get_ops_details() if op["op_name"] == "GATHER"
+    ]
+    scales = [t for t in looked_up if list(t["shape"]) == [vocab]]
+    assert scales and all(t["dtype"] != np.int8 for t in scales), scales
+    assert [list(t["shape"]) for t in looked_up if t["dtype"] == np.int8] == [[vocab, 32]]
+
+    # The embedding itself through the same conversion: every row against the float table and
+    # against its int8 values times its own scale (float32's rounding apart).
+    quantized = litert_graphs.quantized_rows(table)
+    embed = litert_graphs._embedding(model, quantized)
+    function = tf.function(
+        lambda ids: {"x": embed(ids, tf.constant([0]))},
+        input_signature=[tf.TensorSpec([None], tf.int32)],
+        autograph=False,
+    )
+    flatbuffer, _ = litert_export._convert(function, "dynamic_int8")
+    interpreter = Interpreter(model_content=flatbuffer)
+    index = interpreter.get_input_details()[0]["index"]
+    interpreter.resize_tensor_input(index, [vocab])
+    interpreter.allocate_tensors()
+    interpreter.set_tensor(index, np.arange(vocab, dtype="int32"))
+    interpreter.invoke()
+    got = interpreter.get_tensor(interpreter.get_output_details()[0]["index"])  # [vocab, d]
+    ids = np.arange(vocab, dtype="int32")[:, None]
+    expected = np.asarray(model._embed_target(ids, False)).reshape(vocab, -1)  # float32 + position
+    factor = np.sqrt(model.d_model) if model.target_embedding.scale else 1.0
+    norms = np.linalg.norm(table * factor, axis=1)
+    error = np.linalg.norm(got - expected, axis=1) / norms
+    assert error.max() < 0.01, (error.max(), int(error.argmax()))
+    positions = expected.astype("float64") - table * factor  # the encoding of position 0
+    rows = quantized[0].astype("float64") * quantized[1][:, None] * factor
+    np.testing.assert_allclose(got, positions + rows, rtol=0, atol=1e-6)  # float32's rounding
 
 
 @pytest.mark.parametrize("vocab", [40, 4096, 8192, 8193, 32000])

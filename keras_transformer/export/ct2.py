@@ -20,7 +20,6 @@ functions below.
 import json
 import os
 import shutil
-import tempfile
 
 import numpy as np
 
@@ -28,7 +27,7 @@ from keras_transformer import stopping
 from keras_transformer.config import DecodingSettings
 from keras_transformer.errors import UsageError
 from keras_transformer.layers.embedding import positional_encoding
-from keras_transformer.workdir import copy_tree, is_local, local_directory
+from keras_transformer.workdir import copy_tree, is_local, local_directory, staging_directory
 
 INSTALL_HINT = 'pip install "keras-transformer[ctranslate2]" (or pip install "ctranslate2>=4.5,<5")'
 METADATA_FILE = "keras_transformer.json"
@@ -236,9 +235,7 @@ def export_ctranslate2(
             stopping.check(PHASE)
             copy_tree(local, output_dir, last="model.bin")
         return output_dir
-    parent = os.path.dirname(os.path.abspath(output_dir))
-    os.makedirs(parent, exist_ok=True)
-    tmp_dir = tempfile.mkdtemp(prefix=".ct2-", dir=parent)
+    tmp_dir = staging_directory(os.path.dirname(os.path.abspath(output_dir)), ".ct2-")
     try:
         _write_ct2(spec, spm_bytes, tmp_dir, metadata)
         stopping.check(PHASE)  # the last moment: the directory does not appear

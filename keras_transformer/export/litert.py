@@ -19,7 +19,9 @@ Both graphs are converted with TensorFlow's converter from `TFLITE_BUILTINS` onl
 - `float16`: weights stored in float16 (half the size), computed in float32;
 - `dynamic_int8`: weights int8 per output channel, activations quantized at run time
   (`Optimize.DEFAULT`; XNNPACK runs the fully-connected layers as int8 products). The decoder's
-  embedding lookup reads an int8 copy of the rows it needs (`litert_graphs.quantized_rows`).
+  embedding lookup reads an int8 copy of the rows it needs (`litert_graphs.quantized_rows`),
+  each with its own scale, kept as int32 fixed point (`litert_graphs.fixed_point_scales`: the
+  converter would quantize a float32 scale vector again, with one scale for all rows).
 
 The directory is written next to its destination and renamed into place: it appears whole or
 not at all, and an existing non-empty directory is never overwritten.
@@ -28,11 +30,11 @@ not at all, and an existing non-empty directory is never overwritten.
 import json
 import os
 import shutil
-import tempfile
 
 from keras_transformer import stopping
 from keras_transformer.config import DecodingSettings
 from keras_transformer.errors import UsageError
+from keras_transformer.workdir import staging_directory
 
 METADATA_FILE = "keras_transformer.json"
 SPM_FILE = "spm.model"
@@ -287,9 +289,7 @@ def _write_card(directory, metadata, card, calibration, speed):
 def _write_directory(output_dir, files, finish):
     """`files` (`{name: bytes}`) written into a hidden directory beside `output_dir`, then
     `finish(directory)`, then the directory renamed into place."""
-    parent = os.path.dirname(os.path.abspath(output_dir))
-    os.makedirs(parent, exist_ok=True)
-    tmp_dir = tempfile.mkdtemp(prefix=".litert-", dir=parent)
+    tmp_dir = staging_directory(os.path.dirname(os.path.abspath(output_dir)), ".litert-")
     try:
         for name, data in files.items():
             with open(os.path.join(tmp_dir, name), "wb") as f:

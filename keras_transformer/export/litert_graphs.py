@@ -121,11 +121,29 @@ def quantized_rows(matrix):
     return np.round(matrix / scale[:, None]).astype("int8"), scale.astype("float32")
 
 
+SCALE_STEPS = 2**30  # the largest row scale, in `fixed_point_scales`' steps
+
+
+def fixed_point_scales(scale):
+    """`(int32 [n], unit)`: the float32 row scales `scale` as whole multiples of `unit` (the
+    largest is `SCALE_STEPS` units), so that `steps * unit` gives them back.
+
+    The converter's `Optimize.DEFAULT` quantizes every float32 constant of 1,024 elements or
+    more to int8 with one scale for the whole tensor: a `[vocab]` float32 scale vector would
+    come back with 127 levels shared by all rows, and a row 100 times smaller than the largest
+    would lose most of its scale. Integer constants are left alone. A scale `r` times the largest
+    comes back to float32's rounding while `r >= 2**-6`, and within `2**-31 / r` below that.
+    """
+    scale = np.asarray(scale, "float64")
+    unit = max(float(scale.max(initial=0.0)), 1e-30) / SCALE_STEPS
+    return np.round(scale / unit).astype("int32"), unit
+
+
 def _embedding(model, quantized):
     """`embed(ids [B * k], position [1]) -> [B * k, d_model]`: the decoder's input as
     `Transformer._embed_target` makes it. `quantized` (from `quantized_rows`): the rows are
     looked up in int8 and only they are dequantized (a table the converter quantized would be
-    dequantized whole at every step)."""
+    dequantized whole at every step), with their own scales (`fixed_point_scales`)."""
     if quantized is None:
 
         def embed(ids, position):
@@ -133,13 +151,15 @@ def _embedding(model, quantized):
             return ops.reshape(x, (-1, model.d_model))
 
         return embed
-    table, scale = (ops.convert_to_tensor(x) for x in quantized)
+    steps, unit = fixed_point_scales(quantized[1])
+    table, steps = ops.convert_to_tensor(quantized[0]), ops.convert_to_tensor(steps)
     layer = model.target_embedding
     factor = math.sqrt(layer.d_model) if layer.scale else 1.0
 
     def embed(ids, position):
         rows = ops.cast(ops.take(table, ids, axis=0), "float32")
-        x = rows * ops.expand_dims(ops.take(scale, ids, axis=0) * factor, 1)
+        row_scales = ops.cast(ops.take(steps, ids, axis=0), "float32") * (unit * factor)
+        x = rows * ops.expand_dims(row_scales, 1)
         x = model.positional_encoding(ops.expand_dims(x, 1), start_index=position[0])
         return ops.reshape(x, (-1, model.d_model))
 

@@ -4,7 +4,6 @@ import json
 import os
 import platform
 import shutil
-import tempfile
 import time
 
 import numpy as np
@@ -21,7 +20,13 @@ from keras_transformer.export.warmup import (
     warmup_requests,
     write_warmup,
 )
-from keras_transformer.workdir import copy_tree, is_local, local_directory, write_atomically
+from keras_transformer.workdir import (
+    copy_tree,
+    is_local,
+    local_directory,
+    staging_directory,
+    write_atomically,
+)
 
 SIGNATURE_KEY = "serving_default"
 METADATA_FILE = "keras_transformer.json"
@@ -167,7 +172,7 @@ def export_saved_model(
     os.makedirs(model_dir, exist_ok=True)
     # Same parent as the versions, so the final rename is atomic; the dot keeps it out of
     # TF Serving's sight (only integer names are versions).
-    tmp_dir = tempfile.mkdtemp(prefix=".export-", dir=model_dir)
+    tmp_dir = staging_directory(model_dir, ".export-")
     try:
         tf.saved_model.save(translator, tmp_dir, signatures=translator.signatures)
         write_assets(tmp_dir)

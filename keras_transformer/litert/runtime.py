@@ -6,10 +6,22 @@ U+FFFD; SentencePiece pieces truncated to `max_source_length - 1`, then EOS; the
 by length and decoded in chunks of `batch_size` sentences, each padded to its longest; the same
 search (`keras_transformer.litert.search`); the best hypotheses detokenized without padding and
 EOS, with their scores, token scores and calibrated confidence, in the request's order.
+
+Threads: one translator may serve many threads at once (a web server's workers). A request's
+search lives in the input buffers of its interpreters (the caches, the shapes), so each request
+borrows a set of its own, an encoder and a step interpreter, from a pool and gives it back when
+answered: a set is made when a request finds none idle, up to `interpreters` sets (default
+`min(4, os.cpu_count())`); further requests wait for one. Each set holds its own copy of the
+weights as XNNPACK packs them (about the size of the `.tflite` files) and runs `num_threads`
+threads, so a pool of 4 costs up to 4 times the memory and threads of one; a translator used
+by one thread at a time only ever makes one.
 """
 
+import contextlib
 import json
 import os
+import queue
+import threading
 
 import numpy as np
 
@@ -46,9 +58,14 @@ def _interpreter(path, num_threads):
     return Interpreter(model_path=path, num_threads=num_threads)
 
 
-def load(path, num_threads=None):
-    """The `LiteRTTranslator` of the export in the directory `path`."""
-    return LiteRTTranslator(path, num_threads)
+def load(path, num_threads=None, interpreters=None):
+    """The `LiteRTTranslator` of the export in the directory `path` (its arguments)."""
+    return LiteRTTranslator(path, num_threads, interpreters)
+
+
+def default_interpreters():
+    """How many interpreter sets a translator makes at most by default: `min(4, CPUs)`."""
+    return min(4, os.cpu_count() or 1)
 
 
 def _as_text(text):
@@ -68,9 +85,14 @@ def _as_text(text):
 class LiteRTTranslator:
     """A LiteRT export as string-to-string functions (the SavedModel's signatures, in numpy).
 
+    Safe to call from several threads at once: each request borrows its own interpreters
+    (module docstring).
+
     Args:
         path: the export's directory.
-        num_threads: the interpreter's threads (None: LiteRT's default).
+        num_threads: each interpreter's threads (None: LiteRT's default).
+        interpreters: the most interpreter sets (an encoder and a step) made for requests
+            running at once (None: `default_interpreters()`); made when needed, kept once made.
 
     Example:
     ```python
@@ -80,7 +102,7 @@ class LiteRTTranslator:
     ```
     """
 
-    def __init__(self, path, num_threads=None):
+    def __init__(self, path, num_threads=None, interpreters=None):
         import sentencepiece
 
         if not is_litert_export(path):
@@ -96,10 +118,43 @@ class LiteRTTranslator:
         self.calibration = meta["calibration"]
         with open(os.path.join(path, meta["tokenizer"]), "rb") as f:
             self._spm = sentencepiece.SentencePieceProcessor(model_proto=f.read())
-        encoder = _interpreter(os.path.join(path, meta["encoder"]), num_threads)
-        self._encoder = _Encoder(encoder, meta["outputs"]["encoder"])
-        step = _interpreter(os.path.join(path, meta["decoder_step"]), num_threads)
-        self._step = _Step(step, meta)
+        self.num_threads = num_threads
+        self.interpreters = default_interpreters() if interpreters is None else int(interpreters)
+        if self.interpreters < 1:
+            raise ValueError(f"interpreters must be at least 1, got {interpreters}")
+        self._idle = queue.LifoQueue()  # the sets no request holds; the last returned first
+        self._made, self._making = 1, threading.Lock()
+        self._idle.put(self._new_interpreters())  # the first now: a broken export fails here
+
+    def _new_interpreters(self):
+        meta, path = self.metadata, self.path
+        encoder = _interpreter(os.path.join(path, meta["encoder"]), self.num_threads)
+        step = _interpreter(os.path.join(path, meta["decoder_step"]), self.num_threads)
+        return _Encoder(encoder, meta["outputs"]["encoder"]), _Step(step, meta)
+
+    @contextlib.contextmanager
+    def _borrowed(self):
+        """`(encoder, step)` for one request's use alone: an idle set, else a new one while
+        fewer than `interpreters` exist, else the first one given back."""
+        try:
+            engines = self._idle.get_nowait()
+        except queue.Empty:
+            with self._making:
+                make = self._made < self.interpreters
+                self._made += make
+            if not make:
+                engines = self._idle.get()
+            else:
+                try:
+                    engines = self._new_interpreters()
+                except BaseException:
+                    with self._making:
+                        self._made -= 1
+                    raise
+        try:
+            yield engines
+        finally:
+            self._idle.put(engines)
 
     @property
     def max_target_length(self):
@@ -167,16 +222,17 @@ class LiteRTTranslator:
         lengths = np.zeros((n, keep), "int32")
         margins = np.zeros((n, keep), "float32")
         chunk = int(self.settings["batch_size"])
-        for start in range(0, n, chunk):
-            rows = order[start : start + chunk]
-            prefix = None if prefix_ids is None else [prefix_ids[i] for i in rows]
-            ids, s, t = self._search_chunk([sources[i] for i in rows], prefix)
-            ids, t = ids[:, :keep], t[:, :keep]
-            for j, i in enumerate(rows):
-                text[i] = [self._detokenize(h) for h in ids[j]]
-            score[rows], margins[rows] = s[:, :keep], _margins(s)[:, :keep]
-            token_scores[rows, :, : t.shape[2]] = t
-            lengths[rows] = (ids != self.settings["pad_id"]).sum(-1)
+        with self._borrowed() as engines:
+            for start in range(0, n, chunk):
+                rows = order[start : start + chunk]
+                prefix = None if prefix_ids is None else [prefix_ids[i] for i in rows]
+                ids, s, t = self._search_chunk(engines, [sources[i] for i in rows], prefix)
+                ids, t = ids[:, :keep], t[:, :keep]
+                for j, i in enumerate(rows):
+                    text[i] = [self._detokenize(h) for h in ids[j]]
+                score[rows], margins[rows] = s[:, :keep], _margins(s)[:, :keep]
+                token_scores[rows, :, : t.shape[2]] = t
+                lengths[rows] = (ids != self.settings["pad_id"]).sum(-1)
         longest = int(lengths.max()) if n else 0
         return {
             "text": text,
@@ -187,10 +243,10 @@ class LiteRTTranslator:
             "confidence": self._confidence(score, margins),
         }
 
-    def _search_chunk(self, sources, prefix):
-        """Padded ids of one chunk through the encoder and the search: `(ids [c, K, T], scores
-        [c, K], token scores [c, K, T])`, best first."""
-        s = self.settings
+    def _search_chunk(self, engines, sources, prefix):
+        """Padded ids of one chunk through the `(encoder, step)` of `engines` and the search:
+        `(ids [c, K, T], scores [c, K], token scores [c, K, T])`, best first."""
+        s, (encoder, step) = self.settings, engines
         c, s_len = len(sources), max(len(x) for x in sources)
         source = np.zeros((c, s_len), "int32")
         for i, row in enumerate(sources):
@@ -199,15 +255,15 @@ class LiteRTTranslator:
         if self.max_length is not None:
             buffer = min(buffer, int(self.max_length))
         caps = np.minimum(np.array([len(x) for x in sources]) + s["max_extra_length"], buffer)
-        cross = self._encoder(source)
-        self._step.start(cross, source != s["pad_id"], buffer)
+        cross = encoder(source)
+        step.start(cross, source != s["pad_id"], buffer)
         prefix_matrix = None
         if prefix is not None and any(prefix):
             prefix_matrix = np.zeros((c, max(len(p) for p in prefix)), "int32")
             for i, row in enumerate(prefix):
                 prefix_matrix[i, : len(row)] = row
         return search(
-            self._step, c, s["beam_size"], buffer, caps, s["alpha"], s["eos_id"], s["bos_id"],
+            step, c, s["beam_size"], buffer, caps, s["alpha"], s["eos_id"], s["bos_id"],
             prefix=prefix_matrix, return_all=True,
         )  # fmt: skip
 
