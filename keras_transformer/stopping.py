@@ -21,7 +21,8 @@ workdir then belongs to the new holder: training stops without saving (`lost_the
 the lock file, now the new holder's, is left alone.
 
 A takeover overrides an earlier stop: a run stopping on SIGTERM when its lock is taken over no
-longer saves its resume state.
+longer saves its resume state, and the writers check the lock before each commit
+(`lock.fence`), so a run that has lost its workdir commits nothing into it.
 
 `KERAS_TRANSFORMER_SIGTERM_AT=WORD[:N]` (tests): the Nth `check` of the phase whose name holds
 WORD sends this process a real SIGTERM, so that a test stops a phase at a known place without

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from keras_transformer.errors import DataError, first_line, write_refused
 from keras_transformer.integrity import remove_with_checksum
+from keras_transformer.lock import fence
 from keras_transformer.training.run_state import RunStateCallback, optimizer_step
 from keras_transformer.workdir import checkpoint_path, list_checkpoints, save_model_weights
 
@@ -263,6 +264,7 @@ class ResumeState(RunStateCallback):
         step = optimizer_step(self.model)
         if step == self._last_saved or step == 0:
             return
+        fence(self._manager.directory, "the resume state")  # not once the lock is lost
         for save in self.before_save:
             save(step)
         self._manager.save(checkpoint_number=step)
