@@ -14,11 +14,13 @@ holder's lock in place. A lock that was not renewed for a whole lease is
 stale on any host: a run rescheduled on another machine after its node was lost, its pod
 evicted or OOM-killed finds the dead run's lock, waits until its lease has run out (at most one
 lease), and takes it over with a line naming the old holder. A holder that renews is never
-taken over: the waiting run exits 2 as soon as it sees a renewal. On the same host the holder's
-process is checked directly: a lock of a process that is gone (its pid free, or reused since)
-is taken over at once, a live one refused at once. A lock without a lease (written by an older
-version) from another host is never taken over. The clocks of the machines that share a
-workdir must agree to well within a lease (NTP).
+taken over: the waiting run exits 2 as soon as it sees a renewal. Where the holder's processes
+are visible (the same host name, boot id and pid namespace: not another container sharing the
+host's name, as two containers with host networking do) the holder's process is checked
+directly: a lock of a process that is gone (its pid free, or reused since) is taken over at
+once, a live one refused at once; elsewhere the lease decides. A lock without a lease (written
+by an older version) from another host is never taken over. The clocks of the machines that
+share a workdir must agree to well within a lease (NTP).
 
 Takeover is atomic: a taker first creates a claim file named after the stale lock's token
 exclusively (`.lock.json.takeover-TOKEN`), so of two runs that find the same stale lock at the
@@ -84,19 +86,37 @@ def _alive(pid):
     return True
 
 
+def _boot_id():
+    """This machine's boot id (Linux; None elsewhere or when it cannot be read)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _pid_namespace():
+    """This process's pid namespace (the inode of `/proc/self/ns/pid`, Linux): two containers
+    on one node (one boot id, and with host networking one host name) see each other's
+    processes only when they share it. None where it cannot be read."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+
+
 def _process_identity(pid):
     """`(boot id, start time in clock ticks since boot)` of process `pid` on Linux (so that a pid
     reused after the holder died, or after a reboot, is not taken for the holder); None
     elsewhere or when it cannot be read."""
+    boot = _boot_id()
     try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
         with open(f"/proc/{int(pid)}/stat") as f:
             # The command name (field 2) may hold spaces: the fields after its ')' are fixed.
             start = f.read().rsplit(")", 1)[1].split()[19]
-        return [boot, start]
     except (OSError, ValueError, IndexError):
         return None
+    return None if boot is None else [boot, start]
 
 
 def describe(holder):
@@ -157,6 +177,8 @@ class WorkdirLock:
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "token": self.token,
             "process": _process_identity(os.getpid()),
+            "boot_id": _boot_id(),
+            "pid_namespace": _pid_namespace(),
             "lease_seconds": self.lease,
             "renewed": time.time(),
             "generation": _generation(),
@@ -238,20 +260,30 @@ class WorkdirLock:
 
     def _verdict(self, holder):
         """`("stale", why)`, `("live", None)` or `("wait", None)` (another host's lease runs)."""
-        if holder.get("host") == self.holder["host"]:
+        renewed, lease = holder.get("renewed"), holder.get("lease_seconds")
+        leased = isinstance(renewed, (int, float)) and isinstance(lease, (int, float))
+        if holder.get("host") == self.holder["host"] and (self._sees(holder) or not leased):
             pid = holder.get("pid", -1)
             recorded = holder.get("process")
             gone = not _alive(pid) or (
                 bool(recorded) and _process_identity(pid) not in (None, recorded)
             )
             return ("stale", "that process is gone") if gone else ("live", None)
-        renewed, lease = holder.get("renewed"), holder.get("lease_seconds")
-        if not isinstance(renewed, (int, float)) or not isinstance(lease, (int, float)):
+        if not leased:
             return "live", None  # an older version's lock: no lease to run out
         age = time.time() - renewed
         if age > lease:
             return "stale", f"its lease ({lease:g} s) ran out {age - lease:.0f} s ago"
         return "wait", None
+
+    def _sees(self, holder):
+        """True when the holder's pid means a process this one can check: the same boot and
+        pid namespace (both unreadable, off Linux, counts as the same); a lock that does not
+        record them (an older version's) is judged by its lease."""
+        if "pid_namespace" not in holder:
+            return False
+        mine = (self.holder["boot_id"], self.holder["pid_namespace"])
+        return (holder.get("boot_id"), holder.get("pid_namespace")) == mine
 
     def _take_over(self, holder, why):
         """Replaces the stale lock `holder`; False when another run took it over first. The
@@ -311,8 +343,13 @@ class WorkdirLock:
                 break
             if watched is None:
                 watched = holder
+                where = (
+                    "another host"
+                    if holder.get("host") != self.holder["host"]
+                    else "another container or boot of this host (its processes are not seen)"
+                )
                 print(
-                    f"{self.path} is held by {describe(holder)} from another host: waiting up "
+                    f"{self.path} is held by {describe(holder)} from {where}: waiting up "
                     f"to its lease ({holder['lease_seconds']:g} s) for it to be renewed or to "
                     "run out",
                     file=sys.stderr,

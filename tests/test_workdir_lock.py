@@ -1,15 +1,19 @@
 """The workdir lock's fencing: a holder that stalled for longer than its lease never overwrites
 the lock of the run that took it over, and commits nothing into the workdir once its lock is
-no longer the current one; a lost workdir wins over an earlier SIGTERM. In-process, with
-seconds-long leases."""
+no longer the current one; a lost workdir wins over an earlier SIGTERM; a lock held from
+another pid namespace on this host (a container sharing the host's name) is judged by its
+lease, not by a pid this process cannot see. In-process, with seconds-long leases."""
 
 import json
 import os
+import shutil
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
-from training_helpers import tiny_yaml, write_yaml
+from training_helpers import subprocess_env, tiny_yaml, write_yaml
 
 from keras_transformer import stopping
 from keras_transformer.errors import PREEMPTED_EXIT_CODE, Preempted
@@ -266,3 +270,68 @@ def test_training_stopping_on_sigterm_saves_nothing_once_its_lock_is_taken_over(
     assert tf.train.latest_checkpoint(str(backup)) is None
     assert not checkpoints.exists() or not os.listdir(checkpoints)
     assert _lock_file(workdir)["token"] == "new"
+
+
+# ------------------------------------------------------------------ other containers, boots
+
+
+def test_a_lock_of_another_pid_namespace_on_this_host_is_judged_by_its_lease(tmp_path, capsys):
+    """A lock of this host name from another pid namespace (another container with host
+    networking): its pid means nothing here, so it is not taken over as a gone process; it is
+    taken over once its lease has run out."""
+    from keras_transformer import lock as lock_module
+
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        boot_id = f.read().strip()
+    namespace = os.stat("/proc/self/ns/pid").st_ino
+    mine = WorkdirLock(tmp_path, "train")
+    _write_lock(
+        tmp_path, host=mine.holder["host"], pid=2**22 + 17, boot_id=boot_id,
+        pid_namespace=namespace + 1, lease_seconds=1, renewed=time.time(), process=None,
+    )  # fmt: skip
+    assert not lock_module._alive(2**22 + 17)
+    with mine:
+        assert _lock_file(tmp_path)["token"] == mine.token
+    err = capsys.readouterr().err
+    assert "from another container or boot of this host" in err
+    assert "its lease (1 s) ran out" in err and "that process is gone" not in err
+
+
+_OTHER_CONTAINER = """
+import sys
+sys.modules["tensorflow"] = None  # the lock needs no TensorFlow: a quick start
+from keras_transformer.errors import WorkdirInUseError
+from keras_transformer.lock import WorkdirLock
+try:
+    WorkdirLock(sys.argv[1], "train", lease_seconds=60).acquire()
+except WorkdirInUseError as e:
+    print("refused:", e, flush=True)
+    sys.exit(2)
+print("took the lock over", flush=True)
+"""
+
+
+def test_a_run_in_another_pid_namespace_does_not_take_over_a_live_lock(tmp_path):
+    """A second run on this host in its own pid namespace (`unshare --pid`, as a second
+    container with host networking: the same host name and boot id, other pids) tries to take
+    the lock this process holds and renews: it does not take the holder for gone (its pid is
+    not among the namespace's), it waits for the lease, sees the renewal and refuses, naming
+    the holder."""
+    if shutil.which("unshare") is None:
+        pytest.skip("`unshare` (util-linux) is not installed")
+    probe = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, text=True
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"unshare --pid is not permitted here: {probe.stderr.strip()}")
+    with WorkdirLock(tmp_path, "train", lease_seconds=2) as lock:
+        done = subprocess.run(
+            ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c",
+             _OTHER_CONTAINER, str(tmp_path)],
+            capture_output=True, text=True, timeout=300, env=subprocess_env(),
+        )  # fmt: skip
+        assert done.returncode == 2, done.stdout + done.stderr[-3000:]
+        assert f"is in use by {lock.holder['host']} pid {os.getpid()} (train" in done.stdout
+        assert "from another container or boot of this host" in done.stderr
+        assert _lock_file(tmp_path)["token"] == lock.token
+    assert not os.listdir(tmp_path)
