@@ -209,3 +209,30 @@ def test_weight_decay_goes_by_rank_not_by_name():
     optimizer.apply([keras.ops.zeros_like(matrix), keras.ops.zeros_like(vector)], [matrix, vector])
     np.testing.assert_allclose(np.array(matrix), 1 - learning_rate * 0.1, rtol=1e-6)
     np.testing.assert_array_equal(np.array(vector), 1.0)
+
+
+def test_with_ema_the_resume_state_saved_at_the_end_of_fit_holds_the_trained_weights(tmp_path):
+    """With EMA, Keras's `fit` ends by putting the averages in place of the weights
+    (`finalize_variable_values`) before the callbacks' `on_train_end`: the resume state saved at
+    the end still holds the trained weights (what a resumed run trains on from) and the
+    averages beside them, while the step checkpoint holds the averages."""
+    model = _compiled_model(ema_momentum=0.9)
+    state = ResumeState(model, str(tmp_path / "backup"), every=1000, keep=1)
+    record = _RecordWeights()
+    checkpoints = tmp_path / "checkpoints"
+    _fit(model, 3, [state, record, StepCheckpoint(checkpoints, every=1000, keep=1)])
+    trained, averaged = record.trained[-1], record.averaged[-1]
+    assert any(not np.allclose(a, w) for a, w in zip(averaged, trained))
+    assert "finalize_variable_values" not in vars(model.optimizer)  # Keras's own again
+
+    other = _compiled_model(ema_momentum=0.9)
+    assert ResumeState(other, str(tmp_path / "backup"), every=1000, keep=1).restore() == 3
+    for got, want in zip(other.trainable_weights, trained):
+        np.testing.assert_array_equal(np.array(got), want)
+    with averaged_weights(other):
+        for got, want in zip(other.trainable_weights, averaged):
+            np.testing.assert_array_equal(np.array(got), want)
+    fresh = _toy_model()
+    fresh.load_weights(list_checkpoints(checkpoints)[-1][1])
+    for got, want in zip(fresh.trainable_weights, averaged):
+        np.testing.assert_array_equal(np.array(got), want)
