@@ -12,7 +12,8 @@ written, a sync tool that truncates one. The writers keep their output invisible
 - prepared shards have their size and sha256 in the manifest (`file_problem`).
 
 Everything goes through `tf.io.gfile`, so a workdir on `gs://` is checked the same way. This
-module sits at the bottom of the package (it imports nothing of ours but the errors).
+module sits at the bottom of the package (it imports nothing of ours but the errors and the
+workdir lock, whose `fence` every atomic write passes before its file appears).
 """
 
 import hashlib
@@ -22,6 +23,7 @@ import uuid
 
 from keras_transformer import local_files
 from keras_transformer.errors import first_line
+from keras_transformer.lock import fence
 
 CHECKSUM_SUFFIX = ".sha256"
 _BLOCK = 1 << 20
@@ -56,13 +58,17 @@ def is_local(path):
 def write_atomically(path, data):
     """Writes `data` (str or bytes) to `path` so that it appears whole or not at all: on the
     local disk beside it (fsynced) and renamed over it; elsewhere in one upload (an object
-    store shows an object only when complete). On failure (a full disk) nothing is left."""
+    store shows an object only when complete). On failure (a full disk) nothing is left.
+
+    Inside a workdir whose lock this process holds, the lock is checked first (`lock.fence`):
+    a run whose lock was taken over writes nothing (`errors.Preempted`)."""
     gfile, path = _gfile(), os.fspath(path)
     directory = os.path.dirname(path)
     if directory:
         gfile.makedirs(directory)
     mode = "wb" if isinstance(data, bytes) else "w"
     if not is_local(path):
+        fence(path)
         with gfile.GFile(path, mode) as f:
             f.write(data)
         return path
@@ -75,6 +81,7 @@ def write_atomically(path, data):
             os.fsync(descriptor)
         finally:
             os.close(descriptor)
+        fence(path)
         os.replace(temporary, path)
     except BaseException:
         if os.path.exists(temporary):

@@ -20,6 +20,10 @@ flag from its renewal thread, and the next safe point raises `Preempted` naming 
 workdir then belongs to the new holder: training stops without saving (`lost_the_workdir`), and
 the lock file, now the new holder's, is left alone.
 
+A takeover overrides an earlier stop: a run stopping on SIGTERM when its lock is taken over no
+longer saves its resume state, and the writers check the lock before each commit
+(`lock.fence`), so a run that has lost its workdir commits nothing into it.
+
 `KERAS_TRANSFORMER_SIGTERM_AT=WORD[:N]` (tests): the Nth `check` of the phase whose name holds
 WORD sends this process a real SIGTERM, so that a test stops a phase at a known place without
 sleeping and polling.
@@ -76,15 +80,20 @@ def request(reason, lost_the_workdir=False):
     `reason` (e.g. "the takeover of the workdir lock by ...") names why in the stop's line;
     `lost_the_workdir`: another run now writes the workdir, so nothing more is saved.
 
+    The first reason is kept (a second SIGTERM or request changes nothing), except that a lost
+    workdir overrides an earlier one: a run stopping on SIGTERM whose lock is then taken over
+    saves nothing more, and its stop's line names the takeover.
+
     Returns:
         True when it will stop (inside `catching()`); False outside it, where nothing reads
         the flag (and nothing is changed).
     """
     if not _FLAG.depth:
         return False
-    if _FLAG.received is None:
+    if _FLAG.received is None or (lost_the_workdir and not _FLAG.lost):
         _FLAG.reason, _FLAG.lost = reason, lost_the_workdir
-        _FLAG.received = signal.SIGTERM
+        if _FLAG.received is None:
+            _FLAG.received = signal.SIGTERM
     return True
 
 

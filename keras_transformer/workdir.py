@@ -68,6 +68,7 @@ from keras_transformer.integrity import (
 from keras_transformer.integrity import (
     write_atomically as write_atomically,  # re-exported: the writers import it from here
 )
+from keras_transformer.lock import fence
 
 CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
 
@@ -186,18 +187,21 @@ def _not_found_errors():
 
 
 def copy_atomically(local_path, path):
-    """Copies the local file `local_path` to `path` (any filesystem), appearing whole."""
+    """Copies the local file `local_path` to `path` (any filesystem), appearing whole (after
+    `lock.fence`: not into a workdir whose lock this process lost)."""
     gfile, path = _gfile(), os.fspath(path)
     if is_local(path):
         temporary = f"{path}.tmp-{os.getpid()}"
         try:
             shutil.copyfile(local_path, temporary)
-        except BaseException:  # a full disk: leave nothing behind
+            fence(path)
+        except BaseException:  # a full disk (or the lock lost): leave nothing behind
             if os.path.exists(temporary):
                 os.remove(temporary)
             raise
         os.replace(temporary, path)
     else:
+        fence(path)
         gfile.copy(local_path, path, overwrite=True)
     return path
 

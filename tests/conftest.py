@@ -42,6 +42,10 @@ MUST_RUN = {
     "ignored; it needs a git checkout (CI runs on a clean clone)",
     "tests/test_litert.py": "the LiteRT export answers as the SavedModel, its runtime runs "
     "without TensorFlow, and the CLI uses it; the whole module skips without `ai-edge-litert`",
+    "tests/test_workdir_lock.py::test_a_run_in_another_pid_namespace_does_not_take_over_a_live_"
+    "lock": "a run in another pid namespace of this host (a container with host networking) "
+    "does not take a live lock over; it skips without `unshare` or where `unshare --pid` is not "
+    "permitted (CI runs as root)",
 }
 
 

@@ -432,8 +432,9 @@ def test_prepare_whose_lock_is_taken_over_midway_exits_75_and_leaves_the_lock(
     tmp_path, monkeypatch, capsys
 ):
     """`keras-transformer prepare` stalls in its first segment for longer than its lease while
-    another run takes the lock over: it stops at the segment's safe point with exit 75, names
-    the new holder, keeps what was complete and leaves the new holder's lock in place."""
+    another run takes the lock over: it stops with exit 75 before the segment goes into the
+    shards (the commit's fence: `lock.fence`), names the new holder, keeps what was complete
+    and leaves the new holder's lock in place."""
     import importlib
 
     from keras_transformer import cli, stopping
@@ -462,7 +463,7 @@ def test_prepare_whose_lock_is_taken_over_midway_exits_75_and_leaves_the_lock(
     assert "was taken over by another-machine pid 4242" in err
     line = [x for x in err.splitlines() if x.startswith("keras-transformer prepare: stopped")]
     assert len(line) == 1 and "the takeover of the workdir lock by another-machine" in line[0]
-    assert "during prepare (writing the shards)" in line[0]
+    assert "a segment of the prepared shards not written" in line[0]
     assert json.loads((workdir / "lock.json").read_text())["token"] == "old"
     assert not (workdir / "prepared").exists()
 

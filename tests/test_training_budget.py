@@ -2,6 +2,7 @@
 
 import keras
 import numpy as np
+import pytest
 
 from keras_transformer.config import ConfigError, load_config
 from keras_transformer.training.callbacks import StopAtStep, optimizer_step
@@ -64,3 +65,59 @@ def test_training_ends_the_end_minutes_before_the_budget():
         assert "train.end_minutes" in str(e) and "train.max_minutes" in str(e)
     else:
         raise AssertionError("end_minutes >= max_minutes accepted")
+
+
+@pytest.mark.scenario
+def test_a_budgeted_run_stopped_after_training_exports_the_uninterrupted_runs_model(
+    tmp_path, monkeypatch
+):
+    """A run on a time budget (with EMA) whose training ended on the budget at step 8, stopped
+    in its end (the export: its workdir then holds what training left, without `result.json`
+    or an export, a copy of the uninterrupted run's before its end), and run again: it trains
+    no step more (its budget is spent), keeps the checkpoints as they were and exports the
+    model of the run that was never stopped, weight for weight. Training time is a fake clock
+    (four seconds a reading), so training stops at the same step wherever it runs; the export
+    records the final model's weights (`_export`'s own work is the same for both)."""
+    import shutil
+
+    from training_helpers import tiny_config
+
+    from keras_transformer.training import run_state, train, trainer
+    from keras_transformer.workdir import list_checkpoints
+
+    class Clock:  # what `RunState` reads: time.monotonic
+        now = 0.0
+
+        def monotonic(self):
+            self.now += 4.0
+            return self.now
+
+    monkeypatch.setattr(run_state, "time", Clock())
+    exported = []
+
+    def export(run, model, tokenizer, result=None, alpha=None):
+        exported.append([np.array(w) for w in model.weights])
+        return f"export {len(exported)}"
+
+    monkeypatch.setattr(trainer, "_export", export)
+
+    def config(workdir):
+        budget = dict(steps=1000, max_minutes=1.0, end_minutes=0.5, ema_momentum=0.9)
+        return tiny_config(workdir, train=budget, data=dict(dev=None))
+
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    uninterrupted = train(config(whole))
+    assert uninterrupted["step"] == 8 and uninterrupted["stopped_by_time_budget"]  # 30 s
+    shutil.copytree(whole, stopped, ignore=shutil.ignore_patterns("result.json", "saved_models"))
+    checkpoints = {step: open(path, "rb").read() for step, path in
+                   list_checkpoints(stopped / "checkpoints")}  # fmt: skip
+
+    resumed = train(config(stopped))
+    for key in ("step", "checkpoint_steps", "stopped_by_time_budget"):
+        assert resumed[key] == uninterrupted[key], key
+    assert {step: open(path, "rb").read() for step, path in
+            list_checkpoints(stopped / "checkpoints")} == checkpoints  # fmt: skip
+    theirs, ours = exported
+    assert len(ours) == len(theirs)
+    for mine, reference in zip(ours, theirs):
+        np.testing.assert_array_equal(mine, reference)

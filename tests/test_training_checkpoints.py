@@ -209,3 +209,37 @@ def test_weight_decay_goes_by_rank_not_by_name():
     optimizer.apply([keras.ops.zeros_like(matrix), keras.ops.zeros_like(vector)], [matrix, vector])
     np.testing.assert_allclose(np.array(matrix), 1 - learning_rate * 0.1, rtol=1e-6)
     np.testing.assert_array_equal(np.array(vector), 1.0)
+
+
+def test_with_ema_the_resume_state_saved_at_the_end_of_fit_holds_the_trained_weights(tmp_path):
+    """With EMA, Keras's `fit` ends by putting the averages in place of the weights
+    (`finalize_variable_values`) before the callbacks' `on_train_end`: the resume state saved at
+    the end still holds the trained weights (what a resumed run trains on from), and the
+    averages beside them among the optimizer's variables."""
+    import tensorflow as tf
+
+    from keras_transformer.training.callbacks import _moving_averages
+
+    model = _compiled_model(ema_momentum=0.9)
+    state = ResumeState(model, str(tmp_path), every=1000, keep=1)
+    record = _RecordWeights()
+    _fit(model, 3, [state, record])
+    trained, averaged = record.trained[-1], record.averaged[-1]
+    assert any(not np.allclose(a, w) for a, w in zip(averaged, trained))
+    assert "finalize_variable_values" not in vars(model.optimizer)  # Keras's own again
+
+    saved = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(tmp_path)))
+    assert saved.get_tensor("data_position/.ATTRIBUTES/VARIABLE_VALUE") == 3
+
+    def value(part, variables, variable):
+        index = [id(v) for v in variables].index(id(variable))
+        return saved.get_tensor(f"{part}/{index}/.ATTRIBUTES/VARIABLE_VALUE")
+
+    pairs = _moving_averages(model.optimizer)
+    assert [id(w) for w, _ in pairs] == [id(w) for w in model.trainable_weights]
+    for (weight, average), want_weight, want_average in zip(pairs, trained, averaged):
+        np.testing.assert_array_equal(value("model", model.variables, weight), want_weight)
+        optimizer_variables = model.optimizer.variables
+        np.testing.assert_array_equal(
+            value("optimizer", optimizer_variables, average), want_average
+        )

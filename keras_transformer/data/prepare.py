@@ -70,6 +70,7 @@ from keras_transformer.data.statistics import log, summary
 from keras_transformer.data.tokenizer import copy_model
 from keras_transformer.data.workers import PHASE, WorkerPool
 from keras_transformer.errors import Preempted
+from keras_transformer.lock import fence
 from keras_transformer.workdir import Workdir, is_local, remove_tree, write_atomically
 
 # What a preparation stopped before its shards keeps.
@@ -186,6 +187,7 @@ def prepare(config, verbose=True):
         # The manifest is the last file written: its presence means complete.
         write_atomically(os.path.join(temporary, MANIFEST), json.dumps(manifest, indent=1))
         if temporary != layout.prepared:
+            fence(layout.prepared, "the prepared data")
             os.rename(temporary, layout.prepared)
     except (Preempted, KeyboardInterrupt):
         raise  # stopped: what is complete is kept (the vocabulary, segments of the shards)

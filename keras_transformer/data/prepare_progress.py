@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 
+from keras_transformer.lock import fence
 from keras_transformer.workdir import is_local, join, read_text, write_atomically
 
 PROGRESS = "prepare.progress.json"
@@ -169,7 +170,9 @@ class Shards:
 
     def add_segment_file(self, path, sizes, counts, segment_counts):
         """Appends the local segment file `path`, whose groups (by record index modulo the
-        shards) have `sizes` bytes and `counts` records, and adds `segment_counts` to `total`."""
+        shards) have `sizes` bytes and `counts` records, and adds `segment_counts` to `total`
+        (not once this process lost the workdir's lock: `lock.fence`)."""
+        fence(self.directory, "a segment of the prepared shards")
         with open(path, "rb") as f:
             for group, (size, records) in enumerate(zip(sizes, counts)):
                 data = f.read(size)

@@ -10,7 +10,8 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer.errors import DataError, first_line, write_refused
-from keras_transformer.integrity import remove_with_checksum
+from keras_transformer.integrity import checkpoint_problem, remove_with_checksum
+from keras_transformer.lock import fence
 from keras_transformer.training.run_state import RunStateCallback, optimizer_step
 from keras_transformer.workdir import checkpoint_path, list_checkpoints, save_model_weights
 
@@ -99,8 +100,10 @@ class StepCheckpoint(keras.callbacks.Callback):
         with averaged_weights(self.model):
             save_model_weights(self.model, checkpoint_path(self.directory, step))
         self._last_saved = step
-        if not prune:
-            return
+        if prune:
+            self._prune(step)
+
+    def _prune(self, step):
         found = list_checkpoints(self.directory)
         # A preempted run's last checkpoint is off the schedule: once training goes on, it goes,
         # so the checkpoints kept (and averaged) are those of an uninterrupted run.
@@ -113,6 +116,16 @@ class StepCheckpoint(keras.callbacks.Callback):
     def save_now(self, step):
         """Saves the checkpoint of `step` (a preemption's last), deleting none."""
         self._save(step, prune=False)
+
+    def end_at(self, step):
+        """What `on_train_end` does at `step` for a resumed run that had nothing left to train
+        (`fit` is not called): the checkpoint of `step` kept (written where missing or torn, as
+        after a kill before it was), the older ones pruned as at the end of training."""
+        if self.enabled and step and not checkpoint_problem(checkpoint_path(self.directory, step)):
+            self._last_saved = step  # there, whole: not written again
+            self._prune(step)
+            return
+        self._save(step)
 
     @writes_in_the_batch_loop
     def on_train_batch_end(self, batch, logs=None):
@@ -263,6 +276,7 @@ class ResumeState(RunStateCallback):
         step = optimizer_step(self.model)
         if step == self._last_saved or step == 0:
             return
+        fence(self._manager.directory, "the resume state")  # not once the lock is lost
         for save in self.before_save:
             save(step)
         self._manager.save(checkpoint_number=step)
@@ -274,7 +288,24 @@ class ResumeState(RunStateCallback):
         if optimizer_step(self.model) % self.every == 0:
             self.save()
 
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        optimizer = self.model.optimizer
+        vars(optimizer).pop("finalize_variable_values", None)  # an earlier fit's, if it failed
+        if _moving_averages(optimizer):
+            # With EMA, Keras's `fit` ends by putting the averages in place of the weights
+            # (`finalize_variable_values`), before `on_train_end`: the state is saved first, so
+            # that it holds the trained weights, which a resumed run goes on from.
+            finalize = optimizer.finalize_variable_values
+
+            def save_then_finalize(var_list):
+                self.save()
+                return finalize(var_list)
+
+            optimizer.finalize_variable_values = save_then_finalize
+
     def on_train_end(self, logs=None):
+        vars(self.model.optimizer).pop("finalize_variable_values", None)
         self.save()
 
 

@@ -458,6 +458,9 @@ def _fit(run, model, data):
         )
         step = optimizer_step(model)
         stopper, signals, callbacks = _callbacks(run, model, data, resume)
+        if _trained_out(stopper, step):
+            _end_without_fit(model, callbacks, step)
+            return stopper
         # Epochs count from the restored step: evaluations stay at multiples of
         # steps_per_epoch after a resume at an epoch boundary.
         initial_epoch = step // t.steps_per_epoch
@@ -487,6 +490,31 @@ def _fit(run, model, data):
     if step < t.steps and not stopper.out_of_time:
         raise RuntimeError(f"training stopped at step {step} of {t.steps} (NaN loss?)")
     return stopper
+
+
+def _trained_out(stopper, step):
+    """True when a resumed run has nothing left to train: its steps made, or its time budget
+    spent (`stopper.max_seconds`, where the kept estimate of the end moved it). Such a run was
+    stopped after training (in the dev set's choice, the scoring, the export): calling `fit`
+    would train one step more (the budget is looked at after a step), and the final model
+    would not be the uninterrupted run's."""
+    if step >= stopper.steps:
+        return True
+    if stopper.max_seconds is None or stopper.elapsed < stopper.max_seconds:
+        return False
+    stopper.out_of_time = True
+    return True
+
+
+def _end_without_fit(model, callbacks, step):
+    """The end of training for a resumed run with nothing left to train (`_trained_out`): what
+    `fit` would leave, less the step it would add (the step checkpoint of `step` kept, the older
+    ones pruned as at the end of training)."""
+    print(f"nothing left to train at step {step} (resumed after training ended)", flush=True)
+    for callback in callbacks:
+        if isinstance(callback, StepCheckpoint):
+            callback.set_model(model)
+            callback.end_at(step)
 
 
 def _callbacks(run, model, data, resume):
