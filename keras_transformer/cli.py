@@ -4,7 +4,8 @@ Subcommands: prepare, train, translate, evaluate, score, info, export. This modu
 (types, choices) and turns errors into messages; what the flags mean together is checked by the
 commands (`commands/flags.py`). Exit code 0 on success, 2 with a one-line message on bad usage or
 bad input (no traceback for user errors). TensorFlow's start-up log is kept off the terminal
-unless `--verbose` is given or `TF_CPP_MIN_LOG_LEVEL` is set (`commands.startup.import_tensorflow`).
+unless `--verbose` is given or `TF_CPP_MIN_LOG_LEVEL` is set, whichever module imports it
+first (`commands.startup.quiet_tensorflow_import`).
 """
 
 import argparse
@@ -12,6 +13,7 @@ import contextlib
 import sys
 
 from keras_transformer import commands, stopping
+from keras_transformer.commands import startup
 from keras_transformer.errors import (
     PREEMPTED_EXIT_CODE,
     KerasTransformerError,
@@ -302,6 +304,9 @@ def _add_export_command(sub, common):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    # Before any command code runs: whichever module imports TensorFlow first, its C++ start-up
+    # log stays off the terminal (unless --verbose or TF_CPP_MIN_LOG_LEVEL).
+    startup.quiet_tensorflow_import(getattr(args, "verbose", False))
     # train, prepare and export stop at a safe point of their phase on SIGTERM/SIGINT (exit 75).
     safe = stopping.catching() if getattr(args, "stops_safely", False) else contextlib.nullcontext()
     try:
