@@ -211,7 +211,7 @@ def _add_model_commands(sub, common):
     signatures and its model card."""
     _add_translate_command(sub, common)
     p = sub.add_parser(
-        "evaluate", parents=[common], help="sacreBLEU and chrF of an export on a test set"
+        "evaluate", parents=[common], help="BLEU and chrF (sacreBLEU) of an export on a test set"
     )
     p.add_argument(
         "--model",
@@ -334,10 +334,8 @@ def _text(text):
 
 
 def _sentence(text):
-    """A subcommand's one-line help as a sentence (`sacreBLEU ...` keeps its case)."""
-    first = text.split()[0]
-    text = text[0].upper() + text[1:] if first.islower() else text
-    return _text(text if text.endswith(".") else text + ".")
+    """A subcommand's one-line help as a sentence."""
+    return _text(text[0].upper() + text[1:] + ("" if text.endswith(".") else "."))
 
 
 def _usage_block(parser):
