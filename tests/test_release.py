@@ -137,3 +137,22 @@ def test_install_page_lists_every_extra(setup_py):
     assert "docs/install.md" in _read("setup.py")  # the comment on the supported range
     assert 'pip install "keras-nmt-transformer[jax]"' in _read("docs/guides/jax.md")
     assert 'pip install "jax[cuda12]"' in _read("docs/guides/jax.md")
+
+
+def test_changelog_versions_have_link_references(setup_py):
+    """Each `## [VERSION]` heading of CHANGELOG.md is a link (Keep a Changelog): `[Unreleased]`
+    compares the newest tag with HEAD, each version links its tag `vVERSION`; the version being
+    built has its heading."""
+    _, namespace = setup_py
+    repository = namespace["REPOSITORY"]
+    text = _read("CHANGELOG.md")
+    headings = re.findall(r"^## \[([^\]]+)\]", text, re.M)
+    references = dict(re.findall(r"^\[([^\]]+)\]: (\S+)$", text, re.M))
+    assert headings[0] == "Unreleased" and len(headings) > 2
+    versions = headings[1:]
+    assert all(re.fullmatch(r"\d+\.\d+\.\d+", v) for v in versions), versions
+    assert set(references) == set(headings), set(references) ^ set(headings)
+    assert references["Unreleased"] == f"{repository}/compare/v{versions[0]}...HEAD"
+    for version in versions:
+        assert references[version] == f"{repository}/releases/tag/v{version}", version
+    assert namespace["VERSION"] in versions  # a version bump comes with its CHANGELOG section
