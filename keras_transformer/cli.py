@@ -4,7 +4,8 @@ Subcommands: prepare, train, translate, evaluate, score, info, export. This modu
 (types, choices) and turns errors into messages; what the flags mean together is checked by the
 commands (`commands/flags.py`). Exit code 0 on success, 2 with a one-line message on bad usage or
 bad input (no traceback for user errors). TensorFlow's start-up log is kept off the terminal
-unless `--verbose` is given or `TF_CPP_MIN_LOG_LEVEL` is set (`commands.startup.import_tensorflow`).
+unless `--verbose` is given or `TF_CPP_MIN_LOG_LEVEL` is set, whichever module imports it
+first (`commands.startup.quiet_tensorflow_import`).
 """
 
 import argparse
@@ -12,6 +13,7 @@ import contextlib
 import sys
 
 from keras_transformer import commands, stopping
+from keras_transformer.commands import startup
 from keras_transformer.errors import (
     PREEMPTED_EXIT_CODE,
     KerasTransformerError,
@@ -209,7 +211,7 @@ def _add_model_commands(sub, common):
     signatures and its model card."""
     _add_translate_command(sub, common)
     p = sub.add_parser(
-        "evaluate", parents=[common], help="sacreBLEU and chrF of an export on a test set"
+        "evaluate", parents=[common], help="BLEU and chrF (sacreBLEU) of an export on a test set"
     )
     p.add_argument(
         "--model",
@@ -300,8 +302,78 @@ def _add_export_command(sub, common):
     p.set_defaults(func=commands.export_command, stops_safely=True)
 
 
+def cli_reference():
+    """Markdown: every subcommand's usage and a table of its flags, rendered from `build_parser()`
+    (docs/reference/cli.md; `tests/test_docs.py` keeps the page in sync). Imports no TensorFlow."""
+    parser = build_parser()
+    lines = [
+        "## `keras-transformer`", "", _text(parser.description), "",
+        *_usage_block(parser), *_flag_table(parser),
+    ]  # fmt: skip
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    helps = {action.dest: action.help for action in sub._choices_actions}
+    for name, command in sub.choices.items():
+        lines += [f"## `keras-transformer {name}`", "", _sentence(helps[name]), ""]
+        if command.description:
+            lines += [_text(command.description), ""]
+        lines += [*_usage_block(command), *_flag_table(command)]
+        if command.epilog:
+            lines += [_text(command.epilog), ""]
+    return "\n".join(lines)
+
+
+def _text(text):
+    """A help text as Markdown: a `|` or `[a][b]` escaped (`config.table_cell`), and `<name>`,
+    which Markdown would take for an HTML tag, written as text."""
+    from keras_transformer.config import table_cell
+
+    parts = table_cell(text).split("`")
+    for i in range(0, len(parts), 2):  # outside backticks
+        parts[i] = parts[i].replace("<", "&lt;").replace(">", "&gt;")
+    return "`".join(parts)
+
+
+def _sentence(text):
+    """A subcommand's one-line help as a sentence."""
+    return _text(text[0].upper() + text[1:] + ("" if text.endswith(".") else "."))
+
+
+def _usage_block(parser):
+    # A fixed width: the page must not depend on the terminal that generated it.
+    formatter = argparse.HelpFormatter(parser.prog, width=100)
+    formatter.add_usage(parser.usage, parser._actions, parser._mutually_exclusive_groups)
+    return ["```text", formatter.format_help().strip(), "```", ""]
+
+
+def _flag_table(parser):
+    """`| flag | value | default | meaning |`, a row per argument (`--help` left out)."""
+    rows = ["| flag | value | default | meaning |", "|---|---|---|---|"]
+    for action in parser._actions:
+        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+            continue
+        names = ", ".join(f"`{name}`" for name in action.option_strings) or f"`{action.dest}`"
+        value = ""
+        if action.choices is not None:
+            value = ", ".join(f"`{choice}`" for choice in action.choices)
+        elif action.nargs != 0:
+            value = f"`{action.metavar or action.dest.upper()}`"
+            value += " ..." if action.nargs in ("*", "+") or action.default == [] else ""
+        if action.required and action.nargs not in ("?", "*"):
+            default = "required"
+        elif action.default in (None, False, []):
+            default = ""
+        else:
+            default = f"`{action.default}`"
+        cells = [names, value, default, _text(action.help or "")]
+        rows.append("| " + " | ".join(cells) + " |")
+    return [*rows, ""]
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    # Before any command code runs: whichever module imports TensorFlow first, its C++ start-up
+    # log stays off the terminal (unless --verbose or TF_CPP_MIN_LOG_LEVEL).
+    startup.quiet_tensorflow_import(getattr(args, "verbose", False))
     # train, prepare and export stop at a safe point of their phase on SIGTERM/SIGINT (exit 75).
     safe = stopping.catching() if getattr(args, "stops_safely", False) else contextlib.nullcontext()
     try:

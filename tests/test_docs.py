@@ -8,6 +8,8 @@ import json
 import os
 import re
 import shlex
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -20,6 +22,8 @@ README = os.path.join(ROOT, "README.md")
 DOCS = os.path.join(ROOT, "docs")
 CONFIG_PAGE = os.path.join(DOCS, "reference", "config.md")
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
+CLI_PAGE = os.path.join(DOCS, "reference", "cli.md")
+CLI_START, CLI_END = "<!-- cli-reference:start -->", "<!-- cli-reference:end -->"
 # The packages whose `__all__` is the public API, each with its page under docs/reference/api/.
 PUBLIC_PACKAGES = ["layers", "models", "decoding", "export", "training", "data", "litert"]
 # Modules without `__all__`: their public functions (and these classes) are the API.
@@ -106,18 +110,70 @@ def test_no_section_opens_mid_sentence():
     assert not cut, "\n".join(cut)
 
 
-def test_config_reference_is_in_sync():
-    text = _read(CONFIG_PAGE)
-    assert text.count(START) == 1 and text.count(END) == 1
-    expected = f"{START}\n{config_reference().strip()}\n{END}"
-    current = text[text.index(START) : text.index(END) + len(END)]
+def _generated_part_in_sync(path, start, end, generated):
+    """Whether the part of `path` between `start` and `end` is `generated`; under
+    `UPDATE_DOCS=1` it is rewritten first."""
+    text = _read(path)
+    assert text.count(start) == 1 and text.count(end) == 1
+    expected = f"{start}\n{generated.strip()}\n{end}"
+    current = text[text.index(start) : text.index(end) + len(end)]
     if current != expected and os.environ.get("UPDATE_DOCS"):
-        with open(CONFIG_PAGE, "w", encoding="utf-8") as f:
+        with open(path, "w", encoding="utf-8") as f:
             f.write(text.replace(current, expected))
         current = expected
-    assert current == expected, (
+    return current == expected
+
+
+def test_config_reference_is_in_sync():
+    assert _generated_part_in_sync(CONFIG_PAGE, START, END, config_reference()), (
         "docs/reference/config.md is stale: UPDATE_DOCS=1 python -m pytest tests/test_docs.py"
     )
+
+
+def test_cli_reference_is_in_sync():
+    from keras_transformer.cli import cli_reference
+
+    assert _generated_part_in_sync(CLI_PAGE, CLI_START, CLI_END, cli_reference()), (
+        "docs/reference/cli.md is stale: UPDATE_DOCS=1 python -m pytest tests/test_docs.py"
+    )
+
+
+def test_cli_reference_lists_every_subcommand_and_flag():
+    """Each subcommand has its section on the page, and each of its flags a row there."""
+    import argparse
+
+    from keras_transformer.cli import build_parser
+
+    page = _read(CLI_PAGE)
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    assert set(sub.choices) == {
+        "prepare", "train", "translate", "evaluate", "export", "info", "score",
+    }  # fmt: skip
+    for name, parser in sub.choices.items():
+        heading = f"## `keras-transformer {name}`"
+        assert page.count(heading) == 1, heading
+        section = page.split(heading)[1].split("\n## ")[0]
+        for action in parser._actions:
+            for flag in action.option_strings or [action.dest]:
+                if flag not in ("-h", "--help"):
+                    assert re.search(rf"^\| [^|]*`{flag}`[^|]* \|", section, re.M), (name, flag)
+
+
+def test_cli_parser_imports_no_tensorflow():
+    """The parser (and the page made from it) is cheap: `--help`, a bad flag and the CLI
+    reference answer before TensorFlow or Keras loads."""
+    code = (
+        "import sys\n"
+        "from keras_transformer.cli import build_parser, cli_reference\n"
+        "build_parser(); cli_reference()\n"
+        "assert 'tensorflow' not in sys.modules, 'tensorflow was imported'\n"
+        "assert 'keras' not in sys.modules, 'keras was imported'\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def test_config_reference_rows_have_four_cells():

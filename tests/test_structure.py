@@ -522,6 +522,7 @@ def test_the_first_line_of_an_error_is_taken_in_one_place():
 _KEPT_FOR_USERS = {
     "enabled_names": "fast_paths' documented API (the tests restore the switches with it)",
     "masked_token_cross_entropy": "the plain form of the fused loss, which tests compare it with",
+    "cli_reference": "the generator of docs/reference/cli.md (tests/test_docs.py keeps it in sync)",
 }
 
 
