@@ -224,46 +224,109 @@ def test_results_page_is_generated_from_the_ledgers():
             assert not missing, (name, missing)
 
 
+def test_every_ledger_shows_its_figures():
+    """Each ledger's table has its own columns (eight ledgers once showed only the date, the
+    machine and the label, so README rows linked lines without a number), each column shows
+    something, and every field a current figure reads is in a column of its line, not only in
+    the folded `more` cell."""
+    from benchmarks import figures, ledger, results_page
+
+    names = ledger.benchmarks()
+    assert not [n for n in names if n not in results_page.COLUMNS], "a ledger without COLUMNS"
+    for name in names:
+        rows = ledger.read(name)
+        for column in results_page.COLUMNS[name]:
+            assert any(column.render(row)[0] for row in rows), (name, column.header)
+    hidden = []
+    for entry in figures.load():
+        for quote in figures.quotes(entry):
+            for name, number, field in quote.fields:
+                row = ledger.read(name)[number - 1]
+                shown = {f for c in results_page.COLUMNS[name] for f in c.render(row)[1]}
+                if field not in shown:
+                    hidden.append(f"{name} line {number}: {field} ({entry['what'][:40]})")
+    assert not hidden, "figures read from fields the page does not show:\n" + "\n".join(hidden)
+
+
+def test_results_page_tables_are_narrow_and_old_lines_fold():
+    """At most 7 columns a table (11 ran off the page), and a ledger shows its latest lines
+    and the lines the current figures read; the others are folded into a `<details>` block."""
+    from benchmarks import ledger, results_page
+
+    page = _read(results_page.PAGE)
+    for line in page.splitlines():
+        if line.startswith("|"):
+            cells = re.split(r"(?<!\\)\|", line.strip())[1:-1]
+            assert len(cells) <= 7, line[:120]
+    read = results_page._read_by_figures()
+    for name in ledger.benchmarks():
+        rows = ledger.read(name)
+        section = page[page.index(f"`benchmarks/results/{name}.jsonl`") :]
+        visible = section[: section.index("\n\n", section.index("|"))]
+        shown = re.findall(rf'<a id="{name}-(\d+)">', visible)
+        assert len(shown) <= results_page.LATEST + len(read.get(name, ()))
+        assert str(len(rows)) in shown  # the latest line is in view
+        if len(rows) > len(shown):
+            folded = section[section.index("<details markdown") :]
+            assert f'<a id="{name}-1">' in folded or "1" in shown
+
+
 FIGURES_START, FIGURES_END = "<!-- results-figures:start -->", "<!-- results-figures:end -->"
 
 
+def _table_cells(row):
+    return [c.strip() for c in re.split(r"(?<!\\)\|", row.strip())[1:-1]]
+
+
 def _readme_results_rows():
-    """The cells of each row of the README's Results table (header and rule left out)."""
+    """The cells of each row of the README's headline table (header and rule left out)."""
     text = _readme()
-    section = text[text.index("\n## Results\n") + 1 :]
-    section = section[: section.index("\n## ")]
-    rows = [line for line in section.splitlines() if line.startswith("| ")][1:]
-    return [[c.strip() for c in re.split(r"(?<!\\)\|", row.strip())[1:-1]] for row in rows]
+    table = text[text.index(FIGURES_START) : text.index(FIGURES_END)]
+    rows = [line for line in table.splitlines() if line.startswith("| ")][1:]
+    return [_table_cells(row) for row in rows]
 
 
-def test_readme_figures_are_the_ledger_lines_they_link():
-    """Every number in the README's Results table is what `benchmarks/results/figures.yaml`
-    reads from the ledgers (one line's field, a ratio, the mean of several lines), to the
-    digits shown, and its row links exactly the lines that number is read from."""
+def _check_numbers(entry, shown, wrong):
     from benchmarks import figures
 
+    quotes = figures.quotes(entry)
+    numbers = figures.NUMBER.findall(shown)
+    if len(numbers) != len(quotes):
+        wrong.append(f"{entry['id']} shows {numbers}, figures.yaml has {len(quotes)}")
+        return
+    for text, quote in zip(numbers, quotes):
+        if not figures.shows(text, quote.value):
+            wrong.append(f"{entry['id']} shows {text}: {quote.expression} = {quote.value}")
+
+
+def test_figures_are_the_ledger_lines_they_link():
+    """Every number of the current figures, on the results page and in the README's headline
+    table, is what `benchmarks/results/figures.yaml` reads from the ledgers (one line's field,
+    a ratio, the mean of several lines), to the digits shown; each row of the results page links
+    exactly the lines its numbers are read from, and each README row links its page row."""
+    from benchmarks import figures, results_page
+
     entries = figures.load()
-    rows = _readme_results_rows()
-    assert len(rows) == len(entries), "README's Results rows are not figures.yaml's entries"
+    page_rows = [
+        _table_cells(line)
+        for line in _read(results_page.PAGE).splitlines()
+        if line.startswith('| <a id="figure-')
+    ]
+    assert len(page_rows) == len(entries), "the page's rows are not figures.yaml's entries"
     wrong = []
-    for (what, shown, *_), entry in zip(rows, entries):
-        quotes = figures.quotes(entry)
-        linked = {
-            (name, int(number))
-            for name, number in re.findall(r"\(docs/results\.md#(\w+)-(\d+)\)", what)
-        }
-        read = set(figures.lines(quotes))
+    for (what, shown, _, sources), entry in zip(page_rows, entries):
+        assert what.startswith(f'<a id="figure-{entry["id"]}">'), what
+        linked = {(name, int(n)) for name, n in re.findall(r"\(#(\w+)-(\d+)\)", sources)}
+        read = set(figures.lines(figures.quotes(entry)))
         if linked != read:
-            wrong.append(
-                f"{entry['what']!r} links {sorted(linked)}, its figure reads {sorted(read)}"
-            )
-        numbers = figures.NUMBER.findall(shown)
-        if len(numbers) != len(quotes):
-            wrong.append(f"{entry['what']!r} shows {numbers}, figures.yaml has {len(quotes)}")
-            continue
-        for text, quote in zip(numbers, quotes):
-            if not figures.shows(text, quote.value):
-                wrong.append(f"{entry['what']!r} shows {text}: {quote.expression} = {quote.value}")
+            wrong.append(f"{entry['id']} links {sorted(linked)}, its figure reads {sorted(read)}")
+        _check_numbers(entry, shown, wrong)
+    headline = [entry for entry in entries if entry.get("readme")]
+    rows = _readme_results_rows()
+    assert 0 < len(rows) == len(headline) <= 8, "the README's table is figures.yaml's headline"
+    for (what, shown, _), entry in zip(rows, headline):
+        assert what.endswith(f"(docs/results.md#figure-{entry['id']})"), what
+        _check_numbers(entry, shown, wrong)
     assert not wrong, "\n".join(wrong)
 
 
