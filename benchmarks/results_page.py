@@ -364,9 +364,10 @@ the *.jsonl ledgers): do not edit. tests/test_docs.py fails when this page is st
 ## Current figures
 
 The figures the README and the guides quote, each read from the ledger lines its row links
-(the ledgers follow below) and rounded half up to the digits shown; speed on the machine
-named, 2 CPU cores unless a GPU is named. How each figure is computed from its lines, and the
-command that reproduces it, is folded below the table
+(the ledgers follow below) and rounded half up to the digits shown. Quality is measured on the
+Tatoeba English-German pairs ([which, and where to get them](benchmarks.md#the-corpus)); speed
+on the machine named, 2 CPU cores unless a GPU is named. How each figure is computed from its
+lines, and the command that reproduces it, is folded below the table
 ([how to add a row](benchmarks.md#current-figures)).
 
 """

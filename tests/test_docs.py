@@ -94,6 +94,37 @@ def test_readme_is_a_front_door():
             assert anchor in _anchors(path), f"README links to a missing anchor {link}"
 
 
+# Words of how the project was made rather than of what it is (a reader has no sessions,
+# tasks, helpers or issue numbers to look up), as phrases, so that product words stay free:
+# TensorFlow's `Session` is capitalised, the beam search's "helpers" follow no article.
+PROCESS_WORDS = re.compile(
+    r"\bsessions?\b|\bthis task\b|\bthe lead\b|\b(?:[Tt]he|[Aa]nother|[Oo]ther|[Ee]ach) helpers?\b"
+    r"|\bhelper engineers?\b|\b[Hh]elpers drop\b|\b[Ii]ssue ?#? ?\d+|\bissue\d+_|\(#\d+\)"
+    r"|\bthe GPU machines?\b|\bthis project is tested on\b"
+)
+# Paths of the machines the project was made on, and a folder beside the repository.
+MACHINE_PATHS = re.compile(r"(?<![\w.~$-])/(?:work|tmp|root|home)/|\.\./shared\b")
+
+
+def test_what_ships_has_no_process_words_or_machine_paths():
+    """The docs, the README, the CHANGELOG and every ledger line speak of the product: no
+    "issue #11", "other sessions", "this task" or helpers and leads, no `/work/...` or `/tmp/...`
+    path of the machine that measured a figure, no `../shared/...` folder a user does not have."""
+    from benchmarks import ledger
+
+    paths = [README, os.path.join(ROOT, "CHANGELOG.md")]
+    paths += glob.glob(os.path.join(DOCS, "**", "*.md"), recursive=True)
+    paths += glob.glob(os.path.join(ledger.RESULTS, "*.jsonl"))
+    paths += [os.path.join(ledger.RESULTS, "figures.yaml")]
+    found = []
+    for path in paths:
+        for number, line in enumerate(_read(path).splitlines(), 1):
+            for pattern in (PROCESS_WORDS, MACHINE_PATHS):
+                for match in pattern.finditer(line):
+                    found.append(f"{os.path.relpath(path, ROOT)}:{number}: {match.group(0)!r}")
+    assert not found, "\n".join(found)
+
+
 def test_no_section_opens_mid_sentence():
     """The first paragraph under a heading starts a sentence (precision-xla.md's "bfloat16 on
     CPUs" opened with "model re-exported with ... does;", the rest of a cut sentence)."""
