@@ -268,6 +268,10 @@ def render_quotes(text, entries=None, read=ledger.read):
     """`text` with every `<!-- figure: ID [N] -->...<!-- /figure -->` quote rewritten from
     figures.yaml (an unknown ID raises)."""
     by_id = {entry["id"]: entry for entry in (entries if entries is not None else load())}
+    # A line that starts with a comment is an HTML block in Markdown: it would cut the paragraph.
+    for line in text.splitlines():
+        if line.lstrip().startswith("<!-- figure:"):
+            raise ValueError(f"a figure's quote starts a line (it would end the paragraph): {line}")
 
     def replace(match):
         if match.group("id") not in by_id:

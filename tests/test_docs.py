@@ -361,6 +361,29 @@ def test_figures_are_the_ledger_lines_they_link():
     assert not wrong, "\n".join(wrong)
 
 
+def test_pages_quote_the_figures_from_figures_yaml():
+    """A figure quoted outside the tables (`<!-- figure: ID -->...<!-- /figure -->`, or its N-th
+    number) is written from figures.yaml, so that each figure has one source: the quickstart's
+    BLEU was "about 82 to 87" in the README beside a table row of 81.73, and the guide cited
+    other runs."""
+    from benchmarks import figures, results_page
+
+    assert not results_page.stale(), "stale: python -m benchmarks.results_page"
+    for path in (README, os.path.join(DOCS, "guides", "quickstart.md")):
+        assert "<!-- figure: quickstart -->" in _read(path), path
+    entry = {"id": "q", "figure": "{bleu[1]:.1f} / {bleu[2]:.1f}", "ledger": "t"}
+    read = {"t": [{"bleu": 80.04}, {"bleu": 81.96}]}.__getitem__
+    text = "BLEU <!-- figure: q -->old<!-- /figure --> and <!-- figure: q 2 -->1<!-- /figure -->."
+    assert figures.render_quotes(text, [entry], read) == (
+        "BLEU <!-- figure: q -->80.0 / 82.0<!-- /figure --> and "
+        "<!-- figure: q 2 -->82.0<!-- /figure -->."
+    )
+    starts_a_line = "<!-- figure: q -->x<!-- /figure --> ends the paragraph before it"
+    for bad in (starts_a_line, "a <!-- figure: r -->x<!-- /figure --> of no entry"):
+        with pytest.raises(ValueError):
+            figures.render_quotes(bad, [entry], read)
+
+
 def test_readme_results_table_is_generated_from_figures_yaml():
     from benchmarks import figures
 
