@@ -78,8 +78,13 @@ def _anchors(path):
 
 
 def test_readme_is_a_front_door():
+    """A newcomer reads the README in five minutes: at most 180 lines, its prose at most 100
+    characters a line (code, tables and markers aside), and no dated run logs."""
     text = _readme()
-    assert len(text.splitlines()) <= 250
+    assert len(text.splitlines()) <= 180
+    prose = re.sub(r"```.*?```", "", text, flags=re.S).splitlines()
+    long = [line for line in prose if len(line) > 100 and not line.startswith(("|", "<!--"))]
+    assert not long, long
     # No dated run logs (time spans such as 03:36-04:08) in the front door.
     assert not re.search(r"\b\d{1,2}:\d{2}\s*(?:-|–|to)\s*\d{1,2}:\d{2}\b", text)
     links = re.findall(r"\]\(([^)\s]+)\)", text)
@@ -123,6 +128,18 @@ def test_what_ships_has_no_process_words_or_machine_paths():
                 for match in pattern.finditer(line):
                     found.append(f"{os.path.relpath(path, ROOT)}:{number}: {match.group(0)!r}")
     assert not found, "\n".join(found)
+
+
+def test_home_page_names_every_guide_and_export():
+    """The manual's home page links every guide and the results, history and benchmarks pages
+    (the JAX, speed and memory, after-the-first-model and benchmarks pages were missing), and
+    names the three exports."""
+    home = _read(os.path.join(DOCS, "index.md"))
+    pages = [os.path.relpath(p, DOCS) for p in glob.glob(os.path.join(DOCS, "guides", "*.md"))]
+    pages += ["results.md", "history.md", "benchmarks.md", "survival.md", "reference/config.md"]
+    assert not [page for page in pages if f"]({page})" not in home], "pages the home page lacks"
+    for export in ("SavedModel", "CTranslate2", "LiteRT"):
+        assert export in home.split("## Where to start")[0], export
 
 
 def test_no_section_opens_mid_sentence():
@@ -565,10 +582,15 @@ def test_rest_requests_match_the_signature(exported_quickstart):
     assert any("instances" in b for b in bodies) and any("inputs" in b for b in bodies)
     named = {b.get("signature_name", "serving_default") for b in bodies}
     assert named == {"serving_default", "translate_nbest", "translate_prefix", "score"}
-    # The README's translate_prefix example shows its response (issue #37).
-    readme = [body for body, _ in _rest_examples(_readme())]
-    assert any(b.get("signature_name") == "translate_prefix" for b in readme)
-    assert any(documented for body, documented in examples if body in readme)
+    # The serving guide's translate_prefix example shows its response.
+    serving = _read(os.path.join(DOCS, "guides", "export-serving.md"))
+    prefix = [
+        (body, documented)
+        for body, documented in _rest_examples(serving)
+        if body.get("signature_name") == "translate_prefix"
+    ]
+    assert any(documented for _, documented in prefix)
+    assert any("instances" in body for body, _ in _rest_examples(_readme()))
     for body, documented in examples:
         signature = signatures[body.get("signature_name", "serving_default")]
         _, inputs = signature.structured_input_signature
