@@ -325,35 +325,46 @@ COLUMNS = {
         Column("JAX / TensorFlow", ("jax_over_tf",), lambda r: f"{_value(r['jax_over_tf'])}x"),
     ],
 }
+# Each ledger's section title, and the script that writes it.
 TITLES = {
-    "quality_budget": "Quality per CPU budget (`benchmarks/quality_budget.py`)",
-    "quickstart": "The quickstart (`benchmarks/quickstart.py`)",
-    "decode_sweep": "Beam size and length penalty on dev (`benchmarks/decode_sweep.py`)",
-    "compare": "Speed against TF Model Garden (`benchmarks/compare.sh`)",
-    "train_throughput": "Training throughput by precision (`benchmarks/train_throughput.py`)",
-    "serve_compare": "Serving speed, three engines (`benchmarks/serve_compare.py`)",
-    "prepare_scale": "Preparing WMT'14-sized corpora (`benchmarks/prepare_scale.py`)",
-    "ab_checkouts": "Two checkouts alternately (`benchmarks/ab_checkouts.py`)",
-    "back_translation": "Tagged back-translation (`benchmarks/back_translation.py`)",
-    "select_on_dev": "The dev set chooses the export (`benchmarks/select_on_dev.py`)",
-    "translate_file": "Translating a file against CTranslate2 (`benchmarks/translate_file.py`)",
-    "prepare_workers": "`prepare` with 1 and 2 workers (`benchmarks/prepare_workers.py`)",
-    "restart_cost": "What a resume costs at steps 100 and 100,000 (`benchmarks/restart_cost.py`)",
-    "profile_ops": "Where a step's wall time goes (`benchmarks/profile_ops.py`)",
-    "serve_latency": "Requests of 1 to 64 sentences through `serving_default` "
-    "(`benchmarks/serve_latency.py`)",
-    "serve_warmup": "The first request, with and without warmup records "
-    "(`benchmarks/serve_warmup.py`)",
-    "litert_step": "Where a LiteRT decoder step's time goes (`benchmarks/litert_step.py`)",
-    "litert_footprint": "The LiteRT export on disk and in memory "
-    "(`benchmarks/litert_footprint.py`)",
-    "litert_quality": "The LiteRT export's answers and BLEU (`benchmarks/litert_quality.py`)",
-    "confidence": "The exported confidence on held-out sentences (`benchmarks/confidence.py`)",
-    "integrity_cost": "What the checksums cost (`benchmarks/integrity_cost.py`)",
-    "train_backends": "Training on the JAX and TensorFlow backends on a CPU "
-    "(`benchmarks/train_backends.py`)",
-    "accelerator_check": "One GPU: the JAX backend against PyTorch "
-    "(`benchmarks/accelerator_check.py`)",
+    "quality_budget": ("Quality per CPU budget", "benchmarks/quality_budget.py"),
+    "quickstart": ("The quickstart", "benchmarks/quickstart.py"),
+    "decode_sweep": ("Beam size and length penalty on dev", "benchmarks/decode_sweep.py"),
+    "compare": ("Speed against TF Model Garden", "benchmarks/compare.sh"),
+    "train_throughput": ("Training throughput by precision", "benchmarks/train_throughput.py"),
+    "serve_compare": ("Serving speed, three engines", "benchmarks/serve_compare.py"),
+    "prepare_scale": ("Preparing WMT'14-sized corpora", "benchmarks/prepare_scale.py"),
+    "ab_checkouts": ("Two checkouts alternately", "benchmarks/ab_checkouts.py"),
+    "back_translation": ("Tagged back-translation", "benchmarks/back_translation.py"),
+    "select_on_dev": ("The dev set chooses the export", "benchmarks/select_on_dev.py"),
+    "translate_file": ("Translating a file against CTranslate2", "benchmarks/translate_file.py"),
+    "prepare_workers": ("`prepare` with 1 and 2 workers", "benchmarks/prepare_workers.py"),
+    "restart_cost": ("What a resume costs at steps 100 and 100,000", "benchmarks/restart_cost.py"),
+    "profile_ops": ("Where a step's wall time goes", "benchmarks/profile_ops.py"),
+    "serve_latency": (
+        "Requests of 1 to 64 sentences through `serving_default`",
+        "benchmarks/serve_latency.py",
+    ),
+    "serve_warmup": (
+        "The first request, with and without warmup records",
+        "benchmarks/serve_warmup.py",
+    ),
+    "litert_step": ("Where a LiteRT decoder step's time goes", "benchmarks/litert_step.py"),
+    "litert_footprint": (
+        "The LiteRT export on disk and in memory",
+        "benchmarks/litert_footprint.py",
+    ),
+    "litert_quality": ("The LiteRT export's answers and BLEU", "benchmarks/litert_quality.py"),
+    "confidence": ("The exported confidence on held-out sentences", "benchmarks/confidence.py"),
+    "integrity_cost": ("What the checksums cost", "benchmarks/integrity_cost.py"),
+    "train_backends": (
+        "Training on the JAX and TensorFlow backends on a CPU",
+        "benchmarks/train_backends.py",
+    ),
+    "accelerator_check": (
+        "One GPU: the JAX backend against PyTorch",
+        "benchmarks/accelerator_check.py",
+    ),
 }
 INTRO = """\
 # Results
@@ -408,11 +419,16 @@ _MARKDOWN = str.maketrans({"|": "&#124;", "*": "&#42;", "`": "&#96;"})
 
 
 def _cell(value):
+    """A table cell's Markdown: `|` escaped, and a line break allowed after each underscore of a
+    long name outside `code` (so that `litert_float32_vs_saved_model` does not push its table
+    wider than the page)."""
     if value is None or value == "":
         return ""
     if not isinstance(value, str):
         value = _value(value)
-    return value.replace("|", "\\|").replace("\n", " ")
+    parts = value.replace("|", "\\|").replace("\n", " ").split("`")
+    parts[::2] = [part.replace("_", "_<wbr>") for part in parts[::2]]
+    return "`".join(parts)
 
 
 def _machine(row):
@@ -435,24 +451,48 @@ def _more(row, shown):
     return f"<details><summary>{text.count('<br>') + 1} fields</summary>{text}</details>"
 
 
+def _cells(benchmark, rows, number):
+    """The cells of line `number`: its number (with its anchor), its run (label, date,
+    machine), the ledger's `COLUMNS` and its other fields folded."""
+    row = rows[number - 1]
+    cells, shown = [], set()
+    for column in COLUMNS[benchmark]:
+        text, fields = column.render(row)
+        cells.append(_cell(text))
+        shown.update(fields)
+    label = str(row.get("label", "")).replace("|", "\\|").replace("`", "'")
+    run = f"`{label}`<br>{row['date'][:10]}, {_cell(_machine(row))}"
+    return [f'<a id="{benchmark}-{number}"></a>{number}', run] + cells + [_more(row, shown)]
+
+
+def _head(benchmark):
+    return ["#", "run"] + [column.header for column in COLUMNS[benchmark]] + ["more"]
+
+
 def table(benchmark, rows, numbers=None):
     """The Markdown table of one ledger's lines (`numbers`, 1-based; all by default), a row per
-    line with its anchor `<benchmark>-<n>`: the line's number, the run (label, date, machine),
-    the ledger's `COLUMNS` and its other fields folded in the last cell."""
-    columns = COLUMNS[benchmark]
-    head = ["#", "run"] + [column.header for column in columns] + ["more"]
+    line with its anchor `<benchmark>-<n>`."""
+    head = _head(benchmark)
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for number in numbers or range(1, len(rows) + 1):
-        row = rows[number - 1]
-        cells, shown = [], set()
-        for column in columns:
-            text, fields = column.render(row)
-            cells.append(_cell(text))
-            shown.update(fields)
-        run = f"`{_cell(row.get('label'))}`<br>{row['date'][:10]}, {_cell(_machine(row))}"
-        cells = [f'<a id="{benchmark}-{number}"></a>{number}', run] + cells
-        lines.append("| " + " | ".join(cells + [_more(row, shown)]) + " |")
+        lines.append("| " + " | ".join(_cells(benchmark, rows, number)) + " |")
     return "\n".join(lines)
+
+
+def _html(cell):
+    """A cell's Markdown as HTML: its `code` spans and escaped bars."""
+    return re.sub(r"`([^`]*)`", r"<code>\1</code>", cell).replace("\\|", "|")
+
+
+def html_table(benchmark, rows, numbers):
+    """The same table in HTML: the folded lines are inside a `<details>` block, where Markdown
+    would take each cell's own `<details>` for the start of an HTML block."""
+    head = "".join(f"<th>{_html(_cell(h))}</th>" for h in _head(benchmark))
+    body = "\n".join(
+        "<tr>" + "".join(f"<td>{_html(c)}</td>" for c in _cells(benchmark, rows, n)) + "</tr>"
+        for n in numbers
+    )
+    return f"<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody>\n</table>"
 
 
 def _read_by_figures(entries=None):
@@ -464,23 +504,24 @@ def _read_by_figures(entries=None):
     return read
 
 
-def section(name, rows, read=()):
+def section(name, rows, read=(), script=None):
     """A ledger's section: its latest `LATEST` lines and those in `read`, then the others
     folded."""
+    script = script or f"benchmarks/{name}.py"
     latest = set(range(max(1, len(rows) - LATEST + 1), len(rows) + 1))
     shown = sorted(latest | {n for n in read if 1 <= n <= len(rows)})
     older = [n for n in range(1, len(rows) + 1) if n not in shown]
     figures_note = " and the lines the current figures read" if set(shown) - latest else ""
     text = (
-        f"`benchmarks/results/{name}.jsonl`, {len(rows)} lines: the latest "
+        f"`{script}` writes `benchmarks/results/{name}.jsonl`, {len(rows)} lines: the latest "
         f"{len(latest)}{figures_note}"
         + (f", then the other {len(older)}, folded." if older else ".")
         + f"\n\n{table(name, rows, shown)}\n"
     )
     if older:
         text += (
-            f'\n<details markdown="1">\n<summary>The other {len(older)} lines of '
-            f"<code>{name}</code></summary>\n\n{table(name, rows, older)}\n\n</details>\n"
+            f"\n<details>\n<summary>The other {len(older)} lines of <code>{name}</code>"
+            f"</summary>\n{html_table(name, rows, older)}\n</details>\n"
         )
     return text
 
@@ -494,9 +535,8 @@ def render():
     for name in order:
         rows = ledger.read(name)
         plot = f"{PLOT_TEXT}\n" if name == "quality_budget" else ""
-        parts.append(
-            f"### {TITLES.get(name, name)}\n\n{plot}{section(name, rows, read.get(name, ()))}"
-        )
+        title, script = TITLES.get(name, (name, f"benchmarks/{name}.py"))
+        parts.append(f"### {title}\n\n{plot}{section(name, rows, read.get(name, ()), script)}")
     return "\n".join(parts)
 
 
