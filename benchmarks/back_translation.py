@@ -1,8 +1,8 @@
 """Tagged back-translation, measured end to end through the CLI: what half a corpus gains from
 the other half's target side alone, against having the other half's real pairs.
 
-On a parallel corpus directory (`train`, `dev`, `test` `.SRC`/`.TGT` files, e.g.
-`../shared/data/tatoeba-en-de`):
+On a parallel corpus directory (`train`, `dev`, `test` `.SRC`/`.TGT` files; by default
+`data/tatoeba-en-de`, the Tatoeba English-German pairs of `docs/benchmarks.md#the-corpus`):
 
 1. split the training pairs into halves A and B (a seeded permutation: deterministic);
 2. train SRC->TGT on A (`a_only`, the baseline);
@@ -23,8 +23,8 @@ every workdir, export and file: run the same command again after a kill and fini
 are skipped (a finished workdir prints its result; a finished back-translation is kept).
 
     BENCH_LABEL=tatoeba_30min PYTHONPATH=$PWD TF_CPP_MIN_LOG_LEVEL=2 \\
-        python benchmarks/back_translation.py --corpus ../shared/data/tatoeba-en-de \\
-        --minutes 30 --work /tmp/bt_tatoeba
+        python benchmarks/back_translation.py --corpus data/tatoeba-en-de \\
+        --minutes 30 --work workdirs/bt_tatoeba
 """
 
 import argparse
@@ -177,7 +177,7 @@ def run(args, work):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--corpus", default=os.path.join(REPO, "..", "shared", "data", "tatoeba-en-de")
+        "--corpus", default=os.path.join(REPO, "data", "tatoeba-en-de")
     )
     parser.add_argument("--src", default="en")
     parser.add_argument("--tgt", default="de")

@@ -1,6 +1,7 @@
-"""The current figures: `benchmarks/results/figures.yaml`, one entry per row of the README's
-Results table and of the table that opens `docs/results.md`, both generated from it
-(`python -m benchmarks.results_page`).
+"""The current figures: `benchmarks/results/figures.yaml`, one entry per row of the table that
+opens `docs/results.md`; those marked `readme: true` are the README's headline table, and pages
+quote a figure between `<!-- figure: ID -->` and `<!-- /figure -->` (or its N-th number,
+`<!-- figure: ID N -->`). All are generated from it (`python -m benchmarks.results_page`).
 
 Each entry names the ledger lines its numbers come from in its `figure` template: every `{...}`
 is an expression over ledger lines, then the format it is shown in,
@@ -29,7 +30,14 @@ except ImportError:  # run as a script from benchmarks/
     import ledger
 
 FIGURES = os.path.join(ledger.RESULTS, "figures.yaml")
-KEYS = {"what", "ledger", "figure", "machine", "reproduce"}
+KEYS = {"id", "what", "note", "ledger", "figure", "machine", "reproduce", "readme"}
+OPTIONAL = {"note", "ledger", "readme"}
+# The README's headline table: at most this many rows (the entries marked `readme: true`).
+README_ROWS = 8
+# A page quotes a figure, or its N-th number, between these comments; results_page rewrites it.
+QUOTE_MARK = re.compile(
+    r"<!-- figure: (?P<id>[a-z0-9-]+)(?: (?P<n>\d+))? -->(?P<text>.*?)<!-- /figure -->", re.S
+)
 _QUOTE = re.compile(r"\{([^{}]+)\}")
 _FORMAT = re.compile(r"^(\+?)(,?)\.(\d+)f$")
 # A number as a table shows it (`2,054`, `0.16`, `+2.95`, both of `0.77-0.78`), not the digits
@@ -52,8 +60,9 @@ class Quote:
     """One number of a figure: its `expression`, format, exact `value` (a Decimal), the
     `lines` it reads (`{(ledger, line number)}`, in the order read) and its `text` as shown."""
 
-    def __init__(self, expression, spec, value, lines):
+    def __init__(self, expression, spec, value, lines, fields=()):
         self.expression, self.spec, self.value, self.lines = expression, spec, value, lines
+        self.fields = list(fields)  # (ledger, line number, field) read
         sign, comma, digits = _FORMAT.match(spec).groups()
         self.text = format(_rounded(value, int(digits)), f"{sign}{comma}.{digits}f")
 
@@ -67,12 +76,19 @@ def load(path=FIGURES):
     with open(path, encoding="utf-8") as f:
         entries = yaml.safe_load(f)
     for entry in entries:
-        unknown, missing = set(entry) - KEYS, KEYS - {"ledger"} - set(entry)
+        unknown, missing = set(entry) - KEYS, KEYS - OPTIONAL - set(entry)
         if unknown or missing:
             raise ValueError(f"{entry.get('what')}: unknown keys {unknown}, missing {missing}")
+        if not re.fullmatch(r"[a-z0-9]+(?:-[a-z0-9]+)*", str(entry["id"])):
+            raise ValueError(f"{entry['id']!r}: an id is lowercase words joined by '-'")
         literal = NUMBER.findall(_QUOTE.sub("", entry["figure"]))
         if literal:
             raise ValueError(f"{entry['what']}: a figure's numbers are {{...}} quotes: {literal}")
+    ids = [entry["id"] for entry in entries]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"figures.yaml: an id twice in {ids}")
+    if sum(bool(entry.get("readme")) for entry in entries) > README_ROWS:
+        raise ValueError(f"figures.yaml: more than {README_ROWS} entries marked readme: true")
     return entries
 
 
@@ -84,7 +100,7 @@ def _number(value, where):
 
 class _Evaluator:
     def __init__(self, default_ledger, read):
-        self.default, self.read, self.lines = default_ledger, read, []
+        self.default, self.read, self.lines, self.fields = default_ledger, read, [], []
 
     def field(self, node):
         """`(ledger, field, [line numbers], several)` of `field[n]` / `ledger.field[a,b]`."""
@@ -115,6 +131,7 @@ class _Evaluator:
             if field not in row:
                 raise ValueError(f"{name} line {number} has no field {field!r}")
             values.append(_number(row[field], f"{name} line {number} {field}"))
+            self.fields.append((name, number, field))
             if (name, number) not in self.lines:
                 self.lines.append((name, number))
         return values, several
@@ -153,7 +170,7 @@ def quotes(entry, read=ledger.read):
         evaluate = _Evaluator(entry.get("ledger"), read)
         with decimal.localcontext(decimal.Context(prec=28)):
             value = evaluate(ast.parse(expression.strip(), mode="eval").body)
-        result.append(Quote(expression.strip(), spec, value, evaluate.lines))
+        result.append(Quote(expression.strip(), spec, value, evaluate.lines, evaluate.fields))
     return result
 
 
@@ -172,7 +189,7 @@ def shown(entry, entry_quotes):
 
 
 def _links(entry_quotes, page):
-    """`ledger: [name a](page#name-a), [b](page#name-b)`: each line read, by ledger and number."""
+    """`[name a](page#name-a), [b](page#name-b)`: each line read, by ledger and number."""
     read = lines(entry_quotes)
     parts = []
     for name in dict.fromkeys(name for name, _ in read):
@@ -181,52 +198,90 @@ def _links(entry_quotes, page):
             f"[{name + ' ' if i == 0 else ''}{number}]({page}#{name}-{number})"
             for i, number in enumerate(numbers)
         ]
-    return "ledger: " + ", ".join(parts)
+    return ", ".join(parts)
 
 
 def _cell(text):
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
-def _from_root(text):
-    """`text`'s relative links, written from docs/, as the README (at the root) needs them."""
-    return re.sub(r"\]\((?![a-z]+://|#)", "](docs/", text.strip())
+def _unlinked(text):
+    """`text` with its Markdown links replaced by their words."""
+    return re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)
 
 
 def readme_rows(entries=None, read=ledger.read):
-    """The README's Results table (links from the repository root)."""
-    head = ["| what | figure | machine | reproduce |", "|---|---|---|---|"]
+    """The README's headline table: the entries marked `readme: true`, each linking its row of
+    the results page (which links the ledger lines)."""
+    head = ["| what | figure | machine |", "|---|---|---|"]
     rows = []
     for entry in entries if entries is not None else load():
-        found = quotes(entry, read)
-        # The entry's own links are written from docs/ (as on the results page).
-        what, reproduce = (_from_root(entry[key]) for key in ("what", "reproduce"))
+        if not entry.get("readme"):
+            continue
+        what = _cell(_unlinked(entry["what"]))
         rows.append(
-            f"| {_cell(what)} ({_links(found, 'docs/results.md')}) | {_cell(shown(entry, found))}"
-            f" | {_cell(entry['machine'])} | {_cell(reproduce)} |"
+            f"| [{what}](docs/results.md#figure-{entry['id']}) | "
+            f"{_cell(shown(entry, quotes(entry, read)))} | {_cell(entry['machine'])} |"
         )
     return "\n".join(head + rows)
 
 
 def page_rows(entries=None, read=ledger.read):
-    """The results page's opening table: the README's, with how each number is derived."""
-    head = [
-        "| what | figure | derived from | machine | reproduce |",
-        "|---|---|---|---|---|",
-    ]
-    rows = []
-    for entry in entries if entries is not None else load():
+    """The results page's opening table, a row per entry (anchor `figure-<id>`) with the ledger
+    lines it reads, then how each figure is read and reproduced, folded."""
+    entries = entries if entries is not None else load()
+    head = ["| figure | value | machine | ledger lines |", "|---|---|---|---|"]
+    rows, how = [], []
+    for entry in entries:
         found = quotes(entry, read)
+        rows.append(
+            f'| <a id="figure-{entry["id"]}"></a>{_cell(entry["what"])} '
+            f"| {_cell(shown(entry, found))} | {_cell(entry['machine'])} | {_links(found, '')} |"
+        )
         derived = _QUOTE.sub(
             lambda m: f"`{m.group(1).rpartition(':')[0].strip()}`", entry["figure"]
         )
-        if entry.get("ledger"):
-            derived = f"`{entry['ledger']}`: {derived}"
-        rows.append(
-            f"| {_cell(entry['what'])} ({_links(found, '')}) | {_cell(shown(entry, found))}"
-            f" | {_cell(derived)} | {_cell(entry['machine'])} | {_cell(entry['reproduce'])} |"
+        where = f"from `{entry['ledger']}`: " if entry.get("ledger") else ""
+        note = f" {' '.join(entry['note'].split())}" if entry.get("note") else ""
+        how.append(
+            f"- **{_cell(entry['what'])}**.{note} Read {where}{' '.join(derived.split())}. "
+            f"Reproduce: {' '.join(entry['reproduce'].split())}."
         )
-    return "\n".join(head + rows)
+    folded = (
+        '<details markdown="1">\n<summary>How each figure is read, and the command that '
+        "reproduces it</summary>\n\n" + "\n".join(how) + "\n\n</details>"
+    )
+    return "\n".join(head + rows) + "\n\n" + folded
+
+
+def quote_text(entry, number=None, read=ledger.read):
+    """What a page's `<!-- figure: ID [N] -->` quote shows: the figure, or its N-th number."""
+    found = quotes(entry, read)
+    if number is None:
+        return " ".join(shown(entry, found).split())
+    if not 1 <= number <= len(found):
+        raise ValueError(f"figure {entry['id']} has {len(found)} numbers, not {number}")
+    return found[number - 1].text
+
+
+def render_quotes(text, entries=None, read=ledger.read):
+    """`text` with every `<!-- figure: ID [N] -->...<!-- /figure -->` quote rewritten from
+    figures.yaml (an unknown ID raises)."""
+    by_id = {entry["id"]: entry for entry in (entries if entries is not None else load())}
+    # A line that starts with a comment is an HTML block in Markdown: it would cut the paragraph.
+    for line in text.splitlines():
+        if line.lstrip().startswith("<!-- figure:"):
+            raise ValueError(f"a figure's quote starts a line (it would end the paragraph): {line}")
+
+    def replace(match):
+        if match.group("id") not in by_id:
+            raise ValueError(f"a quote of an unknown figure {match.group('id')!r}")
+        number = int(match.group("n")) if match.group("n") else None
+        value = quote_text(by_id[match.group("id")], number, read)
+        n = f" {match.group('n')}" if match.group("n") else ""
+        return f"<!-- figure: {match.group('id')}{n} -->{value}<!-- /figure -->"
+
+    return QUOTE_MARK.sub(replace, text)
 
 
 def shows(text, value):

@@ -3,7 +3,10 @@
 Every line is one measured figure with where and how it was taken: `date` (UTC, ISO 8601),
 `machine` (the CPU's model name and core count), `cpu_flags` (the instruction-set flags that
 move the figures: AVX-512, bfloat16, AMX, VNNI), `label` (what the run tried), `command` (the
-command line that reproduces it), then the benchmark's own fields. Lines are only ever appended;
+command line that reproduces it, as run from the repository root), then the benchmark's own
+fields. No line holds a path of the machine that measured it: a path inside the repository is
+written relative to its root, a temporary one as `$TMPDIR/...`, one in the home directory as
+`~/...`, any other as `DIR/<its last name>` (`portable`). Lines are only ever appended;
 `docs/results.md` is generated from these files (`python -m benchmarks.results_page`).
 
 A benchmark script appends its figures when the environment names the run:
@@ -17,10 +20,15 @@ import datetime
 import json
 import os
 import platform
+import re
 import shlex
 import sys
+import tempfile
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# An absolute path inside a string: after the start, a space, a quote, `=`, `:` or `,`.
+_ABSOLUTE = re.compile(r"(?:(?<=^)|(?<=[\s'\"=:,(]))/(?:[\w.+@-]+/)*[\w.+@-]+/?")
 # The flags that decide oneDNN's defaults and the bfloat16/int8 kernels on a CPU.
 FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx_vnni",
          "amx_bf16", "amx_tile", "amx_int8")
@@ -49,6 +57,36 @@ def ledger_path(benchmark):
     return os.path.join(RESULTS, f"{benchmark}.jsonl")
 
 
+def _portable_path(path, root):
+    path = os.path.normpath(path)
+    for base, shown in (
+        (os.path.realpath(root), "."),
+        (os.path.normpath(root), "."),
+        (os.path.realpath(tempfile.gettempdir()), "$TMPDIR"),
+        ("/tmp", "$TMPDIR"),
+        (os.path.expanduser("~"), "~"),
+    ):
+        if base not in ("/", "") and (path == base or path.startswith(base + os.sep)):
+            rest = os.path.relpath(path, base)
+            if shown == ".":
+                return rest
+            return shown if rest == "." else f"{shown}/{rest}"
+    return f"DIR/{os.path.basename(path)}"
+
+
+def portable(value, root=REPO):
+    """`value` (a string, or a list or dict of them) with every absolute path written so that it
+    means the same on another machine: relative to `root` (the repository) inside it, else
+    `$TMPDIR/...`, `~/...` or `DIR/<its last name>`."""
+    if isinstance(value, str):
+        return _ABSOLUTE.sub(lambda m: _portable_path(m.group(0), root), value)
+    if isinstance(value, list):
+        return [portable(v, root) for v in value]
+    if isinstance(value, dict):
+        return {k: portable(v, root) for k, v in value.items()}
+    return value
+
+
 def record(benchmark, fields, label=None, command=None):
     """Appends `fields` to `benchmark`'s ledger with the date, machine, CPU flags, label and
     command line; a no-op (returns None) when no label is given and `BENCH_LABEL` is unset."""
@@ -61,9 +99,9 @@ def record(benchmark, fields, label=None, command=None):
         "machine": f"{name}, {os.cpu_count()} cores",
         "cpu_flags": flags,
         "label": label,
-        "command": command or shlex.join(["python", *sys.argv]),
+        "command": portable(command or shlex.join(["python", *sys.argv])),
     }
-    line.update({key: value for key, value in fields.items() if key not in line})
+    line.update({key: portable(value) for key, value in fields.items() if key not in line})
     os.makedirs(RESULTS, exist_ok=True)
     with open(ledger_path(benchmark), "a", encoding="utf-8") as f:
         f.write(json.dumps(line) + "\n")

@@ -7,14 +7,17 @@ chrF on the test split (and dev, for ours), optimizer steps, target tokens train
 minutes, the load average, and the CPU's flags that matter for the precision choice (AVX512-BF16,
 AMX, AVX512-FP16). Ours goes through the CLI exactly as a user runs it (`keras-transformer train`
 with `train.max_minutes`, which averages checkpoints, scores dev and test with the `decode`
-settings and exports); the peer is `../shared/bench/peer_mg_translate.py` (beam 4, alpha 0.6).
+settings and exports); the peer is TF Model Garden's `Seq2SeqTransformer` trained and decoded
+(beam 4, alpha 0.6) by `peer_mg_translate.py`, one of the peer scripts kept outside this
+repository (`PEER`, run by the Python of their environment, `PEER_PYTHON`).
 
-Run from the repository root (the peer needs `../shared/bench/setup_peers.sh` first); with
+Run from the repository root, with the corpus in `data/tatoeba-en-de` (the Tatoeba
+English-German pairs: `docs/benchmarks.md#the-corpus`); with
 `BENCH_LABEL` set, the lines are also appended to the ledger
 `benchmarks/results/quality_budget.jsonl` (`benchmarks/ledger.py`):
 
     BENCH_LABEL=default PYTHONPATH=$PWD TF_CPP_MIN_LOG_LEVEL=2 \\
-        python benchmarks/quality_budget.py --corpus ../shared/data/tatoeba-en-de --minutes 30
+        python benchmarks/quality_budget.py --corpus data/tatoeba-en-de --minutes 30
 
 The corpus directory holds `train`, `dev` and `test` `.en`/`.de` files (`--src`/`--tgt` name
 other suffixes). `--set KEY=VALUE` (repeatable) changes our config, for one-change-at-a-time
@@ -164,7 +167,7 @@ def run_peer(args, work):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--corpus", default=os.path.join(REPO, "..", "shared", "data", "tatoeba-en-de")
+        "--corpus", default=os.path.join(REPO, "data", "tatoeba-en-de")
     )
     parser.add_argument("--src", default="en")
     parser.add_argument("--tgt", default="de")

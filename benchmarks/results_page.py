@@ -1,16 +1,22 @@
-"""Generates the documentation's results page, `docs/results.md`, and the README's Results table
-from `benchmarks/results/`: the page opens with the current figures (`figures.yaml`, each read
-from the ledger lines it names; `benchmarks/figures.py`), then one table per benchmark (every
-line, numbered as in its file, with an anchor `<benchmark>-<line>` that other pages link to),
-with the plot of translation quality against training steps, `docs/img/quality_steps.png`.
+"""Generates the documentation's results page, `docs/results.md`, from `benchmarks/results/`:
+the page opens with the current figures (`figures.yaml`, each read from the ledger lines it
+names; `benchmarks/figures.py`), then one table per benchmark (its latest lines and those the
+figures read, the others folded; each numbered as in its file, with an anchor
+`<benchmark>-<line>` that other pages link to), with the plot of translation quality against
+training steps, `docs/img/quality_steps.png`. It also writes the README's headline table and
+every figure a page quotes (`<!-- figure: ID -->...<!-- /figure -->`).
 
-    python -m benchmarks.results_page           # rewrites the page, the README's table, the plot
-    python -m benchmarks.results_page --check   # exit 1 if either text is stale
+    python -m benchmarks.results_page           # rewrites the page, the README's table, the
+                                                # figures the pages quote, the plot
+    python -m benchmarks.results_page --check   # exit 1 if any of them is stale
 
 `tests/test_docs.py` runs the checks.
 """
 
+import html
+import json
 import os
+import re
 import sys
 
 try:
@@ -27,167 +33,338 @@ PLOT = os.path.join(ROOT, "docs", "img", "quality_steps.png")
 FIGURES_START, FIGURES_END = "<!-- results-figures:start -->", "<!-- results-figures:end -->"
 
 
-def _pair(first, second):
-    return lambda r: "" if r.get(first) is None else f"{r[first]} / {r.get(second, '')}"
+class Column:
+    """One column of a ledger's table: its `header`, and `render(row)` giving the cell's text
+    (None: empty) and the fields it shows (the rest of the line goes into the last cell)."""
+
+    def __init__(self, header, fields, text=None):
+        self.header, self.fields, self._text = header, tuple(fields), text
+
+    def render(self, row):
+        present = [f for f in self.fields if row.get(f) not in (None, "", [], {})]
+        if not present:
+            return None, ()
+        if self._text is None:  # the first field the line has
+            return _value(row[present[0]]), (present[0],)
+        return self._text(row), tuple(present)
 
 
-def _phases(phases):
-    return ", ".join(f"{name} {seconds}" for name, seconds in (phases or {}).items())
+def first(header, *fields):
+    """The first of `fields` that the line has."""
+    return Column(header, fields)
 
 
-def _field(name):
-    return lambda r: r.get(name)
+def pair(header, a, b):
+    """`a / b` (or `a` alone)."""
+    return Column(header, (a, b), lambda r: " / ".join(_value(r[f]) for f in (a, b) if f in r))
 
 
-# The columns of each benchmark's table after `#`, date, machine and label.
+def labelled(header, *parts):
+    """`label value, label value` for the `(label, field, suffix)` parts the line has."""
+    fields = [field for _, field, _ in parts]
+
+    def text(row):
+        shown = [
+            f"{label} {_value(row[field])}{suffix}".strip()
+            for label, field, suffix in parts
+            if row.get(field) is not None
+        ]
+        return ", ".join(shown)
+
+    return Column(header, fields, text)
+
+
+def ratios(header="ratios"):
+    """Every `*_over_*` field of the line: `ours_litert_float32_over_ct2_int8` is shown as
+    `ours litert float32 / ct2 int8`."""
+
+    class _Ratios(Column):
+        def render(self, row):
+            names = [k for k in row if "_over_" in k and isinstance(row[k], (int, float))]
+            text = "; ".join(
+                f"{k.replace('_over_', ' / ').replace('_', ' ')} {_value(row[k])}x" for k in names
+            )
+            return (text or None), tuple(names)
+
+    return _Ratios(header, ())
+
+
+def _value(value):
+    if isinstance(value, float):
+        return f"{value:,.3f}".rstrip("0").rstrip(".")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    if isinstance(value, list) and all(isinstance(v, (int, float)) for v in value):
+        return ", ".join(map(_value, value))
+    if isinstance(value, (list, dict)):
+        return json.dumps(value)
+    return str(value)
+
+
+# At most this many columns of figures per ledger (the page's tables have the line's number,
+# the run and the rest of its fields besides: 7 columns in all, narrow enough for the page).
+MAX_FIGURE_COLUMNS = 4
+# What each ledger's table shows in its own columns; every other field of a line is in the
+# line's last cell ("more"). tests/test_docs.py fails on a ledger without an entry, and on a
+# current figure (figures.yaml) whose field is not in a column of its line.
 COLUMNS = {
     "quality_budget": [
-        ("system", _field("system")),
-        ("config changes", lambda r: " ".join(f"`{o}`" for o in r.get("overrides") or [])),
-        ("precision", _field("precision")),
-        ("train min", _field("train_min")),
-        ("steps", _field("steps")),
-        ("dev BLEU / chrF", _pair("dev_bleu", "dev_chrf")),
-        ("test BLEU / chrF", _pair("test_bleu", "test_chrf")),
+        Column(
+            "system, config changes",
+            ("system", "overrides"),
+            lambda r: " ".join(
+                [str(r.get("system", ""))] + [f"`{o}`" for o in r.get("overrides") or []]
+            ),
+        ),
+        labelled("steps, precision", ("", "steps", ""), ("", "precision", "")),
+        pair("dev BLEU / chrF", "dev_bleu", "dev_chrf"),
+        pair("test BLEU / chrF", "test_bleu", "test_chrf"),
     ],
     "quickstart": [
-        ("steps", _field("steps")),
-        ("precision", _field("precision")),
-        ("dev BLEU / chrF", _pair("dev_bleu", "dev_chrf")),
-        ("test BLEU / chrF", _pair("test_bleu", "test_chrf")),
+        labelled("steps, precision", ("", "steps", ""), ("", "precision", "")),
+        first("train min", "train_min"),
+        pair("dev BLEU / chrF", "dev_bleu", "dev_chrf"),
+        pair("test BLEU / chrF", "test_bleu", "test_chrf"),
     ],
     "decode_sweep": [
-        ("steps", lambda r: ", ".join(map(str, r.get("steps") or []))),
-        ("beam", _field("beam_size")),
-        ("alpha", _field("alpha")),
-        ("sentences", _field("sentences")),
-        ("BLEU / chrF", _pair("bleu", "chrf")),
-        ("length ratio", _field("length_ratio")),
+        first("model's steps", "steps"),
+        labelled("beam, alpha", ("beam", "beam_size", ""), ("alpha", "alpha", "")),
+        pair("BLEU / chrF", "bleu", "chrf"),
+        first("length ratio", "length_ratio"),
     ],
     "compare": [
-        ("run", lambda r: r.get("run") or r.get("shapes")),
-        ("what", lambda r: r.get("what") or "ratios of medians"),
-        ("tokens/s", _field("tokens_per_s")),
-        ("GFLOP/s", lambda r: r.get("model_gflops_per_s") or r.get("gflops")),
-        ("train ours / MG", _field("train_ratio")),
-        ("MFU", lambda r: r.get("mfu") or r.get("ours_mfu")),
-        ("bf16 / fp32, bf16 MFU", _pair("bf16_over_fp32", "ours_bf16_mfu")),
-        ("beam-4 ours / MG", _field("beam4_ratio")),
-        ("max RSS MB", _field("max_rss_mb")),
+        first("what", "what", "run"),
+        first("tokens/s", "tokens_per_s"),
+        labelled(
+            "ours / Model Garden",
+            ("train", "train_ratio", "x"),
+            ("beam-4", "beam4_ratio", "x"),
+        ),
+        labelled(
+            "MFU; bfloat16",
+            ("", "mfu", ""),
+            ("", "ours_mfu", ""),
+            ("bf16 / fp32", "bf16_over_fp32", "x"),
+            ("bf16 MFU", "ours_bf16_mfu", ""),
+        ),
     ],
     "train_throughput": [
-        ("dtype", _field("dtype")),
-        ("oneDNN", _field("onednn")),
-        ("tokens/s", _field("tokens_per_s")),
-        ("GFLOP/s", _field("model_gflops_per_s")),
-        ("max RSS MB", _field("max_rss_mb")),
+        labelled("dtype, oneDNN", ("", "dtype", ""), ("oneDNN", "onednn", "")),
+        first("tokens/s", "tokens_per_s"),
+        first("GFLOP/s", "model_gflops_per_s"),
+        first("max RSS MB", "max_rss_mb"),
     ],
     "serve_compare": [
-        ("system", lambda r: r.get("system") or r.get("what")),
-        ("shapes", _field("shapes")),
-        ("tokens/s", _field("tokens_per_s")),
-        ("ours / CT2 fp32", _field("ours_over_ct2_float32")),
-        ("XLA export / CT2 fp32", _field("ours_xla_over_ct2_float32")),
-        ("CT2 int8 / fp32", _field("ct2_int8_over_ct2_float32")),
-        ("ours / MG", _field("ours_over_model_garden")),
+        first("system", "system", "what"),
+        labelled("shapes, beam", ("", "shapes", ""), ("beam", "beam", "")),
+        first("tokens/s", "tokens_per_s"),
+        ratios(),
     ],
     "prepare_scale": [
-        ("figure", _field("figure")),
-        ("corpus", lambda r: r.get("corpus") or r.get("source")),
-        ("pairs", lambda r: r.get("pairs") or r.get("corpus_pairs")),
-        ("seconds", _field("seconds")),
-        ("tokens/s", _field("tokens_per_s")),
-        ("max RSS MB", _field("max_rss_mb")),
+        first("figure", "figure"),
+        labelled("corpus", ("", "corpus", ""), ("pairs", "pairs", ""), ("", "corpus_pairs", "")),
+        labelled(
+            "seconds", ("", "seconds", ""), ("to the first step", "seconds_to_first_step", "")
+        ),
+        labelled(
+            "throughput, shards",
+            ("tokens/s", "tokens_per_s", ""),
+            ("pairs/s", "pairs_per_s", ""),
+            ("shard bytes", "shard_bytes", ""),
+        ),
     ],
     "ab_checkouts": [
-        ("checkout", _field("checkout")),
-        ("shapes", _field("shapes")),
-        ("what", _field("what")),
-        ("tokens/s", _field("tokens_per_s")),
-        ("train second / first", _field("train_ratio")),
-        ("beam-4 second / first", _field("beam4_decode_ratio")),
+        labelled("checkout, shapes", ("", "checkout", ""), ("", "shapes", "")),
+        first("what", "what"),
+        first("tokens/s", "tokens_per_s"),
+        labelled(
+            "second / first",
+            ("train", "train_ratio", "x"),
+            ("beam-4", "beam4_decode_ratio", "x"),
+        ),
     ],
     "back_translation": [
-        ("system", _field("system")),
-        ("train min", _field("train_min")),
-        ("steps", _field("steps")),
-        ("train pairs", lambda r: r.get("train_pairs") or r.get("lines")),
-        ("dev BLEU / chrF", _pair("dev_bleu", "dev_chrf")),
-        ("test BLEU / chrF", _pair("test_bleu", "test_chrf")),
-        ("lines/s", _field("lines_per_second")),
+        labelled(
+            "system", ("", "system", ""), ("pairs", "train_pairs", ""), ("lines", "lines", "")
+        ),
+        labelled("minutes, steps", ("", "train_min", " min"), ("", "steps", " steps")),
+        pair("dev BLEU / chrF", "dev_bleu", "dev_chrf"),
+        Column(
+            "test BLEU / chrF; lines/s",
+            ("test_bleu", "test_chrf", "lines_per_second"),
+            lambda r: (
+                f"{_value(r['lines_per_second'])} lines/s"
+                if "test_bleu" not in r
+                else f"{_value(r['test_bleu'])} / {_value(r.get('test_chrf', ''))}"
+            ),
+        ),
     ],
     "translate_file": [
-        ("system", _field("system")),
-        ("lines", _field("lines")),
-        ("beam", _field("beam_size")),
-        ("batch", _field("batch_size")),
-        ("threads", _field("intra_threads")),
-        ("XLA export", _field("jit_compile")),
-        ("seconds", _field("seconds")),
-        ("lines/s", _field("lines_per_second")),
-        ("same as ours", _field("same_as_ours")),
+        labelled("system", ("", "system", ""), ("XLA export", "jit_compile", "")),
+        labelled("lines, beam", ("", "lines", ""), ("beam", "beam_size", "")),
+        first("lines/s", "lines_per_second"),
+        first("same as ours", "same_as_ours"),
     ],
     "prepare_workers": [
-        ("workers", lambda r: r.get("workers") or r.get("speedup")),
-        ("pairs", _field("pairs")),
-        ("seconds", _field("seconds")),
-        ("pairs/s", _field("pairs_per_second")),
-        ("phases s", lambda r: _phases(r.get("phase_seconds"))),
-        ("ratio", _field("ratio")),
-        ("identical shards", _field("identical_shards")),
+        first("workers", "workers", "speedup"),
+        labelled("pairs, seconds", ("", "pairs", ""), ("", "seconds", " s")),
+        first("pairs/s", "pairs_per_second"),
+        labelled("ratio, same shards", ("", "ratio", "x"), ("same", "identical_shards", "")),
     ],
     "restart_cost": [
-        ("strategy", lambda r: r.get("strategy") or "default"),
-        ("way", _field("way")),
-        ("position", lambda r: r.get("position") or r.get("ratio")),
-        ("restart s", _field("restart_seconds")),
-        ("ratio", _field("restart_ratio")),
+        labelled("strategy, way", ("", "strategy", ""), ("", "way", "")),
+        first("position", "position"),
+        first("restart s", "restart_seconds"),
+        first("ratio", "restart_ratio", "ratio"),
     ],
     "serve_latency": [
-        ("sentences per request", _field("sentences")),
-        ("calls", _field("calls")),
-        ("p50 / p99 ms", _pair("p50_ms", "p99_ms")),
-        ("sentences/s", _field("sentences_per_s")),
+        first("sentences per request", "sentences"),
+        first("calls", "calls"),
+        pair("p50 / p99 ms", "p50_ms", "p99_ms"),
+        first("sentences/s", "sentences_per_s"),
     ],
     "profile_ops": [
-        ("mode", _field("mode")),
-        ("step ms", _field("step_ms")),
-        ("matmul ms (share)", lambda r: f"{r.get('matmul_ms')} ({r.get('matmul_share')})"),
-        ("other ms", _field("other_ms")),
-        ("idle ms", _field("idle_ms")),
-        ("model GFLOP/s in matmul time", _field("model_gflops_per_s_in_matmul_time")),
+        labelled("mode, step", ("", "mode", ""), ("", "step_ms", " ms")),
+        pair("matmul ms / share", "matmul_ms", "matmul_share"),
+        pair("other / idle ms", "other_ms", "idle_ms"),
+        first("model GFLOP/s in matmul time", "model_gflops_per_s_in_matmul_time"),
     ],
     "select_on_dev": [
-        ("seed", _field("seed")),
-        ("steps", _field("steps")),
-        ("chosen by", lambda r: r.get("chosen_by", "train")),
-        ("dev sentences", _field("selection_sentences")),
-        ("chosen", _field("chosen")),
-        ("chosen dev / test BLEU", _pair("chosen_dev_bleu", "chosen_test_bleu")),
-        (
-            "last, alpha 1.0: dev / test BLEU",
-            _pair("last_alpha1_dev_bleu", "last_alpha1_test_bleu"),
+        labelled("seed, steps", ("seed", "seed", ""), ("", "steps", " steps")),
+        labelled(
+            "chosen: dev / test BLEU",
+            ("", "chosen", ""),
+            ("dev", "chosen_dev_bleu", ""),
+            ("test", "chosen_test_bleu", ""),
         ),
-        ("choice s", _field("selection_seconds")),
+        labelled(
+            "budget",
+            ("minutes", "budget_min", ""),
+            ("training + end", "training_plus_end_s", " s"),
+        ),
+        labelled(
+            "screened choice",
+            ("dev BLEU against every candidate", "screened_minus_exhaustive_dev_bleu", ""),
+            ("in", "screened_seconds", " s"),
+            ("against", "exhaustive_seconds", " s"),
+        ),
+    ],
+    "accelerator_check": [
+        labelled("what", ("", "what", ""), ("", "impl", ""), ("", "dtype", "")),
+        first("tokens/s", "tokens_per_s"),
+        labelled(
+            "MFU, peak",
+            ("MFU", "mfu_measured_bf16", ""),
+            ("bf16 TFLOP/s", "bf16_tflops", ""),
+            ("", "device_kind", ""),
+        ),
+        labelled(
+            "quickstart dev BLEU",
+            ("beam", "dev_bleu_beam", ""),
+            ("greedy", "dev_bleu_greedy", ""),
+        ),
+    ],
+    "confidence": [
+        labelled("model", ("", "config", ""), ("", "steps", " steps")),
+        first("test sentences", "test_sentences"),
+        first("Spearman with chrF", "test_spearman_chrf"),
+        pair("chrF: lowest tenth / rest", "test_chrf_lowest_decile", "test_chrf_rest"),
+    ],
+    "integrity_cost": [
+        first("what", "what"),
+        first("GB", "gigabytes"),
+        first("seconds", "seconds"),
+        first("s per GB", "seconds_per_gb"),
+    ],
+    "litert_footprint": [
+        labelled("shape, weights", ("", "shape", ""), ("", "quantization", "")),
+        first("parameters", "parameters"),
+        first("on disk MB", "disk_mb"),
+        first("peak memory MB", "peak_rss_mb"),
+    ],
+    "litert_quality": [
+        labelled("what", ("", "what", ""), ("", "export", "")),
+        labelled(
+            "same translations",
+            ("", "same", ""),
+            ("of", "dev_sentences", ""),
+            ("max score difference", "max_score_difference", ""),
+        ),
+        labelled("test BLEU, MB", ("", "bleu", ""), ("", "size_mb", " MB")),
+        labelled(
+            "BLEU differences",
+            ("float16 - float32", "float16_minus_float32", ""),
+            ("dynamic_int8 - float32", "dynamic_int8_minus_float32", ""),
+            ("float32 - SavedModel", "float32_minus_saved_model", ""),
+        ),
+    ],
+    "litert_step": [
+        labelled("shape, beam", ("", "shape", ""), ("beam", "beam", ""), ("", "quantization", "")),
+        first("step ms", "full"),
+        pair("head / attention ms", "head", "attention"),
+        first("one-pass top-K saves ms", "top_k_saved"),
+    ],
+    "serve_warmup": [
+        labelled("mode", ("", "mode", ""), ("run", "run", "")),
+        labelled("load, replay s", ("load", "load_s", ""), ("replay", "replay_s", "")),
+        Column(
+            "first / second request ms",
+            ("first_request_ms", "second_request_ms", "median_first_request_ms"),
+            lambda r: (
+                f"median {_value(r['median_first_request_ms'])}"
+                if "median_first_request_ms" in r
+                else f"{_value(r['first_request_ms'])} / {_value(r.get('second_request_ms'))}"
+            ),
+        ),
+        first("warmup records", "records"),
+    ],
+    "train_backends": [
+        labelled("backend, shape", ("", "backend", ""), ("", "shape", ""), ("", "what", "")),
+        first("tokens/s", "tokens_per_s"),
+        pair("TensorFlow / JAX tokens/s", "tf_tokens_per_s", "jax_tokens_per_s"),
+        Column("JAX / TensorFlow", ("jax_over_tf",), lambda r: f"{_value(r['jax_over_tf'])}x"),
     ],
 }
+# Each ledger's section title, and the script that writes it.
 TITLES = {
-    "quality_budget": "Quality per CPU budget (`benchmarks/quality_budget.py`)",
-    "quickstart": "The quickstart (`benchmarks/quickstart.py`)",
-    "decode_sweep": "Beam size and length penalty on dev (`benchmarks/decode_sweep.py`)",
-    "compare": "Speed against TF Model Garden (`benchmarks/compare.sh`)",
-    "train_throughput": "Training throughput by precision (`benchmarks/train_throughput.py`)",
-    "serve_compare": "Serving speed, three engines (`benchmarks/serve_compare.py`)",
-    "prepare_scale": "Preparing WMT'14-sized corpora (`benchmarks/prepare_scale.py`)",
-    "ab_checkouts": "Two checkouts alternately (`benchmarks/ab_checkouts.py`)",
-    "back_translation": "Tagged back-translation (`benchmarks/back_translation.py`)",
-    "select_on_dev": "The dev set chooses the export (`benchmarks/select_on_dev.py`)",
-    "translate_file": "Translating a file against CTranslate2 (`benchmarks/translate_file.py`)",
-    "prepare_workers": "`prepare` with 1 and 2 workers (`benchmarks/prepare_workers.py`)",
-    "restart_cost": "What a resume costs at steps 100 and 100,000 (`benchmarks/restart_cost.py`)",
-    "profile_ops": "Where a step's wall time goes (`benchmarks/profile_ops.py`)",
-    "serve_latency": "Requests of 1 to 64 sentences through `serving_default` "
-    "(`benchmarks/serve_latency.py`)",
+    "quality_budget": ("Quality per CPU budget", "benchmarks/quality_budget.py"),
+    "quickstart": ("The quickstart", "benchmarks/quickstart.py"),
+    "decode_sweep": ("Beam size and length penalty on dev", "benchmarks/decode_sweep.py"),
+    "compare": ("Speed against TF Model Garden", "benchmarks/compare.sh"),
+    "train_throughput": ("Training throughput by precision", "benchmarks/train_throughput.py"),
+    "serve_compare": ("Serving speed, three engines", "benchmarks/serve_compare.py"),
+    "prepare_scale": ("Preparing WMT'14-sized corpora", "benchmarks/prepare_scale.py"),
+    "ab_checkouts": ("Two checkouts alternately", "benchmarks/ab_checkouts.py"),
+    "back_translation": ("Tagged back-translation", "benchmarks/back_translation.py"),
+    "select_on_dev": ("The dev set chooses the export", "benchmarks/select_on_dev.py"),
+    "translate_file": ("Translating a file against CTranslate2", "benchmarks/translate_file.py"),
+    "prepare_workers": ("`prepare` with 1 and 2 workers", "benchmarks/prepare_workers.py"),
+    "restart_cost": ("What a resume costs at steps 100 and 100,000", "benchmarks/restart_cost.py"),
+    "profile_ops": ("Where a step's wall time goes", "benchmarks/profile_ops.py"),
+    "serve_latency": (
+        "Requests of 1 to 64 sentences through `serving_default`",
+        "benchmarks/serve_latency.py",
+    ),
+    "serve_warmup": (
+        "The first request, with and without warmup records",
+        "benchmarks/serve_warmup.py",
+    ),
+    "litert_step": ("Where a LiteRT decoder step's time goes", "benchmarks/litert_step.py"),
+    "litert_footprint": (
+        "The LiteRT export on disk and in memory",
+        "benchmarks/litert_footprint.py",
+    ),
+    "litert_quality": ("The LiteRT export's answers and BLEU", "benchmarks/litert_quality.py"),
+    "confidence": ("The exported confidence on held-out sentences", "benchmarks/confidence.py"),
+    "integrity_cost": ("What the checksums cost", "benchmarks/integrity_cost.py"),
+    "train_backends": (
+        "Training on the JAX and TensorFlow backends on a CPU",
+        "benchmarks/train_backends.py",
+    ),
+    "accelerator_check": (
+        "One GPU: the JAX backend against PyTorch",
+        "benchmarks/accelerator_check.py",
+    ),
 }
 INTRO = """\
 # Results
@@ -197,24 +374,27 @@ the *.jsonl ledgers): do not edit. tests/test_docs.py fails when this page is st
 
 ## Current figures
 
-The figures the README quotes. Each is read from the ledger lines its row links to (the ledgers
-follow below), as *derived from* says: `field[n]` is that field of line n of the named ledger,
-`mean(field[a,b])` the mean of several lines, and ratios and differences are computed from
-them; the figure is that value rounded half up to the digits shown. The README's table and this
-one are both written from `benchmarks/results/figures.yaml`, and `tests/test_docs.py` checks
-every number the README shows against its lines ([how to add a row](benchmarks.md#current-figures)).
+The figures the README and the guides quote, each read from the ledger lines its row links
+(the ledgers follow below) and rounded half up to the digits shown. Quality is measured on the
+Tatoeba English-German pairs ([which, and where to get them](benchmarks.md#the-corpus)); speed
+on the machine named, 2 CPU cores unless a GPU is named. How each figure is computed from its
+lines, and the command that reproduces it, is folded below the table
+([how to add a row](benchmarks.md#current-figures)).
 
 """
 LEDGERS = """\
 ## The ledgers
 
-Every line below is one line of a ledger, `benchmarks/results/<benchmark>.jsonl`: one
-append-only file per benchmark, each line carrying its date (UTC), machine, CPU flags, label and
-the command that reproduces it, then the measurement. Lines converted from the earlier per-run
-files keep that file's name in `source` (their commands are reconstructed from it). A benchmark
-appends its lines when run with `BENCH_LABEL=<label>` (see [Benchmarks](benchmarks.md)); then
-`python -m benchmarks.results_page` regenerates this page and the plot. What each experiment
-changed and what it decided is in the [experiment history](history.md).
+Every row below is one line of a ledger, `benchmarks/results/<benchmark>.jsonl`: one
+append-only file per benchmark. A row shows the line's number (its anchor, which the figures
+above and the [experiment history](history.md) link), the run (its label, date and machine),
+the benchmark's main figures, and in *more* every other field of the line: the command that
+reproduces it (run from the repository root), the machine in full with its CPU flags, the
+settings. Lines converted from the earlier per-run files keep that file's name in `source`.
+Each table shows the ledger's latest lines and the lines the current figures read; the other
+lines are folded below it (a link to one of them opens the fold). A benchmark appends its
+lines when run with `BENCH_LABEL=<label>` (see [Benchmarks](benchmarks.md)); then
+`python -m benchmarks.results_page` regenerates this page and the plot.
 
 Figures from different machines are not comparable with each other (the same 30 minutes buy
 1,100 to 7,400 steps); compare lines of one machine, ideally of one invocation.
@@ -230,31 +410,120 @@ and that, more than any one change, sets the score.*
 """
 
 
+# Each ledger's table shows its latest lines and every line a current figure reads; the
+# other lines are folded below it (`<details>`: opened by a click, or by a link to one of them).
+LATEST = 8
+# Fields every line has, shown in the `run` cell (the machine in a few words; in full in `more`).
+_RUN_FIELDS = {"date", "label"}
+_MARKDOWN = str.maketrans({"|": "&#124;", "*": "&#42;", "`": "&#96;"})
+
+
 def _cell(value):
+    """A table cell's Markdown: `|` escaped, and a line break allowed after each underscore of a
+    long name outside `code` (so that `litert_float32_vs_saved_model` does not push its table
+    wider than the page)."""
     if value is None or value == "":
         return ""
-    if isinstance(value, float):
-        value = f"{value:,.3f}".rstrip("0").rstrip(".")
-    elif isinstance(value, int) and not isinstance(value, bool):
-        value = f"{value:,}"
-    return str(value).replace("|", "\\|").replace("\n", " ")
+    if not isinstance(value, str):
+        value = _value(value)
+    parts = value.replace("|", "\\|").replace("\n", " ").split("`")
+    parts[::2] = [part.replace("_", "_<wbr>") for part in parts[::2]]
+    return "`".join(parts)
 
 
-def table(benchmark, rows):
-    """The Markdown table of one ledger, a row per line with its anchor."""
-    columns = COLUMNS.get(benchmark, [])
-    head = ["#", "date", "machine", "label"] + [name for name, _ in columns]
+def _machine(row):
+    """The machine in a few words: `AMD EPYC, AVX-512`, `Intel Xeon, AVX-512`, `NVIDIA H200`."""
+    name = re.sub(r"\s*\(.*?\)|\s*@[^,]*", "", row.get("machine") or "").split(",")[0].strip()
+    flags = row.get("cpu_flags") or []
+    if flags:
+        name += ", AVX-512" if "avx512f" in flags else ", AVX2"
+    return name
+
+
+def _more(row, shown):
+    """The line's other fields, folded: `command` first, then in the line's order."""
+    keys = ["command"] + [k for k in row if k not in shown and k not in _RUN_FIELDS | {"command"}]
+    text = "<br>".join(
+        f"{key}: {html.escape(_value(row[key]), quote=False)}".translate(_MARKDOWN)
+        for key in keys
+        if row.get(key) not in (None, "", [], {})
+    )
+    return f"<details><summary>{text.count('<br>') + 1} fields</summary>{text}</details>"
+
+
+def _cells(benchmark, rows, number):
+    """The cells of line `number`: its number (with its anchor), its run (label, date,
+    machine), the ledger's `COLUMNS` and its other fields folded."""
+    row = rows[number - 1]
+    cells, shown = [], set()
+    for column in COLUMNS[benchmark]:
+        text, fields = column.render(row)
+        cells.append(_cell(text))
+        shown.update(fields)
+    label = str(row.get("label", "")).replace("|", "\\|").replace("`", "'")
+    run = f"`{label}`<br>{row['date'][:10]}, {_cell(_machine(row))}"
+    return [f'<a id="{benchmark}-{number}"></a>{number}', run] + cells + [_more(row, shown)]
+
+
+def _head(benchmark):
+    return ["#", "run"] + [column.header for column in COLUMNS[benchmark]] + ["more"]
+
+
+def table(benchmark, rows, numbers=None):
+    """The Markdown table of one ledger's lines (`numbers`, 1-based; all by default), a row per
+    line with its anchor `<benchmark>-<n>`."""
+    head = _head(benchmark)
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for number, row in enumerate(rows, 1):
-        cells = [
-            f'<a id="{benchmark}-{number}"></a>{number}',
-            row["date"][:16].replace("T", " "),
-            row.get("machine"),
-            row.get("label"),
-        ]
-        cells += [get(row) for _, get in columns]
-        lines.append("| " + " | ".join(_cell(c) if i else c for i, c in enumerate(cells)) + " |")
+    for number in numbers or range(1, len(rows) + 1):
+        lines.append("| " + " | ".join(_cells(benchmark, rows, number)) + " |")
     return "\n".join(lines)
+
+
+def _html(cell):
+    """A cell's Markdown as HTML: its `code` spans and escaped bars."""
+    return re.sub(r"`([^`]*)`", r"<code>\1</code>", cell).replace("\\|", "|")
+
+
+def html_table(benchmark, rows, numbers):
+    """The same table in HTML: the folded lines are inside a `<details>` block, where Markdown
+    would take each cell's own `<details>` for the start of an HTML block."""
+    head = "".join(f"<th>{_html(_cell(h))}</th>" for h in _head(benchmark))
+    body = "\n".join(
+        "<tr>" + "".join(f"<td>{_html(c)}</td>" for c in _cells(benchmark, rows, n)) + "</tr>"
+        for n in numbers
+    )
+    return f"<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody>\n</table>"
+
+
+def _read_by_figures(entries=None):
+    """`{benchmark: {line, ...}}`: the lines the current figures read."""
+    read = {}
+    for entry in entries if entries is not None else figures.load():
+        for name, number in figures.lines(figures.quotes(entry)):
+            read.setdefault(name, set()).add(number)
+    return read
+
+
+def section(name, rows, read=(), script=None):
+    """A ledger's section: its latest `LATEST` lines and those in `read`, then the others
+    folded."""
+    script = script or f"benchmarks/{name}.py"
+    latest = set(range(max(1, len(rows) - LATEST + 1), len(rows) + 1))
+    shown = sorted(latest | {n for n in read if 1 <= n <= len(rows)})
+    older = [n for n in range(1, len(rows) + 1) if n not in shown]
+    figures_note = " and the lines the current figures read" if set(shown) - latest else ""
+    text = (
+        f"`{script}` writes `benchmarks/results/{name}.jsonl`, {len(rows)} lines: the latest "
+        f"{len(latest)}{figures_note}"
+        + (f", then the other {len(older)}, folded." if older else ".")
+        + f"\n\n{table(name, rows, shown)}\n"
+    )
+    if older:
+        text += (
+            f"\n<details>\n<summary>The other {len(older)} lines of <code>{name}</code>"
+            f"</summary>\n{html_table(name, rows, older)}\n</details>\n"
+        )
+    return text
 
 
 def render():
@@ -262,13 +531,12 @@ def render():
     parts = [INTRO + figures.page_rows() + "\n", LEDGERS]
     names = ledger.benchmarks()
     order = [n for n in TITLES if n in names] + [n for n in names if n not in TITLES]
+    read = _read_by_figures()
     for name in order:
         rows = ledger.read(name)
         plot = f"{PLOT_TEXT}\n" if name == "quality_budget" else ""
-        parts.append(
-            f"### {TITLES.get(name, name)}\n\n`benchmarks/results/{name}.jsonl`, "
-            f"{len(rows)} lines.\n\n{plot}{table(name, rows)}\n"
-        )
+        title, script = TITLES.get(name, (name, f"benchmarks/{name}.py"))
+        parts.append(f"### {title}\n\n{plot}{section(name, rows, read.get(name, ()), script)}")
     return "\n".join(parts)
 
 
@@ -316,34 +584,54 @@ def plot(path=PLOT):
     plt.close(fig)
 
 
+def pages():
+    """The pages that may quote a figure: the README and the manual (not the results page)."""
+    found = [README] + sorted(
+        os.path.join(folder, name)
+        for folder, _, names in os.walk(os.path.join(ROOT, "docs"))
+        for name in names
+        if name.endswith(".md")
+    )
+    return [path for path in found if path != PAGE]
+
+
+def rendered():
+    """`{path: text}`: the results page, and every page with its quotes (and the README with its
+    headline table) as they should read."""
+    texts = {PAGE: render()}
+    for path in pages():
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        texts[path] = figures.render_quotes(render_readme(text) if path == README else text)
+    return texts
+
+
+def stale():
+    """The generated texts that differ from the files, relative to the repository."""
+    result = []
+    for path, text in rendered().items():
+        with open(path, encoding="utf-8") as f:
+            if f.read() != text:
+                result.append(os.path.relpath(path, ROOT))
+    return result
+
+
 def main(argv):
-    text = render()
-    with open(README, encoding="utf-8") as f:
-        readme = f.read()
-    new_readme = render_readme(readme)
     if "--check" in argv:
-        with open(PAGE, encoding="utf-8") as f:
-            current = f.read()
-        stale = [
-            name
-            for name, old, new in [
-                ("docs/results.md", current, text),
-                ("README.md", readme, new_readme),
-            ]
-            if old != new
-        ]
-        if stale:
-            print(
-                f"{' and '.join(stale)} stale: python -m benchmarks.results_page", file=sys.stderr
-            )
+        names = stale()
+        if names:
+            print(f"{', '.join(names)} stale: python -m benchmarks.results_page", file=sys.stderr)
             return 1
         return 0
-    with open(PAGE, "w", encoding="utf-8") as f:
-        f.write(text)
-    with open(README, "w", encoding="utf-8") as f:
-        f.write(new_readme)
+    for path, text in rendered().items():
+        with open(path, encoding="utf-8") as f:
+            if f.read() == text:
+                continue
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        print(f"wrote {os.path.relpath(path, ROOT)}")
     plot()
-    print(f"wrote {PAGE}, the Results table of {README} and {PLOT}")
+    print(f"wrote {os.path.relpath(PLOT, ROOT)}")
     return 0
 
 

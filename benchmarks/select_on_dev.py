@@ -19,9 +19,9 @@ seconds (training's part as the end's estimate moved it, `end_reserve`), the est
 whether training and the end together kept `train.max_minutes` (JSON line
 `select_on_dev_screened`).
 
-    PYTHONPATH=$PWD python benchmarks/select_on_dev.py --stage train --work /tmp/sel1 --seed 42
+    PYTHONPATH=$PWD python benchmarks/select_on_dev.py --stage train --work workdirs/sel1 --seed 42
     PYTHONPATH=$PWD BENCH_LABEL=run1 python benchmarks/select_on_dev.py --stage evaluate \\
-        --work /tmp/sel1
+        --work workdirs/sel1
 """
 
 import argparse
@@ -188,7 +188,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stage", choices=("train", "evaluate", "both", "compare"), default="both")
     parser.add_argument(
-        "--corpus", default=os.path.join(REPO, "..", "shared", "data", "tatoeba-en-de")
+        "--corpus", default=os.path.join(REPO, "data", "tatoeba-en-de")
     )
     parser.add_argument("--src", default="en")
     parser.add_argument("--tgt", default="de")

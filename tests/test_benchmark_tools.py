@@ -87,3 +87,41 @@ def test_request_size_figures_reject_an_answer_per_sentence_missing(monkeypatch)
     monkeypatch.setattr(serve_latency.time, "perf_counter", lambda: clock.now)
     with pytest.raises(RuntimeError, match="3 translations for a request of 4 sentences"):
         serve_latency.request_size_figures(_FakeSignature(clock, short=True), ["a"] * 8, 4, 2)
+
+
+def test_ledger_lines_hold_no_path_of_the_measuring_machine(tmp_path, monkeypatch):
+    """A ledger line's command and fields are written as a user runs them from the repository
+    root (lines held /work/..., /tmp/... and ../shared/... paths of the machine that measured
+    them): inside the repository relative to it, temporary paths as $TMPDIR/..., others by name."""
+    import json
+    import os
+
+    from benchmarks import ledger
+
+    monkeypatch.setattr(ledger, "RESULTS", str(tmp_path / "results"))
+    monkeypatch.setattr(ledger.tempfile, "gettempdir", lambda: str(tmp_path))
+    script = os.path.join(ledger.REPO, "benchmarks", "quality_budget.py")
+    work = str(tmp_path / "qb" / "work")
+    monkeypatch.setattr(ledger.sys, "argv", [script, "--work", work, "--tmp=" + work])
+    corpus = os.path.join(ledger.REPO, "data", "tatoeba-en-de")
+    line = ledger.record(
+        "toy",
+        {
+            "corpus": corpus,
+            "test": f"text:{corpus}/test.en,{corpus}/test.de",
+            "model": "/srv/exports/quickstart",
+            "summary": {"prepared": [work + "/prepared", "3 shards"]},
+            "unit": "tokens/s, ours / theirs, https://example.org/a/b",
+        },
+        label="toy",
+    )
+    assert line["command"] == (
+        "python benchmarks/quality_budget.py --work $TMPDIR/qb/work --tmp=$TMPDIR/qb/work"
+    )
+    assert line["corpus"] == "data/tatoeba-en-de"
+    assert line["test"] == "text:data/tatoeba-en-de/test.en,data/tatoeba-en-de/test.de"
+    assert line["model"] == "DIR/quickstart"
+    assert line["summary"] == {"prepared": ["$TMPDIR/qb/work/prepared", "3 shards"]}
+    assert line["unit"] == "tokens/s, ours / theirs, https://example.org/a/b"
+    with open(tmp_path / "results" / "toy.jsonl", encoding="utf-8") as f:
+        assert json.loads(f.read()) == line

@@ -82,8 +82,13 @@ def _anchors(path):
 
 
 def test_readme_is_a_front_door():
+    """A newcomer reads the README in five minutes: at most 180 lines, its prose at most 100
+    characters a line (code, tables and markers aside), and no dated run logs."""
     text = _readme()
-    assert len(text.splitlines()) <= 250
+    assert len(text.splitlines()) <= 180
+    prose = re.sub(r"```.*?```", "", text, flags=re.S).splitlines()
+    long = [line for line in prose if len(line) > 100 and not line.startswith(("|", "<!--"))]
+    assert not long, long
     # No dated run logs (time spans such as 03:36-04:08) in the front door.
     assert not re.search(r"\b\d{1,2}:\d{2}\s*(?:-|–|to)\s*\d{1,2}:\d{2}\b", text)
     links = re.findall(r"\]\(([^)\s]+)\)", text)
@@ -96,6 +101,49 @@ def test_readme_is_a_front_door():
         assert os.path.exists(path), f"README links to a missing {target}"
         if anchor:
             assert anchor in _anchors(path), f"README links to a missing anchor {link}"
+
+
+# Words of how the project was made rather than of what it is (a reader has no sessions,
+# tasks, helpers or issue numbers to look up), as phrases, so that product words stay free:
+# TensorFlow's `Session` is capitalised, the beam search's "helpers" follow no article.
+PROCESS_WORDS = re.compile(
+    r"\bsessions?\b|\bthis task\b|\bthe lead\b|\b(?:[Tt]he|[Aa]nother|[Oo]ther|[Ee]ach) helpers?\b"
+    r"|\bhelper engineers?\b|\b[Hh]elpers drop\b|\b[Ii]ssue ?#? ?\d+|\bissue\d+_|\(#\d+\)"
+    r"|\bthe GPU machines?\b|\bthis project is tested on\b"
+)
+# Paths of the machines the project was made on, and a folder beside the repository.
+MACHINE_PATHS = re.compile(r"(?<![\w.~$-])/(?:work|tmp|root|home)/|\.\./shared\b")
+
+
+def test_what_ships_has_no_process_words_or_machine_paths():
+    """The docs, the README, the CHANGELOG and every ledger line speak of the product: no
+    "issue #11", "other sessions", "this task" or helpers and leads, no `/work/...` or `/tmp/...`
+    path of the machine that measured a figure, no `../shared/...` folder a user does not have."""
+    from benchmarks import ledger
+
+    paths = [README, os.path.join(ROOT, "CHANGELOG.md")]
+    paths += glob.glob(os.path.join(DOCS, "**", "*.md"), recursive=True)
+    paths += glob.glob(os.path.join(ledger.RESULTS, "*.jsonl"))
+    paths += [os.path.join(ledger.RESULTS, "figures.yaml")]
+    found = []
+    for path in paths:
+        for number, line in enumerate(_read(path).splitlines(), 1):
+            for pattern in (PROCESS_WORDS, MACHINE_PATHS):
+                for match in pattern.finditer(line):
+                    found.append(f"{os.path.relpath(path, ROOT)}:{number}: {match.group(0)!r}")
+    assert not found, "\n".join(found)
+
+
+def test_home_page_names_every_guide_and_export():
+    """The manual's home page links every guide and the results, history and benchmarks pages
+    (the JAX, speed and memory, after-the-first-model and benchmarks pages were missing), and
+    names the three exports."""
+    home = _read(os.path.join(DOCS, "index.md"))
+    pages = [os.path.relpath(p, DOCS) for p in glob.glob(os.path.join(DOCS, "guides", "*.md"))]
+    pages += ["results.md", "history.md", "benchmarks.md", "survival.md", "reference/config.md"]
+    assert not [page for page in pages if f"]({page})" not in home], "pages the home page lacks"
+    for export in ("SavedModel", "CTranslate2", "LiteRT"):
+        assert export in home.split("## Where to start")[0], export
 
 
 def test_no_section_opens_mid_sentence():
@@ -280,47 +328,135 @@ def test_results_page_is_generated_from_the_ledgers():
             assert not missing, (name, missing)
 
 
+def test_every_ledger_shows_its_figures():
+    """Each ledger's table has its own columns (eight ledgers once showed only the date, the
+    machine and the label, so README rows linked lines without a number), each column shows
+    something, and every field a current figure reads is in a column of its line, not only in
+    the folded `more` cell."""
+    from benchmarks import figures, ledger, results_page
+
+    names = ledger.benchmarks()
+    assert not [n for n in names if n not in results_page.COLUMNS], "a ledger without COLUMNS"
+    for name in names:
+        rows = ledger.read(name)
+        for column in results_page.COLUMNS[name]:
+            assert any(column.render(row)[0] for row in rows), (name, column.header)
+    hidden = []
+    for entry in figures.load():
+        for quote in figures.quotes(entry):
+            for name, number, field in quote.fields:
+                row = ledger.read(name)[number - 1]
+                shown = {f for c in results_page.COLUMNS[name] for f in c.render(row)[1]}
+                if field not in shown:
+                    hidden.append(f"{name} line {number}: {field} ({entry['what'][:40]})")
+    assert not hidden, "figures read from fields the page does not show:\n" + "\n".join(hidden)
+
+
+def test_results_page_tables_are_narrow_and_old_lines_fold():
+    """At most 7 columns a table (11 ran off the page), and a ledger shows its latest lines
+    and the lines the current figures read; the others are folded into a `<details>` block."""
+    from benchmarks import ledger, results_page
+
+    page = _read(results_page.PAGE)
+    for line in page.splitlines():
+        if line.startswith("|"):
+            cells = re.split(r"(?<!\\)\|", line.strip())[1:-1]
+            assert len(cells) <= 7, line[:120]
+        elif line.startswith("<thead>"):
+            assert line.count("<th>") <= 7, line[:120]
+    read = results_page._read_by_figures()
+    for name in ledger.benchmarks():
+        rows = ledger.read(name)
+        section = page[page.index(f"`benchmarks/results/{name}.jsonl`") :]
+        visible = section[: section.index("\n\n", section.index("|"))]
+        shown = re.findall(rf'<a id="{name}-(\d+)">', visible)
+        assert len(shown) <= results_page.LATEST + len(read.get(name, ()))
+        assert str(len(rows)) in shown  # the latest line is in view
+        if len(rows) > len(shown):
+            folded = section[section.index("<summary>The other") :]
+            assert f'<a id="{name}-1">' in folded or "1" in shown
+
+
 FIGURES_START, FIGURES_END = "<!-- results-figures:start -->", "<!-- results-figures:end -->"
 
 
+def _table_cells(row):
+    return [c.strip() for c in re.split(r"(?<!\\)\|", row.strip())[1:-1]]
+
+
 def _readme_results_rows():
-    """The cells of each row of the README's Results table (header and rule left out)."""
+    """The cells of each row of the README's headline table (header and rule left out)."""
     text = _readme()
-    section = text[text.index("\n## Results\n") + 1 :]
-    section = section[: section.index("\n## ")]
-    rows = [line for line in section.splitlines() if line.startswith("| ")][1:]
-    return [[c.strip() for c in re.split(r"(?<!\\)\|", row.strip())[1:-1]] for row in rows]
+    table = text[text.index(FIGURES_START) : text.index(FIGURES_END)]
+    rows = [line for line in table.splitlines() if line.startswith("| ")][1:]
+    return [_table_cells(row) for row in rows]
 
 
-def test_readme_figures_are_the_ledger_lines_they_link():
-    """Every number in the README's Results table is what `benchmarks/results/figures.yaml`
-    reads from the ledgers (one line's field, a ratio, the mean of several lines), to the
-    digits shown, and its row links exactly the lines that number is read from."""
+def _check_numbers(entry, shown, wrong):
     from benchmarks import figures
 
+    quotes = figures.quotes(entry)
+    numbers = figures.NUMBER.findall(shown)
+    if len(numbers) != len(quotes):
+        wrong.append(f"{entry['id']} shows {numbers}, figures.yaml has {len(quotes)}")
+        return
+    for text, quote in zip(numbers, quotes):
+        if not figures.shows(text, quote.value):
+            wrong.append(f"{entry['id']} shows {text}: {quote.expression} = {quote.value}")
+
+
+def test_figures_are_the_ledger_lines_they_link():
+    """Every number of the current figures, on the results page and in the README's headline
+    table, is what `benchmarks/results/figures.yaml` reads from the ledgers (one line's field,
+    a ratio, the mean of several lines), to the digits shown; each row of the results page links
+    exactly the lines its numbers are read from, and each README row links its page row."""
+    from benchmarks import figures, results_page
+
     entries = figures.load()
-    rows = _readme_results_rows()
-    assert len(rows) == len(entries), "README's Results rows are not figures.yaml's entries"
+    page_rows = [
+        _table_cells(line)
+        for line in _read(results_page.PAGE).splitlines()
+        if line.startswith('| <a id="figure-')
+    ]
+    assert len(page_rows) == len(entries), "the page's rows are not figures.yaml's entries"
     wrong = []
-    for (what, shown, *_), entry in zip(rows, entries):
-        quotes = figures.quotes(entry)
-        linked = {
-            (name, int(number))
-            for name, number in re.findall(r"\(docs/results\.md#(\w+)-(\d+)\)", what)
-        }
-        read = set(figures.lines(quotes))
+    for (what, shown, _, sources), entry in zip(page_rows, entries):
+        assert what.startswith(f'<a id="figure-{entry["id"]}">'), what
+        linked = {(name, int(n)) for name, n in re.findall(r"\(#(\w+)-(\d+)\)", sources)}
+        read = set(figures.lines(figures.quotes(entry)))
         if linked != read:
-            wrong.append(
-                f"{entry['what']!r} links {sorted(linked)}, its figure reads {sorted(read)}"
-            )
-        numbers = figures.NUMBER.findall(shown)
-        if len(numbers) != len(quotes):
-            wrong.append(f"{entry['what']!r} shows {numbers}, figures.yaml has {len(quotes)}")
-            continue
-        for text, quote in zip(numbers, quotes):
-            if not figures.shows(text, quote.value):
-                wrong.append(f"{entry['what']!r} shows {text}: {quote.expression} = {quote.value}")
+            wrong.append(f"{entry['id']} links {sorted(linked)}, its figure reads {sorted(read)}")
+        _check_numbers(entry, shown, wrong)
+    headline = [entry for entry in entries if entry.get("readme")]
+    rows = _readme_results_rows()
+    assert 0 < len(rows) == len(headline) <= 8, "the README's table is figures.yaml's headline"
+    for (what, shown, _), entry in zip(rows, headline):
+        assert what.endswith(f"(docs/results.md#figure-{entry['id']})"), what
+        _check_numbers(entry, shown, wrong)
     assert not wrong, "\n".join(wrong)
+
+
+def test_pages_quote_the_figures_from_figures_yaml():
+    """A figure quoted outside the tables (`<!-- figure: ID -->...<!-- /figure -->`, or its N-th
+    number) is written from figures.yaml, so that each figure has one source: the quickstart's
+    BLEU was "about 82 to 87" in the README beside a table row of 81.73, and the guide cited
+    other runs."""
+    from benchmarks import figures, results_page
+
+    assert not results_page.stale(), "stale: python -m benchmarks.results_page"
+    for path in (README, os.path.join(DOCS, "guides", "quickstart.md")):
+        assert "<!-- figure: quickstart -->" in _read(path), path
+    entry = {"id": "q", "figure": "{bleu[1]:.1f} / {bleu[2]:.1f}", "ledger": "t"}
+    read = {"t": [{"bleu": 80.04}, {"bleu": 81.96}]}.__getitem__
+    text = "BLEU <!-- figure: q -->old<!-- /figure --> and <!-- figure: q 2 -->1<!-- /figure -->."
+    assert figures.render_quotes(text, [entry], read) == (
+        "BLEU <!-- figure: q -->80.0 / 82.0<!-- /figure --> and "
+        "<!-- figure: q 2 -->82.0<!-- /figure -->."
+    )
+    starts_a_line = "<!-- figure: q -->x<!-- /figure --> ends the paragraph before it"
+    for bad in (starts_a_line, "a <!-- figure: r -->x<!-- /figure --> of no entry"):
+        with pytest.raises(ValueError):
+            figures.render_quotes(bad, [entry], read)
 
 
 def test_readme_results_table_is_generated_from_figures_yaml():
@@ -504,10 +640,15 @@ def test_rest_requests_match_the_signature(exported_quickstart):
     assert any("instances" in b for b in bodies) and any("inputs" in b for b in bodies)
     named = {b.get("signature_name", "serving_default") for b in bodies}
     assert named == {"serving_default", "translate_nbest", "translate_prefix", "score"}
-    # The README's translate_prefix example shows its response (issue #37).
-    readme = [body for body, _ in _rest_examples(_readme())]
-    assert any(b.get("signature_name") == "translate_prefix" for b in readme)
-    assert any(documented for body, documented in examples if body in readme)
+    # The serving guide's translate_prefix example shows its response.
+    serving = _read(os.path.join(DOCS, "guides", "export-serving.md"))
+    prefix = [
+        (body, documented)
+        for body, documented in _rest_examples(serving)
+        if body.get("signature_name") == "translate_prefix"
+    ]
+    assert any(documented for _, documented in prefix)
+    assert any("instances" in body for body, _ in _rest_examples(_readme()))
     for body, documented in examples:
         signature = signatures[body.get("signature_name", "serving_default")]
         _, inputs = signature.structured_input_signature

@@ -1,13 +1,18 @@
-"""The README's picture: the decoder's cross-attention heatmaps that a training run logged to
-TensorBoard at its last evaluation (the last layer, one panel per head).
+"""The manual's pictures: the decoder's cross-attention heatmaps that a training run logged to
+TensorBoard at its last evaluation (the last layer, one panel per head), and one head's panel
+alone (`--head N` of `--heads H`, the panels being equally wide), which stays legible at a
+page's width where the four side by side do not.
 
     keras-transformer train --config configs/quickstart.yaml
     python docs/tools/attention_figure.py workdirs/quickstart docs/img/quickstart_attention.png
+    python docs/tools/attention_figure.py workdirs/quickstart \
+        docs/img/quickstart_attention_head1.png --head 1 --heads 4
 """
 
+import argparse
 import glob
+import io
 import os
-import sys
 
 import tensorflow as tf
 
@@ -28,13 +33,32 @@ def last_attention_png(workdir, tag=TAG):
     return found
 
 
-def main(argv):
-    workdir, output = argv[1], argv[2]
-    step, png = last_attention_png(workdir)
-    with open(output, "wb") as f:
+def one_head(png, head, heads):
+    """The PNG bytes of panel `head` (1-based) of `heads` equally wide panels."""
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(png))
+    width = image.width / heads
+    panel = image.crop((round((head - 1) * width), 0, round(head * width), image.height))
+    out = io.BytesIO()
+    panel.save(out, format="PNG", optimize=True)
+    return out.getvalue()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workdir")
+    parser.add_argument("output")
+    parser.add_argument("--head", type=int, help="only this head's panel (1-based)")
+    parser.add_argument("--heads", type=int, default=4, help="the panels in the image")
+    args = parser.parse_args()
+    step, png = last_attention_png(args.workdir)
+    if args.head:
+        png = one_head(png, args.head, args.heads)
+    with open(args.output, "wb") as f:
         f.write(png)
-    print(f"{output}: {TAG}, last layer, step {step}")
+    print(f"{args.output}: {TAG}, last layer, step {step}")
 
 
 if __name__ == "__main__":
-    main(sys.argv)
+    main()
