@@ -108,6 +108,35 @@ def _shared_root(tmp_path_factory):
     return fx.SHARED_ROOT
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _one_load_per_saved_model():
+    """Each SavedModel loaded once per worker: `tf.saved_model.load(path)` keeps its graphs in
+    the process for good (hundreds of MB for an export with every signature), and the CLI tests
+    load the same few exports dozens of times in-process. An export never changes once written
+    (it appears whole, under a new version), so a path whose `saved_model.pb` has the same size
+    and modification time is the same model; loads with options, and failing loads, are not
+    kept."""
+    import tensorflow as tf
+
+    load, loaded = tf.saved_model.load, {}
+
+    def cached_load(export_dir, *args, **kwargs):
+        if args or kwargs:
+            return load(export_dir, *args, **kwargs)
+        try:
+            info = os.stat(os.path.join(os.fspath(export_dir), "saved_model.pb"))
+        except (OSError, TypeError):
+            return load(export_dir)
+        key = (os.path.realpath(os.fspath(export_dir)), info.st_size, info.st_mtime_ns)
+        if key not in loaded:
+            loaded[key] = load(export_dir)
+        return loaded[key]
+
+    tf.saved_model.load = cached_load
+    yield
+    tf.saved_model.load = load
+
+
 @pytest.fixture(scope="session")
 def toy_quickstart(_shared_root):
     """A directory in which the README's quickstart ran at toy scale (`tests/_recipes.py`:

@@ -86,6 +86,7 @@ def _write_workdir(tmp_path, copy_model, toy_spm_path, steps=(100, 200, 300)):
     return workdir
 
 
+@pytest.mark.scenario
 def test_export_from_workdir(tmp_path, copy_model, toy_spm_path, run_cli):
     workdir = _write_workdir(tmp_path, copy_model, toy_spm_path)
     code, out, err = run_cli("export", "--workdir", str(workdir), "--average", "2")

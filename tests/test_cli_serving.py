@@ -17,6 +17,7 @@ from keras_transformer.decoding import translate_ids
 SENTENCES = ["red apple cat", "dog dog fish bird", "blue", "plum pear white black green"]
 
 
+@pytest.mark.scenario
 def test_translate_n_best_prints_k_scored_lines_per_input(model_base_dir, run_cli):
     code, out, err = run_cli("translate", "--model", model_base_dir, "--n-best", "2", *SENTENCES)
     assert code == 0, err
@@ -52,6 +53,7 @@ def test_score_prints_one_log_probability_per_line(
     assert "has 4 lines" in err and "has 1" in err
 
 
+@pytest.mark.scenario
 def test_export_options_override_the_config(tmp_path, copy_model, toy_spm_path, run_cli):
     workdir = _write_workdir(tmp_path, copy_model, toy_spm_path, steps=(100,))
     code, out, err = run_cli(
@@ -87,6 +89,7 @@ def test_export_ctranslate2_without_the_package_says_how_to_install(monkeypatch,
     )
 
 
+@pytest.mark.scenario
 def test_translate_prints_only_translations(model_base_dir):
     """A real run in a fresh process: TensorFlow's C++ start-up log (oneDNN notices, CUDA
     probing, cuInit errors on machines without a GPU) stays off stderr."""

@@ -286,6 +286,7 @@ def test_vocabulary_is_trained_on_a_bounded_seeded_sample(tmp_path, monkeypatch)
     assert len(seen[2]) == 150 and seen[2] != seen[0]  # another seed, another sample
 
 
+@pytest.mark.scenario
 def test_a_killed_prepare_is_never_taken_as_complete(tmp_path):
     workdir = tmp_path / "work"
     config = _config(workdir, train="synthetic:split=train,size=12000,max_words=20")
@@ -390,6 +391,7 @@ def test_two_workers_read_disjoint_shards_whose_union_is_the_corpus(tmp_path):
     assert first[1].shape[0] > 0
 
 
+@pytest.mark.scenario
 def test_prepared_batches_are_deterministic_keep_bucket_shapes_and_lower_the_loss(tmp_path):
     from keras_transformer.models import build_transformer
     from keras_transformer.training import compile_model

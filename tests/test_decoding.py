@@ -358,6 +358,7 @@ def test_translate_ids_shapes_and_limits(model, sources):
         assert tokens[-1] == EOS and 0 not in tokens, "padding only after EOS"
 
 
+@pytest.mark.scenario
 def test_translate_ids_under_xla_equals_eager(model, sources):
     _, source_ids = sources
     run = tf.function(

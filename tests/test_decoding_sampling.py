@@ -101,6 +101,7 @@ def test_topk_1_is_greedy_search(model, source_ids):
         np.testing.assert_allclose(scores, greedy_scores, rtol=1e-5)
 
 
+@pytest.mark.scenario
 def test_seeded_sampling_repeats_and_seeds_differ(model, source_ids):
     settings = DecodingSettings(max_extra_length=6, sampling_topk=50, sampling_temperature=3.0)
     decode = tf.function(lambda s, seed: translate_ids(model, s, settings, seed=seed))
@@ -148,6 +149,7 @@ def sampling_export(model, toy_spm_bytes, _shared_root):
     return str(base / "saved_models" / "toy" / "1")
 
 
+@pytest.mark.scenario
 def test_export_adds_translate_sample(sampling_export):
     import tensorflow_text  # noqa: F401
 
@@ -168,6 +170,7 @@ def test_export_adds_translate_sample(sampling_export):
         sample(text=texts, seed=seeds[:3])
 
 
+@pytest.mark.scenario
 def test_cli_translate_samples_with_a_seed(sampling_export, capsys):
     args = ["translate", "--model", sampling_export, "--seed", "11", "red apple cat", "blue"]
     assert cli.main(args) == 0
@@ -180,6 +183,7 @@ def test_cli_translate_samples_with_a_seed(sampling_export, capsys):
     capsys.readouterr()
 
 
+@pytest.mark.scenario
 def test_cli_file_mode_samples_each_line_as_text_mode_does(sampling_export, tmp_path, capsys):
     lines = ["red apple cat", "blue", "dog dog fish bird", "plum pear", "cat"]
     source = tmp_path / "mono.txt"

@@ -40,7 +40,7 @@ def test_setup_reads_the_one_version():
     assert "## [Unreleased]" in changelog
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
         readme = f.read()
-    assert "`keras-nmt-transformer`" in readme and "is another one" in readme
+    assert "`keras-nmt-transformer`" in readme and "is another project" in readme
 
 
 def test_shipped_configs_load_without_a_checkout(tmp_path, monkeypatch):

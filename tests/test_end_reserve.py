@@ -42,6 +42,7 @@ def _counting(monkeypatch):
     return counted
 
 
+@pytest.mark.scenario
 @pytest.mark.parametrize("screen", [0, 40])
 def test_the_end_work_counts_what_the_choice_decodes(
     tmp_path, copy_model, toy_spm_path, monkeypatch, screen
@@ -67,6 +68,7 @@ def test_the_end_work_counts_what_the_choice_decodes(
     assert counted[2] == (2 if screen else 3) * 2 * 40
 
 
+@pytest.mark.scenario
 def test_the_dev_scoring_reuses_the_choices_decoding(tmp_path, copy_model, toy_spm_path):
     """Where the choice decoded every dev sentence with the scoring's search, the chosen
     candidate's figures are the scoring's (equal to decoding it again); elsewhere nothing is
@@ -183,6 +185,7 @@ def test_the_schedule_reaches_zero_where_the_moved_stop_is():
     assert float(schedule(5)) == 0.0
 
 
+@pytest.mark.scenario
 def test_a_budgeted_run_records_its_estimate_and_scores_dev_once(tmp_path, monkeypatch):
     """`train` on a budget: the estimate made at the dev evaluation is kept and lands in
     result.json's `budget` beside the end's seconds; the dev figures are the chosen candidate's

@@ -88,6 +88,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.scenario
 def test_saved_model_runs_in_a_fresh_process_with_only_tf_and_tf_text(
     exported_copy_model, tmp_path
 ):
@@ -103,6 +104,7 @@ def test_saved_model_runs_in_a_fresh_process_with_only_tf_and_tf_text(
     assert result["translation"][-len(NORMAL) :] == NORMAL
 
 
+@pytest.mark.scenario
 def test_saved_model_cli_shows_the_serving_signature(exported_copy_model):
     _, path = exported_copy_model
     cli = shutil.which("saved_model_cli") or os.path.join(
@@ -140,6 +142,7 @@ def _untrained_model():
     return Transformer(vocab_size=fx.spm_processor().get_piece_size(), **fx.MODEL_KWARGS)
 
 
+@pytest.mark.scenario
 def test_exports_take_the_next_version_and_never_overwrite(tmp_path, toy_spm_bytes):
     model = _untrained_model()
     os.makedirs(tmp_path / "m" / "not-a-version")
@@ -155,6 +158,7 @@ def test_exports_take_the_next_version_and_never_overwrite(tmp_path, toy_spm_byt
     assert metadata["beam_size"] == DECODE["beam_size"] and metadata["alpha"] == DECODE["alpha"]
 
 
+@pytest.mark.scenario
 def test_a_failed_export_leaves_nothing(tmp_path, monkeypatch, toy_spm_bytes):
     model = _untrained_model()
     export_saved_model(model, toy_spm_bytes, DECODE, DATA, str(tmp_path), "m")
@@ -223,6 +227,7 @@ def test_translator_survives_eager_cache_clears(exported_copy_model):
     assert _as_strings(translator(NORMAL)["translation"]) == before
 
 
+@pytest.mark.scenario
 def test_concurrent_requests_get_the_sequential_answers(exported_copy_model):
     """The loaded SavedModel's `serving_default` called from 8 threads at once, as TF Serving
     calls it (10 requests of 1 to 7 sentences each: 50, as the LiteRT runtime's test sends,
@@ -253,6 +258,7 @@ def _xla_calls(concrete):
     return [n.name for n in nodes if n.attr["_XlaMustCompile"].b]
 
 
+@pytest.mark.scenario
 def test_xla_compiled_search_answers_as_the_graph_search(tmp_path, copy_model, toy_spm_bytes):
     """`export.jit_compile`: the search compiled by XLA (string ops outside; chunks padded to
     shape buckets) gives the plain export's translations, n-best lists and prefixed translations
@@ -323,6 +329,7 @@ print(json.dumps({"after_warmup": after_warmup, "after_requests": compiled()}))
 """
 
 
+@pytest.mark.scenario
 def test_the_warmup_compiles_every_program_the_xla_export_runs(tmp_path, copy_model, toy_spm_bytes):
     """The warmup file's lengths are the XLA export's own buckets, whatever the training data's
     `bucket_boundaries` (they used to come from there, so that a first short request compiled

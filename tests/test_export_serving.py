@@ -242,6 +242,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.scenario
 def test_warmup_requests_cover_every_signature_and_bucket_and_replay(
     exported_copy_model, tmp_path
 ):

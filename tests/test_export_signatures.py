@@ -147,6 +147,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.scenario
 def test_all_signatures_run_in_a_fresh_process_with_only_tf_and_tf_text(
     exported_copy_model, tmp_path
 ):
@@ -169,6 +170,7 @@ def test_all_signatures_run_in_a_fresh_process_with_only_tf_and_tf_text(
     assert f"source has] [{len(texts)}] [strings but target has] [1]" in result["unequal"]
 
 
+@pytest.mark.scenario
 def test_saved_model_cli_lists_all_signatures(exported_copy_model):
     _, path = exported_copy_model
     cli = shutil.which("saved_model_cli") or os.path.join(

@@ -112,6 +112,7 @@ def test_fused_projections_equal_separate(kind):
         np.testing.assert_allclose(a, b, atol=ATOL)
 
 
+@pytest.mark.scenario
 def test_fused_training_step_equals_separate(unfused):
     """One optimizer step of the whole model (dropout on) gives the same weights either way."""
     src = np.random.default_rng(0).integers(1, 40, (3, 6)).astype("int32")
@@ -129,6 +130,7 @@ def test_fused_training_step_equals_separate(unfused):
         np.testing.assert_allclose(a, b, atol=ATOL)
 
 
+@pytest.mark.scenario
 def test_kernels_are_chosen_when_the_model_is_built():
     """A model keeps the fast paths of its build: the setting later, at trace time, changes
     nothing (no in-place writes in a `none` model's search traced under `all`); every layer,
@@ -200,6 +202,7 @@ def test_projection_gradients_apply_only_in_training():
     assert layer_paths.dense(kernels, keras.layers.Dense(8, activation="gelu"), x, True) is None
 
 
+@pytest.mark.scenario
 def test_training_step_with_projection_gradients_equals_plain():
     """One optimizer step of the whole model (dropout on) gives the same weights with and
     without the projection-gradient fast path."""
@@ -574,6 +577,7 @@ def _graph_op_types(concrete):
     return types
 
 
+@pytest.mark.scenario
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_inplace_cache_writes_equal_scatter_writes(beam_size):
     """translate_ids writes its caches in place (InplaceUpdate in the traced loop): the same ids
@@ -681,6 +685,7 @@ def test_translate_loop_does_not_transpose_the_embedding_per_step():
 # ----------------------------------------------------------------------- exported token scores
 
 
+@pytest.mark.scenario
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_tracked_token_scores_equal_forced_decoding(
     copy_model, toy_spm_bytes, monkeypatch, beam_size
@@ -724,6 +729,7 @@ def _loop_gathers(concrete):
     )
 
 
+@pytest.mark.scenario
 @pytest.mark.parametrize("trained", [True, False])
 def test_shared_beam_caches_equal_reordered_caches(copy_model, trained):
     """Beam search with each input's caches held once for all its beams (no reorder) finds what

@@ -287,6 +287,7 @@ def _full_disk_command(case, tmp_path, trained):
     return argv, workdir
 
 
+@pytest.mark.scenario
 @pytest.mark.parametrize("refusal", sorted(REFUSALS))
 @pytest.mark.parametrize("writer", sorted(WRITERS))
 def test_a_refused_write_is_one_line_and_the_same_command_continues(
@@ -347,6 +348,7 @@ def _file_size_limit(limit):
     return apply
 
 
+@pytest.mark.scenario
 def test_export_under_a_real_file_size_limit_is_one_line_and_the_retry_gets_version_1(
     trained, tmp_path
 ):
@@ -402,6 +404,7 @@ def test_write_refused_recognises_each_writers_full_disk():
     assert write_refused(OSError(errno.EACCES, "Permission denied", "/w/x")) is None
 
 
+@pytest.mark.scenario
 def test_write_refused_recognises_each_refusal_as_tensorflow_h5py_and_python_say_it():
     """The messages seen under a real `ulimit -f` (SaveV2's OutOfRangeError, h5py's errno 27),
     TensorFlow's `PATH; STRERROR` for EROFS and EIO, Python's OSErrors: each one line with its
@@ -460,6 +463,7 @@ def test_write_refused_recognises_each_refusal_as_tensorflow_h5py_and_python_say
 # ------------------------------------------------------------------ torn or corrupted checkpoints
 
 
+@pytest.mark.scenario
 @pytest.mark.parametrize("damage", ["truncate", "flip", "truncate_without_checksum"])
 def test_export_skips_a_torn_newest_checkpoint(damage, copy_of, tmp_path, capsys):
     _, workdir = copy_of
@@ -498,6 +502,7 @@ def test_averaging_skips_a_torn_checkpoint_and_says_so(copy_of, capsys):
     assert "skipping the torn or corrupted checkpoint" in capsys.readouterr().err
 
 
+@pytest.mark.scenario
 @pytest.mark.parametrize("damage", ["flip_data", "truncate_data", "truncate_index"])
 def test_train_resumes_from_the_newest_complete_state(damage, copy_of, capsys):
     config, workdir = copy_of
@@ -635,6 +640,7 @@ def test_a_reused_pid_or_a_reboot_does_not_keep_a_stale_lock(tmp_path, capsys):
     assert not os.path.exists(tmp_path / "lock.json")
 
 
+@pytest.mark.scenario
 def test_a_lock_from_another_host_is_never_taken_over(tmp_path):
     from keras_transformer.errors import WorkdirInUseError
     from keras_transformer.lock import WorkdirLock

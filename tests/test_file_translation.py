@@ -50,6 +50,7 @@ def test_chunks_are_translated_by_length_and_written_in_input_order():
     assert lengths == sorted(lengths)  # little padding: similar lengths share a batch
 
 
+@pytest.mark.scenario
 def test_file_translation_equals_the_translation_of_arguments(tmp_path, model_base_dir, run_cli):
     source = _write(tmp_path / "in.txt", LINES)
     target = str(tmp_path / "out.txt")
@@ -65,6 +66,7 @@ def test_file_translation_equals_the_translation_of_arguments(tmp_path, model_ba
         assert f.read() == expected
 
 
+@pytest.mark.scenario
 def test_any_tensorflow_filesystem_and_n_best(model_base_dir, run_cli):
     source, target = "ram://file-translation/in.txt", "ram://file-translation/out.txt"
     with tf.io.gfile.GFile(source, "w") as f:
@@ -198,6 +200,7 @@ def test_bad_arguments_exit_2(tmp_path, model_base_dir, run_cli, make_argv, mess
     assert "Traceback" not in err
 
 
+@pytest.mark.scenario
 def test_a_progress_file_of_another_input_is_refused(tmp_path, model_base_dir, run_cli):
     target = str(tmp_path / "out.txt")
     first = _write(tmp_path / "a.txt", LINES[:3])

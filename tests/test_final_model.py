@@ -85,6 +85,7 @@ def _finalists(config, layout, tokenizer, screened):
     return {(tuple(e["steps"]), e["kind"]) for e in ranked[: config.export.select_finalists]}
 
 
+@pytest.mark.scenario
 def test_the_chosen_candidate_has_the_best_dev_bleu_of_all_recomputed(chosen_run):
     config, layout, result = chosen_run
     selection = result["selection"]
@@ -120,6 +121,7 @@ def test_the_chosen_candidate_has_the_best_dev_bleu_of_all_recomputed(chosen_run
     assert card["training"]["selection"]["chosen"] == simplest
 
 
+@pytest.mark.scenario
 def test_keep_best_keeps_the_checkpoints_of_the_best_dev_bleu(chosen_run):
     config, layout, _ = chosen_run
     tokenizer = Tokenizer(layout.spm)
@@ -144,6 +146,7 @@ def test_keep_best_keeps_the_checkpoints_of_the_best_dev_bleu(chosen_run):
                 np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.scenario
 def test_the_same_workdir_chooses_the_same_candidate(chosen_run):
     config, layout, result = chosen_run
     tokenizer = Tokenizer(layout.spm)
@@ -155,6 +158,7 @@ def test_the_same_workdir_chooses_the_same_candidate(chosen_run):
     assert (again.steps, again.alpha) == (result["checkpoint_steps"], result["alpha"])
 
 
+@pytest.mark.scenario
 def test_the_model_card_states_the_workdirs_facts(chosen_run):
     """Every fact of the card against its source: the config, the prepared manifest,
     `result.json`, and the calibration recomputed from the exported model's own answers."""
@@ -203,6 +207,7 @@ def test_the_model_card_states_the_workdirs_facts(chosen_run):
     assert calibration["mean_sentence_chrf"] == pytest.approx(report["mean_sentence_chrf"])
 
 
+@pytest.mark.scenario
 def test_export_select_on_dev_from_the_command_line(tmp_path, copy_model, toy_spm_path, capsys):
     """`export --select-on-dev` on a workdir whose config averages a fixed number: the flag
     makes the dev set choose, and both the card and `result.json` record the choice."""
@@ -240,6 +245,7 @@ def test_export_select_on_dev_from_the_command_line(tmp_path, copy_model, toy_sp
     assert (recorded["checkpoint_steps"], recorded["alpha"]) == (again.steps, again.alpha)
 
 
+@pytest.mark.scenario
 def test_average_and_select_on_dev_exclude_each_other(tmp_path, capsys):
     code = cli.main(["export", "--workdir", str(tmp_path), "--average", "2", "--select-on-dev"])
     assert code == 2
@@ -288,6 +294,7 @@ def _copy_workdir(root, copy_model, toy_spm_path):
     return config, layout
 
 
+@pytest.mark.scenario
 @pytest.mark.parametrize("screen", [0, 40])
 def test_the_choice_is_the_recomputed_maximum_where_the_candidates_differ(
     tmp_path, copy_model, toy_spm_path, screen
@@ -339,6 +346,7 @@ def test_the_choice_is_the_recomputed_maximum_where_the_candidates_differ(
     assert plain.steps == [200, 300] and plain.selection is None and plain.alpha is None
 
 
+@pytest.mark.scenario
 def test_a_deadline_passed_keeps_only_the_first_finalist(tmp_path, copy_model, toy_spm_path):
     """At the end of a `train.max_minutes` budget with no time left, the choice decodes the
     best-screened finalist at the beam (every alpha) and no other: the scoring and the export
@@ -372,6 +380,7 @@ class _ScriptedEvaluator:
         return {"bleu": self.bleu[step]}, []
 
 
+@pytest.mark.scenario
 def test_keep_best_keeps_the_k_best_scored_steps_across_a_resume(tmp_path):
     import keras
 

@@ -56,6 +56,7 @@ def _weights_of_checkpoint(config, path):
     return [np.asarray(w) for w in model.get_weights()]
 
 
+@pytest.mark.scenario
 def test_refuses_another_shape_or_vocabulary_with_one_line(parent, tmp_path, capsys):
     values = _config(str(tmp_path), "child").to_dict()
     config_file = write_yaml(tmp_path / "child.yaml", values)
@@ -98,6 +99,7 @@ def _weights_at_start(monkeypatch, config):
     return captured[0]
 
 
+@pytest.mark.scenario
 def test_step_0_is_the_parent_and_a_resume_uses_its_own_backups(parent, tmp_path, monkeypatch):
     parent_layout = Workdir.of(parent)
     step, checkpoint = parent_layout.list_checkpoints()[-1]
@@ -140,6 +142,7 @@ def _shifted(pairs, directory, name):
     return f"text:{source},{target}"
 
 
+@pytest.mark.scenario
 def test_fine_tuning_raises_the_dev_bleu_of_a_shifted_corpus(parent, tmp_path):
     from keras_transformer.config import decoding_settings
     from keras_transformer.evaluation import evaluate_bleu

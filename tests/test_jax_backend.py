@@ -44,6 +44,7 @@ def _run_jax(*args, env=None, timeout=600):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.scenario
 def test_model_loss_step_search_and_accelerator_check_run_on_jax_without_tensorflow(tmp_path):
     """With `tensorflow` unimportable: a model trains (its loss falls) and searches, then
     `benchmarks/accelerator_check.py --tiny` gives every section's figures and no error."""
@@ -109,6 +110,7 @@ def _tiny_setup():
     return config, source, target, labels
 
 
+@pytest.mark.scenario
 def test_same_numbers_on_both_backends(tmp_path):
     """On the same weights: logits to 1e-5, greedy and beam-4 ids equal, one AdamW step's
     updated weights to 1e-5 (this process runs TensorFlow, the subprocess JAX)."""
@@ -141,6 +143,7 @@ def test_same_numbers_on_both_backends(tmp_path):
     _assert_same_step(tmp_path / "jax.npz", stepped)
 
 
+@pytest.mark.scenario
 def test_data_parallel_and_accumulation_give_the_weights_of_one_device_and_one_batch():
     """One step on a global batch of 4 rows, from the same weights: with
     `gradient_accumulation_steps` 2 (two micro-batches of different token counts), under

@@ -87,6 +87,7 @@ class _KerasHubTest(test_case.TestCase):
         pass
 
 
+@pytest.mark.scenario
 @pytest.mark.parametrize("name", list(CASES))
 def test_public_layer_passes_keras_hub_run_layer_test(name):
     cls, init_kwargs, data, shape, trainable, seed_generators = CASES[name]

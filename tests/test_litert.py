@@ -43,25 +43,24 @@ def saved_model(exported_copy_model):
 
 
 @pytest.fixture(scope="module")
-def litert_dirs(copy_model, toy_spm_bytes, saved_model, tmp_path_factory):
+def litert_dirs(copy_model, toy_spm_bytes, _shared_root):
     """The copy model exported with the SavedModel's settings, its confidence fitted on the same
-    dev pairs (by the export translating them itself)."""
+    dev pairs (by the export translating them itself): once per run, shared by the workers (the
+    tests only read it)."""
+    from shared_runs import shared_directory
+
     from keras_transformer.config import DecodingSettings
 
-    base = tmp_path_factory.mktemp("litert")
     settings = DecodingSettings(**fx.EXPORT_DECODE)
-    return {
-        q: export_litert(
-            copy_model,
-            toy_spm_bytes,
-            str(base / q),
-            q,
-            fx.EXPORT_DATA,
-            settings,
-            dev_pairs=fx.dev_pairs(),
-        )  # fmt: skip
-        for q in ("float32", "dynamic_int8")
-    }
+    quantizations = ("float32", "dynamic_int8")
+
+    def export(base):
+        for q in quantizations:
+            export_litert(copy_model, toy_spm_bytes, str(base / q), q, fx.EXPORT_DATA, settings,
+                          dev_pairs=fx.dev_pairs())  # fmt: skip
+
+    base = shared_directory(_shared_root, "litert_copy_model", export)
+    return {q: str(base / q) for q in quantizations}
 
 
 def _texts(outputs):
@@ -71,6 +70,7 @@ def _texts(outputs):
 REQUEST = fx.NORMAL + fx.HOSTILE + fx.toy_sentences(40, seed=11)
 
 
+@pytest.mark.scenario
 def test_the_confidence_is_fitted_on_dev_as_the_saved_models(saved_model, litert_dirs):
     with open(os.path.join(litert_dirs["float32"], "model_card.json")) as f:
         ours = json.load(f)["calibration"]
@@ -338,6 +338,7 @@ def test_an_export_appears_whole_or_not_at_all(copy_model, toy_spm_bytes, tmp_pa
         export_litert(copy_model, toy_spm_bytes, str(fresh), "int4")
 
 
+@pytest.mark.scenario
 def test_export_and_translate_commands(tmp_path, copy_model, toy_spm_path, run_cli):
     workdir = _write_workdir(tmp_path, copy_model, toy_spm_path, steps=(100,))
     output = tmp_path / "litert"

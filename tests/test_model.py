@@ -93,6 +93,7 @@ def test_decode_step_without_source_mask_raises():
         model.decode_step(ids((1, 1)), 0, cache, None)
 
 
+@pytest.mark.scenario
 def test_paper_parameter_counts():
     base = Transformer.from_preset("transformer_base", vocab_size=37000)
     assert 62e6 <= base.count_params() <= 66e6
@@ -127,6 +128,7 @@ def test_keras_save_load_identical(tmp_path):
     np.testing.assert_array_equal(logits(loaded, src, tgt), before)
 
 
+@pytest.mark.scenario
 def test_fit_step_with_xla():
     model = tiny()
     model.compile(

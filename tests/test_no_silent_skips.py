@@ -94,6 +94,7 @@ def test_outside_ci_the_same_skips_pass(tiny):
     assert "SKIPPED IN CI" not in output
 
 
+@pytest.mark.scenario
 def test_the_real_list_catches_a_missing_keras_hub(tmp_path):
     """The suite's own conftest under CI=true: with `keras_hub` unimportable, the KerasHub layer
     module's collection skip fails the run and is named."""

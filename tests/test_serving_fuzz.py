@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serving_fuzz_worker.py")
 ROWS = 1500  # per signature: a few thousand strings in all, some 100 kB (about 1 MB per signature)
 MAX_BYTES = 100_000
@@ -18,6 +20,7 @@ MEMORY_GROWTH_MB = 512
 REPEAT_GROWTH_MB = 128
 
 
+@pytest.mark.scenario
 def test_every_signature_answers_every_row_of_random_bytes(exported_copy_model, tmp_path):
     _, path = exported_copy_model
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")

@@ -92,6 +92,7 @@ def _nothing_of_prepare_left(workdir):
     assert not [f for f in left if f.startswith(("prepare.", "prepared.partial"))], left
 
 
+@pytest.mark.scenario
 def test_sigterm_during_prepare_keeps_the_complete_segments_and_the_same_command_continues(
     tmp_path,
 ):
@@ -132,6 +133,7 @@ def test_sigterm_during_prepare_keeps_the_complete_segments_and_the_same_command
     _nothing_of_prepare_left(stopped)
 
 
+@pytest.mark.scenario
 def test_a_kept_segment_that_changed_is_not_trusted_the_shards_are_written_again(tmp_path):
     """A kept shard whose bytes differ from the recorded sha256 (changed or damaged while
     stopped): the same command writes every segment again, and the shards are still those of
@@ -362,6 +364,7 @@ lock.release()
 """
 
 
+@pytest.mark.scenario
 def test_two_processes_started_together_on_an_expired_lock_exactly_one_runs(tmp_path):
     workdir = tmp_path / "workdir"
     _write_lock(workdir, lease_seconds=30, renewed=time.time() - 3600)
@@ -551,6 +554,7 @@ def test_sigterm_during_the_precision_timing_exits_75_and_the_same_command_finis
     assert "lock.json" not in files_under(stopped)
 
 
+@pytest.mark.scenario
 def test_a_stopped_preparation_continues_in_worker_processes_to_the_same_shards(tmp_path):
     """Stopped in one process after two of eleven segments, the same command with two worker
     processes continues from there (each encodes only its segments after the kept ones) and
@@ -582,6 +586,7 @@ def test_a_stopped_preparation_continues_in_worker_processes_to_the_same_shards(
     _nothing_of_prepare_left(stopped)
 
 
+@pytest.mark.scenario
 def test_training_whose_lock_was_taken_over_stops_after_the_step_and_saves_nothing(tmp_path):
     """`StopOnSignal` after a takeover (`stopping.request(..., lost_the_workdir=True)`, as the
     lock's renewal thread calls it): `Preempted` after the step, and no resume state written

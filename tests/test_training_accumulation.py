@@ -70,6 +70,7 @@ def assert_same_update(strategy, jit_compile=False):
         np.testing.assert_allclose(logs[key], large_logs[key], rtol=1e-5)
 
 
+@pytest.mark.scenario
 def test_two_micro_batches_equal_one_large_batch():
     assert_same_update(tf.distribute.get_strategy())
 

@@ -50,6 +50,7 @@ def _h5_names(path):
     return names
 
 
+@pytest.mark.scenario
 def test_step_checkpoints_hold_weights_only_and_average(tmp_path):
     model = _compiled_model()
     _fit(model, 4, [StepCheckpoint(tmp_path, every=2, keep=5)])
@@ -160,6 +161,7 @@ def test_ema_checkpoints_hold_the_moving_average_of_the_weights(tmp_path):
         np.testing.assert_allclose(np.array(got), want, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.scenario
 def test_without_ema_averaged_weights_are_the_weights(tmp_path):
     model = _compiled_model()
     record = _RecordWeights()
@@ -211,6 +213,7 @@ def test_weight_decay_goes_by_rank_not_by_name():
     np.testing.assert_array_equal(np.array(vector), 1.0)
 
 
+@pytest.mark.scenario
 def test_with_ema_the_resume_state_saved_at_the_end_of_fit_holds_the_trained_weights(tmp_path):
     """With EMA, Keras's `fit` ends by putting the averages in place of the weights
     (`finalize_variable_values`) before the callbacks' `on_train_end`: the resume state saved at

@@ -309,6 +309,7 @@ def _restart(config, model, backup, position, read, skip=False):
     return _settled(read), [first, next(iterator), next(iterator)]
 
 
+@pytest.mark.scenario
 def test_resume_state_holds_the_data_iterator_restart_reads_do_not_grow(tmp_path, monkeypatch):
     """The data position restored from the resume state's iterator: the next batches are those
     of the uninterrupted iterator, and a restart at batch 600 reads as many records as one at
@@ -533,6 +534,7 @@ def worker_batches_as_tensorflow_hands_them(report):
         json.dump({"ok": True}, f)
 
 
+@pytest.mark.scenario
 def test_worker_batches_hand_out_what_tensorflow_does_and_restore_their_place(tmp_path):
     """`WorkerBatches` (several workers' data, `train()` under MultiWorkerMirroredStrategy)
     with two replicas on one worker: TensorFlow's order, one trace, `IteratorBackup`."""
@@ -554,6 +556,7 @@ def _shards(workdir):
 
 # Not with data.subword_samples: SentencePiece's samples differ between processes, seeded or not.
 # The two workers write into a ram:// workdir once: their segments go through local files.
+@pytest.mark.scenario
 @pytest.mark.parametrize(
     "data, where", [({}, "local"), (dict(both_directions=True), "local"), ({}, "ram")]
 )
@@ -593,6 +596,7 @@ def test_prepare_with_two_workers_writes_the_same_shards_as_one(tmp_path, monkey
     assert counts["written"] > 100 and counts["records"] == counts["written"] * (2 if data else 1)
 
 
+@pytest.mark.scenario
 def test_a_waiting_worker_sees_the_chief_alive_then_fails_soon_after_it_dies(
     tmp_path, monkeypatch, capsys
 ):

@@ -42,6 +42,7 @@ def test_choose_needs_the_margin():
     assert precision.choose({"float32": f32, "mixed_bfloat16": 0.68 * f32}) == "float32"
 
 
+@pytest.mark.scenario
 def test_measure_rates_times_real_train_steps_in_each_precision():
     config = tiny_config("/unused")
     rng = np.random.default_rng(0)

@@ -90,10 +90,12 @@ def _small_config(**runtime):
     )
 
 
+@pytest.mark.scenario
 def test_one_step_with_jit_compile():
     _fit_one_step(_small_config(jit_compile=True), jit_compile=True)
 
 
+@pytest.mark.scenario
 def test_one_step_with_mixed_bfloat16():
     model = _fit_one_step(_small_config(mixed_precision="mixed_bfloat16"), jit_compile=False)
     assert model.encoder.compute_dtype == "bfloat16"
@@ -128,6 +130,7 @@ def test_compile_model_creates_the_optimizer_moments_before_the_first_step(preci
     assert any(np.any(np.asarray(m)) for m in inner._momentums)
 
 
+@pytest.mark.scenario
 def test_gradient_accumulation_counts_optimizer_updates():
     config = from_dict(
         {

@@ -8,6 +8,7 @@ import signal
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 from training_helpers import RecordRate
 
@@ -96,6 +97,7 @@ def test_any_order_of_the_callbacks_saves_the_same_state_and_stops_at_the_same_s
         assert result == expected, order
 
 
+@pytest.mark.scenario
 def test_a_signal_saves_the_batch_just_consumed_in_any_order(tmp_path):
     found = [_run(tmp_path / f"{i}", order, signal_after=3) for i, order in enumerate(ORDERS)]
     for order, result in zip(ORDERS, found):

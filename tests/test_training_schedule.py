@@ -130,6 +130,7 @@ def test_stop_at_step_feeds_the_time_to_the_schedule_and_stops_at_zero():
     assert float(schedule(int(model.optimizer.iterations))) == 0.0
 
 
+@pytest.mark.scenario
 def test_resume_continues_the_same_curve(tmp_path):
 
     def run(steps, directory, timer):
