@@ -2,6 +2,7 @@
 `scenario`, and `.ci/run`'s scenario tier collects only those; together they are every test."""
 
 import dataclasses
+import json
 import os
 import re
 import shlex
@@ -13,13 +14,25 @@ from _recipes import marked_blocks
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HERE = os.path.join(ROOT, "tests")
 
-# A pytest plugin for the collecting subprocess: one line per collected test, with whether it
-# carries the `scenario` marker (its own or its module's).
-PLUGIN = """
-def pytest_collection_finish(session):
-    for item in session.items:
-        marked = item.get_closest_marker("scenario") is not None
-        print("COLLECTED", "scenario" if marked else "fast", item.nodeid)
+# The collecting subprocess: one pytest session per argument list, in one process (the test
+# modules are imported once), each writing `{node id: carries the scenario marker}`.
+COLLECT = """
+import json, sys
+import pytest
+
+class Probe:
+    def pytest_collection_finish(self, session):
+        self.items = {item.nodeid: item.get_closest_marker("scenario") is not None
+                      for item in session.items}
+
+results = []
+for args in json.loads(sys.argv[1]):
+    probe = Probe()
+    code = pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *args], plugins=[probe])
+    assert code in (0, 5), code
+    results.append(probe.items)
+with open(sys.argv[2], "w") as f:
+    json.dump(results, f)
 """
 
 
@@ -62,32 +75,19 @@ def _modules_with_scenarios():
 
 
 def _collect_all(runs, tmp_path):
-    """`[{node id: "scenario" | "fast"}]`: what `pytest ARGS` collects, for each `(env, args)` of
-    `runs` (in parallel subprocesses)."""
-    plugin_dir = tmp_path / "plugin"
-    plugin_dir.mkdir(exist_ok=True)
-    (plugin_dir / "tier_probe.py").write_text(PLUGIN)
-    processes = []
-    for extra_env, args in runs:
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-        env.pop("PYTEST_ADDOPTS", None)
-        env["PYTHONPATH"] = os.pathsep.join([str(plugin_dir), ROOT, env.get("PYTHONPATH", "")])
-        env.update(extra_env)
-        command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "tier_probe",
-                   "-p", "no:cacheprovider", *args, *_modules_with_scenarios()]  # fmt: skip
-        processes.append(subprocess.Popen(command, cwd=ROOT, env=env, text=True,
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-    results = []
-    for process in processes:
-        out, err = process.communicate(timeout=300)
-        assert process.returncode in (0, 5), out[-3000:] + err[-3000:]
-        collected = {}
-        for line in out.splitlines():
-            if line.startswith("COLLECTED "):
-                _, tier, nodeid = line.split(" ", 2)
-                collected[nodeid] = tier
-        results.append(collected)
-    return results
+    """`[{node id: "scenario" | "fast"}]`: what `pytest ARGS` collects for each `args` of
+    `runs`, in one subprocess."""
+    out = tmp_path / "collected.json"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    env.pop("PYTEST_ADDOPTS", None)
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])
+    argv = json.dumps([[*args, *_modules_with_scenarios()] for args in runs])
+    done = subprocess.run([sys.executable, "-c", COLLECT, argv, str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with open(out) as f:
+        return [{node: "scenario" if marked else "fast" for node, marked in collected.items()}
+                for collected in json.load(f)]  # fmt: skip
 
 
 def _readme_test_command():
@@ -108,7 +108,8 @@ def test_the_fast_tier_collects_no_scenario_and_the_scenario_tier_only_scenarios
     fast = _pytest_commands(_readme_test_command())
     scenario = _ci_scenario_commands()
     assert len(fast) == 2 and len(scenario) == 2, (fast, scenario)
-    runs = [({}, [])] + [(env, _without_workers(args)) for env, args in fast + scenario]
+    # The environment of each command (oneDNN, threads) changes nothing of what it collects.
+    runs = [[]] + [_without_workers(args) for _, args in fast + scenario]
     everything, *tiers = _collect_all(runs, tmp_path)
     assert "scenario" in everything.values() and "fast" in everything.values()
     fast_ids, scenario_ids = set(), set()
