@@ -53,6 +53,80 @@ def pytest_configure(config):
     from _no_silent_skips import NoSilentSkips
 
     config.pluginmanager.register(NoSilentSkips(MUST_RUN), "no-silent-skips")
+    if getattr(config.option, "maxworkerrestart", "") is None:  # xdist: recycled workers
+        config.option.maxworkerrestart = "1000"
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        _CONTROLLER[:] = [config]
+
+
+# ------------------------------------------------------------------ workers that do not grow
+# TensorFlow keeps what a test process traced and loaded (graphs, functions, kernels) for good:
+# an xdist worker that runs half the suite grew to 8 GB. A worker whose resident memory has
+# passed WORKER_MEMORY_LIMIT leaves at the start of the next test module, before running
+# anything of it; xdist starts a fresh worker in its place (its session fixtures come from
+# the shared directory, tests/shared_runs.py) and the test that had not begun is scheduled
+# again: it is reported as `rerun` where the worker was replaced, then runs in full.
+WORKER_MEMORY_LIMIT = int(float(os.environ.get("KT_TESTS_WORKER_MEMORY_GB", "2.5")) * 2**30)
+_last_module = []
+_CONTROLLER = []  # the controller's config (pytest_handlecrashitem runs there)
+
+
+def _resident_bytes():
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _recycle_mark(config, nodeid):
+    """The file a recycled worker leaves for the controller: this test had not begun."""
+    import hashlib
+
+    root = config._tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's directory, the controller's own base
+    return root / "recycled" / hashlib.sha1(nodeid.encode("utf-8")).hexdigest()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return None
+    module = item.nodeid.split("::")[0]
+    boundary = bool(_last_module) and _last_module[-1] != module
+    _last_module[:] = [module]
+    if boundary and _resident_bytes() > WORKER_MEMORY_LIMIT:
+        import sys
+
+        mark = _recycle_mark(item.config, item.nodeid)
+        mark.parent.mkdir(exist_ok=True)
+        mark.touch()
+        sys.stderr.write(f"recycling this worker at {_resident_bytes() / 2**30:.1f} GB\n")
+        sys.stderr.flush()
+        os._exit(0)  # xdist replaces it; `pytest_handlecrashitem` reschedules `item`
+    return None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem, report, sched):
+    """A worker recycled for its memory (above) left before `crashitem` began: run it on the
+    next worker. A real crash fails as before (its report says so)."""
+    mark = _recycle_mark(_CONTROLLER[0], crashitem) if _CONTROLLER else None
+    if mark is not None and mark.exists():
+        mark.unlink()
+        sched.mark_test_pending(crashitem)
+        report.outcome = "rerun"
+        report.longrepr = "its worker was recycled for its memory before the test began"
+
+
+def pytest_report_teststatus(report, config):
+    if report.outcome == "rerun":  # see pytest_handlecrashitem
+        return "rerun", "R", ("RERUN", {"yellow": True})
+    return None
 
 
 @pytest.fixture(autouse=True)

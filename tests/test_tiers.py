@@ -9,6 +9,7 @@ import shlex
 import subprocess
 import sys
 
+import pytest
 from _recipes import marked_blocks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -151,3 +152,25 @@ def test_a_test_that_trains_a_run_a_shared_fixture_provides_fails(tmp_path):
         assert "shared fixture `toy_quickstart`" in str(error)
     else:
         raise AssertionError("the provided run was trained again in a subprocess")
+
+
+@pytest.mark.scenario
+def test_a_worker_over_its_memory_limit_is_replaced_and_no_test_is_lost():
+    """With a limit every worker passes at once, each worker leaves at its first module
+    boundary (tests/conftest.py): the tests it had not begun run on the workers that replace
+    it, and every test passes as in one process."""
+    modules = ["tests/test_config.py", "tests/test_api.py", "tests/test_data_synthetic.py"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KT_TESTS_WORKER_MEMORY_GB="0.05")
+    env.pop("PYTEST_ADDOPTS", None)
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *modules]
+    counted = {}
+    for extra in ([], ["-n", "2"]):
+        done = subprocess.run(command + extra, cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=600)  # fmt: skip
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        counted[bool(extra)] = dict(
+            (word, int(n)) for n, word in re.findall(r"(\d+) (passed|rerun|failed)", done.stdout)
+        )
+    assert counted[True]["passed"] == counted[False]["passed"] > 0
+    assert counted[True].get("rerun", 0) >= 1 and "failed" not in counted[True]
