@@ -55,7 +55,7 @@ def pytest_configure(config):
     config.pluginmanager.register(NoSilentSkips(MUST_RUN), "no-silent-skips")
     if getattr(config.option, "maxworkerrestart", "") is None:  # xdist: recycled workers
         config.option.maxworkerrestart = "1000"
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
+    if not hasattr(config, "workerinput"):  # not an xdist worker: a controller or one process
         _CONTROLLER[:] = [config]
 
 
@@ -87,14 +87,16 @@ def _recycle_mark(config, nodeid):
     import hashlib
 
     root = config._tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    if hasattr(config, "workerinput"):
         root = root.parent  # the run's directory, the controller's own base
     return root / "recycled" / hashlib.sha1(nodeid.encode("utf-8")).hexdigest()
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
+    # An xdist worker of this run (a pytest that a test starts inherits the worker's
+    # environment, PYTEST_XDIST_WORKER included, but is no worker).
+    if not hasattr(item.config, "workerinput"):
         return None
     module = item.nodeid.split("::")[0]
     boundary = bool(_last_module) and _last_module[-1] != module
@@ -169,14 +171,14 @@ def _free_memory_after_each_module():
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _shared_root(tmp_path_factory):
+def _shared_root(tmp_path_factory, request):
     """What the shared fixtures build once per run, whatever the number of workers
     (tests/shared_runs.py)."""
     import _inference_fixtures as fx
     from _recipes import toy_quickstart_config
     from shared_runs import provide, run_root
 
-    fx.SHARED_ROOT = run_root(tmp_path_factory)
+    fx.SHARED_ROOT = run_root(tmp_path_factory, request.config)
     # Registered first: no test may train it again, before or after the fixture builds it.
     provide(fx.SHARED_ROOT, "toy_quickstart", toy_quickstart_config())
     return fx.SHARED_ROOT

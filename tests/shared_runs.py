@@ -1,7 +1,7 @@
 """Things built once per test run and shared by every pytest-xdist worker: a trained workdir, its
 exports.
 
-`shared_directory(run_root(tmp_path_factory), name, build)` returns a directory that
+`shared_directory(run_root(tmp_path_factory, config), name, build)` returns a directory that
 `build(path)` filled. The first worker to ask builds it (under an exclusive `flock`); the
 others wait on the lock and then read it. Tests only read what it returns: a test that changes
 a shared run copies it first (`shutil.copytree`).
@@ -22,11 +22,13 @@ import shutil
 import sys
 
 
-def run_root(factory):
+def run_root(factory, config):
     """The directory every worker of this pytest run shares (`pytest-N/`, the parent of the
-    workers' own `popen-gwK/` under xdist; the run's own base directory without xdist)."""
+    workers' own `popen-gwK/` under xdist; the run's own base directory without xdist). An
+    xdist worker is told by its `config.workerinput`, not by the environment, which a pytest
+    started by a test inherits."""
     base = factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    if hasattr(config, "workerinput"):
         base = base.parent
     root = base / "shared"
     root.mkdir(exist_ok=True)
@@ -35,7 +37,7 @@ def run_root(factory):
 
 def shared_directory(root, name, build, provides=None):
     """`root/name`, built by `build(path)` once per test run whatever the number of workers
-    (`root`: `run_root(tmp_path_factory)`).
+    (`root`: `run_root(tmp_path_factory, config)`).
 
     It is built in place (a trained workdir records its own path) and marked complete by a file
     beside it: one left incomplete by a failed build is built again. `provides`: the config of

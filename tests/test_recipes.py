@@ -88,10 +88,17 @@ def test_toy_argv_keeps_the_recipes_settings_and_forces_toy_sizes():
 @pytest.mark.scenario
 @pytest.mark.parametrize("page", _recipe_pages())
 def test_recipes_run_as_written(page, tmp_path, request):
-    import contextlib
-    import shutil
-
     from shared_runs import training_allowed
+
+    # A page that trains the quickstart itself (the README's main job, the quickstart guide, the
+    # Python API's first recipe) trains the run `toy_quickstart` provides: as written, which is
+    # what is under test. Pages that begin after the quickstart copy the fixture's (below).
+    with training_allowed():
+        _run_page(page, tmp_path, request)
+
+
+def _run_page(page, tmp_path, request):
+    import shutil
 
     bin_dir = make_bin(str(tmp_path / "bin"))
     directory, ran, python = None, 0, []
@@ -122,11 +129,7 @@ def test_recipes_run_as_written(page, tmp_path, request):
         if language == "python":
             python.append((line, code))
         else:
-            # A page that trains the quickstart itself (the README's main job, the quickstart
-            # guide) trains the run `toy_quickstart` provides: as written, the test's subject.
-            allowed = training_allowed() if QUICKSTART in code else contextlib.nullcontext()
-            with allowed:
-                run_block(code, directory, bin_dir, f"{page}:{line}")
+            run_block(code, directory, bin_dir, f"{page}:{line}")
         ran += 1
     flush()
     assert ran
