@@ -229,3 +229,14 @@ def run_concurrently(call, requests):
 
     with ThreadPoolExecutor(len(requests)) as pool:
         return list(pool.map(work, requests))
+
+
+def assert_concurrent_answers_are_the_answers_alone(answer, requests, atol=1e-5):
+    """`answer(request)` -> `(translations, scores)` gives, from every thread of `requests` at
+    once (`run_concurrently`), what each request gets alone."""
+    alone = [[answer(request) for request in mine] for mine in requests]
+    together = run_concurrently(answer, requests)
+    for mine, theirs in zip(alone, together):
+        for (text, score), (text_together, score_together) in zip(mine, theirs):
+            assert text_together == text
+            np.testing.assert_allclose(score_together, score, atol=atol)

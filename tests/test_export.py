@@ -241,12 +241,7 @@ def test_concurrent_requests_get_the_sequential_answers(exported_copy_model):
         out = serve(text=tf.constant(request, tf.string))
         return out["translation"].numpy().tolist(), out["score"].numpy()
 
-    alone = [[answer(request) for request in mine] for mine in requests]
-    together = fx.run_concurrently(answer, requests)
-    for mine, theirs in zip(alone, together):
-        for (text, score), (text_together, score_together) in zip(mine, theirs):
-            assert text_together == text
-            np.testing.assert_allclose(score_together, score, atol=1e-5)
+    fx.assert_concurrent_answers_are_the_answers_alone(answer, requests)
 
 
 def _xla_calls(concrete):

@@ -174,12 +174,7 @@ def test_concurrent_requests_get_the_sequential_answers(litert_dirs):
         out = translator.translate(request)
         return out["translation"], out["score"]
 
-    alone = [[answer(request) for request in mine] for mine in requests]
-    together = fx.run_concurrently(answer, requests)
-    for mine, theirs in zip(alone, together):
-        for (text, score), (text_together, score_together) in zip(mine, theirs):
-            assert text_together == text
-            np.testing.assert_allclose(score_together, score, atol=1e-5)
+    fx.assert_concurrent_answers_are_the_answers_alone(answer, requests)
     assert 1 <= translator._made <= translator.interpreters <= 4
     with pytest.raises(ValueError, match="at least 1"):
         litert.load(litert_dirs["float32"], interpreters=0)
