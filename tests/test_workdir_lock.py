@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+from test_stopping import _write_lock  # another run's lock, as its holder writes it
 from training_helpers import subprocess_env, tiny_yaml, write_yaml
 
 from keras_transformer import stopping
@@ -29,15 +30,6 @@ def _wait_for(condition, seconds=20):
     while not condition() and time.monotonic() < deadline:
         time.sleep(0.01)
     return condition()
-
-
-def _write_lock(workdir, **holder):
-    """A lock of another run (as its holder writes it), over whatever is there."""
-    os.makedirs(workdir, exist_ok=True)
-    values = dict(host="another-machine", pid=4242, command="train", started="then", token="new")
-    values.update(holder)
-    with open(os.path.join(workdir, "lock.json"), "w") as f:
-        json.dump(values, f)
 
 
 class _Stall:
@@ -162,7 +154,7 @@ def test_commits_into_the_workdir_are_refused_once_its_lock_is_taken_over(tmp_pa
     with stopping.catching():
         with WorkdirLock(workdir, "train", lease_seconds=60):
             write_atomically(workdir / "config.yaml", "{}")  # held: written
-            _write_lock(workdir, lease_seconds=60, renewed=time.time())  # a taker's
+            _write_lock(workdir, token="new", lease_seconds=60, renewed=time.time())  # a taker's
             for commit in (
                 lambda: save_model_weights(model, workdir / "checkpoints" / "ckpt-1.weights.h5"),
                 resume.save,
@@ -194,7 +186,7 @@ def test_prepare_whose_lock_changes_hands_commits_no_further_segment(tmp_path, m
 
     def taken_meanwhile(path, groups):
         if not (workdir / "lock.json").read_text().count('"new"'):
-            _write_lock(workdir, lease_seconds=60, renewed=time.time())
+            _write_lock(workdir, token="new", lease_seconds=60, renewed=time.time())
         return real(path, groups)
 
     monkeypatch.setattr(workers_module, "_write_segment_file", taken_meanwhile)
@@ -250,7 +242,7 @@ def test_training_stopping_on_sigterm_saves_nothing_once_its_lock_is_taken_over(
             if batch == 2:
                 os.kill(os.getpid(), signal.SIGTERM)
                 assert _wait_for(lambda: stopping.received() is not None)
-                _write_lock(workdir, lease_seconds=60, renewed=time.time())
+                _write_lock(workdir, token="new", lease_seconds=60, renewed=time.time())
                 if noticed:  # what the renewal thread does when it looks
                     assert stopping.request("the takeover of the workdir lock by X", True)
 
@@ -286,7 +278,7 @@ def test_a_lock_of_another_pid_namespace_on_this_host_is_judged_by_its_lease(tmp
     namespace = os.stat("/proc/self/ns/pid").st_ino
     mine = WorkdirLock(tmp_path, "train")
     _write_lock(
-        tmp_path, host=mine.holder["host"], pid=2**22 + 17, boot_id=boot_id,
+        tmp_path, token="new", host=mine.holder["host"], pid=2**22 + 17, boot_id=boot_id,
         pid_namespace=namespace + 1, lease_seconds=1, renewed=time.time(), process=None,
     )  # fmt: skip
     assert not lock_module._alive(2**22 + 17)
