@@ -111,6 +111,9 @@ setup(
             "pytest>=8",
             # Tests in parallel processes (the README test command runs two).
             "pytest-xdist>=3.5",
+            # Line coverage in CI (.ci/run): `patch` (subprocesses, os._exit) needs coverage 7.10.
+            "pytest-cov>=6",
+            "coverage>=7.10",
             "jax[cpu]>=0.4.30",
             "ruff>=0.6",
             "nbclient>=0.10",
