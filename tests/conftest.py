@@ -65,8 +65,15 @@ def pytest_configure(config):
 # passed WORKER_MEMORY_LIMIT leaves at the start of the next test module, before running
 # anything of it; xdist starts a fresh worker in its place (its session fixtures come from
 # the shared directory, tests/shared_runs.py) and the test that had not begun is scheduled
-# again: it is reported as `rerun` where the worker was replaced, then runs in full.
+# again: it is reported as `rerun` where the worker was replaced, then runs in full. A module
+# whose tests each train or export in-process (the write-fault matrix grew a worker to 4.9 GB)
+# cannot wait for its end: past WORKER_MEMORY_HARD_LIMIT the worker leaves before its next test,
+# wherever it is (its module fixtures are then made again, or read from the shared directory).
 WORKER_MEMORY_LIMIT = int(float(os.environ.get("KT_TESTS_WORKER_MEMORY_GB", "2.5")) * 2**30)
+WORKER_MEMORY_HARD_LIMIT = int(
+    float(os.environ.get("KT_TESTS_WORKER_HARD_MEMORY_GB", WORKER_MEMORY_LIMIT * 1.4 / 2**30))
+    * 2**30
+)
 _last_module = []
 _CONTROLLER = []  # the controller's config (pytest_handlecrashitem runs there)
 
@@ -100,8 +107,12 @@ def pytest_runtest_protocol(item, nextitem):
         return None
     module = item.nodeid.split("::")[0]
     boundary = bool(_last_module) and _last_module[-1] != module
+    first = not _last_module  # a worker's first test never recycles it: no test runs forever
     _last_module[:] = [module]
-    if boundary and _resident_bytes() > WORKER_MEMORY_LIMIT:
+    resident = _resident_bytes()
+    if (boundary and resident > WORKER_MEMORY_LIMIT) or (
+        not first and resident > WORKER_MEMORY_HARD_LIMIT
+    ):
         import sys
 
         mark = _recycle_mark(item.config, item.nodeid)

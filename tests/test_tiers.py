@@ -175,3 +175,26 @@ def test_a_worker_over_its_memory_limit_is_replaced_and_no_test_is_lost():
         )
     assert counted[True]["passed"] == counted[False]["passed"] > 0
     assert counted[True].get("rerun", 0) >= 1 and "failed" not in counted[True]
+
+
+@pytest.mark.scenario
+def test_a_worker_past_its_hard_limit_leaves_inside_a_module_and_no_test_is_lost():
+    """Past the hard limit a worker does not wait for its module's end: it leaves before each
+    next test (a worker's first test excepted, so every test runs), and the module's tests all
+    pass, each begun once more on a fresh worker."""
+    module = "tests/test_data_synthetic.py"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KT_TESTS_WORKER_MEMORY_GB="100",
+               KT_TESTS_WORKER_HARD_MEMORY_GB="0.05")  # fmt: skip
+    for name in [n for n in env if n.startswith("PYTEST_")]:
+        env.pop(name)
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", module, "-n", "1"]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    counted = {word: int(n) for n, word in re.findall(r"(\d+) (passed|rerun|failed)", done.stdout)}
+    collected = subprocess.run(command[:-2] + ["--collect-only"], cwd=ROOT, env=env,
+                               capture_output=True, text=True, timeout=600)  # fmt: skip
+    total = len([line for line in collected.stdout.splitlines() if "::" in line])
+    assert counted["passed"] == total > 1
+    assert counted.get("rerun", 0) == total - 1 and "failed" not in counted
