@@ -6,6 +6,7 @@ export, evaluation; training; commands; cli. A module may import from its own le
 """
 
 import ast
+import collections
 import dataclasses
 import os
 import pathlib
@@ -160,77 +161,74 @@ def test_no_module_level_switches(path):
     assert not _module_level_switches(path)
 
 
-# Where a graph is traced: the layers' and losses' `call`s, the train and decode steps, the
-# kernels themselves and the search (decoding/ runs inside a `tf.function`).
-_TRACED_NAMES = {"call", "__call__", "train_step", "test_step", "update_step", "decode_step"}
-_TRACED_MODULES = ("layers", "models", "decoding", "training", "export/translator.py")
+def _op_counts(concrete):
+    """`Counter` of op types in a concrete function's graph and in every function of its
+    library (the search's loop bodies, nested `tf.function`s, custom gradients)."""
+    graph_def = concrete.graph.as_graph_def()
+    counts = collections.Counter(node.op for node in graph_def.node)
+    for function in graph_def.library.function:
+        counts.update(node.op for node in function.node_def)
+    return counts
 
 
-def _setting_reads(path):
-    """`function: expression` for every read of a process-wide setting inside a traced function
-    of `path` (all of `path`'s functions for the kernel modules and decoding/): the fast-path
-    setting (`fast_paths.enabled(...)`, `_Settings`, `Kernels.get()` with no argument), a
-    thread-local, or a module-level dict, list or set of `path`."""
-    tree = ast.parse(path.read_text())
-    mutable = {
-        target.id
-        for node in tree.body
-        if isinstance(node, ast.Assign)
-        and isinstance(node.value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp))
-        for target in node.targets
-        if isinstance(target, ast.Name) and target.id != "__all__"
-    }
-    every = path.name == "_fast_paths.py" or path.parent.name == "decoding"
-    found = []
-    for function in ast.walk(tree):
-        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
-        if not every and function.name not in _TRACED_NAMES:
-            continue
-        for node in ast.walk(function):
-            attribute = isinstance(node, ast.Attribute) and ast.unparse(node)
-            call = isinstance(node, ast.Call) and ast.unparse(node)
-            read = (
-                (isinstance(node, ast.Name) and node.id in mutable | {"_Settings"})
-                or attribute in ("fast_paths.enabled", "fast_paths.enabled_names")
-                or (attribute and node.attr in ("_Settings", "local"))
-                or (attribute and node.attr.startswith("inside_"))
-                or call in ("Kernels.get()", "Kernels.get(None)")
-            )
-            if read:
-                found.append(f"{function.name}: {ast.unparse(node)}")
-    return found
+def _traced_graphs(model, spm_model):
+    """`{road: op counts}` of the graphs traced now for `model`: the export's searches (a
+    `Translator`'s `serving_default`, beam and greedy), the train step `compile_model` sets up,
+    and the loss function as a user's own step calls it."""
+    import tensorflow as tf
 
+    from keras_transformer.config import from_dict
+    from keras_transformer.export import Translator
+    from keras_transformer.training import compile_model
+    from keras_transformer.training.losses import masked_token_cross_entropy
 
-@pytest.mark.parametrize(
-    "path",
-    sorted(
-        path
-        for part in _TRACED_MODULES
-        for path in ([PACKAGE / part] if part.endswith(".py") else (PACKAGE / part).glob("*.py"))
-    ),
-    ids=lambda p: str(p.relative_to(PACKAGE)),
-)
-def test_no_setting_is_read_while_a_graph_is_traced(path):
-    """The fast paths come in as the `Kernels` a layer, loss, optimizer, search or export was
-    built with (its `kernels=` argument), never from a switch read inside `call` or a step."""
-    assert not _setting_reads(path)
-
-
-def test_the_setting_check_finds_reads(tmp_path):
-    (tmp_path / "decoding").mkdir()
-    search = tmp_path / "decoding" / "search.py"
-    search.write_text(
-        "CACHES = {}\n"
-        "def step(x):\n    if fast_paths.enabled('shared_beam_caches'):\n        return x\n"
-        "    return CACHES, Kernels.get(), fast_paths.inside_inplace_cache_writes()\n"
+    graphs = {}
+    for beam_size in (4, 1):
+        translator = Translator(
+            model, spm_model, beam_size=beam_size, max_extra_length=3, max_source_length=8
+        )
+        graphs[f"Translator beam {beam_size}"] = _op_counts(
+            translator.serve.get_concrete_function()
+        )
+    compile_model(model, from_dict({}))
+    ids = tf.TensorSpec([2, 5], tf.int32)
+    step = tf.function(lambda x, y: model.train_step((x, y)), autograph=False)
+    inputs = {"source_ids": tf.TensorSpec([2, 6], tf.int32), "target_ids": ids}
+    graphs["train step"] = _op_counts(step.get_concrete_function(inputs, ids))
+    loss = tf.function(
+        lambda y, logits: masked_token_cross_entropy(y, logits, 0.1), autograph=False
     )
-    assert sorted(_setting_reads(search)) == [
-        "step: CACHES",
-        "step: Kernels.get()",
-        "step: fast_paths.enabled",
-        "step: fast_paths.inside_inplace_cache_writes",
-    ]
+    logits = tf.TensorSpec([2, 5, model.vocab_size], tf.float32)
+    graphs["masked_token_cross_entropy"] = _op_counts(loss.get_concrete_function(ids, logits))
+    return graphs
+
+
+@pytest.mark.scenario
+def test_no_setting_is_read_while_a_graph_is_traced(toy_spm_bytes):
+    """The fast paths come in as the `Kernels` a model (and its loss, optimizer, search and
+    export) was built with, never from the process-wide setting: the graphs traced after the
+    setting was switched off hold the ops of those traced before, op for op."""
+    from keras_transformer import fast_paths
+    from keras_transformer.models import Transformer
+
+    with fast_paths.fast_paths("all"):
+        model = Transformer.from_preset("transformer_tiny", vocab_size=40)
+        built = _traced_graphs(model, toy_spm_bytes)
+    with fast_paths.fast_paths("none"):
+        flipped = _traced_graphs(model, toy_spm_bytes)
+    changed = {
+        road: {
+            op: (built[road][op], flipped[road][op])
+            for op in sorted(built[road].keys() | flipped[road].keys())
+            if built[road][op] != flipped[road][op]
+        }
+        for road in built
+    }
+    assert not {road: ops for road, ops in changed.items() if ops}
+    # The graphs hold the model's fast paths, so a setting read would show: the search's
+    # in-place cache writes and Adam's one-kernel update.
+    assert built["Translator beam 4"]["InplaceUpdate"] > 0
+    assert built["train step"]["ResourceApplyAdam"] > 0
 
 
 def _function_lengths(path):
