@@ -516,40 +516,215 @@ def test_the_first_line_of_an_error_is_taken_in_one_place():
     assert not copies, copies
 
 
-# Public module-level names that nothing in the package calls, kept on purpose.
+# Dead code: a public (no leading underscore) module-level function or class of the package
+# that nothing refers to outside the tests. A reference is a name or attribute in code, resolved
+# through its module's imports (anywhere in the module), the package's re-exports and the lazy
+# `_EXPORTS` of `keras_transformer/__init__.py` to the definition it names; an import alone (a
+# re-export, `__all__`) is no use, nor is a definition's reference to itself. The code that
+# counts: the package's modules, `benchmarks/*.py` and `docs/tools/*.py`; beside it, the
+# console-script entry points of `setup.py` and the manual's API reference (a `::: dotted.name`
+# line in `docs/`, which documents that name, or every public name of that module, as public API).
+# Names are resolved module-wide, not per scope: a local variable named as a definition of its
+# module counts as a use of it.
+
+# Public names that only the tests use, kept on purpose (with the reason each).
 _KEPT_FOR_USERS = {
-    "enabled_names": "fast_paths' documented API (the tests restore the switches with it)",
-    "masked_token_cross_entropy": "the plain form of the fused loss, which tests compare it with",
-    "cli_reference": "the generator of docs/reference/cli.md (tests/test_docs.py keeps it in sync)",
+    "keras_transformer.cli: cli_reference": "the generator that docs/reference/cli.md names as "
+    "its source; tests/test_docs.py regenerates the page with it and compares",
+    "keras_transformer.layers.masks: causal_mask": "a helper for users' own models, documented "
+    "in docs/guides/layers.md and docs/reference/api/layers.md (the layers' causal masking is "
+    "`MultiHeadAttention(use_causal_mask=True)`)",
 }
 
 
-def test_no_dead_public_functions():
-    """A public function or class of a module that is in no `__all__` and that nothing in the
-    package (or the benchmarks) uses is dead code (`trainer.resolve_workdir`, the `disk_full`
-    alias, `load_last_checkpoints` were)."""
-    sources = _sources()
-    exported = set()
-    for text in sources.values():
-        for node in ast.parse(text).body:
-            if isinstance(node, ast.Assign) and any(
-                getattr(target, "id", None) == "__all__" for target in node.targets
-            ):
-                exported |= {c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant)}
-    benchmarks = PACKAGE.parent / "benchmarks"
-    code = "\n".join(sources.values()) + "\n".join(
-        p.read_text() for p in sorted(benchmarks.glob("*.py"))
-    )
-    dead = [
-        f"{path.relative_to(PACKAGE)}: {node.name}"
-        for path, text in sources.items()
-        for node in ast.parse(text).body
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef))
-        and not node.name.startswith("_")
-        and node.name not in exported | set(_KEPT_FOR_USERS)
-        and len(re.findall(rf"\b{node.name}\b", code)) <= 1
+def _module_names(package_dir):
+    """`{dotted name: path}` of every module under `package_dir` (a package directory)."""
+    found = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        parts = path.relative_to(package_dir.parent).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _bindings(tree, name, is_package):
+    """`{local name: (module, [attributes])}` of every import in a module (module level or
+    inside functions): `from m import a as b` binds `b` to `("m", ["a"])`, `import m.n` binds
+    `m` to `("m", [])`; `name` is the module's dotted name (None for a script)."""
+    package = name if is_package else (name or "").rpartition(".")[0]
+    bound = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    bound[alias.asname] = (alias.name, [])
+                else:
+                    bound[alias.name.split(".")[0]] = (alias.name.split(".")[0], [])
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            for alias in node.names:
+                bound[alias.asname or alias.name] = (base, [alias.name])
+    return bound
+
+
+class _References:
+    """A package's modules, what each defines and imports, and the definition that a module
+    and a chain of attributes resolve to (as Python's imports and attribute lookups would)."""
+
+    def __init__(self, package_dir):
+        self.paths = _module_names(package_dir)
+        self.trees = {name: ast.parse(path.read_text()) for name, path in self.paths.items()}
+        self.defined = {
+            name: {
+                node.name
+                for node in tree.body
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            }
+            for name, tree in self.trees.items()
+        }
+        self.bound = {
+            name: _bindings(tree, name, self.paths[name].name == "__init__.py")
+            for name, tree in self.trees.items()
+        }
+        for name, tree in self.trees.items():  # PEP 562 lazy exports: `_EXPORTS = {name: module}`
+            for node in tree.body:
+                if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "_EXPORTS":
+                    exports = ast.literal_eval(node.value)
+                    self.bound[name].update({k: (v, [k]) for k, v in exports.items()})
+
+    def resolve(self, module, attributes, depth=0):
+        """`(module, name)` of the definition that `module` (a dotted module path, as imports
+        find it) and then `attributes` name, `(module, None)` for a module, or None (outside the
+        package, or not found). A module's attribute is its definition, else what it imported
+        under that name, else its submodule."""
+        if module not in self.paths or depth > 50:
+            return None
+        for index, part in enumerate(attributes, 1):
+            if part in self.defined[module]:
+                return module, part  # what follows is the definition's own attribute
+            target = self.bound[module].get(part)
+            if target and target != (module, [part]):  # `from pkg import sub` in pkg: sub
+                base, names = target
+                return self.resolve(base, names + list(attributes[index:]), depth + 1)
+            if f"{module}.{part}" not in self.paths:
+                return None
+            module = f"{module}.{part}"
+        return module, None
+
+    def resolve_dotted(self, dotted):
+        """`resolve` for a dotted name as documentation writes it (attributes from the top)."""
+        top, *attributes = dotted.split(".")
+        return self.resolve(top, attributes)
+
+    def used_by(self, tree, name=None):
+        """The definitions `(module, name)` that the code of `tree` refers to (`name`: its
+        dotted name when it is a module of the package)."""
+        bound = self.bound[name] if name else _bindings(tree, None, False)
+        own = self.defined.get(name, set())
+        for statement in tree.body:
+            owner = getattr(statement, "name", None)
+            for node in ast.walk(statement):
+                chain = []
+                while isinstance(node, ast.Attribute):
+                    chain.insert(0, node.attr)
+                    node = node.value
+                if not isinstance(node, ast.Name) or not isinstance(node.ctx, ast.Load):
+                    continue
+                if node.id in bound:
+                    base, names = bound[node.id]
+                    target = self.resolve(base, names + chain)
+                elif node.id in own and node.id != owner:
+                    target = (name, node.id)
+                else:
+                    continue
+                if target and target[1]:
+                    yield target
+
+
+def _documented(root):
+    """The dotted names the manual documents as API: its `::: dotted.name` lines."""
+    pattern = re.compile(r"^:::\s+([\w.]+)", re.M)
+    return [
+        m.group(1)
+        for path in sorted((root / "docs").rglob("*.md"))
+        for m in pattern.finditer(path.read_text())
     ]
-    assert not dead, dead
+
+
+def _entry_points(root):
+    """`(module, attribute)` of each `name = module:attribute` string in `root/setup.py`."""
+    setup = root / "setup.py"
+    if not setup.exists():
+        return []
+    pattern = re.compile(r"^[\w.-]+\s*=\s*([\w.]+):(\w+)$")
+    return [
+        m.groups()
+        for node in ast.walk(ast.parse(setup.read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        for m in [pattern.match(node.value.strip())]
+        if m
+    ]
+
+
+def _dead_definitions(root, package):
+    """`module: name` of every public module-level function or class of `root/package` that
+    nothing refers to (see the comment above `_KEPT_FOR_USERS`)."""
+    references = _References(root / package)
+    used = set()
+    for name, tree in references.trees.items():
+        used.update(references.used_by(tree, name))
+    for script in sorted([*root.glob("benchmarks/*.py"), *root.glob("docs/tools/*.py")]):
+        used.update(references.used_by(ast.parse(script.read_text())))
+    roots = [references.resolve_dotted(dotted) for dotted in _documented(root)]
+    roots += [references.resolve(module, [name]) for module, name in _entry_points(root)]
+    for target in roots:
+        if target and target[1] is None:  # a documented module: every public name in it
+            used.update((target[0], n) for n in references.defined[target[0]])
+        elif target:
+            used.add(target)
+    return [
+        f"{module}: {name}"
+        for module, names in sorted(references.defined.items())
+        for name in sorted(names)
+        if not name.startswith("_") and (module, name) not in used
+    ]
+
+
+def test_no_dead_public_functions():
+    """No public function or class is used by the tests alone (`trainer.resolve_workdir`, the
+    `disk_full` alias, `load_last_checkpoints` were dead; a test calling one kept it alive)."""
+    dead = _dead_definitions(PACKAGE.parent, PACKAGE.name)
+    assert sorted(set(dead) - set(_KEPT_FOR_USERS)) == [], "dead (no use outside the tests)"
+    kept = [name for name in _KEPT_FOR_USERS if name not in dead]
+    assert not kept, f"used now, remove from _KEPT_FOR_USERS: {kept}"
+
+
+def test_the_dead_code_check_resolves_references(tmp_path):
+    """Uses resolved through imports, re-exports, relative and lazy imports, attribute chains,
+    the manual's API reference and the entry points count; a test's call, a re-export, an
+    `__all__` entry and a function's call of itself do not."""
+    files = {
+        "pkg/__init__.py": "from pkg.core import helper, used\n__all__ = ['helper', 'used']\n"
+        "_EXPORTS = {'lazy': 'pkg.core'}\n",
+        "pkg/core.py": "def used():\n    return _private() + inner()\n"
+        "def inner():\n    return 1\ndef _private():\n    return 0\n"
+        "def helper():\n    return 2\ndef recursive(n):\n    return recursive(n - 1) if n else 0\n"
+        "def lazy():\n    pass\ndef by_script():\n    pass\n"
+        "class Base:\n    pass\nclass Documented(Base):\n    pass\n",
+        "pkg/sub/__init__.py": "",
+        "pkg/sub/mod.py": "from .. import core\ndef run():\n    return core.used()\n",
+        "pkg/cli.py": "import pkg.sub.mod as m\ndef main():\n    m.run()\n",
+        "benchmarks/bench.py": "import pkg\nfrom pkg.core import by_script as b\npkg.lazy(), b()\n",
+        "docs/api.md": "# API\n\n::: pkg.core.Documented\n",
+        "setup.py": "setup(entry_points={'console_scripts': ['tool = pkg.cli:main']})\n",
+        "tests/test_core.py": "from pkg.core import helper, recursive\nhelper(), recursive(2)\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert _dead_definitions(tmp_path, "pkg") == ["pkg.core: helper", "pkg.core: recursive"]
 
 
 def _identifiers(tree):
