@@ -171,8 +171,7 @@ def test_sigkilled_run_resumes_exactly(tmp_path):
     }
     config = _write_config(tmp_path / "tiny.yaml", values)
     reference_dir = tmp_path / "reference"
-    reference = load_config(str(config))
-    reference.runtime.workdir = str(reference_dir)
+    reference = load_config(str(config), overrides=[f"runtime.workdir={reference_dir}"])
     assert train(reference)["step"] == 24
 
     workdir = tmp_path / "work"

@@ -99,8 +99,7 @@ def _reference_run(config_path, workdir):
     from keras_transformer.config import load_config
     from keras_transformer.training import train, trainer
 
-    reference = load_config(str(config_path))
-    reference.runtime.workdir = str(workdir)
+    reference = load_config(str(config_path), overrides=[f"runtime.workdir={workdir}"])
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(trainer, "_export", lambda *args, **kwargs: None)
         assert train(reference)["step"] == 16

@@ -2,6 +2,10 @@
 `runtime`, `export`), each key declared once with its default, help and valid values (`key()`),
 and `DecodingSettings`, the decoding settings made from the `decode:` section.
 
+Every section (and the `ExperimentConfig` holding them) is frozen: a config is validated once,
+where it is built (`keras_transformer.config`), and a changed one is a new config
+(`dataclasses.replace`, or `load_config(..., overrides=[...])`, which validates it).
+
 `ModelConfig`, the `model:` section, is also the one declaration of the model's hyper-parameters
 and their defaults: `keras_transformer.models.Transformer` takes its keys as keyword arguments,
 and the encoder and decoder layers' arguments of those names default to its defaults.
@@ -66,7 +70,7 @@ class ModelConfig:
     layer_norm_epsilon: float = key(1e-6, "LayerNorm epsilon", valid="(0, 1]")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class DataConfig:
     """Corpora, vocabulary and batching."""
 
@@ -143,7 +147,7 @@ class DataConfig:
     )
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """The optimisation recipe (the paper's by default)."""
 
@@ -231,7 +235,7 @@ class TrainConfig:
     )
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class DecodeConfig:
     """Decoding settings (also fixed into the exported SavedModel)."""
 
@@ -262,7 +266,7 @@ class DecodeConfig:
     )
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class RuntimeConfig:
     """Where and how training runs."""
 
@@ -305,7 +309,7 @@ class RuntimeConfig:
     )
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class ExportConfig:
     """SavedModel export."""
 
@@ -432,7 +436,7 @@ class DecodingSettings:
         return dataclasses.replace(self, sampling_topk=0)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
     """A whole experiment: one dataclass per YAML section."""
 

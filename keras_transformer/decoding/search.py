@@ -503,8 +503,9 @@ def translate_ids(
         seed: sampling only: an int (input `i` gets `seed + i`) or int `[batch]`, one seed per
             input; an input's sample depends on its seed alone, and repeats with it.
         kernels: the search's fast paths (`keras_transformer.fast_paths.Kernels` or a setting;
-            None: the model's `kernels`): `shared_beam_caches` holds beam search's caches once
-            per input, `inplace_cache_writes` writes the search's own caches in place.
+            None: the model's `kernels`, or none for a model without them; never the current
+            setting): `shared_beam_caches` holds beam search's caches once per input,
+            `inplace_cache_writes` writes the search's own caches in place.
         **changes: fields of `settings` to replace (e.g. `beam_size=1`).
 
     Returns:
@@ -524,7 +525,9 @@ def translate_ids(
     settings = DecodingSettings() if settings is None else settings
     settings = dataclasses.replace(settings, **changes) if changes else settings
     k = 1 if settings.sampling else settings.beam_size
-    kernels = Kernels.get(getattr(model, "kernels", None) if kernels is None else kernels)
+    # The model's own kernels (a model without any: the plain search), never the current
+    # setting: this runs while a graph is traced.
+    kernels = Kernels.get(getattr(model, "kernels", "none") if kernels is None else kernels)
     source_ids = ops.cast(ops.convert_to_tensor(source_ids), "int32")
     buffer = _output_buffer_length(source_ids, settings.max_extra_length, max_length)
     encoder_output, source_mask = model.encode(source_ids, training=False)

@@ -20,14 +20,16 @@ def masked_token_cross_entropy(labels, logits, label_smoothing=0.0, pad_id=PAD_I
         logits: float `[batch, length, vocab_size]` unnormalised scores.
         label_smoothing: eps in `[0, 1)`.
         pad_id: the id whose positions carry no loss.
-        kernels: the fast paths (`keras_transformer.fast_paths.Kernels`, a setting, or None for
-            the current setting): `fused_loss` computes the same numbers faster on TensorFlow.
+        kernels: the fast paths (`keras_transformer.fast_paths.Kernels` or a setting such as
+            `"all"`; None: the plain formula, since a function called while a graph is traced
+            must not read the current setting): `fused_loss` computes the same numbers faster
+            on TensorFlow. `MaskedSparseCrossEntropy` passes the `kernels` it was built with.
 
     Returns:
         `(losses, mask)`: float32 `[batch, length]` per-token losses (0 at padding) and the
         float32 `[batch, length]` mask of real tokens.
     """
-    kernels = Kernels.get(kernels)
+    kernels = Kernels.get("none" if kernels is None else kernels)
     losses, mask, _ = _losses_mask_and_statistics(labels, logits, label_smoothing, pad_id, kernels)
     return losses, mask
 
@@ -113,7 +115,7 @@ class MaskedSparseCrossEntropy(keras.losses.Loss):
         )
 
     def call(self, y_true, y_pred):
-        losses, _, _ = _losses_mask_and_statistics(
+        losses, _ = masked_token_cross_entropy(
             y_true, y_pred, self.label_smoothing, self.pad_id, self.kernels
         )
         return losses
