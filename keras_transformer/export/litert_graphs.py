@@ -157,8 +157,10 @@ def _embedding(model, quantized):
             return ops.expand_dims(rows * ops.expand_dims(row_scales, 1), 1)
 
     def embed(ids, position):
-        vectors = None if lookup is None else lookup(ids)
-        x = model.embed_target(ops.expand_dims(ids, 1), False, position[0], vectors)
+        if lookup is None:
+            x = model.embed_target(ops.expand_dims(ids, 1), False, position[0])
+        else:
+            x = model.embed_target(None, False, position[0], token_vectors=lookup(ids))
         return ops.reshape(x, (-1, model.d_model))
 
     return embed

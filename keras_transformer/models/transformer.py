@@ -197,7 +197,8 @@ class Transformer(HyperParameters, TrainStep, keras.Model):
         graph, `decode_step`, decoding's shared beam caches and the LiteRT export all call it.
 
         `token_vectors` `[batch, n, d_model]`: the ids' embeddings, already scaled, when the
-        caller looks them up itself (the LiteRT export's int8 table); the ids are then unused.
+        caller looks them up itself (the LiteRT export's int8 table); `target_ids` is then
+        unused (None will do).
         """
         y = self._embed(
             target_ids, self.target_embedding, self.target_token_dropout, training, start_index,
