@@ -57,12 +57,12 @@ def convert_variant(model, settings, quantization, variant):
     from keras_transformer.export import litert_graphs
 
     saved = (litert_graphs._self_attention, litert_graphs._cross_attention,
-             litert_graphs.blocked_top_k, model._project, model.vocab_size)  # fmt: skip
+             litert_graphs.blocked_top_k, model.project, model.vocab_size)  # fmt: skip
     try:
         if variant == "plain_top_k":
             litert_graphs.blocked_top_k = lambda x, k: ops.top_k(x, k)
         if variant in ("no_head", "no_attention"):  # 16 outputs instead of the vocabulary
-            model._project = lambda y, kernel=None: ops.matmul(y, ops.ones((y.shape[-1], 16)))
+            model.project = lambda y, kernel=None: ops.matmul(y, ops.ones((y.shape[-1], 16)))
             model.vocab_size = 16
         if variant == "no_attention":
             attention = _without_attention(litert_graphs)
@@ -70,7 +70,7 @@ def convert_variant(model, settings, quantization, variant):
         return _convert_step(model, settings, quantization)
     finally:
         (litert_graphs._self_attention, litert_graphs._cross_attention,
-         litert_graphs.blocked_top_k, model._project, model.vocab_size) = saved  # fmt: skip
+         litert_graphs.blocked_top_k, model.project, model.vocab_size) = saved  # fmt: skip
 
 
 def _convert_step(model, settings, quantization):

@@ -262,7 +262,7 @@ def test_int8_embedding_rows_keep_their_own_scales():
     interpreter.invoke()
     got = interpreter.get_tensor(interpreter.get_output_details()[0]["index"])  # [vocab, d]
     ids = np.arange(vocab, dtype="int32")[:, None]
-    expected = np.asarray(model._embed_target(ids, False)).reshape(vocab, -1)  # float32 + position
+    expected = np.asarray(model.embed_target(ids, False)).reshape(vocab, -1)  # float32 + position
     factor = np.sqrt(model.d_model) if model.target_embedding.scale else 1.0
     norms = np.linalg.norm(table * factor, axis=1)
     error = np.linalg.norm(got - expected, axis=1) / norms

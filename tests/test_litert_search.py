@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from keras import ops
 
+from keras_transformer import search_rules
 from keras_transformer.config import BOS_ID, EOS_ID, PAD_ID, DecodingSettings
 from keras_transformer.decoding import search as graph_search
 from keras_transformer.decoding import translate_ids
@@ -235,6 +236,8 @@ def test_a_step_with_too_few_top_tokens_is_refused(models):
 
 
 def test_constants_are_the_packages():
+    """The numpy search's numbers are `search_rules`' (the graph search's), in float32."""
+    assert NEG_INF == search_rules.NEG_INF and graph_search.NEG_INF == search_rules.NEG_INF
     assert litert_search.NEG_INF == np.float32(NEG_INF)
     assert litert_search.HALF_NEG_INF == np.float32(graph_search.HALF_NEG_INF)
     assert (litert_search.BOS_ID, litert_search.EOS_ID) == (BOS_ID, EOS_ID)
@@ -247,28 +250,45 @@ def test_constants_are_the_packages():
         )
 
 
-def test_search_module_imports_only_numpy_and_the_standard_library():
-    tree = ast.parse(open(SEARCH_PATH).read())
+# The package's modules the search may import: they import only numpy and the standard library.
+_RULES = {"keras_transformer", "keras_transformer.search_rules", "keras_transformer.special_ids"}
+
+
+def _imports(path):
+    tree = ast.parse(open(path).read())
     imported = {
         alias.name for n in ast.walk(tree) if isinstance(n, ast.Import) for alias in n.names
     }
-    imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    tops = {name.split(".")[0] for name in imported}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):  # the module, and what may be a module in it
+            imported |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return imported
+
+
+def test_search_module_imports_only_numpy_and_the_standard_library():
+    """The search and the rules it shares with the graph search (`search_rules`) import numpy,
+    the standard library and nothing else (the package's `__init__` is lazy)."""
+    imported = _imports(SEARCH_PATH)
+    ours = {name for name in imported if name.startswith("keras_transformer.")}
+    assert ours - _RULES <= {f"{m}.{n}" for m in _RULES for n in ("BOS_ID", "EOS_ID")}, ours
+    tops = {name.split(".")[0] for name in imported - ours - _RULES}
     assert tops - sys.stdlib_module_names == {"numpy"}, sorted(imported)
+    assert {"keras_transformer.search_rules", "keras_transformer.special_ids"} <= imported
+    for module in (search_rules, sys.modules["keras_transformer.special_ids"]):
+        tops = {name.split(".")[0] for name in _imports(module.__file__)}
+        assert tops - sys.stdlib_module_names <= {"numpy"}, module.__name__
 
 
 def test_search_module_runs_without_tensorflow_or_keras():
-    # Loaded by path, so the package's __init__ (the runtime may import more) is not involved.
     script = (
-        "import sys, importlib.util\n"
+        "import sys\n"
         "for name in ('tensorflow', 'keras', 'jax'):\n"
         "    sys.modules[name] = None\n"
-        f"spec = importlib.util.spec_from_file_location('litert_search', {SEARCH_PATH!r})\n"
-        "module = importlib.util.module_from_spec(spec)\n"
-        "spec.loader.exec_module(module)\n"
+        "from keras_transformer.litert import search as module\n"
         "print(module.search.__name__)\n"
     )
-    env = dict(os.environ, PYTHONPATH="")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root)
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
     )

@@ -11,7 +11,6 @@ import dataclasses
 import os
 import pathlib
 import re
-import sys
 
 import pytest
 
@@ -417,10 +416,12 @@ def _model_defaults(text):
 
 
 def test_each_model_hyper_parameter_default_is_declared_once():
-    """`ModelConfig` (config/sections.py) declares the model's hyper-parameters and their
-    defaults; the models take its keys and the blocks and stacks default to its values. They
-    were declared three times (config, `Transformer.__init__`, the blocks; and a fourth time in
+    """`keras_transformer.hyper_parameters` declares the model's hyper-parameters and their
+    defaults (below the layers and the config, which both read it); `ModelConfig` has its keys
+    and defaults, the models take them and the blocks and stacks default to them. They were
+    declared three times (config, `Transformer.__init__`, the blocks; and a fourth time in
     `DecoderOnlyTransformer`), joined by `inspect.signature` and `_arguments(locals())`."""
+    from keras_transformer import hyper_parameters
     from keras_transformer.config import ModelConfig
 
     declared = [
@@ -429,7 +430,7 @@ def test_each_model_hyper_parameter_default_is_declared_once():
         if str(path.relative_to(PACKAGE)) not in _OWN_ARGUMENTS
         for _, name in _model_defaults(text)
     ]
-    home = pathlib.Path(sys.modules[ModelConfig.__module__].__file__).relative_to(PACKAGE)
+    home = pathlib.Path(hyper_parameters.__file__).relative_to(PACKAGE)
     names = [f.name for f in dataclasses.fields(ModelConfig)]
     assert sorted(declared) == sorted((str(home), name) for name in names), declared
     epsilons = [
@@ -464,15 +465,15 @@ def test_the_model_default_check_finds_copies():
 
 def test_one_finite_minus_infinity():
     """`-1e9` (masked logits, impossible tokens, empty n-best slots) is `NEG_INF`, defined once
-    in `layers/attention.py`; it was written three times. The LiteRT runtime's search, which
-    must not import Keras, holds a copy (`tests/test_litert_search.py` checks it agrees)."""
+    in `search_rules.py`, which the layers, the graph search and the LiteRT runtime's numpy
+    search (which must not import Keras) all read; it was written three times, then copied."""
     copies = [
         f"{path.relative_to(PACKAGE)}:{node.lineno}"
         for path, text in _sources().items()
         for node in ast.walk(ast.parse(text))
         if isinstance(node, ast.Constant) and node.value in (1e9, -1e9)
     ]
-    homes = ["layers/attention.py", "litert/search.py"]
+    homes = ["search_rules.py"]
     assert sorted(copy.split(":")[0] for copy in copies) == homes, copies
 
 
@@ -699,91 +700,6 @@ def test_the_dead_code_check_resolves_references(tmp_path):
     assert _dead_definitions(tmp_path, "pkg") == ["pkg.core: helper", "pkg.core: recursive"]
 
 
-def _identifiers(tree):
-    """Every name a module's code binds or reads: names, attributes, arguments, definitions and
-    imported names (strings and comments are not code)."""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name):
-            yield node.id
-        elif isinstance(node, ast.Attribute):
-            yield node.attr
-        elif isinstance(node, ast.arg):
-            yield node.arg
-        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            yield node.name
-        elif isinstance(node, ast.alias):
-            yield node.asname or node.name
-
-
-def _method(tree, class_name, name):
-    classes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name]
-    return next(n for n in classes[0].body if isinstance(n, ast.FunctionDef) and n.name == name)
-
-
-def test_multi_head_attention_has_one_cache_form():
-    """`MultiHeadAttention.call` takes one form of cache, `(keys, values)` (as KerasHub's): beam
-    search's caches shared by the beams of an input (`BeamCache`, `SharedByBeams`, the
-    beam-masked attention, `init_cache(beams=)`) are decoding's, in `decoding/beam_cache.py`;
-    the public layers and the model neither name beams nor pick a computation by the cache's
-    type (#48)."""
-    public = ["layers/attention.py", "layers/decoder.py", "models/transformer.py"]
-    beams = {
-        f"{path}: {name}"
-        for path in public
-        for name in _identifiers(ast.parse((PACKAGE / path).read_text()))
-        if "beam" in name.lower()
-    }
-    assert not beams, sorted(beams)
-    attention = ast.parse((PACKAGE / "layers" / "attention.py").read_text())
-    call = _method(attention, "MultiHeadAttention", "call")
-    dispatch = [
-        ast.unparse(node)
-        for node in ast.walk(call)
-        if isinstance(node, ast.Call) and ast.unparse(node.func) == "isinstance"
-    ]
-    assert not dispatch, dispatch
-    home = ast.parse((PACKAGE / "decoding" / "beam_cache.py").read_text())
-    defined = {node.name for node in home.body if isinstance(node, ast.ClassDef)}
-    assert {"BeamCache", "SharedByBeams"} <= defined
-
-
-def test_figure_1_is_wired_once():
-    """The model's wiring (embeddings, positions, the output projection) is written once, in
-    the methods that the functional graph, `encode`, `decode_step` and `attention_scores` all
-    call, not once per entry point; and the decoder-only model's, in the methods that its
-    functional graph and `decode_step` call."""
-    tree = ast.parse((PACKAGE / "models" / "transformer.py").read_text())
-    calls = [ast.unparse(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)]
-    assert calls.count("self.positional_encoding") == 1
-    assert calls.count("embedding") == 1  # in `_embed`, for the source and the target
-    assert calls.count("self.output_projection") == 1 and calls.count("ops.matmul") == 1
-    assert (
-        sum(
-            "reverse=True" in ast.unparse(node)
-            for node in ast.walk(tree)
-            if isinstance(node, ast.Call)
-        )
-        == 1
-    )
-    # The decoder-only model likewise: its functional graph and `decode_step` both call
-    # `_embed` and `_project` (it wired its embedding, positions and projection twice).
-    tree = ast.parse((PACKAGE / "models" / "decoder_only.py").read_text())
-    calls = [
-        ast.unparse(node.func).removeprefix("self.")
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Call)
-    ]
-    assert calls.count("positional_encoding") == 1
-    assert calls.count("token_embedding") == 2  # in `_embed`, and reversed in `_project`
-    assert calls.count("to_float32") == 1
-    reversed_calls = [
-        node
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Call) and any(k.arg == "reverse" for k in node.keywords)
-    ]
-    assert len(reversed_calls) == 1
-
-
 # Where a config's decoding settings are made (`config.decoding_settings`): the config package,
 # the commands, and once at the top of each training path (the trainer's `_Run`, the JAX
 # trainer's `train`). The modules below get `DecodingSettings` values (#48).
@@ -842,22 +758,31 @@ def _name_lists(text, names):
     return found
 
 
-def test_the_block_arguments_are_listed_once():
-    """The blocks' arguments are listed once, in `_blocks.BLOCK_ARGUMENTS`, which serves the
-    blocks and the stacks (their arguments, defaults and configs); `BlockBase` and `StackBase`
-    each listed them twice (a signature, a config or the arguments passed on)."""
-    from keras_transformer.layers import _blocks
+def test_the_hyper_parameters_are_listed_once():
+    """The model's hyper-parameters are listed once, as the fields of
+    `hyper_parameters.ModelHyperParameters` (with their roles: the blocks', the decoder-only
+    model's, those that shape the weights), which everything else reads: no module lists most
+    of them, or most of any role's, in a signature, a call, a dict, a tuple or a list. The
+    blocks (`BlockBase`, `StackBase`: a signature, a config, the arguments passed on), the
+    decoder-only model, fine-tuning and `Transformer` each listed them (#60). `ModelConfig`,
+    whose keys carry the config's help and valid values, is checked against them on import."""
+    from keras_transformer import hyper_parameters
 
-    text = (PACKAGE / "layers" / "_blocks.py").read_text()
-    names = _blocks.BLOCK_ARGUMENTS
-    tuple_line = next(
-        node.lineno
-        for node in ast.parse(text).body
-        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "BLOCK_ARGUMENTS"
-    )
-    assert _name_lists(text, names) == [tuple_line]
+    roles = {
+        "all": hyper_parameters.ALL,
+        "block": hyper_parameters.BLOCK,
+        "decoder_only": hyper_parameters.DECODER_ONLY,
+        "weights": hyper_parameters.WEIGHTS,
+    }
+    found = [
+        f"{path.relative_to(PACKAGE)}:{line} lists the {role} hyper-parameters"
+        for path, text in _sources().items()
+        for role, names in roles.items()
+        for line in _name_lists(text, names)
+    ]
+    assert not found, found
     copy = "def f(num_heads, d_ff, dropout, activation, norm_first):\n    return dict(d_ff=1)\n"
-    assert _name_lists(copy, names) == [1]
+    assert _name_lists(copy, hyper_parameters.BLOCK) == [1]
 
 
 # The one module that looks at a strategy's type: it chooses the run's input object per kind.

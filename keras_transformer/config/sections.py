@@ -6,16 +6,19 @@ Every section (and the `ExperimentConfig` holding them) is frozen: a config is v
 where it is built (`keras_transformer.config`), and a changed one is a new config
 (`dataclasses.replace`, or `load_config(..., overrides=[...])`, which validates it).
 
-`ModelConfig`, the `model:` section, is also the one declaration of the model's hyper-parameters
-and their defaults: `keras_transformer.models.Transformer` takes its keys as keyword arguments,
-and the encoder and decoder layers' arguments of those names default to its defaults.
+`ModelConfig`, the `model:` section, holds the model's hyper-parameters, declared with their
+defaults in `keras_transformer.hyper_parameters` (below the layers, which never see the config):
+its keys are those, in their order, with their defaults; it adds each key's help and valid values.
 """
 
 import dataclasses
 from typing import Optional, Union
 
+from keras_transformer import hyper_parameters
 from keras_transformer.config._schema import NON_EMPTY as _NON_EMPTY
 from keras_transformer.config._schema import key
+from keras_transformer.hyper_parameters import ModelHyperParameters as _Model
+from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: F401
 
 # Sane upper bounds: far beyond any model that fits in memory, far below int64's limit.
 _MAX_LAYERS = 1000
@@ -27,8 +30,6 @@ _MAX_BEAM = 1024
 _MAX_MINUTES = 10**7  # about 19 years
 _MAX_SECONDS = 10**9
 _SEEDS = f"[0, {2**31 - 1}]"
-# The special ids every SentencePiece model of ours is trained with, which decoding relies on.
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 _ACTIVATIONS = ("relu", "gelu", "silu", "swish", "relu6", "elu", "selu", "tanh", "sigmoid")
 # `export.average_checkpoints: auto` and `decode.alpha: auto`: the dev set chooses (see
 # `keras_transformer.final_model`).
@@ -37,37 +38,55 @@ AUTO = "auto"
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Transformer sizes: the model's hyper-parameters, each declared here once with its
-    default. `keras_transformer.models.Transformer` takes these keys as keyword arguments
-    (`DecoderOnlyTransformer` those it has), and the blocks' and stacks' arguments of these
-    names default to these values (`ModelConfig.dropout`)."""
+    """Transformer sizes: the model's hyper-parameters (`keras_transformer.hyper_parameters`,
+    which declares them and their defaults), with each key's help and valid values.
+    `keras_transformer.models.Transformer` takes these keys as keyword arguments
+    (`DecoderOnlyTransformer` those it has)."""
 
-    num_layers: int = key(6, "encoder and decoder blocks (N)", valid=f"[1, {_MAX_LAYERS}]")
+    num_layers: int = key(
+        _Model.num_layers, "encoder and decoder blocks (N)", valid=f"[1, {_MAX_LAYERS}]"
+    )
     num_encoder_layers: Optional[int] = key(
-        None, "encoder blocks; null: num_layers", valid=f"[1, {_MAX_LAYERS}]"
+        _Model.num_encoder_layers, "encoder blocks; null: num_layers", valid=f"[1, {_MAX_LAYERS}]"
     )
     num_decoder_layers: Optional[int] = key(
-        None,
+        _Model.num_decoder_layers,
         "decoder blocks; null: num_layers (a shallow decoder trains and decodes faster)",
         valid=f"[1, {_MAX_LAYERS}]",
     )
-    d_model: int = key(512, "model width", valid=f"[1, {_MAX_WIDTH}]")
-    num_heads: int = key(8, "attention heads (h); must divide d_model", valid=f"[1, {_MAX_WIDTH}]")
-    d_ff: int = key(2048, "feed-forward inner width", valid=f"[1, {_MAX_WIDTH}]")
-    dropout: float = key(
-        0.1, "residual dropout P_drop (sub-layer outputs, embedding sums)", valid="[0, 1)"
+    d_model: int = key(_Model.d_model, "model width", valid=f"[1, {_MAX_WIDTH}]")
+    num_heads: int = key(
+        _Model.num_heads, "attention heads (h); must divide d_model", valid=f"[1, {_MAX_WIDTH}]"
     )
-    attention_dropout: float = key(0.0, "dropout on attention weights", valid="[0, 1)")
-    activation_dropout: float = key(0.0, "dropout inside the feed-forward network", valid="[0, 1)")
+    d_ff: int = key(_Model.d_ff, "feed-forward inner width", valid=f"[1, {_MAX_WIDTH}]")
+    dropout: float = key(
+        _Model.dropout,
+        "residual dropout P_drop (sub-layer outputs, embedding sums)",
+        valid="[0, 1)",
+    )
+    attention_dropout: float = key(
+        _Model.attention_dropout, "dropout on attention weights", valid="[0, 1)"
+    )
+    activation_dropout: float = key(
+        _Model.activation_dropout, "dropout inside the feed-forward network", valid="[0, 1)"
+    )
     token_dropout: float = key(
-        0.0,
+        _Model.token_dropout,
         "word dropout: a token's whole input embedding zeroed (source and target)",
         valid="[0, 1)",
     )
-    activation: str = key("relu", "feed-forward activation", valid=_ACTIVATIONS)
-    norm_first: bool = key(False, "pre-norm blocks instead of the paper's post-norm")
-    share_embeddings: bool = key(True, "one embedding for source, target and softmax")
-    layer_norm_epsilon: float = key(1e-6, "LayerNorm epsilon", valid="(0, 1]")
+    activation: str = key(_Model.activation, "feed-forward activation", valid=_ACTIVATIONS)
+    norm_first: bool = key(_Model.norm_first, "pre-norm blocks instead of the paper's post-norm")
+    share_embeddings: bool = key(
+        _Model.share_embeddings, "one embedding for source, target and softmax"
+    )
+    layer_norm_epsilon: float = key(_Model.layer_norm_epsilon, "LayerNorm epsilon", valid="(0, 1]")
+
+
+# The section's keys are the declared hyper-parameters, in their order (a key added to one only
+# fails here, when the package loads).
+if tuple(f.name for f in dataclasses.fields(ModelConfig)) != hyper_parameters.ALL:
+    raise TypeError("ModelConfig's keys are not keras_transformer.hyper_parameters.ALL")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,9 +8,10 @@ beam, and a mask lets every hypothesis attend only to the keys its own history w
 ancestors' slots at earlier positions). The encoder keys/values are held once per input. So no
 cache is repeated per beam or reordered (`SharedByBeams` keeps the search's hands off them).
 
-The public layers keep their one cache form, `(keys, values)`: this module attends with their
-weights through private hooks (`MultiHeadAttention._attend_with`,
-`TransformerDecoderBlock._sublayers`, `Transformer._decode_step_with`, `Transformer._init_cache`).
+The public layers keep their one cache form, `(keys, values)`: this module runs the model's
+decoder step protocol (`Transformer.embed_target`, `Transformer.decoder_step`) with attentions of
+its own on these caches, which project and merge the heads with the layers' weights
+(`MultiHeadAttention.attend_with`).
 """
 
 import functools
@@ -109,41 +110,33 @@ def beam_attention(layer, query, cache, cache_update_index=None, in_place=False)
         kernels=layer.kernels,
         in_place=in_place,
     )
-    return layer._attend_with(attend, query, keys_values=self_attention)
+    return layer.attend_with(attend, query, keys_values=self_attention)
 
 
 def _decode_step(model, target_ids, cache_index, cache, in_place):
     """`model.decode_step` on per-layer `BeamCache`s (`cache["self_attention"]`,
     `cache["cross_attention"]`): `target_ids` has `batch * beams` rows; the caches' masks stand
-    for the source mask."""
-
-    def decoder(y):  # the decoder stack, each block's attentions on the shared caches
-        caches = zip(model.decoder.blocks, cache["self_attention"], cache["cross_attention"])
-        new_caches = []
-        for block, self_cache, cross_cache in caches:
-            y, self_cache = _block_step(block, y, self_cache, cross_cache, cache_index, in_place)
-            new_caches.append(self_cache)
-        return model.decoder._finish(y), new_caches
-
-    return model._decode_step_with(decoder, target_ids, cache_index, cache)
+    for the source mask. Returns `(logits, per-layer self-attention BeamCaches)`."""
+    self_attentions, cross_attentions = [], []
+    caches = zip(model.decoder.blocks, cache["self_attention"], cache["cross_attention"])
+    for block, self_cache, cross_cache in caches:
+        attention = _on_beam_cache(block.self_attention, self_cache, cache_index, in_place)
+        self_attentions.append(attention)
+        cross_attentions.append(_on_beam_cache(block.cross_attention, cross_cache))
+    y = model.embed_target(target_ids, False, start_index=cache_index)
+    return model.decoder_step(y, self_attentions, cross_attentions, cache.get("output_kernel"))
 
 
-def _block_step(block, y, self_cache, cross_cache, cache_index, in_place):
-    """`(output, self-attention cache)` of a `TransformerDecoderBlock` on `BeamCache`s."""
-
-    def self_attention(h):
-        return beam_attention(block.self_attention, h, self_cache, cache_index, in_place)
-
-    def cross_attention(h):
-        return beam_attention(block.cross_attention, h, cross_cache)[:2]
-
-    y, _, self_cache = block._sublayers(y, self_attention, cross_attention, None)
-    return y, self_cache
+def _on_beam_cache(layer, cache, cache_update_index=None, in_place=False):
+    """An attention function of `Transformer.decoder_step`'s protocol: `beam_attention` of
+    `layer` on the `BeamCache` `cache`, `(output, weights, cache)` for self-attention (with
+    `cache_update_index`), `(output, weights)` for cross-attention."""
+    if cache_update_index is None:
+        return lambda h: beam_attention(layer, h, cache)[:2]
+    return lambda h: beam_attention(layer, h, cache, cache_update_index, in_place)
 
 
-def shared_beam_decoder(
-    model, encoder_output, source_mask, max_length, beams, in_place=False
-):
+def shared_beam_decoder(model, encoder_output, source_mask, max_length, beams, in_place=False):
     """The decoding caches of `model` for `beams` beams per input, held once per input.
 
     Returns `(decode, self_attention)`: `self_attention` the initial self-attention caches, per
@@ -156,7 +149,7 @@ def shared_beam_decoder(
     With `in_place` (the search's kernel `inplace_cache_writes`) each step writes its keys and
     values into the caches' own buffers: the caller must not read a cache it passed again.
     """
-    cache = model._init_cache(encoder_output, max_length, model.num_heads * beams)
+    cache = model.init_cache(encoder_output, max_length, model.num_heads * beams)
     self_attention = cache.pop("self_attention")  # per layer ([batch, h * k, buffer, d], same)
     batch, s_len = ops.shape(source_mask)[0], ops.shape(source_mask)[1]
     source_mask = ops.reshape(ops.cast(source_mask, "bool"), (-1, 1, 1, s_len))
@@ -174,6 +167,6 @@ def shared_beam_decoder(
         layers = [BeamCache(keys, values, mask) for keys, values in self_attention]
         step_cache = {**cache, "self_attention": layers}
         logits, new = _decode_step(model, target_ids, index, step_cache, in_place)
-        return logits, [(c.keys, c.values) for c in new["self_attention"]]
+        return logits, [(c.keys, c.values) for c in new]
 
     return decode, self_attention

@@ -32,18 +32,23 @@ from keras_transformer.config import EOS_ID, DecodingSettings
 from keras_transformer.decoding.beam_cache import SharedByBeams, shared_beam_decoder
 from keras_transformer.decoding.sampling import sampling_picker
 from keras_transformer.fast_paths import Kernels
-from keras_transformer.layers.attention import NEG_INF, OwnedCache
-
-# Anything below HALF_NEG_INF is treated as impossible.
-HALF_NEG_INF = 0.5 * NEG_INF
-
+from keras_transformer.layers.attention import OwnedCache
+from keras_transformer.search_rules import (
+    CANDIDATES_PER_BEAM,
+    HALF_NEG_INF,
+    LENGTH_PENALTY_DIVISOR,
+    LENGTH_PENALTY_OFFSET,
+    NEG_INF,
+)
 
 # --------------------------------------------------------------------------- small helpers
 
 
 def length_penalty(length, alpha):
-    """GNMT's length penalty `((5 + length) / 6) ** alpha` (float32, same shape as `length`)."""
-    return ops.power((5.0 + ops.cast(length, "float32")) / 6.0, alpha)
+    """GNMT's length penalty `((5 + length) / 6) ** alpha` (`search_rules`; float32, same
+    shape as `length`)."""
+    length = ops.cast(length, "float32")
+    return ops.power((LENGTH_PENALTY_OFFSET + length) / LENGTH_PENALTY_DIVISOR, alpha)
 
 
 def flatten_beams(x):
@@ -295,7 +300,7 @@ def _top_candidates(state, log_probs, k, length):
     vocab = ops.shape(log_probs)[-1]
     candidates = ops.expand_dims(state.alive_log_probs, 2) + log_probs  # [batch, k, vocab]
     candidates = ops.reshape(candidates, (-1, k * vocab))  # [batch, k * vocab]
-    top_log_probs, top_indices = ops.top_k(candidates, 2 * k)  # [batch, 2k]
+    top_log_probs, top_indices = ops.top_k(candidates, CANDIDATES_PER_BEAM * k)  # [batch, 2k]
     top_beams = ops.cast(top_indices // vocab, "int32")  # [batch, 2k]
     top_tokens = ops.cast(top_indices % vocab, "int32")  # [batch, 2k]
     # log p of each candidate's new token alone (not a difference of sums: no rounding).
@@ -316,7 +321,7 @@ def _merge_finished(state, top_log_probs, top_rows, ends, k, alpha, length):
     the alive beams full), so beam size 1 is exactly greedy search.
     """
     possible = ops.greater(top_log_probs, HALF_NEG_INF)  # [batch, 2k]
-    in_top_k = ops.less(ops.arange(2 * k, dtype="int32"), k)  # [2k]
+    in_top_k = ops.less(ops.arange(CANDIDATES_PER_BEAM * k, dtype="int32"), k)  # [2k]
     new_flags = ops.logical_and(ops.logical_and(ends, possible), in_top_k)  # [batch, 2k]
     new_scores = top_log_probs / length_penalty(length, alpha)
     new_scores = ops.where(new_flags, new_scores, NEG_INF)  # [batch, 2k]

@@ -31,7 +31,7 @@ import math
 import numpy as np
 from keras import ops
 
-from keras_transformer.layers.attention import NEG_INF
+from keras_transformer.search_rules import NEG_INF
 
 
 def encoder_function(model):
@@ -140,27 +140,27 @@ def fixed_point_scales(scale):
 
 
 def _embedding(model, quantized):
-    """`embed(ids [B * k], position [1]) -> [B * k, d_model]`: the decoder's input as
-    `Transformer._embed_target` makes it. `quantized` (from `quantized_rows`): the rows are
-    looked up in int8 and only they are dequantized (a table the converter quantized would be
-    dequantized whole at every step), with their own scales (`fixed_point_scales`)."""
-    if quantized is None:
+    """`embed(ids [B * k], position [1]) -> [B * k, d_model]`: the decoder's input, made by
+    `Transformer.embed_target`. `quantized` (from `quantized_rows`): the rows are looked up in
+    int8 and only they are dequantized (a table the converter quantized would be dequantized
+    whole at every step), with their own scales (`fixed_point_scales`) times the embedding's
+    `output_scale`, and given to `embed_target` as the ids' vectors."""
+    lookup = None
+    if quantized is not None:
+        steps, unit = fixed_point_scales(quantized[1])
+        table, steps = ops.convert_to_tensor(quantized[0]), ops.convert_to_tensor(steps)
+        unit = unit * model.target_embedding.output_scale
 
-        def embed(ids, position):
-            x = model._embed_target(ops.expand_dims(ids, 1), False, start_index=position[0])
-            return ops.reshape(x, (-1, model.d_model))
-
-        return embed
-    steps, unit = fixed_point_scales(quantized[1])
-    table, steps = ops.convert_to_tensor(quantized[0]), ops.convert_to_tensor(steps)
-    layer = model.target_embedding
-    factor = math.sqrt(layer.d_model) if layer.scale else 1.0
+        def lookup(ids):  # [B * k, 1, d_model]
+            rows = ops.cast(ops.take(table, ids, axis=0), "float32")
+            row_scales = ops.cast(ops.take(steps, ids, axis=0), "float32") * unit
+            return ops.expand_dims(rows * ops.expand_dims(row_scales, 1), 1)
 
     def embed(ids, position):
-        rows = ops.cast(ops.take(table, ids, axis=0), "float32")
-        row_scales = ops.cast(ops.take(steps, ids, axis=0), "float32") * (unit * factor)
-        x = rows * ops.expand_dims(row_scales, 1)
-        x = model.positional_encoding(ops.expand_dims(x, 1), start_index=position[0])
+        if lookup is None:
+            x = model.embed_target(ops.expand_dims(ids, 1), False, position[0])
+        else:
+            x = model.embed_target(None, False, position[0], token_vectors=lookup(ids))
         return ops.reshape(x, (-1, model.d_model))
 
     return embed
@@ -174,8 +174,7 @@ def step_function(model, beams, top_k, banned_ids, eos_id, quantized_embedding=N
     embed = _embedding(model, quantized_embedding)
 
     def step(ids, position, self_bias, cross_bias, caches):
-        x = embed(ids, position)  # [B * k, d_model]
-        outputs = {}
+        self_attentions, cross_attentions = [], []
         for i, block in enumerate(model.decoder.blocks):
             self_kv = caches[f"self_keys_{i}"], caches[f"self_values_{i}"]
             cross_kv = caches[f"cross_keys_{i}"], caches[f"cross_values_{i}"]
@@ -187,9 +186,13 @@ def step_function(model, beams, top_k, banned_ids, eos_id, quantized_embedding=N
             def cross_attention(h, layer=block.cross_attention, kv=cross_kv):
                 return _cross_attention(layer, h, *kv, cross_bias, beams), None
 
-            x, _, (keys, values) = block._sublayers(x, self_attention, cross_attention, False)
+            self_attentions.append(self_attention)
+            cross_attentions.append(cross_attention)
+        x = embed(ids, position)  # [B * k, d_model]
+        logits, new = model.decoder_step(x, self_attentions, cross_attentions)  # [B * k, vocab]
+        outputs = {}
+        for i, (keys, values) in enumerate(new):
             outputs[f"new_keys_{i}"], outputs[f"new_values_{i}"] = keys, values
-        logits = model._project(model.decoder._finish(x))  # [B * k, vocab] float32
         top_logits, top_ids = blocked_top_k(logits + ops.convert_to_tensor(ban), top_k)
         normaliser = ops.logsumexp(logits, axis=-1, keepdims=True)  # log-softmax's, over all
         outputs["top_log_probs"] = top_logits - normaliser

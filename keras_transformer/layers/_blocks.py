@@ -2,50 +2,37 @@
 wiring (residual, LayerNorm, feed-forward) and config. Private: the public classes are in
 `encoder.py` and `decoder.py`.
 
-The blocks' arguments are named once, in `BLOCK_ARGUMENTS`: a block takes them, a stack takes
-them as its own and passes them to each of its blocks, and both record them in their configs.
-Those that are model hyper-parameters default to the config's `model:` section (`ModelConfig`,
-where each is declared once)."""
+The blocks' arguments are `BLOCK_ARGUMENTS`: a block takes them, a stack takes them as its
+own and passes them to each of its blocks, and both record them in their configs. Those that
+are model hyper-parameters are declared, with their defaults, in
+`keras_transformer.hyper_parameters` (the layers never see the config)."""
 
 import keras
 
-from keras_transformer.config.sections import ModelConfig
+from keras_transformer import hyper_parameters
 from keras_transformer.fast_paths import Kernels
 from keras_transformer.layers._initializers import clone_initializer
 from keras_transformer.layers._specs import CallTracedSpec
-from keras_transformer.layers.attention import MultiHeadAttention
+from keras_transformer.layers.attention import MultiHeadAttention, head_size
 from keras_transformer.layers.feed_forward import PositionwiseFeedForward
 from keras_transformer.layers.normalization import LayerNormalization
-
-
-def head_size(d_model, num_heads):
-    """`d_model / num_heads`, with a clear error when it does not divide."""
-    if d_model % num_heads:
-        raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
-    return d_model // num_heads
-
 
 # Of every projection kernel of the blocks (Keras's default for `Dense`).
 KERNEL_INITIALIZER = "glorot_uniform"
 
-# The blocks' arguments (besides `kernels`), in the order of their configs. All but
-# `kernel_initializer` are keys of the `model:` section.
-BLOCK_ARGUMENTS = (
-    "num_heads", "d_ff", "dropout", "attention_dropout", "activation_dropout", "activation",
-    "norm_first", "layer_norm_epsilon", "kernel_initializer",
-)  # fmt: skip
+# The blocks' arguments (besides `kernels`), in the order of their configs: the model's block
+# hyper-parameters, then `kernel_initializer`.
+BLOCK_ARGUMENTS = hyper_parameters.BLOCK + ("kernel_initializer",)
+DEFAULTS = {**hyper_parameters.DEFAULTS, "kernel_initializer": KERNEL_INITIALIZER}
 
 
 def block_arguments(kwargs, **given):
     """Pops the block arguments from a constructor's `kwargs` (what is left is Keras's):
     `{name: value}` for each of `BLOCK_ARGUMENTS`, from `given`, `kwargs`, or the default
-    (`ModelConfig`'s; `KERNEL_INITIALIZER`)."""
-    values = {"kernel_initializer": KERNEL_INITIALIZER, **given}
+    (`hyper_parameters.DEFAULTS`; `KERNEL_INITIALIZER`)."""
+    values = {**DEFAULTS, **given}
     values.update({name: kwargs.pop(name) for name in BLOCK_ARGUMENTS if name in kwargs})
-    return {
-        name: values[name] if name in values else getattr(ModelConfig, name)
-        for name in BLOCK_ARGUMENTS
-    }
+    return {name: values[name] for name in BLOCK_ARGUMENTS}
 
 
 class BlockBase(CallTracedSpec, keras.layers.Layer):

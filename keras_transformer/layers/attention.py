@@ -11,10 +11,16 @@ from keras_transformer.layers import _fast_paths
 from keras_transformer.layers._initializers import clone_initializer
 from keras_transformer.layers._specs import CallTracedSpec
 
-# The package's one finite "minus infinity": the logit of a masked key (the softmax runs in
-# float32, where it is finite), the log-probability of an impossible token in the search and the
-# score of an empty n-best slot; sums of a few stay finite in float32 (no inf - inf = NaN).
-NEG_INF = -1.0e9
+# The logit of a masked key is the package's one finite "minus infinity" (`search_rules`).
+from keras_transformer.search_rules import NEG_INF
+
+
+def head_size(d_model, num_heads):
+    """`d_model / num_heads`, the width of each head, with a clear error when it does not
+    divide."""
+    if d_model % num_heads:
+        raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
+    return d_model // num_heads
 
 
 def scaled_dot_product_attention(query, key, value, mask=None, dropout_fn=None):
@@ -75,6 +81,13 @@ def write_cache(cache, update, index, kernels=None, owned=False):
         if fast is not None:
             return fast
     return ops.slice_update(cache, [0, 0, index, 0], ops.cast(update, cache.dtype))
+
+
+def cache_zeros(shape, dtype):
+    """Zeros `shape` for a key/value cache that its owner may later give up as an `OwnedCache`:
+    in TensorFlow graphs a buffer of its own, which graph optimizers never fold into a constant,
+    so in-place writes may change it; `ops.zeros` elsewhere."""
+    return _fast_paths.fresh_zeros(shape, dtype)
 
 
 class OwnedCache(NamedTuple):
@@ -146,7 +159,9 @@ class MultiHeadAttention(CallTracedSpec, keras.layers.Layer):
     - cross-attention: build the cache once with `compute_key_value_cache(encoder_output)` and pass
       it with `cache_update_index=None`; keys and values are then not recomputed.
     The cache has this one form; beam search's caches shared by the beams of an input are
-    decoding's own (`keras_transformer.decoding.beam_cache`), not this layer's.
+    decoding's own (`keras_transformer.decoding.beam_cache`), not this layer's: it attends
+    with this layer's weights through `attend_with(attend, query)`, which projects and merges
+    the heads around an `attend` function of the caller's.
 
     Args:
         num_heads: number of attention heads `h`.
@@ -315,13 +330,17 @@ class MultiHeadAttention(CallTracedSpec, keras.layers.Layer):
         out = self._merge_heads(out, training)
         return call_outputs(out, weights if return_attention_scores else None, cache)
 
-    def _attend_with(self, attend, query, keys_values=True, training=None):
-        """A private hook for attentions on caches this layer does not know (decoding's caches
-        shared by the beams of an input, `keras_transformer.decoding.beam_cache`): this layer's
-        projections of `query` (`(q, k, v)`, or `(q,)` without `keys_values`), each
-        `[b, h, len, d]`, go to `attend(projections, dropout_fn)`, which returns
-        `(out [b, h, q_len, d_v], weights, cache)`; returns `(output, weights, cache)` with
-        `out`'s heads merged and projected. No masks, no checks: `attend` owns them."""
+    def attend_with(self, attend, query, keys_values=True, training=None):
+        """This layer's attention with the attending done by `attend`, for caches the layer
+        does not know (decoding's caches shared by the beams of an input,
+        `keras_transformer.decoding.beam_cache`).
+
+        This layer's projections of `query` `[b, q_len, dim]` (`(q, k, v)`, or `(q,)` without
+        `keys_values`), each `[b, h, q_len, d]`, go to `attend(projections, dropout_fn)`, which
+        returns `(out [b, h, q_len, d_v], weights, cache)` (`dropout_fn`: this layer's
+        attention dropout, for the weights). Returns `(output [b, q_len, output_dim], weights,
+        cache)`, `out`'s heads merged and projected. No masks and no checks: `attend` owns
+        them."""
         denses = (self.query_dense, self.key_dense, self.value_dense)
         projections = self._project(query, denses if keys_values else denses[:1])
         out, weights, cache = attend(projections, self._dropout_fn(training))

@@ -130,11 +130,34 @@ class TransformerDecoderBlock(BlockBase):
         mask=None,
         training=None,
     ):
+        decoder_padding_mask = mask if decoder_padding_mask is None else decoder_padding_mask
+        self_attention, cross_attention = self.attentions(
+            encoder_output, decoder_padding_mask, encoder_padding_mask, self_attention_cache,
+            cache_update_index, cross_attention_cache, training,
+        )  # fmt: skip
+        x, scores, new_cache = self.step(inputs, self_attention, cross_attention, training)
+        return call_outputs(x, scores if return_attention_scores else None, new_cache)
+
+    def attentions(
+        self,
+        encoder_output=None,
+        decoder_padding_mask=None,
+        encoder_padding_mask=None,
+        self_attention_cache=None,
+        cache_update_index=None,
+        cross_attention_cache=None,
+        training=None,
+    ):
+        """This block's own attentions for `step`, given `call`'s arguments (checked as `call`
+        checks them): `(self_attention, cross_attention)`, the latter None in decoder-only mode.
+        `self_attention(h)` is the causal self-attention of `h` (on `self_attention_cache` at
+        `cache_update_index` when given) -> `(output, scores, updated cache or None)`;
+        `cross_attention(h)` attends `encoder_output` (or `cross_attention_cache`) ->
+        `(output, scores)`."""
         check_decoder_call(
             self, encoder_output, encoder_padding_mask, cross_attention_cache,
             self_attention_cache, cache_update_index,
         )  # fmt: skip
-        decoder_padding_mask = mask if decoder_padding_mask is None else decoder_padding_mask
 
         def self_attention(h):  # (output, scores, cache): a cache given, one comes back
             y, scores, *cache = self.self_attention(
@@ -159,16 +182,22 @@ class TransformerDecoderBlock(BlockBase):
                 training=training,
             )[:2]
 
-        x, scores, new_cache = self._sublayers(inputs, self_attention, cross_attention, training)
-        return call_outputs(x, scores if return_attention_scores else None, new_cache)
+        return self_attention, None if self.decoder_only else cross_attention
 
-    def _sublayers(self, x, self_attention, cross_attention, training):
-        """The block's computation around its attentions, written once: `self_attention(h)` ->
-        `(output, scores, cache or None)` and `cross_attention(h)` -> `(output, scores)` (unused
-        in decoder-only mode) each run in their residual connection, then the feed-forward net.
-        Returns `(x, {"self_attention": ..., "cross_attention": ...}, the self-attention
-        cache)`. A private hook: `call` passes this layer's attentions; decoding passes its own
-        on caches shared by the beams (`keras_transformer.decoding.beam_cache`)."""
+    def step(self, x, self_attention, cross_attention=None, training=None):
+        """The block's computation around attentions given as functions: the decoder step
+        protocol, which `call` runs with this block's own attentions (`attentions`) and
+        decoding and the LiteRT export with theirs, on caches of their own.
+
+        `self_attention(h)` -> `(output, scores, cache)` and `cross_attention(h)` ->
+        `(output, scores)` (None, and not called, in decoder-only mode) each run in their
+        residual connection (post- or pre-norm), then the feed-forward net; they may use this
+        block's attention layers (`self.self_attention`, `self.cross_attention`) or their
+        weights. `x` is `[..., d_model]`: any leading shape the attentions accept.
+
+        Returns `(output like x, {"self_attention": scores, "cross_attention": scores},
+        self_attention's cache)`.
+        """
         x, self_scores, cache = self._residual(
             self.self_attention_norm, x, self_attention, training
         )
@@ -318,37 +347,79 @@ class TransformerDecoder(StackBase):
         mask=None,
         training=None,
     ):
-        check_decoder_call(
-            self, encoder_output, encoder_padding_mask, cross_attention_cache,
-            self_attention_cache, cache_update_index,
-        )  # fmt: skip
         decoder_padding_mask = mask if decoder_padding_mask is None else decoder_padding_mask
-        self_caches = self._per_layer("self_attention_cache", self_attention_cache)
-        cross_caches = self._per_layer("cross_attention_cache", cross_attention_cache)
-        x, all_scores, new_caches = inputs, [], []
-        for block, self_cache, cross_cache in zip(self.blocks, self_caches, cross_caches):
-            out = block(
-                x,
-                encoder_output,
-                decoder_padding_mask=decoder_padding_mask,
-                encoder_padding_mask=encoder_padding_mask,
-                self_attention_cache=self_cache,
-                cache_update_index=cache_update_index,
-                cross_attention_cache=cross_cache,
-                return_attention_scores=True,
-                training=training,
-            )
-            x, scores, *cache = out  # the block's convention: a cache given, one comes back
-            all_scores.append(scores)
-            new_caches += cache
+        self_attentions, cross_attentions = self.attentions(
+            encoder_output, decoder_padding_mask, encoder_padding_mask, self_attention_cache,
+            cache_update_index, cross_attention_cache, training,
+        )  # fmt: skip
+        x, all_scores, new_caches = self.step(inputs, self_attentions, cross_attentions, training)
         return call_outputs(
-            self._finish(x),
+            x,
             all_scores if return_attention_scores else None,
             None if self_attention_cache is None else new_caches,
         )
 
+    def attentions(
+        self,
+        encoder_output=None,
+        decoder_padding_mask=None,
+        encoder_padding_mask=None,
+        self_attention_cache=None,
+        cache_update_index=None,
+        cross_attention_cache=None,
+        training=None,
+    ):
+        """The blocks' own attentions for `step`, given `call`'s arguments (checked as `call`
+        checks them; the caches hold one pair per layer): `(self_attentions,
+        cross_attentions)`, one function per block each (`TransformerDecoderBlock.attentions`).
+        """
+        check_decoder_call(
+            self, encoder_output, encoder_padding_mask, cross_attention_cache,
+            self_attention_cache, cache_update_index,
+        )  # fmt: skip
+        self_caches = self._per_layer("self_attention_cache", self_attention_cache)
+        cross_caches = self._per_layer("cross_attention_cache", cross_attention_cache)
+        arguments = (encoder_output, decoder_padding_mask, encoder_padding_mask)
+        self_attentions, cross_attentions = [], []
+        for block, self_cache, cross_cache in zip(self.blocks, self_caches, cross_caches):
+            self_attention, cross_attention = block.attentions(
+                *arguments, self_cache, cache_update_index, cross_cache, training
+            )
+            self_attentions.append(self_attention)
+            cross_attentions.append(cross_attention)
+        return self_attentions, cross_attentions
+
+    def step(self, x, self_attentions, cross_attentions=None, training=None):
+        """The stack's computation with each block's attentions given as functions: the
+        decoder step protocol (`TransformerDecoderBlock.step`, block by block, then the
+        pre-norm stack's final LayerNorm). `call` runs it with the blocks' own attentions
+        (`attentions`); decoding and the LiteRT export with theirs, on caches of their own
+        (`keras_transformer.models.Transformer.decoder_step`).
+
+        Args:
+            x: the embedded target `[..., d_model]` (any leading shape the attentions accept).
+            self_attentions: one `self_attention(h) -> (output, scores, cache)` per block.
+            cross_attentions: one `cross_attention(h) -> (output, scores)` per block
+                (encoder-decoder mode; None in decoder-only mode).
+            training: enables dropout.
+
+        Returns:
+            `(output like x, [each block's scores dict], [each self_attention's cache])`.
+        """
+        self_attentions = self._per_layer("self_attentions", self_attentions)
+        cross_attentions = self._per_layer("cross_attentions", cross_attentions)
+        all_scores, caches = [], []
+        for block, self_attention, cross_attention in zip(
+            self.blocks, self_attentions, cross_attentions
+        ):
+            x, scores, cache = block.step(x, self_attention, cross_attention, training)
+            all_scores.append(scores)
+            caches.append(cache)
+        return self._finish(x), all_scores, caches
+
     def _per_layer(self, name, caches):
-        """`caches` (one per block), or one None per block; a list of another length raises."""
+        """`caches` (one per block; or attentions), or one None per block; a list of another
+        length raises."""
         if caches is None:
             return [None] * len(self.blocks)
         if len(caches) != len(self.blocks):

@@ -70,6 +70,13 @@ class TokenEmbedding(CallTracedSpec, keras.layers.Layer):
         )
         self.built = True
 
+    @property
+    def output_scale(self):
+        """What the looked-up rows are multiplied by: `sqrt(d_model)` with `scale`, else 1 (a
+        Python float; the one place the scale is computed, for callers that look rows up in
+        a table of their own, as the LiteRT export's int8 one)."""
+        return math.sqrt(self.d_model) if self.scale else 1.0
+
     def call(self, inputs, reverse=False):
         if reverse:
             kernel = ops.cast(self.embeddings, self.compute_dtype)
@@ -77,7 +84,7 @@ class TokenEmbedding(CallTracedSpec, keras.layers.Layer):
         ids = ops.cast(inputs, "int32")
         x = ops.take(ops.cast(self.embeddings, self.compute_dtype), ids, axis=0)
         if self.scale:
-            x = ops.multiply(x, ops.cast(math.sqrt(self.d_model), self.compute_dtype))
+            x = ops.multiply(x, ops.cast(self.output_scale, self.compute_dtype))
         return x
 
     def compute_mask(self, inputs, mask=None):

@@ -2,7 +2,7 @@
 
 from keras import ops
 
-from keras_transformer.config import PAD_ID
+from keras_transformer.special_ids import PAD_ID
 
 
 def padding_mask(ids, pad_id=PAD_ID):

@@ -2,9 +2,10 @@
 (`greedy_search`, `beam_search`, as `translate_ids` runs them) over a decoder step that gives
 each row's best next tokens instead of the whole vocabulary.
 
-The runtime loads neither TensorFlow nor Keras, so this module imports only numpy and the
-standard library; the few constants it needs are copied here, each naming its source
-(`tests/test_litert_search.py` checks that they still agree).
+The runtime loads neither TensorFlow nor Keras, so this module imports only numpy, the standard
+library and the package's modules that import nothing else: the constants and the tie rule it
+shares with the graph search come from `keras_transformer.search_rules`, the special ids from
+`keras_transformer.special_ids`.
 
 The step contract (what the LiteRT decoder step gives the search):
 
@@ -55,19 +56,22 @@ from typing import Any
 
 import numpy as np
 
-# keras_transformer.layers.attention.NEG_INF: the log-probability of an impossible token and
-# the score of an empty n-best slot.
-NEG_INF = np.float32(-1.0e9)
-# keras_transformer.decoding.search.HALF_NEG_INF: anything below is treated as impossible.
-HALF_NEG_INF = np.float32(0.5 * NEG_INF)
-# keras_transformer.config.sections: the special ids.
-BOS_ID, EOS_ID = 2, 3
+from keras_transformer import search_rules
+from keras_transformer.special_ids import BOS_ID, EOS_ID
+
+# The search's numbers in float32, as the graph has them.
+NEG_INF = np.float32(search_rules.NEG_INF)
+HALF_NEG_INF = np.float32(search_rules.HALF_NEG_INF)
+_OFFSET = np.float32(search_rules.LENGTH_PENALTY_OFFSET)
+_DIVISOR = np.float32(search_rules.LENGTH_PENALTY_DIVISOR)
+_CANDIDATES = search_rules.CANDIDATES_PER_BEAM
 
 
 def length_penalty(length, alpha):
-    """GNMT's length penalty `((5 + length) / 6) ** alpha`, in float32 as the graph has it."""
+    """GNMT's length penalty `((5 + length) / 6) ** alpha` (`search_rules`), in float32 as the
+    graph has it."""
     length = np.asarray(length).astype(np.float32)
-    return np.power((np.float32(5.0) + length) / np.float32(6.0), np.float32(alpha))
+    return np.power((_OFFSET + length) / _DIVISOR, np.float32(alpha))
 
 
 def search(
@@ -248,11 +252,6 @@ def _take(x, indices):
     return np.take_along_axis(x, indices, axis=1)
 
 
-def _top_k(values, k):
-    """Indices of the `k` largest of each row, ties to the lower index (as `top_k`)."""
-    return np.argsort(-values, axis=1, kind="stable")[:, :k]
-
-
 def _row_candidates(top_log_probs, top_ids, forced, token, value):
     """Each row's best next tokens `(ids, log_probs)` `[rows, K]`: the step's, or for a forced
     row its token and fillers, the lowest other ids at NEG_INF (the graph's masked row)."""
@@ -274,7 +273,7 @@ def _top_candidates(alive_log_probs, ids, log_probs, k):
     sums = (alive_log_probs.reshape(-1, 1) + log_probs).reshape(n, k * width)  # float32
     beams = np.broadcast_to(np.repeat(np.arange(k, dtype=np.int32), width), sums.shape)
     ids, log_probs = ids.reshape(n, k * width), log_probs.reshape(n, k * width)
-    order = np.lexsort((ids, beams, -sums), axis=-1)[:, : 2 * k]  # [n, 2k]
+    order = search_rules.candidate_order(sums, beams, ids, _CANDIDATES * k)  # [n, 2k]
     return tuple(np.take_along_axis(x, order, axis=1) for x in (sums, beams, ids, log_probs))
 
 
@@ -328,7 +327,7 @@ class _Beams(_State):
         """`_beam_search_step`: one token more for every alive beam; the step's caches follow."""
         k = self.alive_log_probs.shape[1]
         ids = self.alive_seqs[:, :, index].reshape(-1)  # [rows]
-        top_log_probs, top_ids, eos_log_probs = _call(step, ids, index, 2 * k)
+        top_log_probs, top_ids, eos_log_probs = _call(step, ids, index, _CANDIDATES * k)
         forced = _forcing(index, self.caps, self.prefix, eos_log_probs, eos_id, k)
         candidates = _row_candidates(top_log_probs, top_ids, *forced)  # [rows, K] each
         sums, beams, tokens, log_probs = _top_candidates(self.alive_log_probs, *candidates, k)
@@ -339,7 +338,7 @@ class _Beams(_State):
         ends = tokens == eos_id  # [n, 2k]
         # Alive: the best k candidates that did not end; the caches follow them.
         alive_sums = np.where(ends, NEG_INF, sums)
-        alive = _top_k(alive_sums, k)  # [n, k]
+        alive = search_rules.top_k_indices(alive_sums, k)  # [n, k]
         origin = np.take_along_axis(beams, alive, axis=1)  # [n, k] source beam
         self.alive_log_probs = np.take_along_axis(alive_sums, alive, axis=1)
         self.alive_seqs, self.alive_token_scores = (_take(x, alive) for x in top_rows)
@@ -351,11 +350,11 @@ class _Beams(_State):
     def _merge_finished(self, sums, top_rows, ends, k, alpha, length):
         """`_merge_finished`: the best k of the old finished hypotheses and the candidates that
         end now, an ending one counting only among the top k (so beam 1 is greedy search)."""
-        in_top_k = np.arange(2 * k) < k  # [2k]
+        in_top_k = np.arange(_CANDIDATES * k) < k  # [2k]
         new_flags = ends & (sums > HALF_NEG_INF) & in_top_k  # [n, 2k]
         new_scores = np.where(new_flags, sums / length_penalty(length, alpha), NEG_INF)
         scores = np.concatenate([self.finished_scores, new_scores.astype(np.float32)], axis=1)
-        keep = _top_k(scores, k)  # [n, k] of 3k
+        keep = search_rules.top_k_indices(scores, k)  # [n, k] of 3k
         self.finished_scores = np.take_along_axis(scores, keep, axis=1)
         flags = np.concatenate([self.finished_flags, new_flags], axis=1)
         self.finished_flags = np.take_along_axis(flags, keep, axis=1)

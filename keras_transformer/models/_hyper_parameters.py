@@ -1,24 +1,18 @@
-"""The models' hyper-parameters: keyword arguments named as the keys of the config's `model:`
-section (`keras_transformer.config.ModelConfig`, where each is declared once, with its default),
-kept in `model.hyper_parameters`, read as attributes (`model.d_model`) and saved as the model's
-config, from which `from_config` builds the model again (not from its graph)."""
-
-import dataclasses
+"""The models' hyper-parameters: keyword arguments named and defaulted as declared in
+`keras_transformer.hyper_parameters` (the keys of the config's `model:` section), kept in
+`model.hyper_parameters`, read as attributes (`model.d_model`) and saved as the model's config,
+from which `from_config` builds the model again (not from its graph)."""
 
 import keras
 
-from keras_transformer.config.sections import ModelConfig
-
-# The keys of the `model:` section, in its order.
-MODEL_SECTION = tuple(f.name for f in dataclasses.fields(ModelConfig))
+from keras_transformer import hyper_parameters
 
 
-def take(kwargs, names=MODEL_SECTION):
-    """Pops the hyper-parameters `names` (keys of `ModelConfig`) from a constructor's `kwargs`:
-    `{name: the given value, or ModelConfig's default}`, in the order of `names`. What is left
-    in `kwargs` (`name`, `trainable`) is Keras's."""
-    section = ModelConfig(**{name: kwargs.pop(name) for name in names if name in kwargs})
-    return {name: getattr(section, name) for name in names}
+def take(kwargs, names=hyper_parameters.ALL):
+    """Pops the hyper-parameters `names` from a constructor's `kwargs`: `{name: the given
+    value, or its declared default}`, in the order of `names`. What is left in `kwargs`
+    (`name`, `trainable`) is Keras's."""
+    return {name: kwargs.pop(name, hyper_parameters.DEFAULTS[name]) for name in names}
 
 
 class HyperParameters:

@@ -2,17 +2,12 @@
 
 import keras
 
+from keras_transformer import hyper_parameters
 from keras_transformer.fast_paths import Kernels
 from keras_transformer.layers.decoder import TransformerDecoder
 from keras_transformer.layers.embedding import SinusoidalPositionalEncoding, TokenEmbedding
 from keras_transformer.layers.masks import padding_mask
 from keras_transformer.models._hyper_parameters import HyperParameters, take
-
-# Its hyper-parameters: the keys of the `model:` section that a decoder-only model has.
-_KEYS = (
-    "num_layers", "d_model", "num_heads", "d_ff", "dropout", "attention_dropout",
-    "activation_dropout", "activation", "norm_first", "layer_norm_epsilon",
-)  # fmt: skip
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -48,8 +43,8 @@ class DecoderOnlyTransformer(HyperParameters, keras.Model):
     Returns:
         Logits `[batch, length, vocab_size]` (float32).
 
-    The arguments but `vocab_size` and `dtype` are keys of the config's `model:` section, by
-    keyword, with its defaults (`keras_transformer.config.ModelConfig`); they are kept in
+    The arguments but `vocab_size` and `dtype` are hyper-parameters, by keyword, declared with
+    their defaults in `keras_transformer.hyper_parameters` (`DECODER_ONLY`); they are kept in
     `model.hyper_parameters`, read as attributes and saved as the config of `.keras` files.
 
     Example:
@@ -66,7 +61,7 @@ class DecoderOnlyTransformer(HyperParameters, keras.Model):
     """
 
     def __init__(self, vocab_size, *, dtype=None, kernels=None, **kwargs):
-        h = {"vocab_size": vocab_size, **take(kwargs, _KEYS)}  # the hyper-parameters
+        h = {"vocab_size": vocab_size, **take(kwargs, hyper_parameters.DECODER_ONLY)}
         kernels = Kernels.get(kernels)
         self._make_layers(dtype=dtype, kernels=kernels.to_config(), **h)
         ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")

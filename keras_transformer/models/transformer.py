@@ -3,9 +3,9 @@
 import keras
 from keras import ops
 
+from keras_transformer import hyper_parameters
 from keras_transformer.fast_paths import Kernels
-from keras_transformer.layers._blocks import head_size
-from keras_transformer.layers._fast_paths import fresh_zeros
+from keras_transformer.layers.attention import cache_zeros, head_size
 from keras_transformer.layers.decoder import TransformerDecoder
 from keras_transformer.layers.embedding import SinusoidalPositionalEncoding, TokenEmbedding
 from keras_transformer.layers.encoder import TransformerEncoder
@@ -64,11 +64,16 @@ class Transformer(HyperParameters, TrainStep, keras.Model):
         Logits `[batch, t_len, vocab_size]` (float32).
 
     The arguments but `dtype` are the model's hyper-parameters, all but `vocab_size` by keyword:
-    the keys of the config's `model:` section, which declares them and their defaults
-    (`keras_transformer.config.ModelConfig`), and `tie_output_projection` and
-    `source_vocab_size`. They are kept as given in `model.hyper_parameters` (a dict), read as
-    attributes (`model.d_model`) and saved as the config of `.keras` files
-    (`models._hyper_parameters`).
+    those `keras_transformer.hyper_parameters` declares with their defaults (the keys of the
+    config's `model:` section), and `tie_output_projection` and `source_vocab_size`. They are
+    kept as given in `model.hyper_parameters` (a dict), read as attributes (`model.d_model`)
+    and saved as the config of `.keras` files (`models._hyper_parameters`).
+
+    Decoding runs one step at a time through the decoder step protocol: `embed_target`, then
+    `decoder_step` (the decoder stack with its attentions given as functions, and `project`).
+    `decode_step` runs it with the layers' own attentions on `init_cache`'s caches; decoding's
+    caches shared by the beams of a sentence and the LiteRT export's decoder step run it with
+    theirs (`TransformerDecoder.step`, `TransformerDecoderBlock.step`).
 
     Training steps (gradient accumulation, the loss's statistics for the metrics, a
     multi-worker workaround) come from `keras_transformer.models._train_step.TrainStep`.
@@ -95,26 +100,24 @@ class Transformer(HyperParameters, TrainStep, keras.Model):
         }
         _check(**hyper_parameters)
         kernels = Kernels.get(kernels)
-        self._make_layers(dtype=dtype, kernels=kernels.to_config(), **hyper_parameters)
+        self._make_layers(hyper_parameters, dtype, kernels.to_config())
         inputs, logits = self._functional_graph()
         super().__init__(inputs=inputs, outputs=logits, **kwargs)
         self.hyper_parameters = hyper_parameters
         self.kernels = kernels
         self.head_dim = self.d_model // self.num_heads
 
-    def _make_layers(
-        self, vocab_size, num_layers, d_model, dropout, token_dropout, share_embeddings,
-        tie_output_projection, source_vocab_size, num_encoder_layers, num_decoder_layers, dtype,
-        **block_arguments,
-    ):  # fmt: skip
-        """The model's layers, as its attributes (the functional graph's names as before)."""
+    def _make_layers(self, h, dtype, kernels):
+        """The model's layers, as its attributes (the functional graph's names as before), from
+        its hyper-parameters `h`."""
+        vocab_size, d_model, token_dropout = h["vocab_size"], h["d_model"], h["token_dropout"]
         self.target_embedding = TokenEmbedding(
             vocab_size, d_model, dtype=dtype, name="token_embedding"
         )
         self.source_embedding = self.target_embedding
-        if not share_embeddings:
+        if not h["share_embeddings"]:
             self.source_embedding = TokenEmbedding(
-                source_vocab_size or vocab_size, d_model, dtype=dtype, name="source_embedding"
+                h["source_vocab_size"] or vocab_size, d_model, dtype=dtype, name="source_embedding"
             )
         # Word dropout: one mask value per token, broadcast over the embedding's width.
         self.source_token_dropout, self.target_token_dropout = (
@@ -130,35 +133,37 @@ class Transformer(HyperParameters, TrainStep, keras.Model):
         self.positional_encoding = SinusoidalPositionalEncoding(
             dtype=dtype, name="positional_encoding"
         )
+        dropout = h["dropout"]
         self.source_dropout = keras.layers.Dropout(dropout, dtype=dtype, name="source_dropout")
         self.target_dropout = keras.layers.Dropout(dropout, dtype=dtype, name="target_dropout")
-        stack_arguments = dict(dropout=dropout, dtype=dtype, **block_arguments)
+        stack_arguments = {name: h[name] for name in hyper_parameters.BLOCK}
+        stack_arguments.update(dtype=dtype, kernels=kernels)
         self.encoder = TransformerEncoder(
-            num_encoder_layers or num_layers, name="encoder", **stack_arguments
+            h["num_encoder_layers"] or h["num_layers"], name="encoder", **stack_arguments
         )
         self.decoder = TransformerDecoder(
-            num_decoder_layers or num_layers, name="decoder", **stack_arguments
+            h["num_decoder_layers"] or h["num_layers"], name="decoder", **stack_arguments
         )
         self.output_projection = (
             None
-            if tie_output_projection
+            if h["tie_output_projection"]
             else keras.layers.Dense(vocab_size, dtype=dtype, name="output_projection")
         )
         self.to_float32 = keras.layers.Activation("linear", dtype="float32", name="logits")
 
     def _functional_graph(self):
         """`(inputs, logits)` of the model: the paper's figure 1, wired by `encode`,
-        `_embed_target` and `_project` (the same the decoding and inspection methods use)."""
+        `embed_target` and `project` (the same the decoding and inspection methods use)."""
         source_ids = keras.Input(shape=(None,), dtype="int32", name="source_ids")
         target_ids = keras.Input(shape=(None,), dtype="int32", name="target_ids")
         memory, source_mask = self.encode(source_ids, training=None)
         y = self.decoder(
-            self._embed_target(target_ids),
+            self.embed_target(target_ids),
             memory,
             decoder_padding_mask=padding_mask(target_ids),
             encoder_padding_mask=source_mask,
         )
-        return {"source_ids": source_ids, "target_ids": target_ids}, self._project(y)
+        return {"source_ids": source_ids, "target_ids": target_ids}, self.project(y)
 
     @classmethod
     def from_preset(cls, preset, vocab_size, **kwargs):
@@ -185,39 +190,45 @@ class Transformer(HyperParameters, TrainStep, keras.Model):
         x = self._embed(source_ids, self.source_embedding, self.source_token_dropout, training)
         return self.source_dropout(x, training=training)
 
-    def _embed_target(self, target_ids, training=None, start_index=0):
-        """The decoder's input: the target ids embedded (scaled), word dropout, positions from
-        `start_index` added, dropout."""
+    def embed_target(self, target_ids, training=None, start_index=0, token_vectors=None):
+        """The decoder's input `[batch, n, d_model]`: the target ids `[batch, n]` embedded
+        (scaled by `target_embedding.output_scale`), word dropout, the positions from
+        `start_index` added, dropout. The one place the decoder's input is made: the functional
+        graph, `decode_step`, decoding's shared beam caches and the LiteRT export all call it.
+
+        `token_vectors` `[batch, n, d_model]`: the ids' embeddings, already scaled, when the
+        caller looks them up itself (the LiteRT export's int8 table); `target_ids` is then
+        unused (None will do).
+        """
         y = self._embed(
-            target_ids, self.target_embedding, self.target_token_dropout, training, start_index
-        )
+            target_ids, self.target_embedding, self.target_token_dropout, training, start_index,
+            token_vectors,
+        )  # fmt: skip
         return self.target_dropout(y, training=training)
 
-    def _embed(self, ids, embedding, token_dropout, training, start_index=0):
-        """`ids` embedded, with word dropout (when the model has it) and positions added."""
-        x = embedding(ids)
+    def _embed(self, ids, embedding, token_dropout, training, start_index=0, token_vectors=None):
+        """`ids` embedded (or their `token_vectors`), with word dropout (when the model has it)
+        and positions added."""
+        x = embedding(ids) if token_vectors is None else token_vectors
         if token_dropout is not None:
             x = token_dropout(x, training=training)
         return self.positional_encoding(x, start_index=start_index)
 
-    def init_cache(self, encoder_output, max_length):
+    def init_cache(self, encoder_output, max_length, self_attention_rows=None):
         """The decoding cache for `max_length` target positions.
 
         Returns a dict with `"self_attention"`, one `(keys, values)` pair of zeros
-        `[batch, heads, max_length, head_dim]` per decoder layer, and `"cross_attention"`, one
-        `(keys, values)` pair `[batch, heads, s_len, head_dim]` per layer: the encoder output's
-        keys/values, computed here once per sentence. With tied embeddings it also holds
-        `"output_kernel"` (`output_kernel()`): the embedding transposed once here rather than at
-        every step. (Beam search's caches shared by the beams of a sentence are decoding's own:
-        `keras_transformer.decoding.beam_cache.shared_beam_decoder`.)
+        `[batch, rows, max_length, head_dim]` per decoder layer, `rows` being
+        `self_attention_rows` (default `num_heads`: one row per head, the layers' cache form;
+        decoding's caches shared by the beams of a sentence hold more), and
+        `"cross_attention"`, one `(keys, values)` pair `[batch, heads, s_len, head_dim]` per
+        layer: the encoder output's keys/values, computed here once per sentence. With tied
+        embeddings it also holds `"output_kernel"` (`output_kernel()`): the embedding transposed
+        once here rather than at every step.
         """
-        return self._init_cache(encoder_output, max_length, self.num_heads)
-
-    def _init_cache(self, encoder_output, max_length, rows):
-        """`init_cache` with self-attention buffers of `rows` rows per sentence (`num_heads`; a
-        private hook: decoding's shared beam caches hold `num_heads * beams`)."""
         batch = ops.shape(encoder_output)[0]
         layers = self.num_decoder_layers or self.num_layers
+        rows = self.num_heads if self_attention_rows is None else self_attention_rows
         shape = (batch, rows, max_length, self.head_dim)
         dtype = self.decoder.compute_dtype
         cache = {
@@ -225,7 +236,7 @@ class Transformer(HyperParameters, TrainStep, keras.Model):
             # Buffers of their own, never folded into graph constants: `translate_ids` writes
             # them in place (`layers.attention.OwnedCache`, kernel `inplace_cache_writes`).
             "self_attention": [
-                (fresh_zeros(shape, dtype), fresh_zeros(shape, dtype)) for _ in range(layers)
+                (cache_zeros(shape, dtype), cache_zeros(shape, dtype)) for _ in range(layers)
             ],
         }
         if self.output_projection is None:
@@ -251,36 +262,69 @@ class Transformer(HyperParameters, TrainStep, keras.Model):
         Returns float32 logits `[batch, n, vocab_size]` for the next tokens and the cache with
         those positions' keys/values written in. Run step by step from `cache_index=0` this equals
         the full forward pass. `source_mask` is required: without it the padded source positions
-        would be attended.
+        would be attended. It is `decoder_step` with the decoder's own attentions on `cache`
+        (`init_cache`).
         """
         if source_mask is None:
             raise ValueError(
                 "decode_step needs `source_mask` (from `encode`), True at real source tokens"
             )
-
-        def decoder(y):  # (output, self-attention cache)
-            return self.decoder(
-                y,
-                None,
-                encoder_padding_mask=source_mask,
-                self_attention_cache=cache["self_attention"],
-                cache_update_index=cache_index,
-                cross_attention_cache=cache["cross_attention"],
-            )
-
-        return self._decode_step_with(decoder, target_ids, cache_index, cache)
-
-    def _decode_step_with(self, decoder, target_ids, cache_index, cache):
-        """`decode_step` around `decoder(y) -> (output, self-attention cache)`, which runs the
-        decoder stack on the embedded step. A private hook: decoding runs its own stack on the
-        caches shared by the beams (`keras_transformer.decoding.beam_cache`)."""
-        y, self_cache = decoder(self._embed_target(target_ids, False, start_index=cache_index))
-        logits = self._project(y, cache.get("output_kernel"))
+        self_attentions, cross_attentions = self.decoder.attentions(
+            encoder_padding_mask=source_mask,
+            self_attention_cache=cache["self_attention"],
+            cache_update_index=cache_index,
+            cross_attention_cache=cache["cross_attention"],
+        )
+        logits, self_cache = self.decoder_step(
+            self.embed_target(target_ids, False, start_index=cache_index),
+            self_attentions,
+            cross_attentions,
+            cache.get("output_kernel"),
+        )
         return logits, {**cache, "self_attention": self_cache}
 
-    def _project(self, y, output_kernel=None):
-        """Float32 logits of the decoder's output `y`: the pre-softmax projection (the tied
-        embedding, or `output_kernel` when `init_cache` transposed it, or the untied Dense)."""
+    def decoder_step(self, y, self_attentions, cross_attentions, output_kernel=None):
+        """One decoding step after the embedding, with the attentions given as functions: the
+        decoder step protocol, which `decode_step`, decoding's caches shared by the beams
+        (`keras_transformer.decoding.beam_cache`) and the LiteRT export's decoder step
+        (`keras_transformer.export.litert_graphs`) all run, each with attentions on caches of
+        its own. Inference: no dropout.
+
+        Args:
+            y: the embedded step `[..., d_model]` (`embed_target`), any leading shape the
+                attentions accept (`[rows, n, d_model]`, or `[rows, d_model]`).
+            self_attentions: one function per decoder layer, `self_attention(h) -> (output,
+                scores, cache)`: the layer's causal self-attention of `h` on its cache (scores
+                may be None), and the cache with the step written in (whatever the caller
+                keeps). They may use the blocks' layers (`model.decoder.blocks[i].
+                self_attention`, a `MultiHeadAttention`: its `attend_with`, or its weights).
+            cross_attentions: one function per decoder layer, `cross_attention(h) -> (output,
+                scores)`: the attention of `h` on the encoder output.
+            output_kernel: the tied embedding transposed (`init_cache`'s `"output_kernel"`), or
+                None.
+
+        Returns:
+            `(logits, caches)`: float32 logits `[..., vocab_size]` (`project`) and the caches
+            the self-attentions returned, one per layer.
+
+        Example:
+        ```python
+        memory, mask = model.encode(source_ids)
+        cache = model.init_cache(memory, max_length=20)
+        self_attentions, cross_attentions = model.decoder.attentions(
+            encoder_padding_mask=mask, self_attention_cache=cache["self_attention"],
+            cache_update_index=0, cross_attention_cache=cache["cross_attention"])
+        y = model.embed_target(bos_ids, start_index=0)  # [batch, 1, d_model]
+        logits, self_caches = model.decoder_step(y, self_attentions, cross_attentions)
+        ```
+        """
+        y, _, caches = self.decoder.step(y, self_attentions, cross_attentions, training=False)
+        return self.project(y, output_kernel), caches
+
+    def project(self, y, output_kernel=None):
+        """Float32 logits `[..., vocab_size]` of the decoder's output `y` `[..., d_model]`: the
+        pre-softmax projection (the tied embedding, or `output_kernel` when `init_cache`
+        transposed it, or the untied Dense)."""
         if output_kernel is not None:  # the tied embedding, already transposed
             logits = ops.matmul(y, output_kernel)
         elif self.output_projection is None:
@@ -304,7 +348,7 @@ class Transformer(HyperParameters, TrainStep, keras.Model):
             training=False,
         )
         _, dec_scores = self.decoder(
-            self._embed_target(target_ids, False),
+            self.embed_target(target_ids, False),
             memory,
             decoder_padding_mask=padding_mask(target_ids),
             encoder_padding_mask=source_mask,

@@ -18,6 +18,7 @@ checkpoint `PARENT/checkpoints/ckpt-<step>.weights.h5`. The run writes its own w
 import json
 import os
 
+from keras_transformer import hyper_parameters
 from keras_transformer.config import load_config
 from keras_transformer.errors import ConfigError, first_line
 from keras_transformer.workdir import (
@@ -32,10 +33,7 @@ from keras_transformer.workdir import (
 # The file of the child workdir that records its parent.
 RECORD = "init_from.json"
 # Keys that must be the parent's: the weights' shapes and meaning, and the vocabulary's.
-_MODEL_KEYS = (
-    "num_layers", "num_encoder_layers", "num_decoder_layers", "d_model", "num_heads", "d_ff",
-    "activation", "norm_first", "share_embeddings", "layer_norm_epsilon",
-)  # fmt: skip
+_MODEL_KEYS = hyper_parameters.WEIGHTS
 _DATA_KEYS = ("vocab_size", "spm_model_type")
 
 
