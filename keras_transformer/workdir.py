@@ -19,6 +19,8 @@ WORKDIR/
                        worker K's tf.data iterator at the same steps (ckpt-STEP, .json last)
   logs/                TensorBoard
   result.json          the final summary
+  shortlist.npz        the vocabulary shortlist's lexical table (`keras-transformer shortlist`,
+                       data/shortlist.py), read by `export --shortlist`
   init_from.json       a fine-tuning run's parent: path, checkpoint, step (train.init_from,
                        training/init_from.py)
   lock.json            who runs `train` or `prepare` here now (see `keras_transformer.lock`)
@@ -132,6 +134,12 @@ class Workdir:
     @property
     def logs(self):
         return self._join("logs")
+
+    @property
+    def shortlist(self):
+        """`shortlist.npz`: the vocabulary shortlist's lexical table (`keras-transformer
+        shortlist`, `data/shortlist.py`)."""
+        return self._join("shortlist.npz")
 
     @property
     def result(self):

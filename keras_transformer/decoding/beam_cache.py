@@ -124,7 +124,9 @@ def _decode_step(model, target_ids, cache_index, cache, in_place):
         self_attentions.append(attention)
         cross_attentions.append(_on_beam_cache(block.cross_attention, cross_cache))
     y = model.embed_target(target_ids, False, start_index=cache_index)
-    return model.decoder_step(y, self_attentions, cross_attentions, cache.get("output_kernel"))
+    return model.decoder_step(
+        y, self_attentions, cross_attentions, cache.get("output_kernel"), cache.get("output_bias")
+    )
 
 
 def _on_beam_cache(layer, cache, cache_update_index=None, in_place=False):
@@ -136,7 +138,9 @@ def _on_beam_cache(layer, cache, cache_update_index=None, in_place=False):
     return lambda h: beam_attention(layer, h, cache, cache_update_index, in_place)
 
 
-def shared_beam_decoder(model, encoder_output, source_mask, max_length, beams, in_place=False):
+def shared_beam_decoder(
+    model, encoder_output, source_mask, max_length, beams, in_place=False, output_ids=None
+):
     """The decoding caches of `model` for `beams` beams per input, held once per input.
 
     Returns `(decode, self_attention)`: `self_attention` the initial self-attention caches, per
@@ -148,8 +152,9 @@ def shared_beam_decoder(model, encoder_output, source_mask, max_length, beams, i
     d]`, `source_mask` `[batch, s_len]` applied) and the tied embedding are fixed in `decode`.
     With `in_place` (the search's kernel `inplace_cache_writes`) each step writes its keys and
     values into the caches' own buffers: the caller must not read a cache it passed again.
+    `output_ids` (a vocabulary shortlist, `init_cache`'s): the logits cover only those ids.
     """
-    cache = model.init_cache(encoder_output, max_length, model.num_heads * beams)
+    cache = model.init_cache(encoder_output, max_length, model.num_heads * beams, output_ids)
     self_attention = cache.pop("self_attention")  # per layer ([batch, h * k, buffer, d], same)
     batch, s_len = ops.shape(source_mask)[0], ops.shape(source_mask)[1]
     source_mask = ops.reshape(ops.cast(source_mask, "bool"), (-1, 1, 1, s_len))

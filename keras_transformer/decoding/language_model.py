@@ -52,7 +52,8 @@ def language_model_step(
     def log_probs_fn(ids, index, state):  # [rows, vocab] log p
         logits, state = step_fn(ids, index, state)
         log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
-        banned = _banned_tokens_mask(log_probs.shape[-1], banned_ids)  # [vocab]
+        vocab = ops.arange(log_probs.shape[-1], dtype="int32")
+        banned = _banned_tokens_mask(vocab, banned_ids)  # [vocab]
         return ops.where(banned, NEG_INF, log_probs), state
 
     if prompt_ids is None:

@@ -16,6 +16,8 @@ The step function contract (shared by `greedy_search` and `beam_search`):
                search repeats it for each beam and reorders it with the beams, except the parts
                wrapped in `SharedByBeams` (held once per input, e.g. caches the beams share).
     log_probs: float `[rows, vocab]`, log p(token at column `index + 1` | ids[:, :index + 1]).
+               With `token_ids` (a vocabulary shortlist) `[rows, n]`: column `j` is the
+               log-probability of the id `token_ids[j]`.
 
 References:
     Vaswani et al., 2017, "Attention Is All You Need", section 6.1 (beam 4, alpha 0.6);
@@ -31,6 +33,7 @@ from keras import ops
 from keras_transformer.config import EOS_ID, DecodingSettings
 from keras_transformer.decoding.beam_cache import SharedByBeams, shared_beam_decoder
 from keras_transformer.decoding.sampling import sampling_picker
+from keras_transformer.decoding.shortlist import shortlist_ids
 from keras_transformer.fast_paths import Kernels
 from keras_transformer.layers.attention import OwnedCache
 from keras_transformer.search_rules import (
@@ -120,15 +123,22 @@ def _output_caps(batch_shape_like, max_length, max_lengths):
     return ops.minimum(ops.cast(max_lengths, "int32"), ops.cast(max_length, "int32"))
 
 
-def _force_eos(log_probs, must_end, eos_id):
+def _column_ids(log_probs, token_ids):
+    """The vocabulary id of each column of `log_probs` `[..., n]`: `token_ids` `[n]`, or the
+    columns' own indices when there is no shortlist."""
+    if token_ids is not None:
+        return token_ids
+    return ops.arange(ops.shape(log_probs)[-1], dtype="int32")
+
+
+def _force_eos(log_probs, must_end, eos_id, token_ids=None):
     """Leaves only EOS possible in the rows where `must_end` (broadcast over the vocabulary).
 
     Most steps no row must end: they skip this pass over the `[rows, vocab]` log-probabilities.
     """
-    vocab = ops.shape(log_probs)[-1]
 
     def forced():
-        not_eos = ops.not_equal(ops.arange(vocab, dtype="int32"), eos_id)  # [vocab]
+        not_eos = ops.not_equal(_column_ids(log_probs, token_ids), eos_id)  # [vocab]
         return ops.where(ops.logical_and(must_end, not_eos), NEG_INF, log_probs)
 
     return ops.cond(ops.any(must_end), forced, lambda: log_probs)
@@ -157,7 +167,7 @@ class DecodingResult(NamedTuple):
 
 def greedy_search(
     step_fn, initial_ids, initial_state, max_length, eos_id=EOS_ID, alpha=0.0, max_lengths=None,
-    pick=None,
+    pick=None, token_ids=None,
 ):  # fmt: skip
     """Picks the most likely next token at every step until EOS (or the one `pick` draws).
 
@@ -172,6 +182,8 @@ def greedy_search(
         max_lengths: optional int `[batch]`, a smaller limit per input; EOS is forced at the limit.
         pick: optional `pick(log_probs [batch, vocab], index) -> int32 [batch]` choosing each
             token instead of the argmax (e.g. `decoding.sampling.sampling_picker`).
+        token_ids: optional int32 `[n]`, a vocabulary shortlist: `step_fn`'s log-probabilities
+            are `[batch, n]`, column `j` for the id `token_ids[j]` (None: `[batch, vocab]`).
 
     Returns:
         A `DecodingResult`: `ids` int32 `[batch, max_length]` generated tokens (EOS included,
@@ -200,13 +212,14 @@ def greedy_search(
         log_probs, state = step_fn(sequences, index, state)  # [batch, vocab]
         log_probs = ops.cast(log_probs, "float32")
         must_end = ops.expand_dims(ops.greater_equal(index + 1, caps), 1)  # [batch, 1]
-        log_probs = _force_eos(log_probs, must_end, eos_id)
+        log_probs = _force_eos(log_probs, must_end, eos_id, token_ids)
         if pick is None:
-            tokens = ops.cast(ops.argmax(log_probs, axis=-1), "int32")  # [batch]
+            columns = ops.cast(ops.argmax(log_probs, axis=-1), "int32")  # [batch]
         else:
-            tokens = pick(log_probs, index)  # [batch]
-        token_log_probs = ops.take_along_axis(log_probs, ops.expand_dims(tokens, 1), axis=1)
+            columns = pick(log_probs, index)  # [batch]
+        token_log_probs = ops.take_along_axis(log_probs, ops.expand_dims(columns, 1), axis=1)
         token_log_probs = ops.squeeze(token_log_probs, 1)  # [batch]
+        tokens = columns if token_ids is None else ops.take(token_ids, columns, axis=0)
         # Rows that already ended keep 0 (padding) and their score.
         tokens = ops.where(finished, 0, tokens)
         token_log_probs = ops.where(finished, 0.0, token_log_probs)
@@ -291,8 +304,9 @@ def _beam_search_continues(state, max_length, max_penalty):
     return ops.logical_and(ops.less(state.index, max_length), ops.logical_not(ops.all(done)))
 
 
-def _top_candidates(state, log_probs, k, length):
-    """The best `2k` one-token extensions of the alive beams.
+def _top_candidates(state, log_probs, k, length, token_ids=None):
+    """The best `2k` one-token extensions of the alive beams (`log_probs` `[batch, k, n]`, the
+    columns' ids `token_ids` `[n]` with a shortlist).
 
     Returns `(log_probs [batch, 2k], source beams [batch, 2k], tokens [batch, 2k],
     (sequences [batch, 2k, L], token scores [batch, 2k, L]))`.
@@ -302,7 +316,9 @@ def _top_candidates(state, log_probs, k, length):
     candidates = ops.reshape(candidates, (-1, k * vocab))  # [batch, k * vocab]
     top_log_probs, top_indices = ops.top_k(candidates, CANDIDATES_PER_BEAM * k)  # [batch, 2k]
     top_beams = ops.cast(top_indices // vocab, "int32")  # [batch, 2k]
-    top_tokens = ops.cast(top_indices % vocab, "int32")  # [batch, 2k]
+    top_tokens = ops.cast(top_indices % vocab, "int32")  # [batch, 2k] columns
+    if token_ids is not None:
+        top_tokens = ops.take(token_ids, top_tokens, axis=0)  # [batch, 2k] their ids
     # log p of each candidate's new token alone (not a difference of sums: no rounding).
     flat_log_probs = ops.reshape(log_probs, (-1, k * vocab))  # [batch, k * vocab]
     top_token_log_probs = ops.take_along_axis(flat_log_probs, top_indices, axis=1)  # [batch, 2k]
@@ -337,14 +353,16 @@ def _merge_finished(state, top_log_probs, top_rows, ends, k, alpha, length):
     return rows, finished_scores, finished_flags
 
 
-def _beam_search_step(state, step_fn, k, caps, alpha, eos_id):
+def _beam_search_step(state, step_fn, k, caps, alpha, eos_id, token_ids=None):
     """One token more for every alive beam; the next `BeamState`."""
     log_probs, cache = step_fn(flatten_beams(state.alive_seqs), state.index, state.cache)
     log_probs = unflatten_beams(ops.cast(log_probs, "float32"), k)  # [batch, k, vocab]
     length = state.index + 1  # tokens in each candidate, EOS included
     must_end = ops.reshape(ops.greater_equal(length, caps), (-1, 1, 1))
-    log_probs = _force_eos(log_probs, must_end, eos_id)
-    top_log_probs, top_beams, top_tokens, top_rows = _top_candidates(state, log_probs, k, length)
+    log_probs = _force_eos(log_probs, must_end, eos_id, token_ids)
+    top_log_probs, top_beams, top_tokens, top_rows = _top_candidates(
+        state, log_probs, k, length, token_ids
+    )
     ends = ops.equal(top_tokens, eos_id)  # [batch, 2k]
 
     # Alive: the best k candidates that did not end; their caches follow them.
@@ -395,6 +413,7 @@ def beam_search(
     eos_id=EOS_ID,
     max_lengths=None,
     return_all=False,
+    token_ids=None,
 ):
     """Beam search with GNMT's length penalty, keeping alive and finished hypotheses apart.
 
@@ -422,6 +441,8 @@ def beam_search(
         eos_id: the end-of-sequence token.
         max_lengths: optional int `[batch]`, a smaller limit per input.
         return_all: return all `beam_size` finished hypotheses (n-best) instead of the best.
+        token_ids: optional int32 `[n]`, a vocabulary shortlist: `step_fn`'s log-probabilities
+            are `[rows, n]`, column `j` for the id `token_ids[j]` (None: `[rows, vocab]`).
 
     Returns:
         A `DecodingResult`: `ids` int32 `[batch, max_length]` (EOS included, then 0), `scores`
@@ -447,7 +468,7 @@ def beam_search(
     # One loop variable, the named state (a 1-tuple: ops.while_loop unpacks tuples).
     (state,) = ops.while_loop(
         lambda state: _beam_search_continues(state, max_length, max_penalty),
-        lambda state: (_beam_search_step(state, step_fn, k, caps, alpha, eos_id),),
+        lambda state: (_beam_search_step(state, step_fn, k, caps, alpha, eos_id, token_ids),),
         (state,),
     )
     return _best_hypotheses(state, alpha, return_all)
@@ -456,10 +477,10 @@ def beam_search(
 # --------------------------------------------------------------------------- the model
 
 
-def _banned_tokens_mask(vocab_size, banned_ids):
-    """Boolean `[vocab]`, True at ids that must never be generated (padding, BOS)."""
-    ids = ops.arange(vocab_size, dtype="int32")
-    mask = ops.zeros((vocab_size,), dtype="bool")
+def _banned_tokens_mask(ids, banned_ids):
+    """Boolean like `ids` (the columns' ids `[vocab]`, or a shortlist's `[n]`), True at ids that
+    must never be generated (padding, BOS)."""
+    mask = ops.zeros(ops.shape(ids), dtype="bool")
     for token in banned_ids:
         mask = ops.logical_or(mask, ops.equal(ids, token))
     return mask
@@ -479,6 +500,7 @@ def translate_ids(
     prefix_ids=None,
     seed=0,
     kernels=None,
+    shortlist=None,
     **changes,
 ):
     """Translates padded source ids with a `Transformer`: beam search (greedy for beam 1), or
@@ -511,6 +533,13 @@ def translate_ids(
             None: the model's `kernels`, or none for a model without them; never the current
             setting): `shared_beam_caches` holds beam search's caches once per input,
             `inplace_cache_writes` writes the search's own caches in place.
+        shortlist: optional lexical table (`keras_transformer.data.shortlist.LexicalTable`, or
+            anything with its `translations` `[source_vocab, K]` and `frequent` `[M]`): the
+            outputs use only the batch's shortlist (`decoding.shortlist.shortlist_ids`: the
+            table's translations of the batch's source pieces, its frequent pieces, the special
+            ids and the prefixes' ids), over which the projection and the softmax run; scores
+            are log-probabilities normalised over the shortlist. With every id in the
+            shortlist the search finds what it finds without one.
         **changes: fields of `settings` to replace (e.g. `beam_size=1`).
 
     Returns:
@@ -538,16 +567,25 @@ def translate_ids(
     encoder_output, source_mask = model.encode(source_ids, training=False)
     caps = ops.sum(ops.cast(source_mask, "int32"), axis=1) + settings.max_extra_length  # [batch]
     initial_ids = ops.full(ops.shape(source_ids)[:1], settings.bos_id, dtype="int32")  # [batch]
+    columns = None  # (ids [n], real [n]) of a shortlist's columns
+    if shortlist is not None:
+        columns = shortlist_ids(
+            shortlist.translations, shortlist.frequent, source_ids, extra_ids=prefix_ids
+        )
     log_probs_fn, initial_state = _log_probs_step(
-        model, source_ids, (encoder_output, source_mask), settings, buffer, k, use_cache, kernels
-    )
+        model, source_ids, (encoder_output, source_mask), settings, buffer, k, use_cache, kernels,
+        columns,
+    )  # fmt: skip
+    token_ids = None if columns is None else columns[0]
     if prefix_ids is not None:
-        log_probs_fn, initial_state = _forcing_prefix(log_probs_fn, initial_state, prefix_ids)
+        log_probs_fn, initial_state = _forcing_prefix(
+            log_probs_fn, initial_state, prefix_ids, token_ids
+        )
     search = (log_probs_fn, initial_ids, initial_state)
     if k > 1:
         return beam_search(
             *search, k, buffer, settings.alpha, settings.eos_id, max_lengths=caps,
-            return_all=return_all,
+            return_all=return_all, token_ids=token_ids,
         )  # fmt: skip
     pick = None
     if settings.sampling:
@@ -556,8 +594,9 @@ def translate_ids(
             settings.sampling_topk, settings.sampling_temperature, settings.sampling_topp, seeds
         )
     result = greedy_search(
-        *search, buffer, settings.eos_id, settings.alpha, max_lengths=caps, pick=pick
-    )
+        *search, buffer, settings.eos_id, settings.alpha, max_lengths=caps, pick=pick,
+        token_ids=token_ids,
+    )  # fmt: skip
     if return_all:  # a beam of one: [batch, 1, T], [batch, 1], [batch, 1, T]
         result = DecodingResult(*(ops.expand_dims(x, 1) for x in result))
     return result
@@ -570,29 +609,43 @@ def _row_seeds(seed, initial_ids):
     return ops.broadcast_to(ops.cast(seed, "int32"), ops.shape(initial_ids))
 
 
-def _log_probs_step(model, source_ids, encoded, settings, buffer, k, use_cache, kernels):
+def _log_probs_step(
+    model, source_ids, encoded, settings, buffer, k, use_cache, kernels, columns=None
+):
     """`(step_fn, initial_state)` of the search: the model's next-token log-probabilities,
-    padding and BOS made impossible; `encoded` is `model.encode`'s output and mask."""
-    banned = _banned_tokens_mask(model.vocab_size, (settings.pad_id, settings.bos_id))  # [vocab]
-    if use_cache:
-        step_fn, initial_state = _cached_step(model, *encoded, buffer, k, kernels)
+    padding and BOS made impossible; `encoded` is `model.encode`'s output and mask. With a
+    shortlist's `columns` `(ids [n], real [n])` the log-probabilities are `[rows, n]`,
+    normalised over the real columns (padding columns impossible)."""
+    if columns is None:
+        output_ids, real = None, None
+        ids = ops.arange(model.vocab_size, dtype="int32")
     else:
-        step_fn, initial_state = _uncached_step(model, source_ids, k)
+        output_ids, real = columns
+        ids = output_ids
+    banned = _banned_tokens_mask(ids, (settings.pad_id, settings.bos_id))  # [vocab] or [n]
+    if use_cache:
+        step_fn, initial_state = _cached_step(model, *encoded, buffer, k, kernels, output_ids)
+    else:
+        step_fn, initial_state = _uncached_step(model, source_ids, k, output_ids)
 
     def log_probs_fn(ids, index, state):  # [rows, vocab] log p
         logits, state = step_fn(ids, index, state)
-        log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+        logits = ops.cast(logits, "float32")
+        if real is not None:  # padding columns: out of the normaliser, never chosen
+            logits = ops.where(real, logits, NEG_INF)
+        log_probs = ops.log_softmax(logits, axis=-1)
         return ops.where(banned, NEG_INF, log_probs), state
 
     return log_probs_fn, initial_state
 
 
-def _forcing_prefix(log_probs_fn, initial_state, prefix_ids):
+def _forcing_prefix(log_probs_fn, initial_state, prefix_ids, token_ids=None):
     """`(step_fn, initial_state)` that leave only the prefix's next id possible while a row's
     prefix lasts, at log-probability 0: the prefix is given, not chosen, so its cost enters
     neither the search's ranking nor the score (as CTranslate2's `target_prefix`). Counting it
     would make a costly prefix favour long outputs, since the length penalty divides it by more.
-    The prefixes travel in the state, so they follow the beams."""
+    The prefixes travel in the state, so they follow the beams. `token_ids`: a shortlist's
+    column ids (it holds the prefixes' ids)."""
     prefix_ids = ops.cast(ops.convert_to_tensor(prefix_ids), "int32")  # [batch, p]
     prefix_ids = ops.pad(prefix_ids, ((0, 0), (0, 1)))  # a 0 column: no prefix past the end
 
@@ -603,7 +656,7 @@ def _forcing_prefix(log_probs_fn, initial_state, prefix_ids):
         column = ops.full((ops.shape(prefix)[0], 1), ops.minimum(index, width - 1), "int32")
         forced = ops.take_along_axis(prefix, column, axis=1)  # [rows, 1] the id to force now,
         # 0 once the prefix is over
-        vocab = ops.arange(ops.shape(log_probs)[-1], dtype="int32")  # [vocab]
+        vocab = _column_ids(log_probs, token_ids)  # [vocab] (or a shortlist's [n])
         active = ops.greater(forced, 0)  # [rows, 1]
         is_forced = ops.logical_and(active, ops.equal(vocab, forced))  # [rows, vocab]
         other = ops.logical_and(active, ops.logical_not(is_forced))
@@ -628,7 +681,7 @@ def _output_buffer_length(source_ids, max_extra_length, max_length):
     return _static_or_tensor(buffer)
 
 
-def _cached_step(model, encoder_output, source_mask, buffer, k, kernels):
+def _cached_step(model, encoder_output, source_mask, buffer, k, kernels, output_ids=None):
     """`(step_fn, initial_state)` decoding one token per step with the key/value caches.
 
     The state is the per-layer self-attention cache; the rest is fixed during the search: the
@@ -636,11 +689,11 @@ def _cached_step(model, encoder_output, source_mask, buffer, k, kernels):
     once. The search owns these caches (fresh buffers, see `init_cache`), so with the kernel
     `inplace_cache_writes` it hands them to the layers as `OwnedCache`s, whose keys/values are
     written in place. For beam search the kernel `shared_beam_caches` holds the caches once per
-    input instead (`_shared_step`).
+    input instead (`_shared_step`). `output_ids` (a shortlist's): the logits of those ids only.
     """
     if k > 1 and kernels.uses("shared_beam_caches"):
-        return _shared_step(model, encoder_output, source_mask, buffer, k, kernels)
-    cache = model.init_cache(encoder_output, buffer)
+        return _shared_step(model, encoder_output, source_mask, buffer, k, kernels, output_ids)
+    cache = model.init_cache(encoder_output, buffer, output_ids=output_ids)
     initial_state = cache.pop("self_attention")  # per layer ([batch, h, buffer, d], same)
     if kernels.uses("inplace_cache_writes"):
         initial_state = [OwnedCache(*pair) for pair in initial_state]
@@ -659,7 +712,7 @@ def _cached_step(model, encoder_output, source_mask, buffer, k, kernels):
     return step_fn, initial_state
 
 
-def _shared_step(model, encoder_output, source_mask, buffer, k, kernels):
+def _shared_step(model, encoder_output, source_mask, buffer, k, kernels, output_ids=None):
     """`(step_fn, initial_state)` as `_cached_step`'s for `k` beams, each input's caches held once
     for all its beams (`decoding.beam_cache`): no cache is repeated per beam or reordered.
 
@@ -671,7 +724,7 @@ def _shared_step(model, encoder_output, source_mask, buffer, k, kernels):
     batch = ops.shape(source_mask)[0]
     in_place = kernels.uses("inplace_cache_writes")  # the search's own buffers
     decode, self_attention = shared_beam_decoder(
-        model, encoder_output, source_mask, buffer, k, in_place
+        model, encoder_output, source_mask, buffer, k, in_place, output_ids
     )  # self_attention: per layer ([batch, h * k, buffer, d], same)
     slots = ops.arange(batch * k, dtype="int32") % k  # [rows] each row's own slot
 
@@ -686,14 +739,18 @@ def _shared_step(model, encoder_output, source_mask, buffer, k, kernels):
     return step_fn, initial_state
 
 
-def _uncached_step(model, source_ids, k):
+def _uncached_step(model, source_ids, k, output_ids=None):
     """`(step_fn, initial_state)` re-running the whole model on the prefix at every step (slow;
-    the reference the cached decoding is tested against)."""
+    the reference the cached decoding is tested against); `output_ids`: a shortlist's columns
+    of the logits."""
     repeated_source = expand_to_beams(source_ids, k)  # [batch * k, s_len]
 
     def step_fn(ids, index, unused):
         inputs = {"source_ids": repeated_source, "target_ids": ids[:, :-1]}
         logits = model(inputs, training=False)  # [rows, buffer, vocab]
-        return ops.take(logits, ops.reshape(index, (1,)), axis=1)[:, 0], unused
+        logits = ops.take(logits, ops.reshape(index, (1,)), axis=1)[:, 0]  # [rows, vocab]
+        if output_ids is not None:
+            logits = ops.take(logits, output_ids, axis=1)  # [rows, n]
+        return logits, unused
 
     return step_fn, ops.zeros(ops.shape(source_ids)[:1], dtype="int32")

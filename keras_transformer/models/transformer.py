@@ -214,7 +214,7 @@ class Transformer(HyperParameters, TrainStep, keras.Model):
             x = token_dropout(x, training=training)
         return self.positional_encoding(x, start_index=start_index)
 
-    def init_cache(self, encoder_output, max_length, self_attention_rows=None):
+    def init_cache(self, encoder_output, max_length, self_attention_rows=None, output_ids=None):
         """The decoding cache for `max_length` target positions.
 
         Returns a dict with `"self_attention"`, one `(keys, values)` pair of zeros
@@ -225,6 +225,11 @@ class Transformer(HyperParameters, TrainStep, keras.Model):
         layer: the encoder output's keys/values, computed here once per sentence. With tied
         embeddings it also holds `"output_kernel"` (`output_kernel()`): the embedding transposed
         once here rather than at every step.
+
+        `output_ids` int `[n]` (a vocabulary shortlist): the projection covers only these target
+        ids, column `j` giving the logit of `output_ids[j]`: `"output_kernel"` holds their
+        columns `[d_model, n]` (gathered once here, tied or not) and, for an untied projection,
+        `"output_bias"` their biases `[n]`.
         """
         batch = ops.shape(encoder_output)[0]
         layers = self.num_decoder_layers or self.num_layers
@@ -239,11 +244,16 @@ class Transformer(HyperParameters, TrainStep, keras.Model):
                 (cache_zeros(shape, dtype), cache_zeros(shape, dtype)) for _ in range(layers)
             ],
         }
-        if self.output_projection is None:
+        if output_ids is not None:
+            cache["output_kernel"] = self.output_kernel(output_ids)
+            if self.output_projection is not None and self.output_projection.use_bias:
+                bias = ops.cast(self.output_projection.bias, self.output_projection.compute_dtype)
+                cache["output_bias"] = ops.take(bias, output_ids, axis=0)
+        elif self.output_projection is None:
             cache["output_kernel"] = self.output_kernel()
         return cache
 
-    def output_kernel(self):
+    def output_kernel(self, output_ids=None):
         """The tied pre-softmax projection: the embedding matrix transposed to
         `[d_model, vocab_size]` in the compute dtype, materialised.
 
@@ -252,9 +262,19 @@ class Transformer(HyperParameters, TrainStep, keras.Model):
         `init_cache` transposes once per decoding call instead of once per step. An untied
         `output_projection` (a Dense layer) already multiplies by its own `[d_model, vocab_size]`
         kernel and is called as it is.
+
+        With `output_ids` int `[n]`: only those ids' columns, `[d_model, n]` (the rows of the
+        tied embedding, or the columns of the untied projection's kernel).
         """
+        if self.output_projection is not None:  # only asked for a shortlist's columns
+            dense = self.output_projection
+            kernel = ops.cast(dense.kernel, dense.compute_dtype)
+            return kernel if output_ids is None else ops.take(kernel, output_ids, axis=1)
         embedding = self.target_embedding
-        return ops.transpose(ops.cast(embedding.embeddings, embedding.compute_dtype))
+        rows = ops.cast(embedding.embeddings, embedding.compute_dtype)  # [vocab, d_model]
+        if output_ids is not None:
+            rows = ops.take(rows, output_ids, axis=0)  # [n, d_model]
+        return ops.transpose(rows)
 
     def decode_step(self, target_ids, cache_index, cache, source_mask):
         """Decodes `target_ids` `[batch, n]` placed at positions `cache_index .. cache_index+n-1`.
@@ -280,10 +300,13 @@ class Transformer(HyperParameters, TrainStep, keras.Model):
             self_attentions,
             cross_attentions,
             cache.get("output_kernel"),
+            cache.get("output_bias"),
         )
         return logits, {**cache, "self_attention": self_cache}
 
-    def decoder_step(self, y, self_attentions, cross_attentions, output_kernel=None):
+    def decoder_step(
+        self, y, self_attentions, cross_attentions, output_kernel=None, output_bias=None
+    ):
         """One decoding step after the embedding, with the attentions given as functions: the
         decoder step protocol, which `decode_step`, decoding's caches shared by the beams
         (`keras_transformer.decoding.beam_cache`) and the LiteRT export's decoder step
@@ -300,11 +323,15 @@ class Transformer(HyperParameters, TrainStep, keras.Model):
                 self_attention`, a `MultiHeadAttention`: its `attend_with`, or its weights).
             cross_attentions: one function per decoder layer, `cross_attention(h) -> (output,
                 scores)`: the attention of `h` on the encoder output.
-            output_kernel: the tied embedding transposed (`init_cache`'s `"output_kernel"`), or
+            output_kernel: the tied embedding transposed (`init_cache`'s `"output_kernel"`),
+                or a shortlist's columns of the projection (`init_cache(output_ids=...)`), or
                 None.
+            output_bias: the untied projection's biases of a shortlist's columns
+                (`init_cache`'s `"output_bias"`), or None.
 
         Returns:
-            `(logits, caches)`: float32 logits `[..., vocab_size]` (`project`) and the caches
+            `(logits, caches)`: float32 logits `[..., vocab_size]` (`project`; `[..., n]` with a
+            shortlist's `output_kernel` of `n` columns) and the caches
             the self-attentions returned, one per layer.
 
         Example:
@@ -319,14 +346,17 @@ class Transformer(HyperParameters, TrainStep, keras.Model):
         ```
         """
         y, _, caches = self.decoder.step(y, self_attentions, cross_attentions, training=False)
-        return self.project(y, output_kernel), caches
+        return self.project(y, output_kernel, output_bias), caches
 
-    def project(self, y, output_kernel=None):
+    def project(self, y, output_kernel=None, output_bias=None):
         """Float32 logits `[..., vocab_size]` of the decoder's output `y` `[..., d_model]`: the
         pre-softmax projection (the tied embedding, or `output_kernel` when `init_cache`
-        transposed it, or the untied Dense)."""
-        if output_kernel is not None:  # the tied embedding, already transposed
+        transposed it, or the untied Dense). A shortlist's `output_kernel` `[d_model, n]` (and,
+        untied, its `output_bias` `[n]`) gives the logits of its `n` ids only, `[..., n]`."""
+        if output_kernel is not None:  # the tied embedding transposed, or a shortlist's columns
             logits = ops.matmul(y, output_kernel)
+            if output_bias is not None:
+                logits = logits + output_bias
         elif self.output_projection is None:
             logits = self.target_embedding(y, reverse=True)
         else:

@@ -1,0 +1,212 @@
+"""The vocabulary shortlist: the lexical table built from parallel pairs, its file, the batch's
+shortlist in the graph, and the search restricted to it (never a piece outside it; with every
+piece in it, the unrestricted search's answers)."""
+
+import _inference_fixtures as fx
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer.data import synthetic
+from keras_transformer.data.shortlist import (
+    LexicalTable,
+    build_lexical_table,
+    read_lexical_table,
+    save_lexical_table,
+)
+from keras_transformer.decoding import translate_ids
+from keras_transformer.decoding.shortlist import SPECIAL_IDS, shortlist_ids
+from keras_transformer.errors import DataError
+
+pytestmark = pytest.mark.numerics
+
+
+def _table(translations, frequent=()):
+    return LexicalTable(np.asarray(translations, np.int32), np.asarray(frequent, np.int32))
+
+
+def _full_table(vocab):
+    """Every piece in every shortlist."""
+    return _table(np.zeros((vocab, 1)), np.arange(vocab))
+
+
+def _identity_table(vocab, without=()):
+    """Each source piece translates into itself (the copy task), except the pieces `without`."""
+    rows = np.arange(vocab)[:, None].copy()
+    rows[list(without)] = 0
+    return _table(rows)
+
+
+# --------------------------------------------------------------------------- the lexical table
+
+
+def test_table_of_the_synthetic_corpus_finds_the_lexicon():
+    """Built on words of the synthetic corpus, each singular noun's best translation is its
+    target stem, by construction of the corpus."""
+    pairs_text = list(synthetic.iter_generate("train", size=3000, seed=3))
+    words = {}
+
+    def ids(text):
+        return np.array([words.setdefault(w, len(words) + 4) for w in text.split()], np.int32)
+
+    pairs = [(ids(source), ids(target)) for source, target in pairs_text]
+    table = build_lexical_table(pairs, vocab_size=len(words) + 4, k=3, m=5)
+    lexicon = synthetic.lexicon()
+    checked = 0
+    for noun, (stem, _) in lexicon.nouns.items():
+        if noun in words and stem in words:
+            assert table.translations[words[noun], 0] == words[stem], noun
+            checked += 1
+    assert checked > 100
+    # The most frequent target words are the frequent ones: the determiners' forms lead.
+    target_counts = {}
+    for _, target in pairs_text:
+        for w in target.split():
+            target_counts[w] = target_counts.get(w, 0) + 1
+    top = sorted(target_counts, key=lambda w: -target_counts[w])[:5]
+    assert [words[w] for w in top] == table.frequent.tolist()
+
+
+def test_table_ranks_by_dice_and_pads_with_zero():
+    # 5 -> 7 always; 6 (everywhere) co-occurs with 5 as often but also elsewhere.
+    pairs = [([5], [7, 6])] * 4 + [([8], [6])] * 6 + [([9], [10])]
+    table = build_lexical_table(pairs, vocab_size=12, k=2, m=1)
+    assert table.translations[5].tolist() == [7, 6]
+    assert table.translations[8].tolist() == [6, 0]  # one translation, then padding
+    assert table.translations[4].tolist() == [0, 0]  # never seen
+    assert table.frequent.tolist() == [6]
+    assert table.settings["pairs"] == 11
+    with pytest.raises(DataError):
+        build_lexical_table([([12], [1])], vocab_size=12)
+
+
+def test_table_file_round_trips(tmp_path):
+    table = build_lexical_table([([5, 6], [7]), ([6], [8, 9])], vocab_size=10, k=2, m=2)
+    path = save_lexical_table(table, str(tmp_path / "shortlist.npz"))
+    back = read_lexical_table(path)
+    np.testing.assert_array_equal(back.translations, table.translations)
+    np.testing.assert_array_equal(back.frequent, table.frequent)
+    assert back.settings == table.settings
+    assert [p.name for p in tmp_path.iterdir()] == ["shortlist.npz"]  # no temporary left
+    with pytest.raises(DataError):
+        read_lexical_table(str(tmp_path / "missing.npz"))
+
+
+# --------------------------------------------------------------------------- the batch's shortlist
+
+
+def test_shortlist_is_the_sorted_union_padded_to_the_bucket():
+    translations = [[0, 0], [0, 0], [0, 0], [0, 0], [0, 0], [20, 7], [9, 20], [30, 31]]
+    source = np.array([[5, 6, 3, 0]], np.int32)
+    ids, real = shortlist_ids(translations, [11], source, extra_ids=[[40, 0]], bucket=8)
+    ids, real = np.asarray(ids), np.asarray(real)
+    expected = sorted({*SPECIAL_IDS, 20, 7, 9, 11, 40})
+    assert ids.shape == (16,) and real.sum() == len(expected)
+    assert ids[real].tolist() == expected  # EOS, PAD, BOS, UNK, the prefix's 40 included
+    assert not real[len(expected) :].any() and (ids[~real] == 0).all()
+
+
+def test_shortlist_has_a_static_width_per_bucket_in_a_graph():
+    translations = tf.constant(np.arange(100)[:, None] % 50, tf.int32)
+    run = tf.function(
+        lambda s: shortlist_ids(translations, [], s, bucket=16),
+        input_signature=[tf.TensorSpec([None, None], tf.int32)],
+    )
+    ids, real = run(tf.constant([[10, 11, 12, 3]]))
+    assert ids.shape == (16,)
+    assert np.asarray(ids)[np.asarray(real)].tolist() == [0, 1, 2, 3, 10, 11, 12]
+
+
+# --------------------------------------------------------------------------- the search
+
+
+@pytest.fixture(scope="module")
+def sources():
+    texts = ["red apple cat", "dog dog fish bird", "blue", "plum pear white black green", ""]
+    return texts, fx.encode_sources(texts)
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+@pytest.mark.parametrize("kernels", ["none", "all"])
+def test_a_shortlist_of_every_piece_changes_nothing(model, sources, beam_size, kernels):
+    _, source_ids = sources
+    kwargs = dict(beam_size=beam_size, alpha=0.6, max_extra_length=6, return_all=True)
+    kwargs["kernels"] = kernels
+    plain = translate_ids(model, source_ids, **kwargs)
+    listed = translate_ids(model, source_ids, shortlist=_full_table(model.vocab_size), **kwargs)
+    assert model.vocab_size % 64 != 0  # the shortlist has padding columns
+    np.testing.assert_array_equal(listed.ids, plain.ids)
+    np.testing.assert_allclose(listed.scores, plain.scores, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(listed.token_scores, plain.token_scores, rtol=1e-5, atol=1e-5)
+
+
+def test_a_piece_outside_the_shortlist_never_occurs(model, sources):
+    """The copy model's answers use the source's pieces; a table that leaves one of them out
+    gives other answers, made only of shortlisted pieces."""
+    _, source_ids = sources
+    kwargs = dict(beam_size=3, alpha=0.6, max_extra_length=6, return_all=True)
+    plain = np.asarray(translate_ids(model, source_ids, **kwargs).ids)
+    dropped = int(source_ids[0, 0])  # the first piece of "red apple cat"
+    assert dropped in plain[0, 0]
+    table = _identity_table(model.vocab_size, without=[dropped])
+    listed = translate_ids(model, source_ids, shortlist=table, **kwargs)
+    ids = np.asarray(listed.ids)
+    allowed, real = shortlist_ids(table.translations, table.frequent, source_ids)
+    allowed = set(np.asarray(allowed)[np.asarray(real)].tolist())
+    assert dropped not in allowed
+    assert set(ids.ravel().tolist()) <= allowed  # every hypothesis, every position
+    assert not np.array_equal(ids[0, 0], plain[0, 0])
+    # Rows whose pieces are all listed keep their answer ("blue" and "" have no dropped piece).
+    for row in (2, 4):
+        if dropped not in source_ids[row]:
+            np.testing.assert_array_equal(ids[row, 0], plain[row, 0])
+    # Greedy, and the uncached reference, also stay in the list.
+    greedy = np.asarray(translate_ids(model, source_ids, shortlist=table, beam_size=1).ids)
+    uncached = translate_ids(model, source_ids, shortlist=table, beam_size=1, use_cache=False)
+    assert set(greedy.ravel().tolist()) <= allowed
+    np.testing.assert_array_equal(uncached.ids, greedy)
+
+
+def test_forced_prefix_pieces_are_in_the_shortlist(model, sources):
+    _, source_ids = sources
+    source_ids = source_ids[:3]
+    piece = 4  # in none of the three sources: outside their table's shortlist
+    assert piece not in source_ids
+    prefix = np.array([[piece, 0]] * 3, np.int32)
+    table = _identity_table(model.vocab_size)
+    for k in (1, 3):
+        out = translate_ids(
+            model, source_ids, shortlist=table, beam_size=k, max_extra_length=6, prefix_ids=prefix
+        )
+        assert (np.asarray(out.ids)[:, 0] == piece).all()
+        assert np.isfinite(np.asarray(out.scores)).all() and (np.asarray(out.scores) > -1e8).all()
+
+
+def test_sampling_stays_in_the_shortlist(model, sources):
+    _, source_ids = sources
+    table = _identity_table(model.vocab_size)
+    out = translate_ids(
+        model, source_ids, shortlist=table, sampling_topk=5, sampling_temperature=3.0, seed=1
+    )
+    allowed, real = shortlist_ids(table.translations, table.frequent, source_ids)
+    assert set(np.asarray(out.ids).ravel().tolist()) <= set(np.asarray(allowed)[real].tolist())
+
+
+def test_untied_projection_with_every_piece_changes_nothing():
+    import keras
+
+    from keras_transformer.models import Transformer
+
+    keras.utils.set_random_seed(1)
+    model = Transformer(
+        vocab_size=70, num_layers=1, d_model=16, num_heads=2, d_ff=32, dropout=0.0,
+        tie_output_projection=False,
+    )  # fmt: skip
+    source = np.array([[5, 6, 7, 3], [8, 3, 0, 0]], np.int32)
+    for k in (1, 3):
+        plain = translate_ids(model, source, beam_size=k, max_extra_length=4)
+        listed = translate_ids(
+            model, source, beam_size=k, max_extra_length=4, shortlist=_full_table(70)
+        )
+        np.testing.assert_array_equal(listed.ids, plain.ids)
+        np.testing.assert_allclose(listed.scores, plain.scores, rtol=1e-5, atol=1e-5)
