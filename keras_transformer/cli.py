@@ -1,10 +1,11 @@
 """The `keras-transformer` command: thin argument parsing over `keras_transformer.commands`.
 
-Subcommands: prepare, train, translate, evaluate, score, info, export. This module only parses
-(types, choices) and turns errors into messages; what the flags mean together is checked by the
-commands (`commands/flags.py`). Exit code 0 on success, 2 with a one-line message on bad usage or
-bad input (no traceback for user errors). TensorFlow's start-up log is kept off the terminal
-unless `--verbose` is given or `TF_CPP_MIN_LOG_LEVEL` is set, whichever module imports it
+Subcommands: prepare, train, translate, evaluate, score, info, export, shortlist. This module
+only parses (types, choices) and turns errors into messages; what the flags mean together is
+checked by the commands (`commands/flags.py`). Exit code 0 on success, 2 with a one-line message
+on bad usage or bad input (no traceback for user errors). TensorFlow's start-up log is kept off
+the terminal unless `--verbose` is given or `TF_CPP_MIN_LOG_LEVEL` is set, whichever module
+imports it
 first (`commands.startup.quiet_tensorflow_import`).
 """
 
@@ -112,6 +113,7 @@ def build_parser():
     _add_training_commands(sub, common)
     _add_model_commands(sub, common)
     _add_export_command(sub, common)
+    _add_shortlist_command(sub, common)
     return parser
 
 
@@ -299,7 +301,33 @@ def _add_export_command(sub, common):
         help="ctranslate2: its weight type; litert: float32, float16 or dynamic_int8 (int8 "
         "weights, activations quantized at run time) (default: float32 as trained)",
     )
+    p.add_argument(
+        "--shortlist",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="decode over a vocabulary shortlist (WORKDIR/shortlist.npz, built when missing; see "
+        "the shortlist command), or not (default: the workdir's export.shortlist); SavedModel "
+        "only",
+    )
     p.set_defaults(func=commands.export_command, stops_safely=True)
+
+
+def _add_shortlist_command(sub, common):
+    """`shortlist`: a prepared workdir's lexical table for the vocabulary shortlist."""
+    p = sub.add_parser(
+        "shortlist",
+        parents=[common],
+        help="build a prepared workdir's vocabulary shortlist (lexical table)",
+        description="Counts which target pieces co-occur with each source piece in the "
+        "prepared training pairs and writes, for each source piece, the K target pieces of the "
+        "highest Dice coefficient, and the M most frequent target pieces, to "
+        "WORKDIR/shortlist.npz (replacing it). An export with --shortlist (export.shortlist) "
+        "decodes each batch over their union.",
+    )
+    p.add_argument("--workdir", required=True, help="a prepared training workdir")
+    p.add_argument("--k", type=int, help="target pieces kept per source piece (default 50)")
+    p.add_argument("--m", type=int, help="most frequent target pieces always kept (default 100)")
+    p.set_defaults(func=commands.shortlist_command)
 
 
 def cli_reference():

@@ -210,3 +210,61 @@ def test_untied_projection_with_every_piece_changes_nothing():
         )
         np.testing.assert_array_equal(listed.ids, plain.ids)
         np.testing.assert_allclose(listed.scores, plain.scores, rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- the SavedModel
+
+
+def _translator(model, spm_bytes, shortlist=None):
+    from keras_transformer.export import Translator
+
+    decode, data = fx.EXPORT_DECODE, fx.EXPORT_DATA
+    return Translator(
+        model, spm_bytes, max_source_length=data["max_source_length"], shortlist=shortlist,
+        **{key: decode[key] for key in ("beam_size", "alpha", "max_extra_length", "batch_size")},
+    )  # fmt: skip
+
+
+@pytest.mark.scenario
+def test_translator_with_a_shortlist_keeps_to_it(copy_model, toy_spm_bytes):
+    texts = tf.constant(fx.NORMAL + fx.HOSTILE)
+    plain = _translator(copy_model, toy_spm_bytes)
+    full = _translator(copy_model, toy_spm_bytes, _full_table(copy_model.vocab_size))
+    fx.assert_same_answers(full.serve(texts), plain.serve(texts), atol=1e-4)
+    # Without the pieces of "cat" the copy model cannot copy "red apple cat".
+    cat = fx.encode_sources(["cat"])[0, :-1].tolist()
+    table = _identity_table(copy_model.vocab_size, without=cat)
+    listed = _translator(copy_model, toy_spm_bytes, table).serve(texts)["translation"].numpy()
+    answers = plain.serve(texts)["translation"].numpy()
+    assert answers[0] == b"red apple cat" and listed[0] != answers[0]
+    assert b"cat" not in listed[0]
+    assert listed[2] == answers[2] == b"blue"  # nothing of it left out
+
+
+def test_translator_refuses_a_table_of_another_vocabulary(copy_model, toy_spm_bytes):
+    with pytest.raises(ValueError, match="source rows"):
+        _translator(copy_model, toy_spm_bytes, _full_table(copy_model.vocab_size + 1))
+
+
+@pytest.mark.scenario
+def test_exported_shortlist_serves(copy_model, toy_spm_bytes, tmp_path):
+    import json
+
+    from keras_transformer.export import export_saved_model
+
+    cat = fx.encode_sources(["cat"])[0, :-1].tolist()
+    table = _identity_table(copy_model.vocab_size, without=cat)
+    path = export_saved_model(
+        copy_model, toy_spm_bytes, fx.EXPORT_DECODE, fx.EXPORT_DATA, str(tmp_path), "toy",
+        shortlist=table,
+    )  # fmt: skip
+    loaded = tf.saved_model.load(path)
+    texts = tf.constant(["red apple cat", "blue"])
+    out = loaded.signatures["serving_default"](text=texts)
+    expected = _translator(copy_model, toy_spm_bytes, table).serve(texts)
+    fx.assert_same_answers(out, expected, atol=1e-4)
+    assert b"cat" not in out["translation"].numpy()[0]
+    nbest = loaded.signatures["translate_nbest"](text=texts)["translations"].numpy()
+    assert not any(b"cat" in t for t in nbest.ravel())
+    with open(f"{path}/assets.extra/keras_transformer.json") as f:
+        assert json.load(f)["shortlist"]["k"] == 1

@@ -5,6 +5,7 @@
 |---|---|
 | `train.py` | `train` and `prepare`: a config to a workdir, one run per workdir at a time |
 | `export.py` | `export`: a workdir's model rebuilt (`load_workdir_model`) and exported |
+| `shortlist.py` | `shortlist`: a prepared workdir's vocabulary shortlist (lexical table) |
 | `translate.py` | `translate`: TEXT arguments, stdin, or a file streamed and resumable |
 | `evaluate.py`, `info.py` | `evaluate` and `score` on aligned files; `info`, the model card |
 | `signatures.py` | a SavedModel's signatures as Python functions, called as TF Serving calls them |
@@ -25,6 +26,7 @@ from keras_transformer.commands.export import export_command as export_command
 from keras_transformer.commands.export import load_workdir_model as load_workdir_model
 from keras_transformer.commands.info import info_command as info_command
 from keras_transformer.commands.lines import read_lines as read_lines
+from keras_transformer.commands.shortlist import shortlist_command as shortlist_command
 from keras_transformer.commands.signatures import load_serving_function as load_serving_function
 from keras_transformer.commands.train import prepare_command as prepare_command
 from keras_transformer.commands.train import train_command as train_command

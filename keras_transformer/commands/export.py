@@ -7,6 +7,7 @@ import json
 import os
 
 from keras_transformer.commands import flags, startup
+from keras_transformer.commands.shortlist import workdir_shortlist
 from keras_transformer.config import export_name
 from keras_transformer.errors import KerasTransformerError, UsageError, first_line
 from keras_transformer.workdir import Workdir, read_json
@@ -138,7 +139,8 @@ def _export_litert(args, config, final, spm_bytes, name, averaged):
 def export_command(args):
     """`keras-transformer export --workdir DIR [--average N] [--output DIR] [--beam-size K]
     [--alpha A] [--n-best N] [--max-extra-length L] [--sampling-topk K [--temperature T]
-    [--top-p P]] [--format saved_model|ctranslate2|litert] [--quantization TYPE]`."""
+    [--top-p P]] [--format saved_model|ctranslate2|litert] [--quantization TYPE]
+    [--shortlist]`."""
     export_format = flags.export_format(args)
     if export_format == "ctranslate2":
         from keras_transformer.export.ct2 import require_ctranslate2
@@ -174,6 +176,9 @@ def export_command(args):
     settings = flags.export_settings(config, args, final.alpha)
     base_dir = args.output or config.export.base_dir
     facts, dev_pairs = _card_inputs(args.workdir, config, model.vocab_size, final.selection)
+    # --shortlist / --no-shortlist win over the workdir's export.shortlist.
+    use_shortlist = getattr(args, "shortlist", None)
+    use_shortlist = config.export.shortlist if use_shortlist is None else use_shortlist
     path = export_saved_model(
         model,
         spm_bytes,
@@ -185,6 +190,7 @@ def export_command(args):
         dev_pairs,
         # --jit-compile / --no-jit-compile win over the workdir's export.jit_compile.
         jit_compile=config.export.jit_compile if args.jit_compile is None else args.jit_compile,
+        shortlist=workdir_shortlist(args.workdir) if use_shortlist else None,
     )
     if final.selection:
         _record_export(args.workdir, path, final)

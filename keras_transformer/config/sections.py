@@ -386,6 +386,13 @@ class ExportConfig:
         "compile the SavedModel's search with XLA: faster decoding on CPUs, one compile per new "
         "input shape; TF Serving needs --xla_cpu_compilation_enabled=true on a CPU",
     )
+    shortlist: bool = key(
+        False,
+        "decode over a vocabulary shortlist in the SavedModel's searching signatures: each "
+        "batch's outputs use only the target pieces the lexical table lists for its source "
+        "pieces plus the most frequent ones (WORKDIR/shortlist.npz, built by keras-transformer "
+        "shortlist, or by the export when missing); off until BLEU with it is measured",
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -70,11 +70,14 @@ def _field(config, key, default):
     return getattr(config, key, default)
 
 
-def export_translator(model, tokenizer, settings=None, data_config=None, jit_compile=False):
+def export_translator(
+    model, tokenizer, settings=None, data_config=None, jit_compile=False, shortlist=None
+):
     """The `Translator` that `export_saved_model` saves, with the same decoding settings.
 
-    `settings`, `data_config` and `jit_compile` are as in `export_saved_model`; use it to
-    decode with exactly the graph an export would serve (e.g. `benchmarks/decode_sweep.py`).
+    `settings`, `data_config`, `jit_compile` and `shortlist` are as in `export_saved_model`;
+    use it to decode with exactly the graph an export would serve (e.g.
+    `benchmarks/decode_sweep.py`).
     """
     if settings is not None and not isinstance(settings, DecodingSettings):
         settings = DecodingSettings(**settings)  # a mapping of its fields
@@ -86,6 +89,7 @@ def export_translator(model, tokenizer, settings=None, data_config=None, jit_com
         # As in the dev-set decoding during training: no output longer than the training targets.
         max_length=_field(data_config, "max_target_length", None),
         jit_compile=jit_compile,
+        shortlist=shortlist,
     )
 
 
@@ -103,6 +107,7 @@ def export_saved_model(
     card_facts=None,
     dev_pairs=None,
     jit_compile=False,
+    shortlist=None,
 ):
     """Exports `Translator(model, tokenizer)` as the next version of `base_dir/name`.
 
@@ -138,6 +143,10 @@ def export_saved_model(
         jit_compile: compile the search with XLA (`Translator`'s `jit_compile`; the config's
             `export.jit_compile`): faster on CPUs, a compile per new input shape, and TF
             Serving needs `--xla_cpu_compilation_enabled=true` to run it on a CPU.
+        shortlist: a vocabulary shortlist's lexical table (`keras_transformer.data.shortlist.
+            LexicalTable`; the config's `export.shortlist`): the searching signatures decode
+            over each batch's shortlist (`Translator`'s `shortlist`). None: the whole
+            vocabulary.
 
     Returns:
         The path of the new version directory, e.g. `saved_models/quickstart/3`.
@@ -151,7 +160,7 @@ def export_saved_model(
     """
     if not name or os.sep in str(name) or str(name) in (".", ".."):
         raise ValueError(f"invalid model name {name!r}")
-    translator = export_translator(model, tokenizer, settings, data_config, jit_compile)
+    translator = export_translator(model, tokenizer, settings, data_config, jit_compile, shortlist)
     stopping.check(PHASE)
     calibration, speed = _calibrate(translator, dev_pairs)
     stopping.check(PHASE)
@@ -324,6 +333,8 @@ def _write_metadata(export_dir, translator, name):
         "jit_compile": translator.jit_compile,
         "fast_paths": translator.kernels.to_config(),
     }
+    if translator.shortlist is not None:  # how its lexical table was built
+        metadata["shortlist"] = translator.shortlist.settings.value
     if settings.sampling:
         metadata["signatures"]["translate_sample"] = {
             "inputs": {"text": "string [batch]", "seed": "int64 [batch]"},

@@ -8,6 +8,7 @@ TF Serving, or any process importing `tensorflow` and `tensorflow_text`, can run
 import dataclasses
 
 import keras
+import numpy as np
 import tensorflow as tf
 import tensorflow_text as tf_text
 
@@ -35,6 +36,38 @@ def _bucket(boundaries, value):
     boundaries = tf.constant(boundaries, tf.int32)
     index = tf.minimum(tf.searchsorted(boundaries, [value])[0], tf.size(boundaries) - 1)
     return tf.maximum(boundaries[index], value)
+
+
+def _check_arguments(max_source_length):
+    """`Translator`'s refusals: another backend than TensorFlow, no source length."""
+    if keras.backend.backend() != "tensorflow":
+        raise RuntimeError(
+            "exporting a Translator needs the TensorFlow backend (KERAS_BACKEND=tensorflow), "
+            f"not {keras.backend.backend()!r}"
+        )
+    if int(max_source_length) < 1:
+        raise ValueError(f"max_source_length must be at least 1, got {max_source_length}")
+
+
+class _ShortlistTable(tf.Module):
+    """A lexical table's `translations` and `frequent` as variables of the SavedModel (what
+    `translate_ids`' `shortlist` reads), and how it was built (`settings`)."""
+
+    def __init__(self, table, model):
+        super().__init__(name="shortlist")
+        translations = np.asarray(table.translations, np.int32)
+        source_vocab_size = int(model.source_embedding.embeddings.shape[0])
+        if translations.shape[0] != source_vocab_size:
+            raise ValueError(
+                f"the shortlist table has {translations.shape[0]} source rows, the model's "
+                f"source vocabulary {source_vocab_size} pieces: built for another vocabulary"
+            )
+        self.translations = tf.Variable(translations, trainable=False, name="translations")
+        self.frequent = tf.Variable(
+            np.asarray(table.frequent, np.int32), trainable=False, name="frequent"
+        )
+        self.settings = _Untracked(dict(getattr(table, "settings", {}) or {}))
+        self.settings.value.update(k=int(translations.shape[1]), m=int(table.frequent.size))
 
 
 class _Untracked:
@@ -88,6 +121,12 @@ class Translator(tf.Module):
             with `--xla_cpu_compilation_enabled=true`. Off by default.
         kernels: the search's fast paths (`keras_transformer.fast_paths.Kernels` or a setting;
             None: the model's `kernels`), chosen here once.
+        shortlist: optional vocabulary shortlist's lexical table (`keras_transformer.data.
+            shortlist.LexicalTable`): the searching signatures (`serving_default`,
+            `translate_nbest`, `translate_prefix`, `translate_sample`) project and normalise
+            over each chunk's shortlist only (`translate_ids`' `shortlist`), so their scores
+            are log-probabilities over the shortlist; `score` keeps the whole vocabulary. Held
+            in the SavedModel as two variables. None (the default): the whole vocabulary.
         **changes: fields of `settings` to replace (e.g. `beam_size=1`).
 
     Call arguments:
@@ -135,16 +174,11 @@ class Translator(tf.Module):
         jit_compile=False,
         name=None,
         kernels=None,
+        shortlist=None,
         **changes,
     ):
         super().__init__(name=name)
-        if keras.backend.backend() != "tensorflow":
-            raise RuntimeError(
-                "exporting a Translator needs the TensorFlow backend (KERAS_BACKEND=tensorflow), "
-                f"not {keras.backend.backend()!r}"
-            )
-        if int(max_source_length) < 1:
-            raise ValueError(f"max_source_length must be at least 1, got {max_source_length}")
+        _check_arguments(max_source_length)
         self._model = _Untracked(model)
         # Tracked so that the SavedModel holds them; the graph reads them through the model.
         self.model_variables = list(model.variables)
@@ -157,6 +191,7 @@ class Translator(tf.Module):
         self.max_length = None if max_length is None else int(max_length)
         self.jit_compile = bool(jit_compile)
         self.kernels = Kernels.get(getattr(model, "kernels", None) if kernels is None else kernels)
+        self.shortlist = None if shortlist is None else _ShortlistTable(shortlist, model)
         # The search alone, compiled by XLA when asked (a nested function of every signature).
         self._search = tf.function(self._search_ids, jit_compile=self.jit_compile, autograph=False)
         # The confidence's map (see `set_calibration`); read as constants when a signature is
@@ -306,6 +341,7 @@ class Translator(tf.Module):
             prefix_ids=prefix,
             seed=0 if seed is None else seed,
             kernels=self.kernels,
+            shortlist=self.shortlist,
         )
 
     def _token_log_probs(self, source, ids):
