@@ -241,9 +241,13 @@ def test_translator_with_a_shortlist_keeps_to_it(copy_model, toy_spm_bytes):
     assert listed[2] == answers[2] == b"blue"  # nothing of it left out
 
 
-def test_translator_refuses_a_table_of_another_vocabulary(copy_model, toy_spm_bytes):
+def test_translator_refuses_a_table_of_another_vocabulary_and_xla(copy_model, toy_spm_bytes):
+    from keras_transformer.export import Translator
+
     with pytest.raises(ValueError, match="source rows"):
         _translator(copy_model, toy_spm_bytes, _full_table(copy_model.vocab_size + 1))
+    with pytest.raises(ValueError, match="XLA"):
+        Translator(copy_model, toy_spm_bytes, jit_compile=True, shortlist=_full_table(10))
 
 
 @pytest.mark.scenario
@@ -268,3 +272,30 @@ def test_exported_shortlist_serves(copy_model, toy_spm_bytes, tmp_path):
     assert not any(b"cat" in t for t in nbest.ravel())
     with open(f"{path}/assets.extra/keras_transformer.json") as f:
         assert json.load(f)["shortlist"]["k"] == 1
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def test_shortlist_command_on_a_prepared_workdir(tmp_path, capsys):
+    from training_helpers import tiny_config
+
+    from keras_transformer.cli import main
+    from keras_transformer.data.prepare import prepare
+    from keras_transformer.workdir import Workdir
+
+    workdir = tmp_path / "work"
+    data = dict(vocab_size=120, max_source_length=40, max_target_length=40)
+    config = tiny_config(workdir, data={**data, "train": "synthetic:size=400,max_words=8"})
+    written = prepare(config, verbose=False)["counts"]["written"]
+    layout = Workdir.of(config)
+    assert main(["shortlist", "--workdir", layout.root, "--k", "4", "--m", "10"]) in (0, None)
+    assert layout.shortlist in capsys.readouterr().out
+    table = read_lexical_table(layout.shortlist)
+    assert table.translations.shape == (120, 4) and table.frequent.shape == (10,)
+    assert table.settings == {"k": 4, "m": 10, "pairs": written, "estimate": "dice"}
+    assert (table.translations[4:] > 3).any()  # pieces found translations
+    refused = [["shortlist", "--k", "0"], ["shortlist", "--m", "-1"]]
+    refused.append(["export", "--format", "litert", "--shortlist"])
+    for command, *flags in refused:
+        assert main([command, "--workdir", layout.root, *flags]) == 2, flags

@@ -136,6 +136,20 @@ def _export_litert(args, config, final, spm_bytes, name, averaged):
     print(f"converted {what} to LiteRT ({quantization}) in {path}")
 
 
+def _search_options(args, config):
+    """`(jit_compile, shortlist)` of a SavedModel export: the flags win over the workdir's
+    `export.jit_compile` and `export.shortlist`; the lexical table is read (or built)."""
+    use_shortlist = getattr(args, "shortlist", None)
+    use_shortlist = config.export.shortlist if use_shortlist is None else use_shortlist
+    jit_compile = config.export.jit_compile if args.jit_compile is None else args.jit_compile
+    if use_shortlist and jit_compile:
+        raise UsageError(
+            "the vocabulary shortlist does not compile with XLA yet: not both --shortlist "
+            "(export.shortlist) and --jit-compile (export.jit_compile)"
+        )
+    return jit_compile, workdir_shortlist(args.workdir) if use_shortlist else None
+
+
 def export_command(args):
     """`keras-transformer export --workdir DIR [--average N] [--output DIR] [--beam-size K]
     [--alpha A] [--n-best N] [--max-extra-length L] [--sampling-topk K [--temperature T]
@@ -176,9 +190,7 @@ def export_command(args):
     settings = flags.export_settings(config, args, final.alpha)
     base_dir = args.output or config.export.base_dir
     facts, dev_pairs = _card_inputs(args.workdir, config, model.vocab_size, final.selection)
-    # --shortlist / --no-shortlist win over the workdir's export.shortlist.
-    use_shortlist = getattr(args, "shortlist", None)
-    use_shortlist = config.export.shortlist if use_shortlist is None else use_shortlist
+    jit_compile, shortlist = _search_options(args, config)
     path = export_saved_model(
         model,
         spm_bytes,
@@ -189,8 +201,8 @@ def export_command(args):
         facts,
         dev_pairs,
         # --jit-compile / --no-jit-compile win over the workdir's export.jit_compile.
-        jit_compile=config.export.jit_compile if args.jit_compile is None else args.jit_compile,
-        shortlist=workdir_shortlist(args.workdir) if use_shortlist else None,
+        jit_compile=jit_compile,
+        shortlist=shortlist,
     )
     if final.selection:
         _record_export(args.workdir, path, final)

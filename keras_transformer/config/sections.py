@@ -391,7 +391,8 @@ class ExportConfig:
         "decode over a vocabulary shortlist in the SavedModel's searching signatures: each "
         "batch's outputs use only the target pieces the lexical table lists for its source "
         "pieces plus the most frequent ones (WORKDIR/shortlist.npz, built by keras-transformer "
-        "shortlist, or by the export when missing); off until BLEU with it is measured",
+        "shortlist, or by the export when missing); keras-transformer export only (not train's "
+        "own export, nor with export.jit_compile); off until BLEU with it is measured",
     )
 
 

@@ -38,8 +38,11 @@ def _bucket(boundaries, value):
     return tf.maximum(boundaries[index], value)
 
 
-def _check_arguments(max_source_length):
-    """`Translator`'s refusals: another backend than TensorFlow, no source length."""
+def _check_arguments(max_source_length, compiled_shortlist=False):
+    """`Translator`'s refusals: another backend than TensorFlow, no source length, a shortlist
+    under XLA (its width depends on the batch's words: no static shape)."""
+    if compiled_shortlist:
+        raise ValueError("a vocabulary shortlist does not compile with XLA yet (jit_compile)")
     if keras.backend.backend() != "tensorflow":
         raise RuntimeError(
             "exporting a Translator needs the TensorFlow backend (KERAS_BACKEND=tensorflow), "
@@ -126,7 +129,8 @@ class Translator(tf.Module):
             `translate_nbest`, `translate_prefix`, `translate_sample`) project and normalise
             over each chunk's shortlist only (`translate_ids`' `shortlist`), so their scores
             are log-probabilities over the shortlist; `score` keeps the whole vocabulary. Held
-            in the SavedModel as two variables. None (the default): the whole vocabulary.
+            in the SavedModel as two variables. Not with `jit_compile` (the shortlist's width
+            is the batch's: no static shape). None (the default): the whole vocabulary.
         **changes: fields of `settings` to replace (e.g. `beam_size=1`).
 
     Call arguments:
@@ -178,7 +182,7 @@ class Translator(tf.Module):
         **changes,
     ):
         super().__init__(name=name)
-        _check_arguments(max_source_length)
+        _check_arguments(max_source_length, jit_compile and shortlist is not None)
         self._model = _Untracked(model)
         # Tracked so that the SavedModel holds them; the graph reads them through the model.
         self.model_variables = list(model.variables)
