@@ -20,13 +20,13 @@ WORKDIR/
   logs/                TensorBoard
   result.json          the final summary
   init_from.json       a fine-tuning run's parent: path, checkpoint, step (train.init_from,
-                       training/init_from.py)
+                       training/run/init_from.py)
   lock.json            who runs `train` or `prepare` here now (see `keras_transformer.lock`)
   prepared.partial/    a preparation under way or stopped (local disk), renamed to prepared/
   prepare.progress.json  its complete segments, so that a stopped one continues (see
                        data/prepare_progress.py); prepare.vocabulary.*: its trained vocabulary
   prepare.heartbeat    while the chief of a multi-worker job prepares the data: its heartbeat,
-                       which the waiting workers watch (training/distribute.py)
+                       which the waiting workers watch (training/engines/distribute.py)
 ```
 
 Every path may be on any TensorFlow filesystem (`gs://bucket/run`, `ram://` in tests, a local

@@ -67,17 +67,18 @@ def test_model_loss_step_search_and_accelerator_check_run_on_jax_without_tensorf
     assert quickstart["steps"] == 4 and 0 <= quickstart["dev_bleu_beam"] <= 100
 
 
-def test_the_jax_trainer_refuses_tensorflow_only_settings_in_one_line():
+def test_the_jax_engine_refuses_only_what_needs_tensorflow_in_one_line():
     from keras_transformer.config import from_dict
     from keras_transformer.errors import UsageError
-    from keras_transformer.training.jax_trainer import _check_supported
+    from keras_transformer.training.engines.jax_engine import check_supported
 
-    _check_supported(from_dict({"train": {"gradient_accumulation_steps": 4}}))  # supported
-    config = from_dict({"train": {"max_minutes": 30}, "runtime": {"strategy": "tpu"}})
+    supported = {"gradient_accumulation_steps": 4, "max_minutes": 30, "init_from": "parent"}
+    check_supported(from_dict({"train": supported}))  # the run's own, on either engine
+    config = from_dict({"runtime": {"strategy": "tpu", "mixed_precision": "auto"}})
     with pytest.raises(UsageError) as refused:
-        _check_supported(config)
+        check_supported(config)
     message = str(refused.value)
-    assert "train.max_minutes" in message and "runtime.strategy: tpu" in message
+    assert "runtime.strategy: tpu" in message and "runtime.mixed_precision: auto" in message
     assert "\n" not in message
 
 

@@ -58,21 +58,21 @@ def _sigterm_at_step(step):
 
     import keras
 
-    from keras_transformer.training import trainer
-    from keras_transformer.training.callbacks import optimizer_step
+    from keras_transformer.training.run import fitting
+    from keras_transformer.training.run.callbacks import optimizer_step
 
     class SigtermAt(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             if optimizer_step(self.model) == step:
                 os.kill(os.getpid(), signal.SIGTERM)
 
-    original = trainer._callbacks
+    original = fitting.make_callbacks
 
     def callbacks(*args):
         stopper, signals, found = original(*args)
         return stopper, signals, [SigtermAt(), *found]
 
-    trainer._callbacks = callbacks
+    fitting.make_callbacks = callbacks
 
 
 def _count_records(path):
@@ -130,20 +130,20 @@ def main(argv):
         return 0
 
     from keras_transformer import cli
-    from keras_transformer.training import trainer
+    from keras_transformer.training.run import finish, fitting
 
     captured = {}
-    original_fit = trainer._fit
+    original_fit = fitting.fit
 
     def fit(run, model, data):
         captured.update(model=model, strategy=run.strategy)
         return original_fit(run, model, data)
 
-    trainer._fit = fit
+    fitting.fit = fit
     if args.sigterm_at_step:
         _sigterm_at_step(args.sigterm_at_step)
     if args.skip_export:
-        trainer._export = lambda *args, **kwargs: None
+        finish.export = lambda *args, **kwargs: None
     while args.wait_for and not os.path.exists(args.wait_for):
         time.sleep(0.02)
     code = cli.main(rest)
