@@ -12,7 +12,8 @@ process), our `train_throughput.py` in float32, then (unless `--no-bf16`) in mix
 `benchmarks/peak_matmul.py bfloat16` run once each, for MFU: float32 training against the float32
 peak, bfloat16 training against the bfloat16 peak. The summary also says which precision
 `runtime.mixed_precision: auto` picks from the two training rates
-(`training.engines.precision.choose`: bfloat16 when at least 1.1x faster); Model Garden trains in float32 only (see ../shared/bench).
+(`training.engines.precision.choose`: bfloat16 when at least 1.1x faster); Model Garden trains
+in float32 only (see ../shared/bench).
 The peer's peak memory is read from its own process at the moment it prints its
 training figure (so it covers model building and training, as ours does).
 

@@ -217,8 +217,10 @@ def translate_dev(workdir):
     load_model_weights(model, list_checkpoints(Workdir.of(config).checkpoints)[-1][1])
     sources = [s for s, _ in read_pairs(config.data.dev)]
     settings = decoding_settings(config, export=True)
-    return {"sources": sources,
-            "translations": translate_sentences(model, tokenizer, sources, config.data, settings)}
+    return {
+        "sources": sources,
+        "translations": translate_sentences(model, tokenizer, sources, config.data, settings),
+    }
 
 
 if __name__ == "__main__":

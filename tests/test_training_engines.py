@@ -12,14 +12,20 @@ reports; `train.init_from`, `train.max_minutes` and TensorBoard's scalars work.
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 from shared_runs import run_root, shared_directory
-from training_helpers import RUNNER, files_under, read_scalars, subprocess_env, tiny_yaml, write_yaml
+from training_helpers import (
+    RUNNER,
+    files_under,
+    read_scalars,
+    subprocess_env,
+    tiny_yaml,
+    write_yaml,
+)
 
 from keras_transformer.errors import PREEMPTED_EXIT_CODE
 

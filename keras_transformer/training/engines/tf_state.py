@@ -181,5 +181,3 @@ def _tf_variable(variable):
     """The TensorFlow variable behind a Keras variable (a distributed one under a strategy)."""
     value = getattr(variable, "_value", None)
     return value if value is not None else variable
-
-

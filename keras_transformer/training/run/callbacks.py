@@ -93,7 +93,8 @@ class StepCheckpoint(keras.callbacks.Callback):
     The files hold the model's weights only (what export and checkpoint averaging need: about a
     third of what Keras's `save_weights` writes for a compiled model, which adds Adam's two
     moments); the state for resuming lives in the engine's resume state (`ResumeCallback`).
-    With an optimizer built with `use_ema=True` they hold the moving averages of the weights (`averaged_weights`).
+    With an optimizer built with `use_ema=True` they hold the moving averages of the weights
+    (`averaged_weights`).
 
     Args:
         directory: where the checkpoints go.

@@ -1,14 +1,13 @@
 """The state of one training run that its callbacks share: the step, the clock, the data position.
 
-The step is the optimizer's (`optimizer.iterations`); the clock (seconds trained, across
-resumes) and the data position (batches consumed) are two numbers of a `RunState`, saved and
-restored with the resume state (each engine's: `training.engines`). Each batch advances them
-once, whichever callback comes first: every callback that reads them (`StopAtStep`, `ResumeState`, `StopOnSignal`) is a
-`RunStateCallback`, whose `on_train_batch_begin` marks a batch as running and whose
-`on_train_batch_end` first calls `RunState.batch_ends()` (the first call of a batch advances,
+The step is the optimizer's (`optimizer.iterations`); the clock (seconds trained, across resumes)
+and the data position (batches consumed) are two numbers of a `RunState`, saved and restored with
+the resume state (each engine's: `training.engines`). Each batch advances them once, whichever
+callback comes first: every callback that reads them (`StopAtStep`, the resume state,
+`StopOnSignal`) is a `RunStateCallback`, whose `on_train_batch_begin` marks a batch as running and
+whose `on_train_batch_end` first calls `RunState.batch_ends()` (the first call of a batch advances,
 the others find it done). Keras runs every callback's batch-begin before any batch-end, so the
-order of the callbacks in `fit` does not change what any of them sees.
-"""
+order of the callbacks in `fit` does not change what any of them sees."""
 
 import time
 
