@@ -2,7 +2,7 @@
 
 The workdir's helpers (`workdir`, `integrity`) go through `gfile()`: with TensorFlow every
 TensorFlow filesystem (`gs://...`) works, as before; without it (a JAX machine) local paths do,
-so the JAX trainer writes the same checkpoints, checksums and results as the TensorFlow one.
+so the JAX engine writes the same checkpoints, checksums and results as the TensorFlow one.
 """
 
 import os

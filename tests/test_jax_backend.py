@@ -148,7 +148,7 @@ def test_same_numbers_on_both_backends(tmp_path):
 def test_data_parallel_and_accumulation_give_the_weights_of_one_device_and_one_batch():
     """One step on a global batch of 4 rows, from the same weights: with
     `gradient_accumulation_steps` 2 (two micro-batches of different token counts), under
-    `keras.distribution.DataParallel` over two host devices (the JAX trainer's choice where
+    `keras.distribution.DataParallel` over two host devices (the JAX engine's choice where
     there are several), and both, the weights are those of one device on the whole batch
     (1e-5), and accumulation logs the same loss and metrics."""
     env = _env(XLA_FLAGS="--xla_force_host_platform_device_count=2")
