@@ -74,11 +74,13 @@ def test_the_jax_engine_refuses_only_what_needs_tensorflow_in_one_line():
 
     supported = {"gradient_accumulation_steps": 4, "max_minutes": 30, "init_from": "parent"}
     check_supported(from_dict({"train": supported}))  # the run's own, on either engine
-    config = from_dict({"runtime": {"strategy": "tpu", "mixed_precision": "auto"}})
+    config = from_dict({"runtime": {"strategy": "tpu", "mixed_precision": "auto"},
+                        "train": {"max_minutes": 30, "schedule": "linear"}})  # fmt: skip
     with pytest.raises(UsageError) as refused:
         check_supported(config)
     message = str(refused.value)
     assert "runtime.strategy: tpu" in message and "runtime.mixed_precision: auto" in message
+    assert "train.schedule: linear with train.max_minutes" in message
     assert "\n" not in message
 
 

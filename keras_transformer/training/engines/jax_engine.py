@@ -18,7 +18,9 @@ the final model's choice on dev, the scoring and `result.json`. What is this eng
 
 What needs TensorFlow is not here: tf.distribute strategies (multi-worker, TPUStrategy),
 `runtime.mixed_precision: auto` (timed under the strategy) and the SavedModel itself (export the
-workdir with `keras-transformer export --workdir ...` on TensorFlow).
+workdir with `keras-transformer export --workdir ...` on TensorFlow). Not here either: a
+learning rate that decays with the time budget (`train.schedule` other than `rsqrt` with
+`train.max_minutes`): Keras's JAX step does not see a variable set between steps.
 """
 
 import contextlib
@@ -38,8 +40,12 @@ STATE_PREFIX, STATE_SUFFIX = "state-", ".npz"
 
 def check_supported(config):
     """Refuses, in one line, what needs TensorFlow (see the module)."""
-    runtime = config.runtime
+    runtime, t = config.runtime, config.train
     problems = []
+    if t.max_minutes is not None and t.schedule != "rsqrt":
+        # Keras's JAX step carries the optimizer's state through `fit`: a schedule variable set
+        # between steps (`RunState`) is not seen inside it, so the decay could not follow time.
+        problems.append(f"train.schedule: {t.schedule} with train.max_minutes (decay by time)")
     if runtime.mixed_precision == "auto":
         problems.append("runtime.mixed_precision: auto (name float32 or mixed_bfloat16)")
     if runtime.strategy not in ("auto", "default", "mirrored"):
