@@ -22,6 +22,16 @@ class LocalGfile:
     glob = staticmethod(lambda pattern: __import__("glob").glob(pattern))
 
     @staticmethod
+    def stat(path):
+        """`tf.io.gfile.stat`'s fields: `length` (bytes), `mtime_nsec`, `is_directory`."""
+        import types
+
+        found = os.stat(path)
+        return types.SimpleNamespace(
+            length=found.st_size, mtime_nsec=found.st_mtime_ns, is_directory=os.path.isdir(path)
+        )
+
+    @staticmethod
     def makedirs(path):
         os.makedirs(path, exist_ok=True)
 
