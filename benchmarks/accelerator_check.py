@@ -158,8 +158,8 @@ def decode(check):
     from benchmarks.common import bench_config
     from benchmarks.train_throughput import make_dataset
     from keras_transformer.config import DecodingSettings
+    from keras_transformer.evaluation import compiled_search
     from keras_transformer.models import build_transformer
-    from keras_transformer.training.jax_trainer import search_function
 
     cfg = check.base
     keras.utils.set_random_seed(0)
@@ -168,16 +168,14 @@ def decode(check):
     sources[:, -1] = 3  # EOS, as in training
     # At most `tgt` output tokens: the search's limit is the source length plus this.
     settings = DecodingSettings(beam_size=4, alpha=0.6, max_extra_length=cfg["tgt"] - cfg["src"])
-    search = search_function(model, settings)
-    values = [v.value for v in model.variables]
+    search = compiled_search(model, settings)
     start = time.perf_counter()
-    ids = np.asarray(search(values, sources))
+    ids = search(sources)
     warmup = time.perf_counter() - start
     runs = 1 if check.tiny else 10
     start = time.perf_counter()
     for _ in range(runs):
-        out = search(values, sources)
-    ids = np.asarray(out)
+        ids = search(sources)
     seconds = time.perf_counter() - start
     tokens = int(np.sum(np.cumsum(ids == 3, axis=1) - (ids == 3) == 0)) * runs  # through EOS
     check.emit(
@@ -220,8 +218,8 @@ def quickstart(check):
     from benchmarks.train_throughput import _StepTimer
     from keras_transformer.config import decoding_settings, load_config
     from keras_transformer.data.records import numpy_batches
+    from keras_transformer.evaluation import evaluate_bleu
     from keras_transformer.models import build_transformer
-    from keras_transformer.training.jax_trainer import _bleu
     from keras_transformer.training.recipe import compile_model
 
     tiny = ["model.num_layers=1", "model.d_model=16", "model.d_ff=32", "model.num_heads=2",
@@ -243,13 +241,13 @@ def quickstart(check):
     trained = time.perf_counter() - start
     settings = decoding_settings(config).without_sampling()
     start = time.perf_counter()
-    greedy = _bleu(
+    greedy, _ = evaluate_bleu(
         model, processor, dev_pairs, config.data, dataclasses.replace(settings, beam_size=1)
     )
-    beam = _bleu(model, processor, dev_pairs, config.data, settings)
+    beam, _ = evaluate_bleu(model, processor, dev_pairs, config.data, settings)
     check.emit(
-        what="quickstart", steps=config.train.steps, dev_bleu_greedy=round(greedy, 2),
-        dev_bleu_beam=round(beam, 2), beam_size=settings.beam_size, dev_sentences=len(dev_pairs),
+        what="quickstart", steps=config.train.steps, dev_bleu_greedy=greedy["bleu"],
+        dev_bleu_beam=beam["bleu"], beam_size=settings.beam_size, dev_sentences=len(dev_pairs),
         prepare_s=round(prepared, 1), train_s=round(trained, 1),
         steady_steps_per_s=round((config.train.steps - 1) / (timer.end - timer.start), 1),
         bleu_s=round(time.perf_counter() - start, 1),

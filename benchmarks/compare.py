@@ -11,8 +11,9 @@ process), our `train_throughput.py` in float32, then (unless `--no-bf16`) in mix
 `decode_throughput.py`. At the start, `../shared/bench/peak_matmul.py` (float32) and our
 `benchmarks/peak_matmul.py bfloat16` run once each, for MFU: float32 training against the float32
 peak, bfloat16 training against the bfloat16 peak. The summary also says which precision
-`runtime.mixed_precision: auto` picks from the two training rates (`training.precision.choose`:
-bfloat16 when at least 1.1x faster); Model Garden trains in float32 only (see ../shared/bench).
+`runtime.mixed_precision: auto` picks from the two training rates
+(`training.engines.precision.choose`: bfloat16 when at least 1.1x faster); Model Garden trains
+in float32 only (see ../shared/bench).
 The peer's peak memory is read from its own process at the moment it prints its
 training figure (so it covers model building and training, as ours does).
 
@@ -34,7 +35,7 @@ sys.path.insert(0, ROOT)
 
 from benchmarks import ledger  # noqa: E402
 from benchmarks.common import BASE, SMALL  # noqa: E402
-from keras_transformer.training.precision import choose  # noqa: E402
+from keras_transformer.training.engines.precision import choose  # noqa: E402
 
 SHAPES = {"small": SMALL, "base": BASE}
 

@@ -32,7 +32,7 @@ import tensorflow as tf  # noqa: E402
 from benchmarks.common import emit, parse_shapes  # noqa: E402
 from keras_transformer.decoding import translate_ids  # noqa: E402
 from keras_transformer.models import Transformer  # noqa: E402
-from keras_transformer.training.strategies import resolve_jit_compile  # noqa: E402
+from keras_transformer.training.engines.strategies import resolve_jit_compile  # noqa: E402
 
 
 def resolve_decode_xla(value):

@@ -64,9 +64,9 @@ def _parts(args, config):
     """The trainer's pieces for `config`: (run, data, model)."""
     import keras
 
-    from keras_transformer.training import trainer
-    from keras_transformer.training.distribute import get_strategy, is_chief
-    from keras_transformer.training.strategies import strategy_input
+    from keras_transformer.training.engines.distribute import get_strategy
+    from keras_transformer.training.engines.strategies import strategy_input
+    from keras_transformer.training.run import setup
     from keras_transformer.workdir import Workdir
 
     if args.logical_cpus:
@@ -77,11 +77,10 @@ def _parts(args, config):
             cpu, [tf.config.LogicalDeviceConfiguration()] * args.logical_cpus
         )
     strategy = get_strategy(config.runtime)
-    inputs = strategy_input(strategy)
-    run = trainer._Run(config, Workdir.of(config), inputs, is_chief(strategy), time.time())
+    run = setup.Run(config, Workdir.of(config), strategy_input(strategy), time.time())
     keras.utils.set_random_seed(config.train.seed)
-    data = trainer._prepare_data(run)
-    model = trainer._build_model(run, data.tokenizer.vocab_size, data.num_pairs)
+    data = setup.prepare_data(run)
+    model = setup.build_model(run, data.tokenizer.vocab_size, data.num_pairs)
     return run, data, model
 
 
@@ -105,21 +104,21 @@ def _with_backup(run, backup):
 def setup_worker(args, position, backup, skip):
     """One of two workers: writes its part of the resume state of step `position` (the chief's
     state; each worker's data iterator, advanced by `position` steps, unless `skip`)."""
-    from keras_transformer.training.callbacks import ResumeState
-    from keras_transformer.training.distribute import WorkerTempDir
-    from keras_transformer.training.run_state import RunState
-    from keras_transformer.training.worker_batches import IteratorBackup
+    from keras_transformer.training.engines.distribute import WorkerTempDir
+    from keras_transformer.training.engines.tf_state import ResumeState
+    from keras_transformer.training.engines.worker_batches import IteratorBackup
+    from keras_transformer.training.run.run_state import RunState
 
     run, data, model = _parts(args, _config(args, os.path.join(args.tmp, "work")))
     run = _with_backup(run, backup)
     run_state = RunState()
-    _, batches = run.inputs.iterate(data, run_state)
+    _, batches = run.engine.iterate(data, run_state)
     saves = []
     if not skip:
         for _ in range(position * batches.input.local_replicas):
             batches.iterator.get_next()
         directory = os.path.join(backup, f"data-worker-{batches.input.worker}")
-        worker_input = functools.partial(run.inputs.worker_input, data)
+        worker_input = functools.partial(run.engine.worker_input, data)
         saves.append(
             IteratorBackup(directory, batches, 1, lambda: run_state.batches, worker_input).save
         )
@@ -134,12 +133,12 @@ def setup_worker(args, position, backup, skip):
 
 def setup(args, position, backup, skip):
     """Writes the resume state of step `position` into `backup`."""
-    from keras_transformer.training.callbacks import ResumeState
+    from keras_transformer.training.engines.tf_state import ResumeState
 
     if args.strategy == "multi_worker":
         return setup_worker(args, position, backup, skip)
     run, data, model = _parts(args, _config(args, os.path.join(args.tmp, "work")))
-    dataset = run.inputs.batches(data, 0)
+    dataset = run.engine.batches(data, 0)
     iterator = iter(dataset)
     state = ResumeState(model, backup, 1, 1, iterator=None if skip else iterator)
     if not skip:
@@ -152,19 +151,19 @@ def setup(args, position, backup, skip):
 
 def restart(args, backup, started):
     """Times the trainer's restart path (process start to the end of the first step)."""
-    from keras_transformer.training.callbacks import ResumeState
-    from keras_transformer.training.replica_batches import ReplicaBatches
-    from keras_transformer.training.run_state import RunState
+    from keras_transformer.training.engines.replica_batches import ReplicaBatches
+    from keras_transformer.training.engines.tf_state import ResumeState
+    from keras_transformer.training.run.run_state import RunState
 
     run, data, model = _parts(args, _config(args, os.path.join(args.tmp, "work")))
     if args.strategy == "multi_worker":
         return restart_worker(run, data, model, backup, started)
     run_state = RunState()
-    dataset, iterator = run.inputs.iterate(data, run_state)
+    dataset, iterator = run.engine.iterate(data, run_state)
     saved = iterator.iterator if isinstance(iterator, ReplicaBatches) else iterator
     state = ResumeState(model, backup, 10**9, 1, iterator=saved, run_state=run_state)
     position = state.restore()
-    batches = run.inputs.resumed(data, dataset, iterator, position, state)
+    batches = run.engine.resumed(data, dataset, iterator, position, state)
     model.fit(batches, steps_per_epoch=1, epochs=1, verbose=0)
     print(json.dumps({"seconds": time.time() - started, "position": position}), flush=True)
 
@@ -172,13 +171,13 @@ def restart(args, backup, started):
 def restart_worker(run, data, model, backup, started):
     """One of two workers: the trainer's restart path (`MultiWorkerInput.restore`: the resume
     state and this worker's data iterator), then one step."""
-    from keras_transformer.training.distribute import WorkerTempDir
-    from keras_transformer.training.run_state import RunState
+    from keras_transformer.training.engines.distribute import WorkerTempDir
+    from keras_transformer.training.run.run_state import RunState
 
     run = _with_backup(run, backup)
     with WorkerTempDir(run.chief, backup) as directory:
         t = run.config.train
-        state, batches = run.inputs.restore(
+        state, batches = run.engine.restore(
             model, data, RunState(), backup, t.checkpoint_every, t.keep_backups, directory
         )
         model.fit(batches, steps_per_epoch=1, epochs=1, verbose=0)

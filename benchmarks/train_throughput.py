@@ -11,7 +11,7 @@ dtype policy, default float32), `peak_gflops` (to print MFU). A/B candidates (ab
 `optimizer` ("keras": keras.optimizers.Adam instead of the library's FusedAdam).
 
 The model is built and compiled exactly as `keras-transformer train` does (build_transformer,
-training.trainer.compile_model: the library's loss, metrics, Adam and learning-rate schedule).
+training.recipe.compile_model: the library's loss, metrics, Adam and learning-rate schedule).
 The paper's settings, as in the peers: post-norm, residual dropout 0.1, one embedding matrix shared
 by source, target and softmax, label smoothing 0.1, Adam(0.9, 0.98, 1e-9); random token ids, every
 sequence full length. Counting as in the peers: target tokens/s = batch * tgt * steps / seconds,
@@ -52,7 +52,7 @@ def build_and_compile(cfg):
     """
     config = experiment_config(cfg)
     if keras.backend.backend() == "tensorflow":
-        from keras_transformer.training.strategies import resolve_jit_compile
+        from keras_transformer.training.engines.strategies import resolve_jit_compile
 
         xla = resolve_jit_compile(config.runtime.jit_compile)
     else:  # JAX: the step is always compiled by XLA

@@ -1,17 +1,17 @@
 """Translation of a dev set by a model in Python and its quality with sacreBLEU (BLEU and chrF on
 detokenized text).
 
-Checkpoint averaging lives with the checkpoints, in `keras_transformer.workdir`; the callback
-that runs this at each epoch end is `keras_transformer.training.dev_evaluation.DevEvaluator`.
+On either backend (the search is compiled by `tf.function` or `jax.jit`). Checkpoint averaging
+lives with the checkpoints, in `keras_transformer.workdir`; the callback that runs this at each
+epoch end is `keras_transformer.training.run.dev_evaluation.DevEvaluator`.
 """
 
 import numpy as np
 import sacrebleu
-import tensorflow as tf
 
 from keras_transformer import stopping
 from keras_transformer.config import DecodingSettings
-from keras_transformer.data.pipeline import encode_sources
+from keras_transformer.data.pipeline import encode_source
 from keras_transformer.decoding import translate_ids
 
 
@@ -38,14 +38,51 @@ def score_translations(hypotheses, references):
     }
 
 
+def compiled_search(model, settings, max_length=None):
+    """`ids -> output ids` (int32 numpy arrays `[batch, width]` -> `[batch, length]`):
+    `decoding.translate_ids(model, ids, settings)` compiled once per shape on the backend Keras
+    runs: a `tf.function` on TensorFlow; on JAX one `jax.jit` function of the model's variables'
+    values (Keras's `StatelessScope`), given the values as they are at each call, so the same
+    function follows a model that trains.
+
+    Example:
+    ```python
+    search = compiled_search(model, decoding_settings(config))
+    found = search(np.array([[5, 6, 3]], "int32"))  # [1, length] ids
+    ```
+    """
+    import keras
+
+    if keras.backend.backend() == "jax":
+        import jax
+
+        def stateless(values, ids):
+            with keras.StatelessScope(state_mapping=list(zip(model.variables, values))):
+                return translate_ids(model, ids, settings, max_length=max_length).ids
+
+        jitted = jax.jit(stateless)
+        return lambda ids: np.asarray(jitted([v.value for v in model.variables], ids))
+    import tensorflow as tf
+
+    # translate_ids has no tensor-dependent Python control flow: no AutoGraph needed.
+    @tf.autograph.experimental.do_not_convert
+    def decode_batch(ids):
+        return translate_ids(model, ids, settings, max_length=max_length).ids
+
+    function = tf.function(decode_batch)
+    return lambda ids: function(tf.constant(ids)).numpy()
+
+
 def translate_sentences(
     model, tokenizer, sources, data_config, settings=None, _cache=None, stop_phase=None
 ):
-    """Translates a list of strings with `model` (in Python, for evaluation during training).
+    """Translates a list of strings with `model` (in Python, for evaluation during training and
+    the final scores), on either backend.
 
-    Sentences are sorted by length and decoded `settings.batch_size` at a time with
-    `keras_transformer.decoding.translate_ids` compiled by `tf.function`; `settings` is a
-    `DecodingSettings` (None: greedy search, the cheap choice during training). With
+    Sentences are encoded as in training (`data.pipeline.encode_source`), sorted by length and
+    decoded `settings.batch_size` at a time by `compiled_search`; `settings` is a
+    `DecodingSettings` (None: greedy search, the cheap choice during training). `tokenizer` needs
+    Python `encode(text)` and `decode(ids)` (a `data.Tokenizer`, or a SentencePiece processor). With
     `stop_phase`, each batch is a safe point of that phase (`stopping.check`: a SIGTERM stops
     there); without it (the dev evaluation inside `fit`) a signal is acted on afterwards.
 
@@ -58,47 +95,33 @@ def translate_sentences(
     key = (id(model), settings)
     cache = _cache if _cache is not None else {}
     if key not in cache:
-        # translate_ids has no tensor-dependent Python control flow: no AutoGraph needed.
-        @tf.autograph.experimental.do_not_convert
-        def decode_batch(ids):
-            return translate_ids(model, ids, settings, max_length=data_config.max_target_length).ids
-
-        cache[key] = tf.function(decode_batch)
+        cache[key] = compiled_search(model, settings, data_config.max_target_length)
     decode = cache[key]
     batch_size = min(settings.batch_size, len(sources))
-    ragged = encode_sources(
-        tokenizer, tf.constant(sources, dtype=tf.string), data_config.max_source_length, ragged=True
-    )
-    lengths = ragged.row_lengths().numpy()
+    rows = [
+        encode_source(tokenizer, text, data_config.max_source_length, settings.eos_id)
+        for text in sources
+    ]
+    lengths = np.array([len(row) for row in rows])
     # One padded length for the whole set (a multiple of 8) and full batches: static shapes, so
     # the decoder is traced once. Sorting by length lets short batches stop early.
     width = -(-int(lengths.max()) // 8) * 8
-    padded = ragged.to_tensor(0, shape=[None, width])
     order = np.argsort(lengths, kind="stable")
     outputs = [None] * len(sources)
     for start in range(0, len(order), batch_size):
         if stop_phase is not None:
             stopping.check(stop_phase)
         chunk = order[start : start + batch_size]
-        ids = tf.gather(padded, chunk)
         # Full batches only (padded with one-EOS sentences): static shapes, one trace per length.
-        rows = int(ids.shape[0])
-        if rows < batch_size:
-            filler = tf.concat(
-                [
-                    tf.fill([batch_size - rows, 1], tf.constant(settings.eos_id, ids.dtype)),
-                    tf.zeros([batch_size - rows, int(ids.shape[1]) - 1], ids.dtype),
-                ],
-                axis=1,
-            )
-            ids = tf.concat([ids, filler], axis=0)
-        out = decode(ids).numpy()[:rows]
-        # Everything from the first EOS on is dropped before detokenizing.
-        after_eos = np.cumsum(out == settings.eos_id, axis=1) > 0
-        out = np.where(after_eos, 0, out).astype("int32")
-        texts = tokenizer.detokenize(tf.constant(out)).numpy()
-        for i, text in zip(chunk, texts):
-            outputs[i] = text.decode("utf-8", errors="replace")
+        ids = np.zeros((batch_size, width), np.int32)
+        ids[len(chunk) :, 0] = settings.eos_id
+        for i, index in enumerate(chunk):
+            ids[i, : lengths[index]] = rows[index]
+        out = decode(ids)[: len(chunk)]
+        for i, found in zip(chunk, out.tolist()):
+            # Everything from the first EOS on is dropped before detokenizing, and padding.
+            found = found[: found.index(settings.eos_id)] if settings.eos_id in found else found
+            outputs[i] = tokenizer.decode([piece for piece in found if piece])
     return outputs
 
 

@@ -2,9 +2,9 @@
 
 The layers and the loss read as the paper's formulas; where a measurably faster computation of
 the same numbers exists, their code has one dispatch line that asks the private kernel modules
-(`layers/_fast_paths.py`, `training/_fast_paths.py`) for it, passing the `Kernels` the layer (or
-loss, optimizer, search, export) was built with. Those kernels run only where they apply (most
-are TensorFlow-only and step aside under XLA or on other backends) and only when chosen.
+(`layers/_fast_paths.py`, `training/recipe/_fast_paths.py`) for it, passing the `Kernels` the
+layer (or loss, optimizer, search, export) was built with. Those kernels run only where they
+apply (most are TensorFlow-only and step aside under XLA or on other backends) and only when chosen.
 `tests/test_fast_paths.py` proves every one equal to its plain form, and
 `docs/guides/performance.md` has the measurements that made each one the default.
 

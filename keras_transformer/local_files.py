@@ -2,7 +2,7 @@
 
 The workdir's helpers (`workdir`, `integrity`) go through `gfile()`: with TensorFlow every
 TensorFlow filesystem (`gs://...`) works, as before; without it (a JAX machine) local paths do,
-so the JAX trainer writes the same checkpoints, checksums and results as the TensorFlow one.
+so the JAX engine writes the same checkpoints, checksums and results as the TensorFlow one.
 """
 
 import os
@@ -20,6 +20,16 @@ class LocalGfile:
     remove = staticmethod(os.remove)
     rmtree = staticmethod(shutil.rmtree)
     glob = staticmethod(lambda pattern: __import__("glob").glob(pattern))
+
+    @staticmethod
+    def stat(path):
+        """`tf.io.gfile.stat`'s fields: `length` (bytes), `mtime_nsec`, `is_directory`."""
+        import types
+
+        found = os.stat(path)
+        return types.SimpleNamespace(
+            length=found.st_size, mtime_nsec=found.st_mtime_ns, is_directory=os.path.isdir(path)
+        )
 
     @staticmethod
     def makedirs(path):

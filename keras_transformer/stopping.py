@@ -8,7 +8,7 @@ leaves nothing half-written (between two segments of `prepare`'s shards, between
 batches of the final model's choice, before an export is renamed into place). There `check`
 raises `errors.Preempted`: the temporary files are removed on the way out, the workdir lock is
 released, and the command prints one line and exits with `errors.PREEMPTED_EXIT_CODE` (75).
-Training reads the same flag after every step (`training.preemption.StopOnSignal`: it saves the
+Training reads the same flag after every step (`training.run.preemption.StopOnSignal`: it saves the
 resume state first). Running the same command again resumes: a phase whose result was written
 is not run again.
 

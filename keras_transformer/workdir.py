@@ -22,13 +22,13 @@ WORKDIR/
   shortlist.npz        the vocabulary shortlist's lexical table (`keras-transformer shortlist`,
                        data/shortlist.py), read by `export --shortlist`
   init_from.json       a fine-tuning run's parent: path, checkpoint, step (train.init_from,
-                       training/init_from.py)
+                       training/run/init_from.py)
   lock.json            who runs `train` or `prepare` here now (see `keras_transformer.lock`)
   prepared.partial/    a preparation under way or stopped (local disk), renamed to prepared/
   prepare.progress.json  its complete segments, so that a stopped one continues (see
                        data/prepare_progress.py); prepare.vocabulary.*: its trained vocabulary
   prepare.heartbeat    while the chief of a multi-worker job prepares the data: its heartbeat,
-                       which the waiting workers watch (training/distribute.py)
+                       which the waiting workers watch (training/engines/distribute.py)
 ```
 
 Every path may be on any TensorFlow filesystem (`gs://bucket/run`, `ram://` in tests, a local

@@ -50,7 +50,7 @@ FIGURES.mkdir(parents=True, exist_ok=True)
 
 def show(figure, name):
     \"\"\"Displays a matplotlib figure and keeps a PNG copy in WORKDIR/figures.\"\"\"
-    from keras_transformer.training.visuals import figure_to_png
+    from keras_transformer.training.run.visuals import figure_to_png
 
     png = figure_to_png(figure)
     (FIGURES / f"{name}.png").write_bytes(png)
@@ -161,7 +161,7 @@ model (d_model 512, 4000 warm-up steps).""",
     ),
     (
         "code",
-        """from keras_transformer.training.schedules import TransformerSchedule
+        """from keras_transformer.training.recipe.schedules import TransformerSchedule
 
 figure = Figure(figsize=(11, 3.5))
 for ax, (title, d_model, warmup, scale, steps) in zip(
@@ -197,7 +197,7 @@ model's cross-attention is far from diagonal.""",
     ),
     (
         "code",
-        """from keras_transformer.training.visuals import attention_figure, sentence_attention
+        """from keras_transformer.training.run.visuals import attention_figure, sentence_attention
 
 attention = sentence_attention(model, tokenizer, sources[0], config.data)
 print("source:     ", attention["source"])

@@ -164,9 +164,8 @@ def quickstart_run(steps, initial_weights, *settings):
 
     from keras_transformer.config import EOS_ID, decoding_settings, load_config
     from keras_transformer.data.records import numpy_batches
-    from keras_transformer.decoding import translate_ids
+    from keras_transformer.evaluation import compiled_search
     from keras_transformer.models import build_transformer
-    from keras_transformer.training.jax_trainer import _until_eos
     from keras_transformer.training.recipe import compile_model
 
     steps = int(steps)
@@ -188,46 +187,40 @@ def quickstart_run(steps, initial_weights, *settings):
     batches = numpy_batches(pairs, d, seed=config.train.seed)
     model.fit(batches, steps_per_epoch=steps, epochs=1, verbose=0)
     greedy = dataclasses.replace(decoding_settings(config), beam_size=1)
-    if keras.backend.backend() == "jax":
-        from keras_transformer.training.jax_trainer import search_function
-
-        search, values = search_function(model, greedy), [v.value for v in model.variables]
-
-        def decode(ids):
-            return search(values, ids)
-    else:
-        import tensorflow as tf
-
-        decode = tf.function(lambda ids: translate_ids(model, ids, greedy)[0])
+    decode = compiled_search(model, greedy)  # tf.function or jax.jit
     hypotheses = []
     for start in range(0, len(dev), 100):  # batches of 100, sources padded to 48 tokens
         ids = np.zeros((100, d.max_source_length), np.int32)
         for i, (source, _) in enumerate(dev[start : start + 100]):
             row = processor.encode(source)[: d.max_source_length - 1] + [EOS_ID]
             ids[i, : len(row)] = row
-        found = np.asarray(decode(ids)).tolist()
-        hypotheses += [processor.decode(_until_eos(row)) for row in found]
+        found = decode(ids).tolist()
+        hypotheses += [processor.decode(row[: row.index(EOS_ID)] if EOS_ID in row else row)
+                       for row in found]  # fmt: skip
     bleu = sacrebleu.corpus_bleu(hypotheses, [[t for _, t in dev]]).score
     return {"backend": keras.backend.backend(), "steps": steps, "dev_bleu_greedy": bleu}
 
 
 def translate_dev(workdir):
-    import sentencepiece as spm
-
+    """The dev set of `workdir` translated by its last checkpoint, with the export's settings,
+    by the search the run scores with (`evaluation.translate_sentences`) on this backend."""
     from keras_transformer.config import decoding_settings, load_config
     from keras_transformer.data.corpora import read_pairs
+    from keras_transformer.data.tokenizer import Tokenizer
+    from keras_transformer.evaluation import translate_sentences
     from keras_transformer.models import build_transformer
-    from keras_transformer.training.jax_trainer import translate
     from keras_transformer.workdir import Workdir, list_checkpoints, load_model_weights
 
     config = load_config(f"{workdir}/config.yaml")
-    processor = spm.SentencePieceProcessor(model_file=f"{workdir}/spm.model")
-    model = build_transformer(config.model, processor.get_piece_size())
+    tokenizer = Tokenizer(f"{workdir}/spm.model")
+    model = build_transformer(config.model, tokenizer.vocab_size)
     load_model_weights(model, list_checkpoints(Workdir.of(config).checkpoints)[-1][1])
     sources = [s for s, _ in read_pairs(config.data.dev)]
     settings = decoding_settings(config, export=True)
-    return {"sources": sources, "translations": translate(model, processor, sources, config.data,
-                                                          settings)}  # fmt: skip
+    return {
+        "sources": sources,
+        "translations": translate_sentences(model, tokenizer, sources, config.data, settings),
+    }
 
 
 if __name__ == "__main__":

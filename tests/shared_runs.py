@@ -148,9 +148,9 @@ def _wrap(trainer):
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Wraps the trainer once `keras_transformer.training.trainer` is imported."""
+    """Wraps the trainer once `keras_transformer.training.run.outline` is imported."""
 
-    NAME = "keras_transformer.training.trainer"
+    NAME = "keras_transformer.training.run.outline"
 
     def find_spec(self, name, path, target=None):
         if name != self.NAME:

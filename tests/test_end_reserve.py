@@ -13,11 +13,12 @@ from keras_transformer.data import Tokenizer, read_pairs
 from keras_transformer.evaluation import evaluate_bleu
 from keras_transformer.final_model import final_model, reused_dev_scores
 from keras_transformer.models import build_transformer
-from keras_transformer.training import end_reserve, train
-from keras_transformer.training.callbacks import StopAtStep
-from keras_transformer.training.end_reserve import EndReserve, EndWork, end_work
-from keras_transformer.training.run_state import RunState
-from keras_transformer.training.schedules import BudgetSchedule
+from keras_transformer.training import train
+from keras_transformer.training.recipe.schedules import BudgetSchedule
+from keras_transformer.training.run import end_reserve
+from keras_transformer.training.run.callbacks import StopAtStep
+from keras_transformer.training.run.end_reserve import EndReserve, EndWork, end_work
+from keras_transformer.training.run.run_state import RunState
 from tests.test_final_model import _copy_workdir, _plan
 from tests.test_training_schedule import _assert_documented_time_keys
 from tests.training_helpers import tiny_config
@@ -190,12 +191,12 @@ def test_a_budgeted_run_records_its_estimate_and_scores_dev_once(tmp_path, monke
     """`train` on a budget: the estimate made at the dev evaluation is kept and lands in
     result.json's `budget` beside the end's seconds; the dev figures are the chosen candidate's
     (decoded once: the scoring reuses them)."""
-    import keras_transformer.training.trainer as trainer
+    import keras_transformer.training.run.finish as finish
 
     decoded = []
-    original = trainer.evaluate_bleu
+    original = finish.evaluate_bleu
     monkeypatch.setattr(
-        trainer, "evaluate_bleu", lambda *a, **kw: decoded.append(len(a[2])) or original(*a, **kw)
+        finish, "evaluate_bleu", lambda *a, **kw: decoded.append(len(a[2])) or original(*a, **kw)
     )
     config = tiny_config(
         tmp_path,

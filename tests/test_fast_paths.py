@@ -26,11 +26,14 @@ from keras_transformer.layers import MultiHeadAttention, scaled_dot_product_atte
 from keras_transformer.layers.attention import write_cache
 from keras_transformer.layers.normalization import LayerNormalization
 from keras_transformer.models import Transformer
-from keras_transformer.training import losses as losses_module
-from keras_transformer.training import metrics as metrics_module
-from keras_transformer.training.losses import MaskedSparseCrossEntropy, masked_token_cross_entropy
-from keras_transformer.training.metrics import MaskedAccuracy, Perplexity
-from keras_transformer.training.optimizers import FusedAdam
+from keras_transformer.training.recipe import losses as losses_module
+from keras_transformer.training.recipe import metrics as metrics_module
+from keras_transformer.training.recipe.losses import (
+    MaskedSparseCrossEntropy,
+    masked_token_cross_entropy,
+)
+from keras_transformer.training.recipe.metrics import MaskedAccuracy, Perplexity
+from keras_transformer.training.recipe.optimizers import FusedAdam
 
 ATOL = 1e-5
 
@@ -355,7 +358,7 @@ def test_accuracy_equals_argmax_accuracy():
 
 
 def test_perplexity_equals_exp_of_mean_nll():
-    from keras_transformer.training.metrics import Perplexity
+    from keras_transformer.training.recipe.metrics import Perplexity
 
     logits = rand((3, 5, 13), 4) * 2
     labels = np.random.default_rng(5).integers(1, 13, (3, 5)).astype("int32")
@@ -517,7 +520,7 @@ def test_adam_slots_are_kerass_own():
     Keras's private `_momentums` / `_velocities` (Keras has no public accessor): they must be
     the slots Keras's own update writes and the optimizer's variables hold (what checkpoints
     save and a resume restores). A Keras that renames or re-keys them fails here, loudly."""
-    from keras_transformer.training._fast_paths import adam_slots
+    from keras_transformer.training.recipe._fast_paths import adam_slots
 
     variables = [keras.Variable(rand((2, 3), 50)), keras.Variable(rand((3,), 51))]
     optimizer = keras.optimizers.Adam(0.1, beta_1=0.9, beta_2=0.98)  # Keras's update
@@ -536,7 +539,7 @@ def test_adam_slots_are_kerass_own():
         for path in sorted(package.rglob("*.py"))
         if re.search(r"\._(momentums|velocities)\b", path.read_text())
     ]
-    assert readers == ["training/_fast_paths.py"], readers
+    assert readers == ["training/recipe/_fast_paths.py"], readers
 
 
 @pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])

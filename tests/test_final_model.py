@@ -384,8 +384,8 @@ class _ScriptedEvaluator:
 def test_keep_best_keeps_the_k_best_scored_steps_across_a_resume(tmp_path):
     import keras
 
-    from keras_transformer.training.callbacks import StepCheckpoint
-    from keras_transformer.training.dev_evaluation import KeepBest
+    from keras_transformer.training.run.callbacks import StepCheckpoint
+    from keras_transformer.training.run.dev_evaluation import KeepBest
 
     bleu = {2: 5.0, 4: 9.0, 6: 7.0, 8: 9.0, 10: 3.0, 12: 8.0}
     layout = Workdir(str(tmp_path))

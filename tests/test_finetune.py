@@ -12,7 +12,8 @@ from training_helpers import tiny_config, write_yaml
 from keras_transformer import cli
 from keras_transformer.data import Tokenizer, read_pairs
 from keras_transformer.models import build_transformer
-from keras_transformer.training import strategies, train
+from keras_transformer.training import train
+from keras_transformer.training.engines import strategies
 from keras_transformer.workdir import Workdir, load_model_weights
 
 # Short sentences and a word-level vocabulary: the tiny model learns them in a few hundred steps.

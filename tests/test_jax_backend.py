@@ -67,17 +67,20 @@ def test_model_loss_step_search_and_accelerator_check_run_on_jax_without_tensorf
     assert quickstart["steps"] == 4 and 0 <= quickstart["dev_bleu_beam"] <= 100
 
 
-def test_the_jax_trainer_refuses_tensorflow_only_settings_in_one_line():
+def test_the_jax_engine_refuses_only_what_needs_tensorflow_in_one_line():
     from keras_transformer.config import from_dict
     from keras_transformer.errors import UsageError
-    from keras_transformer.training.jax_trainer import _check_supported
+    from keras_transformer.training.engines.jax_engine import check_supported
 
-    _check_supported(from_dict({"train": {"gradient_accumulation_steps": 4}}))  # supported
-    config = from_dict({"train": {"max_minutes": 30}, "runtime": {"strategy": "tpu"}})
+    supported = {"gradient_accumulation_steps": 4, "max_minutes": 30, "init_from": "parent"}
+    check_supported(from_dict({"train": supported}))  # the run's own, on either engine
+    config = from_dict({"runtime": {"strategy": "tpu", "mixed_precision": "auto"},
+                        "train": {"max_minutes": 30, "schedule": "linear"}})  # fmt: skip
     with pytest.raises(UsageError) as refused:
-        _check_supported(config)
+        check_supported(config)
     message = str(refused.value)
-    assert "train.max_minutes" in message and "runtime.strategy: tpu" in message
+    assert "runtime.strategy: tpu" in message and "runtime.mixed_precision: auto" in message
+    assert "train.schedule: linear with train.max_minutes" in message
     assert "\n" not in message
 
 
@@ -147,7 +150,7 @@ def test_same_numbers_on_both_backends(tmp_path):
 def test_data_parallel_and_accumulation_give_the_weights_of_one_device_and_one_batch():
     """One step on a global batch of 4 rows, from the same weights: with
     `gradient_accumulation_steps` 2 (two micro-batches of different token counts), under
-    `keras.distribution.DataParallel` over two host devices (the JAX trainer's choice where
+    `keras.distribution.DataParallel` over two host devices (the JAX engine's choice where
     there are several), and both, the weights are those of one device on the whole batch
     (1e-5), and accumulation logs the same loss and metrics."""
     env = _env(XLA_FLAGS="--xla_force_host_platform_device_count=2")

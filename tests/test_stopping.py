@@ -597,9 +597,9 @@ def test_training_whose_lock_was_taken_over_stops_after_the_step_and_saves_nothi
 
     from keras_transformer import stopping
     from keras_transformer.errors import Preempted
-    from keras_transformer.training.callbacks import ResumeState
-    from keras_transformer.training.preemption import CatchSignals, StopOnSignal
-    from keras_transformer.training.run_state import RunState
+    from keras_transformer.training.engines.tf_state import ResumeState
+    from keras_transformer.training.run.preemption import CatchSignals, StopOnSignal
+    from keras_transformer.training.run.run_state import RunState
 
     class TakeOverAt(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):

@@ -701,9 +701,9 @@ def test_the_dead_code_check_resolves_references(tmp_path):
 
 
 # Where a config's decoding settings are made (`config.decoding_settings`): the config package,
-# the commands, and once at the top of each training path (the trainer's `_Run`, the JAX
-# trainer's `train`). The modules below get `DecodingSettings` values (#48).
-_MAKES_DECODING_SETTINGS = {"training/trainer.py": {"_Run"}, "training/jax_trainer.py": {"train"}}
+# the commands, and once at the top of the training run (its `Run`, on either engine). The
+# modules below get `DecodingSettings` values (#48).
+_MAKES_DECODING_SETTINGS = {"training/run/setup.py": {"Run"}}
 
 
 def _decoding_settings_calls(text):
@@ -729,8 +729,8 @@ def test_the_decoding_settings_are_made_once_at_the_top():
         if where not in _MAKES_DECODING_SETTINGS.get(name, ())
     ]
     assert not found, "\n".join(found)
-    trainer = (PACKAGE / "training" / "trainer.py").read_text()
-    assert [where for _, where in _decoding_settings_calls(trainer)] == ["_Run", "_Run"]
+    setup = (PACKAGE / "training" / "run" / "setup.py").read_text()
+    assert [where for _, where in _decoding_settings_calls(setup)] == ["Run", "Run"]
     text = (
         "def f(c):\n    return config.decoding_settings(c)\n"
         "class R:\n    d = decoding_settings(1)\n"
@@ -786,7 +786,7 @@ def test_the_hyper_parameters_are_listed_once():
 
 
 # The one module that looks at a strategy's type: it chooses the run's input object per kind.
-STRATEGY_MODULE = PACKAGE / "training" / "strategies.py"
+STRATEGY_MODULE = PACKAGE / "training" / "engines" / "strategies.py"
 
 
 def _strategy_type_tests(text):
@@ -810,8 +810,8 @@ def _strategy_type_tests(text):
 
 
 def test_only_the_strategy_module_looks_at_a_strategy_type():
-    """What differs between strategies is decided once, in `training/strategies.py` (one input
-    object per kind); the trainer decided it with `isinstance` in three functions and
+    """What differs between strategies is decided once, in `training/engines/strategies.py` (one
+    input object per kind); the trainer decided it with `isinstance` in three functions and
     `models/_train_step.py` with its own."""
     found = [
         f"{path.relative_to(PACKAGE)}:{line}: {code}"

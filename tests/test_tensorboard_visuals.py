@@ -11,7 +11,7 @@ from training_helpers import tiny_config
 
 from keras_transformer.config import from_dict
 from keras_transformer.training import train
-from keras_transformer.training.visuals import (
+from keras_transformer.training.run.visuals import (
     attention_figure,
     figure_to_png,
     flatten_config,

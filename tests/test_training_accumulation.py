@@ -13,8 +13,8 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer.models import Transformer
-from keras_transformer.training.losses import MaskedSparseCrossEntropy
-from keras_transformer.training.metrics import MaskedAccuracy, Perplexity, TokenCount
+from keras_transformer.training.recipe.losses import MaskedSparseCrossEntropy
+from keras_transformer.training.recipe.metrics import MaskedAccuracy, Perplexity, TokenCount
 
 # Numerically sensitive: CI runs this module again with oneDNN off and with one thread.
 pytestmark = pytest.mark.numerics

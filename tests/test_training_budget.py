@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from keras_transformer.config import ConfigError, load_config
-from keras_transformer.training.callbacks import StopAtStep, optimizer_step
+from keras_transformer.training.run.callbacks import StopAtStep, optimizer_step
 
 
 def _fit(stopper, epochs=3):
@@ -43,8 +43,8 @@ def test_training_ends_the_end_minutes_before_the_budget():
     `train.end_minutes` before it (a tenth of the budget by default), the time the dev set's
     choice, the scoring and the export then fit into."""
     from keras_transformer.config import budget_seconds
-    from keras_transformer.training.schedules import BudgetSchedule
-    from keras_transformer.training.trainer import make_optimizer
+    from keras_transformer.training.recipe import make_optimizer
+    from keras_transformer.training.recipe.schedules import BudgetSchedule
 
     def train_config(*overrides):
         return load_config(overrides=["train.schedule=linear", *overrides]).train
@@ -77,12 +77,13 @@ def test_a_budgeted_run_stopped_after_training_exports_the_uninterrupted_runs_mo
     no step more (its budget is spent), keeps the checkpoints as they were and exports the
     model of the run that was never stopped, weight for weight. Training time is a fake clock
     (four seconds a reading), so training stops at the same step wherever it runs; the export
-    records the final model's weights (`_export`'s own work is the same for both)."""
+    records the final model's weights (`finish.export`'s own work is the same for both)."""
     import shutil
 
     from training_helpers import tiny_config
 
-    from keras_transformer.training import run_state, train, trainer
+    from keras_transformer.training import train
+    from keras_transformer.training.run import finish, run_state
     from keras_transformer.workdir import list_checkpoints
 
     class Clock:  # what `RunState` reads: time.monotonic
@@ -99,7 +100,7 @@ def test_a_budgeted_run_stopped_after_training_exports_the_uninterrupted_runs_mo
         exported.append([np.array(w) for w in model.weights])
         return f"export {len(exported)}"
 
-    monkeypatch.setattr(trainer, "_export", export)
+    monkeypatch.setattr(finish, "export", export)
 
     def config(workdir):
         budget = dict(steps=1000, max_minutes=1.0, end_minutes=0.5, ema_momentum=0.9)

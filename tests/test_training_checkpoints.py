@@ -13,8 +13,9 @@ import pytest
 from keras_transformer.config import from_dict
 from keras_transformer.models import build_transformer
 from keras_transformer.training import compile_model
-from keras_transformer.training.callbacks import ResumeState, StepCheckpoint, averaged_weights
-from keras_transformer.training.trainer import make_optimizer
+from keras_transformer.training.engines.tf_state import ResumeState
+from keras_transformer.training.recipe import make_optimizer
+from keras_transformer.training.run.callbacks import StepCheckpoint, averaged_weights
 from keras_transformer.workdir import average_checkpoints, complete_checkpoints, list_checkpoints
 
 # Numerically sensitive: CI runs this module again with oneDNN off and with one thread.
@@ -221,7 +222,7 @@ def test_with_ema_the_resume_state_saved_at_the_end_of_fit_holds_the_trained_wei
     averages beside them among the optimizer's variables."""
     import tensorflow as tf
 
-    from keras_transformer.training.callbacks import _moving_averages
+    from keras_transformer.training.run.callbacks import _moving_averages
 
     model = _compiled_model(ema_momentum=0.9)
     state = ResumeState(model, str(tmp_path), every=1000, keep=1)

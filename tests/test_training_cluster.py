@@ -97,11 +97,12 @@ def _resume_config(tmp_path):
 def _reference_run(config_path, workdir):
     """The uninterrupted run, in this process (without the export at its end)."""
     from keras_transformer.config import load_config
-    from keras_transformer.training import train, trainer
+    from keras_transformer.training import train
+    from keras_transformer.training.run import finish
 
     reference = load_config(str(config_path), overrides=[f"runtime.workdir={workdir}"])
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(trainer, "_export", lambda *args, **kwargs: None)
+        patch.setattr(finish, "export", lambda *args, **kwargs: None)
         assert train(reference)["step"] == 16
 
 
@@ -293,7 +294,7 @@ def _restart(config, model, backup, position, read, skip=False):
     resume state (or by skipping); returns (records read until the first batch, next 3
     batches)."""
     from keras_transformer.data import prepared_dataset
-    from keras_transformer.training.callbacks import ResumeState
+    from keras_transformer.training.engines.tf_state import ResumeState
     from keras_transformer.workdir import Workdir
 
     dataset = prepared_dataset(Workdir.of(config).prepared, config.data, verbose=False)
@@ -319,7 +320,7 @@ def test_resume_state_holds_the_data_iterator_restart_reads_do_not_grow(tmp_path
     from keras_transformer.data import prepare, prepared_dataset
     from keras_transformer.models import build_transformer
     from keras_transformer.training import compile_model
-    from keras_transformer.training.callbacks import ResumeState
+    from keras_transformer.training.engines.tf_state import ResumeState
     from keras_transformer.workdir import Workdir
 
     read = []
@@ -358,19 +359,19 @@ def test_resume_state_holds_the_data_iterator_restart_reads_do_not_grow(tmp_path
 def mirrored_restarts(report):
     """Run by `train_runner.py --logical-cpus 2`: under MirroredStrategy, the trainer's resume
     path (`MirroredInput.iterate`, `ResumeState`, `MirroredInput.resumed`: the strategy's input
-    object, `training.strategies`) at data positions 5 and 600.
+    object, `training.engines.strategies`) at data positions 5 and 600.
     Checks that the batches after each restart are those of the uninterrupted iterator, and
     that `fit` trains on them (its symbolic build's batch is handed out again); writes the
     records read until the first batch after each restart, and after skipping instead."""
     import keras
     from training_helpers import tiny_config
 
-    from keras_transformer.training import trainer
-    from keras_transformer.training.callbacks import ResumeState
-    from keras_transformer.training.distribute import get_strategy
-    from keras_transformer.training.replica_batches import ReplicaBatches
-    from keras_transformer.training.run_state import RunState
-    from keras_transformer.training.strategies import strategy_input
+    from keras_transformer.training.engines.distribute import get_strategy
+    from keras_transformer.training.engines.replica_batches import ReplicaBatches
+    from keras_transformer.training.engines.strategies import strategy_input
+    from keras_transformer.training.engines.tf_state import ResumeState
+    from keras_transformer.training.run import setup
+    from keras_transformer.training.run.run_state import RunState
     from keras_transformer.workdir import Workdir
 
     read = []
@@ -383,19 +384,19 @@ def mirrored_restarts(report):
     )
     strategy = get_strategy(config.runtime)
     assert strategy.num_replicas_in_sync == 2
-    run = trainer._Run(config, Workdir.of(config), strategy_input(strategy), True, time.time())
+    run = setup.Run(config, Workdir.of(config), strategy_input(strategy), time.time())
     keras.utils.set_random_seed(config.train.seed)
-    data = trainer._prepare_data(run)
-    model = trainer._build_model(run, data.tokenizer.vocab_size, data.num_pairs)
+    data = setup.prepare_data(run)
+    model = setup.build_model(run, data.tokenizer.vocab_size, data.num_pairs)
 
     def restart(backup):
-        """As `_fit` does: (resume state, ReplicaBatches, what `fit` takes)."""
+        """As `fitting.fit` does: (resume state, ReplicaBatches, what `fit` takes)."""
         run_state = RunState()
-        dataset, feeder = run.inputs.iterate(data, run_state)
+        dataset, feeder = run.engine.iterate(data, run_state)
         assert isinstance(feeder, ReplicaBatches)
         state = ResumeState(model, backup, 1, 1, iterator=feeder.iterator, run_state=run_state)
         state.restore()
-        return state, feeder, run.inputs.resumed(data, dataset, feeder, state.batches, state)
+        return state, feeder, run.engine.resumed(data, dataset, feeder, state.batches, state)
 
     def arrays(batch):
         """The global batch: a per-replica batch's shares, concatenated."""
@@ -414,7 +415,7 @@ def mirrored_restarts(report):
         state, feeder, _ = restart(backup)
         for _ in range(position):  # the uninterrupted run
             next(feeder)
-            state.run_state.position.assign_add(1)
+            state.run_state.restored(state.run_state.elapsed, state.run_state.batches + 1)
         model.optimizer.iterations.assign(position)
         state.save()
         expected = [next(feeder) for _ in range(3)]
@@ -427,7 +428,7 @@ def mirrored_restarts(report):
         first = next(iter(batches))
         found[f"restored{position}"] = _settled(read)
         assert_same(first, expected[0])
-        skipped = iter(run.inputs.batches(data, position))
+        skipped = iter(run.engine.batches(data, position))
         _settled(read)
         read.clear()
         for a, b in zip(tf.nest.flatten(next(skipped)), arrays(expected[0]), strict=True):
@@ -466,7 +467,7 @@ def worker_batches_as_tensorflow_hands_them(report):
     step, the batches of TensorFlow's own iterator of `distribute_datasets_from_function`, in one
     trace of the function that draws them (whatever their shapes); `IteratorBackup` restores its
     place at a step, refuses a missing or torn state, and keeps the last `keep` states."""
-    from keras_transformer.training.worker_batches import (
+    from keras_transformer.training.engines.worker_batches import (
         IteratorBackup,
         WorkerBatches,
         WorkerInput,
@@ -602,14 +603,15 @@ def test_a_waiting_worker_sees_the_chief_alive_then_fails_soon_after_it_dies(
     from training_helpers import subprocess_env
 
     from keras_transformer.errors import WorkerError
-    from keras_transformer.training import distribute
+    from keras_transformer.training.engines import distribute
 
     monkeypatch.setattr(distribute, "WAITING_LINE_SECONDS", 0.5)
     beat = tmp_path / "prepare.heartbeat"
     chief = subprocess.Popen(
         [
             sys.executable, "-c",
-            "import sys, time\nfrom keras_transformer.training.distribute import Heartbeat\n"
+            "import sys, time\n"
+            "from keras_transformer.training.engines.distribute import Heartbeat\n"
             "Heartbeat(sys.argv[1], interval=0.2).__enter__()\ntime.sleep(600)",
             str(beat),
         ],

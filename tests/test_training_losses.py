@@ -4,9 +4,9 @@ import keras
 import numpy as np
 import pytest
 
-from keras_transformer.training.losses import MaskedSparseCrossEntropy
-from keras_transformer.training.metrics import MaskedAccuracy, Perplexity, TokenCount
-from keras_transformer.training.schedules import TransformerSchedule
+from keras_transformer.training.recipe.losses import MaskedSparseCrossEntropy
+from keras_transformer.training.recipe.metrics import MaskedAccuracy, Perplexity, TokenCount
+from keras_transformer.training.recipe.schedules import TransformerSchedule
 
 
 def _paper_rate(step, d_model, warmup, scale=1.0):

@@ -15,7 +15,8 @@ from training_helpers import tiny_config
 from keras_transformer.config import ConfigError
 from keras_transformer.data import read_pairs
 from keras_transformer.models import build_transformer
-from keras_transformer.training import compile_model, precision, train
+from keras_transformer.training import compile_model, train
+from keras_transformer.training.engines import precision
 from keras_transformer.workdir import list_checkpoints
 
 

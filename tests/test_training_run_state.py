@@ -13,11 +13,12 @@ import tensorflow as tf
 from training_helpers import RecordRate
 
 from keras_transformer.errors import Preempted
-from keras_transformer.training.callbacks import ResumeState, StopAtStep, optimizer_step
-from keras_transformer.training.optimizers import FusedAdam
-from keras_transformer.training.preemption import StopOnSignal
-from keras_transformer.training.run_state import RunState
-from keras_transformer.training.schedules import BudgetSchedule
+from keras_transformer.training.engines.tf_state import ResumeState
+from keras_transformer.training.recipe.optimizers import FusedAdam
+from keras_transformer.training.recipe.schedules import BudgetSchedule
+from keras_transformer.training.run.callbacks import StopAtStep, optimizer_step
+from keras_transformer.training.run.preemption import StopOnSignal
+from keras_transformer.training.run.run_state import RunState
 
 
 class _FakeTimer:

@@ -13,11 +13,12 @@ from training_helpers import RecordRate, read_scalars, tiny_config
 
 from keras_transformer.config import ConfigError, load_config
 from keras_transformer.training import train
-from keras_transformer.training.callbacks import ResumeState, StopAtStep
-from keras_transformer.training.optimizers import FusedAdam
-from keras_transformer.training.run_state import RunState
-from keras_transformer.training.schedules import BudgetSchedule
-from keras_transformer.training.trainer import make_optimizer
+from keras_transformer.training.engines.tf_state import ResumeState
+from keras_transformer.training.recipe import make_optimizer
+from keras_transformer.training.recipe.optimizers import FusedAdam
+from keras_transformer.training.recipe.schedules import BudgetSchedule
+from keras_transformer.training.run.callbacks import StopAtStep
+from keras_transformer.training.run.run_state import RunState
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 

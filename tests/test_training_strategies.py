@@ -80,7 +80,7 @@ def paper_configs_two_steps():
     from keras_transformer.config import load_config
     from keras_transformer.models import build_transformer
     from keras_transformer.training import compile_model
-    from keras_transformer.training.distribute import get_strategy
+    from keras_transformer.training.engines.distribute import get_strategy
 
     root = os.path.dirname(RUNNER)
     strategy = None  # one strategy for both: a second one would reuse its collective keys

@@ -142,7 +142,7 @@ def test_commits_into_the_workdir_are_refused_once_its_lock_is_taken_over(tmp_pa
     import numpy as np
     import tensorflow as tf
 
-    from keras_transformer.training.callbacks import ResumeState
+    from keras_transformer.training.engines.tf_state import ResumeState
     from keras_transformer.workdir import save_model_weights, write_atomically
 
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
@@ -231,9 +231,10 @@ def test_training_stopping_on_sigterm_saves_nothing_once_its_lock_is_taken_over(
     import numpy as np
     import tensorflow as tf
 
-    from keras_transformer.training.callbacks import ResumeState, StepCheckpoint
-    from keras_transformer.training.preemption import CatchSignals, StopOnSignal
-    from keras_transformer.training.run_state import RunState
+    from keras_transformer.training.engines.tf_state import ResumeState
+    from keras_transformer.training.run.callbacks import StepCheckpoint
+    from keras_transformer.training.run.preemption import CatchSignals, StopOnSignal
+    from keras_transformer.training.run.run_state import RunState
 
     workdir = tmp_path / "workdir"
 

@@ -7,8 +7,10 @@ Usage:
 `--logical-cpus N` splits the CPU into N logical devices before TensorFlow starts, so that
 `runtime.strategy: mirrored` has N replicas. `--sigterm-at-step N` makes the process send
 itself SIGTERM at the end of training step N (a preemption at a known step, without a test that
-sleeps and polls); `--skip-export` leaves out the SavedModel export at the end of `train` (for
-tests about training alone: the export takes seconds). `--wait-for PATH` imports everything,
+sleeps and polls); `--take-over-lock-at-step N` hands the workdir's lock to another run after
+step N (as a run that found this one stalled takes it over) and waits until this run has seen
+it; `--skip-export` leaves out the SavedModel export at the end of `train` (for tests about
+training alone: the export takes seconds). `--wait-for PATH` imports everything,
 then waits until PATH exists before it runs the command (a process started ahead, whose imports
 overlap other work, that touches nothing until then). `--dump-weights PATH` writes, after the
 command, the trained model's weights and whether every local replica holds the same copy (npz),
@@ -58,21 +60,63 @@ def _sigterm_at_step(step):
 
     import keras
 
-    from keras_transformer.training import trainer
-    from keras_transformer.training.callbacks import optimizer_step
+    from keras_transformer.training.run import fitting
+    from keras_transformer.training.run.callbacks import optimizer_step
 
     class SigtermAt(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             if optimizer_step(self.model) == step:
                 os.kill(os.getpid(), signal.SIGTERM)
 
-    original = trainer._callbacks
+    original = fitting.make_callbacks
 
     def callbacks(*args):
         stopper, signals, found = original(*args)
         return stopper, signals, [SigtermAt(), *found]
 
-    trainer._callbacks = callbacks
+    fitting.make_callbacks = callbacks
+
+
+def _take_over_lock_at_step(step):
+    """Adds, first in `train`'s callbacks, one that hands the workdir's lock to another run
+    after `step`, as a run that found this one stalled would take it over: the other run's
+    `lock.json` and a checkpoint of its own (`checkpoints/ckpt-1000000.weights.h5`), written in
+    place; then it waits until this process's lock renewal has seen the takeover (the stop
+    flag is up)."""
+    import json
+
+    import keras
+
+    from keras_transformer import stopping
+    from keras_transformer.training.run import fitting
+    from keras_transformer.training.run.callbacks import optimizer_step
+
+    class TakeOverAt(keras.callbacks.Callback):
+        def __init__(self, root):
+            super().__init__()
+            self.root = root
+
+        def on_train_batch_end(self, batch, logs=None):
+            if optimizer_step(self.model) != step:
+                return
+            holder = dict(host="another-machine", pid=4242, command="train", started="now",
+                          token="new", lease_seconds=600, renewed=time.time())  # fmt: skip
+            with open(os.path.join(self.root, "lock.json"), "w") as f:
+                json.dump(holder, f)
+            with open(os.path.join(self.root, "checkpoints", "ckpt-1000000.weights.h5"), "w") as f:
+                f.write("the new holder's")
+            deadline = time.monotonic() + 120
+            while stopping.received() is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+    original = fitting.make_callbacks
+
+    def callbacks(run, *args):
+        os.makedirs(run.layout.checkpoints, exist_ok=True)
+        stopper, signals, found = original(run, *args)
+        return stopper, signals, [TakeOverAt(run.layout.root), *found]
+
+    fitting.make_callbacks = callbacks
 
 
 def _count_records(path):
@@ -113,6 +157,7 @@ def main(argv):
     parser.add_argument("--dump-weights")
     parser.add_argument("--call")
     parser.add_argument("--sigterm-at-step", type=int)
+    parser.add_argument("--take-over-lock-at-step", type=int)
     parser.add_argument("--skip-export", action="store_true")
     parser.add_argument("--wait-for")
     parser.add_argument("--count-records")
@@ -130,20 +175,22 @@ def main(argv):
         return 0
 
     from keras_transformer import cli
-    from keras_transformer.training import trainer
+    from keras_transformer.training.run import finish, fitting
 
     captured = {}
-    original_fit = trainer._fit
+    original_fit = fitting.fit
 
     def fit(run, model, data):
         captured.update(model=model, strategy=run.strategy)
         return original_fit(run, model, data)
 
-    trainer._fit = fit
+    fitting.fit = fit
     if args.sigterm_at_step:
         _sigterm_at_step(args.sigterm_at_step)
+    if args.take_over_lock_at_step:
+        _take_over_lock_at_step(args.take_over_lock_at_step)
     if args.skip_export:
-        trainer._export = lambda *args, **kwargs: None
+        finish.export = lambda *args, **kwargs: None
     while args.wait_for and not os.path.exists(args.wait_for):
         time.sleep(0.02)
     code = cli.main(rest)

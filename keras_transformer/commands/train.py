@@ -15,7 +15,7 @@ def prepare_command(args):
 
     # TensorFlow: the lock is written with tf.io.gfile.
     startup.import_tensorflow(getattr(args, "verbose", False))
-    from keras_transformer.training.init_from import prepare_parent
+    from keras_transformer.training.run.init_from import prepare_parent
 
     with workdir_lock(config, "prepare"):
         prepare_parent(config)  # train.init_from: the parent's vocabulary
@@ -35,18 +35,16 @@ def train_command(args):
     config = load_command_config(args)
     import keras
 
-    if keras.backend.backend() == "jax":  # model.fit on JAX: no TensorFlow needed
-        from keras_transformer.training import train
+    chief = True
+    if keras.backend.backend() != "jax":  # the JAX engine needs no TensorFlow
+        startup.import_tensorflow(getattr(args, "verbose", False))
+        from keras_transformer.training.engines.distribute import is_chief
 
-        with workdir_lock(config, "train"):
-            train(config)
-        return
-    startup.import_tensorflow(getattr(args, "verbose", False))
+        chief = is_chief()
     from keras_transformer.training import train
-    from keras_transformer.training.distribute import is_chief
 
     # The workers of a multi-worker job share the chief's lock.
-    with workdir_lock(config, "train") if is_chief() else contextlib.nullcontext():
+    with workdir_lock(config, "train") if chief else contextlib.nullcontext():
         train(config)
 
 

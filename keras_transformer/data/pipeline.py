@@ -61,12 +61,25 @@ def bucket_batch_sizes(boundaries, tokens_per_batch, batch_multiple=1):
     return sizes
 
 
+def encode_source(tokenizer, text, max_source_length, eos_id=EOS_ID):
+    """One source string -> its ids as the model saw them in training (pieces truncated to
+    `max_source_length - 1`, then EOS): `encode_sources`' convention in plain Python (the
+    tokenizer's Python `encode`), for a search run on either backend (`evaluation`).
+
+    Example:
+    ```python
+    encode_source(tokenizer, "ein Haus", 128)  # [pieces..., 3]
+    ```
+    """
+    return list(tokenizer.encode(text))[: max_source_length - 1] + [eos_id]
+
+
 def encode_sources(tokenizer, texts, max_source_length, length=None, ragged=False, eos_id=EOS_ID):
     """Source strings -> ids as the model saw them in training: pieces + [EOS].
 
     The one home of that convention (pieces truncated to `max_source_length - 1`, then EOS,
-    padded with 0), shared by `make_dataset`'s sources, decoding during training and the
-    exported `Translator`. Works eagerly and in graphs.
+    padded with 0), shared by `make_dataset`'s sources and the exported `Translator` (and, in
+    plain Python, `encode_source`: decoding during training). Works eagerly and in graphs.
 
     Args:
         tokenizer: a `Tokenizer`, or any object whose `tokenize(texts)` returns int ragged

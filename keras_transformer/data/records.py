@@ -1,6 +1,6 @@
 """Prepared shards read without TensorFlow: a plain-Python TFRecord reader and numpy batches
-with the pipeline's conventions, for the JAX trainer (`training.jax_trainer`) on machines where
-TensorFlow is not installed.
+with the pipeline's conventions, for the JAX engine (`training.engines.jax_engine`) on machines
+where TensorFlow is not installed.
 
 The batches follow `pipeline.batch_examples`: sources `pieces + [EOS]`, decoder inputs
 `[BOS] + pieces`, labels `pieces + [EOS]`, one length bucket per batch padded to the bucket's

@@ -234,14 +234,14 @@ class Tokenizer:
 
     def __init__(self, model_path=None, model_proto=None):
         import sentencepiece as spm
-        import tensorflow as tf
 
         if (model_path is None) == (model_proto is None):
             raise ValueError("give exactly one of model_path and model_proto")
         if model_path is not None:
-            if not tf.io.gfile.exists(model_path):
+            gfile = local_files.gfile()  # read without TensorFlow too (the JAX engine's runs)
+            if not gfile.exists(model_path):
                 raise DataError(f"SentencePiece model not found: {model_path}")
-            with tf.io.gfile.GFile(model_path, "rb") as f:
+            with gfile.GFile(model_path, "rb") as f:
                 model_proto = f.read()
         self.model_path = model_path
         self.model_proto = bytes(model_proto)
@@ -338,6 +338,14 @@ class Tokenizer:
     def encode(self, text):
         """One Python string -> list of ids (no BOS/EOS), with the Python sentencepiece library."""
         return self._processor.encode(text)
+
+    def decode(self, ids):
+        """A sequence of ids -> one Python string, with the Python sentencepiece library: as
+        `detokenize`, the ids from the first EOS on and the padding ids make no text."""
+        ids = [int(i) for i in ids]
+        if EOS_ID in ids:
+            ids = ids[: ids.index(EOS_ID)]
+        return self._processor.decode([i for i in ids if i not in (PAD_ID, BOS_ID)])
 
     def id_to_piece(self, i):
         return self._processor.id_to_piece(int(i))

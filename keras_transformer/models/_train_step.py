@@ -29,7 +29,7 @@ from keras import ops
 
 def _spans_workers(strategy):
     """True where `strategy` trains across several workers (processes): the strategy's own
-    answer, which `training.strategies` also reads to choose the trainer's input object."""
+    answer, which `training.engines.strategies` also reads to choose the trainer's input object."""
     if strategy is None or keras.backend.backend() != "tensorflow":
         return False
     return bool(strategy.extended._in_multi_worker_mode())

@@ -1,14 +1,24 @@
 """Training: `train(config)`, and `compile_model` for your own `model.fit` with the same recipe.
 
-The parts (loss, metrics, schedules, optimizer, callbacks, strategies) are importable from their
-modules: `training.losses`, `training.metrics`, `training.schedules`, `training.optimizers`,
-`training.callbacks`, `training.run_state`, `training.distribute` (the strategy chosen by name),
-`training.strategies` (what differs between strategies: one input object per kind).
+Three places, by job:
 
-`train` runs on the backend Keras runs: `training.trainer` on TensorFlow (tf.data, tf.distribute
-strategies), `training.jax_trainer` on JAX (`KERAS_BACKEND=jax`: numpy batches, one device or
-`keras.distribution.DataParallel` over all local devices). Names are loaded on first use, so
-`training.losses`, `training.recipe` and the JAX trainer import without TensorFlow.
+- `training.run`: the one training run, the same on either backend: its outline
+  (`run.outline.train`), set-up (`run.setup`), `fit` and its callbacks (`run.fitting`,
+  `run.callbacks`, `run.run_state`, `run.preemption`, `run.dev_evaluation`, `run.end_reserve`,
+  `run.visuals`), fine-tuning (`run.init_from`) and its end (`run.finish`: the final model,
+  scores, export, `result.json`);
+- `training.engines`: what differs between the backends, behind one small interface
+  (`engines.engine_for`): TensorFlow's `tf.distribute` strategies, `tf.data` batches and
+  checkpoint resume state (`engines.strategies`, `engines.tf_state`, `engines.distribute`,
+  `engines.replica_batches`, `engines.worker_batches`, `engines.precision`), and JAX's numpy
+  batches, npz resume state and `keras.distribution` (`engines.jax_engine`);
+- `training.recipe`: what a step computes, on any backend: the loss (`recipe.losses`), metrics
+  (`recipe.metrics`), learning-rate schedules (`recipe.schedules`), the optimizer
+  (`recipe.optimizers`) and `compile_model` / `make_optimizer` (`recipe.compile`).
+
+`train` runs on the backend Keras runs (`KERAS_BACKEND=jax`: no TensorFlow needed once the data
+is prepared). Names are loaded on first use, so `training.recipe` and the JAX engine import
+without TensorFlow.
 
 Example:
 ```python
@@ -23,17 +33,10 @@ __all__ = ["compile_model", "train"]
 
 def train(config):
     """Trains, evaluates and exports the model of `config` on the current Keras backend: see
-    `keras_transformer.training.trainer.train` (TensorFlow) and
-    `keras_transformer.training.jax_trainer.train` (JAX)."""
-    import keras
+    `keras_transformer.training.run.outline.train`."""
+    from keras_transformer.training.run import outline
 
-    if keras.backend.backend() == "jax":
-        from keras_transformer.training import jax_trainer
-
-        return jax_trainer.train(config)
-    from keras_transformer.training import trainer
-
-    return trainer.train(config)
+    return outline.train(config)
 
 
 def compile_model(model, config, jit_compile=False, steps_per_execution=1):

@@ -1,7 +1,9 @@
-"""The run's `tf.distribute` strategy as one input object per kind, chosen once.
+"""The TensorFlow engine: the run's `tf.distribute` strategy as one input object per kind, chosen
+once.
 
 `strategy_input(strategy)` takes the strategy `distribute.get_strategy` made and returns the
-object that answers every question the trainer asks of it:
+object that answers every question the run (`training.run`) asks of its engine
+(`training.engines`):
 
 - the default strategy (one device), `DefaultInput`: `fit` draws from the `tf.data` iterator of
   the global batches, which the resume state saves;
@@ -32,10 +34,20 @@ import os
 
 import tensorflow as tf
 
-from keras_transformer.training.callbacks import ResumeState, optimizer_step
-from keras_transformer.training.distribute import Heartbeat
-from keras_transformer.training.replica_batches import ReplicaBatches, iterated_from
-from keras_transformer.training.worker_batches import IteratorBackup, WorkerBatches, WorkerInput
+from keras_transformer.training.engines.distribute import (
+    Heartbeat,
+    WorkerTempDir,
+    is_chief,
+    wait_for_path,
+)
+from keras_transformer.training.engines.replica_batches import ReplicaBatches, iterated_from
+from keras_transformer.training.engines.tf_state import ResumeState, has_resume_state
+from keras_transformer.training.engines.worker_batches import (
+    IteratorBackup,
+    WorkerBatches,
+    WorkerInput,
+)
+from keras_transformer.training.run.run_state import optimizer_step
 
 
 def strategy_input(strategy):
@@ -77,18 +89,68 @@ class DefaultInput:
     """The default strategy (one device): `fit` draws from the `tf.data` iterator of the global
     batches, which the resume state saves. The other kinds change what differs from it.
 
-    `data` (in the methods) is the trainer's training data: `shards(multiple, **kwargs)` makes
-    the prepared batches of `multiple` shares of `data.tokens_per_batch`, and `accumulation` is
-    `train.gradient_accumulation_steps` (each replica's share splits into that many
+    `data` (in the methods) is the run's `TrainingData`: `shards(data, multiple)` makes the
+    prepared batches of `multiple` shares of `data.tokens_per_batch`, and `data.accumulation`
+    is `train.gradient_accumulation_steps` (each replica's share splits into that many
     micro-batches).
     """
 
+    backend = "tensorflow"
     #: Several workers (processes) train together: the end's estimate is not made
     #: (`end_reserve.estimates`).
     several_workers = False
+    exports = True  # the final model is exported as a SavedModel at the end of the run
 
     def __init__(self, strategy):
         self.strategy = strategy
+        self.chief = is_chief(strategy)  # the worker that writes (the only one but under several)
+        self.strategy_name = type(strategy).__name__
+
+    def jit_compile(self, value):
+        """`runtime.jit_compile` as a bool for this strategy's devices."""
+        return resolve_jit_compile(value, self.strategy)
+
+    def backup_directory(self, backup):
+        """The context giving where this worker writes its resume states: `backup` for the
+        chief, a temporary directory of its own for another worker (`WorkerTempDir`)."""
+        return WorkerTempDir(self.chief, backup)
+
+    def prepare(self, config, layout):
+        """The chief's preparation of the data (`data.prepare`); returns the manifest."""
+        from keras_transformer.data import prepare
+
+        return prepare(config)
+
+    def wait_for_prepared(self, config, layout, heartbeat):
+        """Another worker's: waits for the chief's prepared data (seeing its `heartbeat`);
+        returns the manifest."""
+        from keras_transformer.data.prepare import MANIFEST, check_prepared, read_manifest
+
+        wait_for_path(
+            os.path.join(layout.prepared, MANIFEST),
+            config.runtime.wait_seconds,
+            "prepared data",
+            heartbeat=heartbeat,
+        )
+        return check_prepared(config, read_manifest(layout.prepared), repair=False)
+
+    has_resume_state = staticmethod(has_resume_state)
+
+    @staticmethod
+    def shards(data, multiple, **kwargs):
+        """The prepared batches (`data.prepared_dataset`) of `multiple` shares of
+        `data.tokens_per_batch`, their sizes a multiple of `multiple`."""
+        from keras_transformer.data import prepared_dataset
+
+        d = data.data_config
+        return prepared_dataset(
+            data.prepared, d, training=True, tokens_per_batch=d.tokens_per_batch * multiple,
+            batch_multiple=multiple, **kwargs,
+        )  # fmt: skip
+
+    def first_batches(self, data, count=3):
+        """A few batches of one replica, for the precision's timing."""
+        return list(self.shards(data, data.accumulation, verbose=False).take(count))
 
     def heartbeat(self, path):
         """The context around the chief's `prepare`: nobody waits for it under one process."""
@@ -112,7 +174,7 @@ class DefaultInput:
         """The (deterministic, endless) global batches from global step `position` on: data
         .tokens_per_batch x replicas x accumulation tokens each."""
         share = self.strategy.num_replicas_in_sync * data.accumulation
-        return data.shards(share).skip(position)
+        return self.shards(data, share).skip(position)
 
     def iterate(self, data, run_state):
         """`(dataset, feeder)`: the batches from position 0, and what `fit` will draw them
@@ -234,6 +296,8 @@ class MultiWorkerInput(DefaultInput):
 
     def lost_peers(self, error):
         """A collective that timed out or was aborted because a worker disappeared."""
+        if not isinstance(error, tf.errors.OpError):
+            return False
         lost = (
             tf.errors.DeadlineExceededError,
             tf.errors.UnavailableError,
@@ -249,7 +313,7 @@ class MultiWorkerInput(DefaultInput):
         """This worker's `WorkerInput` from global step `position` on: its own shards for its
         replicas (`shards(input_context=...)` makes the per-replica batches); a global step takes
         one batch for each replica."""
-        shards = functools.partial(data.shards, data.accumulation, verbose=False)
+        shards = functools.partial(self.shards, data, data.accumulation, verbose=False)
         made = []
 
         def per_worker(context):

@@ -62,14 +62,16 @@ def sentence_attention(model, tokenizer, source, data_config, translation=None, 
         `Transformer.attention_scores` a list over layers of float32 arrays
         `[heads, queries, keys]`.
     """
-    from keras_transformer.data import encode_sources
+    from keras_transformer.data.pipeline import encode_source
     from keras_transformer.evaluation import translate_sentences
 
     if translation is None:
         translation = translate_sentences(model, tokenizer, [source], data_config, _cache=cache)[0]
-    source_ids = encode_sources(tokenizer, [source], data_config.max_source_length)  # [1, S]
+    source_ids = np.array(
+        [encode_source(tokenizer, source, data_config.max_source_length)], np.int32
+    )  # [1, S]
     pieces = tokenizer.encode(translation)[: data_config.max_target_length - 1]
-    target_ids = tf.constant([[tokenizer.bos_id] + pieces], dtype=tf.int32)  # [1, T]
+    target_ids = np.array([[tokenizer.bos_id] + pieces], np.int32)  # [1, T]
     with warnings.catch_warnings():
         # A one-piece translation makes Keras warn about a softmax over one key: expected here.
         warnings.simplefilter("ignore", UserWarning)
@@ -77,7 +79,7 @@ def sentence_attention(model, tokenizer, source, data_config, translation=None, 
     result = {
         "source": source,
         "translation": translation,
-        "source_pieces": [tokenizer.id_to_piece(i) for i in source_ids.numpy()[0]],
+        "source_pieces": [tokenizer.id_to_piece(i) for i in source_ids[0]],
         "target_pieces": [tokenizer.id_to_piece(i) for i in pieces + [tokenizer.eos_id]],
     }
     for kind, per_layer in scores.items():
@@ -214,7 +216,7 @@ class AttentionSummaries(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if not self.enabled:
             return
-        from keras_transformer.training.callbacks import averaged_weights, optimizer_step
+        from keras_transformer.training.run.callbacks import averaged_weights, optimizer_step
 
         step = optimizer_step(self.model)
         with averaged_weights(self.model):

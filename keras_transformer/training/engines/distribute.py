@@ -1,7 +1,7 @@
 """The distribution strategy chosen by name (`runtime.strategy`), and the workers' coordination:
 which one is the chief, its heartbeat while the others wait for its files, their temporary
 directories. What the trainer does differently under each strategy is the strategy's input object
-(`training.strategies`)."""
+(`training.engines.strategies`)."""
 
 import hashlib
 import json

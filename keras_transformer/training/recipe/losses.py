@@ -5,7 +5,7 @@ from keras import ops
 
 from keras_transformer.config import PAD_ID
 from keras_transformer.fast_paths import Kernels
-from keras_transformer.training import _fast_paths
+from keras_transformer.training.recipe import _fast_paths
 
 
 def masked_token_cross_entropy(labels, logits, label_smoothing=0.0, pad_id=PAD_ID, kernels=None):

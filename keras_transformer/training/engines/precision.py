@@ -21,7 +21,7 @@ import time
 import tensorflow as tf
 
 from keras_transformer import stopping
-from keras_transformer.training.strategies import device_kind
+from keras_transformer.training.engines.strategies import device_kind
 from keras_transformer.workdir import read_text, write_atomically
 
 CHOICE_FILE = "precision.json"

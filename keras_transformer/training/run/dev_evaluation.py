@@ -1,8 +1,9 @@
 """Dev-set sacreBLEU during training: the epoch-end callback around `evaluation.evaluate_bleu`,
 and `KeepBest`, which keeps the checkpoints of the best dev BLEU.
 
-It stays in `training/` because it is a Keras callback on the training model that swaps in the
-EMA weights (`callbacks.averaged_weights`) and logs at the optimizer step.
+It stays in `training/run/` because it is a Keras callback on the training model that swaps in
+the EMA weights (`callbacks.averaged_weights`) and logs at the optimizer step; the same on either
+backend (TensorBoard's files where TensorFlow is installed).
 """
 
 import json
@@ -10,14 +11,15 @@ import os
 import time
 
 import keras
-import tensorflow as tf
 
+from keras_transformer import local_files
 from keras_transformer.evaluation import evaluate_bleu
 from keras_transformer.final_model import BEST_SCORES, read_best
 from keras_transformer.integrity import remove_with_checksum
-from keras_transformer.training.callbacks import (
+from keras_transformer.training.run.callbacks import (
     averaged_weights,
     optimizer_step,
+    tensorboard,
     writes_in_the_batch_loop,
 )
 from keras_transformer.workdir import (
@@ -111,19 +113,20 @@ class DevEvaluator(keras.callbacks.Callback):
             f"({len(self.pairs)} sentences, {seconds:.1f}s)",
             flush=True,
         )
-        if not (self.enabled and self.logdir):
+        summary = tensorboard() if self.enabled and self.logdir else None
+        if summary is None:
             return
         if self._writer is None:
-            self._writer = tf.summary.create_file_writer(os.path.join(self.logdir, "dev"))
+            self._writer = summary.create_file_writer(os.path.join(self.logdir, "dev"))
         with self._writer.as_default(step=step):
-            tf.summary.scalar("dev_bleu", scores["bleu"])
-            tf.summary.scalar("dev_chrf", scores["chrf"])
+            summary.scalar("dev_bleu", scores["bleu"])
+            summary.scalar("dev_chrf", scores["chrf"])
             samples = [
                 f"**source:** {src}  \n**reference:** {ref}  \n**model:** {hyp}"
                 for (src, ref), hyp in zip(self.pairs, hypotheses)
             ][: self.num_samples]
             if samples:
-                tf.summary.text("sample_translations", tf.constant(samples))
+                summary.text("sample_translations", samples)
         self._writer.flush()
 
 
@@ -159,7 +162,7 @@ class KeepBest(keras.callbacks.Callback):
         scores, _ = self.evaluator.score(step)
         self.scores[step] = scores["bleu"]
         kept = sorted(self.scores, key=lambda s: (-self.scores[s], s))[: self.keep]
-        tf.io.gfile.makedirs(self.directory)
+        local_files.gfile().makedirs(self.directory)
         if step in kept:
             with averaged_weights(self.model):
                 save_model_weights(self.model, checkpoint_path(self.directory, step))

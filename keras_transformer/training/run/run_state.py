@@ -1,19 +1,17 @@
 """The state of one training run that its callbacks share: the step, the clock, the data position.
 
-The step is the optimizer's (`optimizer.iterations`); the clock (seconds trained, across
-resumes) and the data position (batches consumed) are two variables of a `RunState`, saved and
-restored with the resume state. Each batch advances them once, whichever callback comes first:
-every callback that reads them (`StopAtStep`, `ResumeState`, `StopOnSignal`) is a
-`RunStateCallback`, whose `on_train_batch_begin` marks a batch as running and whose
-`on_train_batch_end` first calls `RunState.batch_ends()` (the first call of a batch advances,
+The step is the optimizer's (`optimizer.iterations`); the clock (seconds trained, across resumes)
+and the data position (batches consumed) are two numbers of a `RunState`, saved and restored with
+the resume state (each engine's: `training.engines`). Each batch advances them once, whichever
+callback comes first: every callback that reads them (`StopAtStep`, the resume state,
+`StopOnSignal`) is a `RunStateCallback`, whose `on_train_batch_begin` marks a batch as running and
+whose `on_train_batch_end` first calls `RunState.batch_ends()` (the first call of a batch advances,
 the others find it done). Keras runs every callback's batch-begin before any batch-end, so the
-order of the callbacks in `fit` does not change what any of them sees.
-"""
+order of the callbacks in `fit` does not change what any of them sees."""
 
 import time
 
 import keras
-import tensorflow as tf
 
 
 def optimizer_step(model):
@@ -33,15 +31,15 @@ def _time_schedule(optimizer):
 class RunState:
     """The clock and the data position of a run, advanced once per batch.
 
-    `clock` holds the seconds trained so far, counted across resumes: at the start of `fit` it
+    `elapsed` holds the seconds trained so far, counted across resumes: at the start of `fit` it
     holds what the restored resume state said, and after each batch it becomes that plus the
-    time since (`timer`). A `BudgetSchedule` of the optimizer follows it. `position` counts the
+    time since (`timer`). A `BudgetSchedule` of the optimizer follows it. `batches` counts the
     batches consumed (optimizer steps, unless a float16 loss scale skipped non-finite updates,
-    which still consumed their batch). Both are variables: `ResumeState` saves and restores
-    them.
+    which still consumed their batch). Both are plain numbers, on any backend: the engine's
+    resume state saves them and puts them back (`restored`).
 
     Under several workers the time is one decision: with `agree` (the strategy input's
-    `agreement()`, `training.strategies`, which returns the value the chief passed), every
+    `agreement()`, `training.engines.strategies`, which returns the value the chief passed), every
     worker takes the chief's seconds after each batch when the time counts (`timed`, or a budget
     schedule), so all stop after the same step and use the same learning rate; only the clock
     of the worker with `keeps_time=True` counts.
@@ -60,8 +58,8 @@ class RunState:
     """
 
     def __init__(self, timer=None, agree=None, keeps_time=True):
-        self.clock = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="training_seconds")
-        self.position = tf.Variable(0, dtype=tf.int64, trainable=False, name="data_position")
+        self._elapsed = 0.0
+        self._batches = 0
         self.timer = timer or time.monotonic
         self.agree = agree
         self.keeps_time = keeps_time
@@ -79,12 +77,16 @@ class RunState:
     @property
     def elapsed(self):
         """Seconds trained so far."""
-        return float(keras.ops.convert_to_numpy(self.clock))
+        return self._elapsed
 
     @property
     def batches(self):
         """Batches consumed so far (the data position)."""
-        return int(self.position.numpy())
+        return self._batches
+
+    def restored(self, elapsed, batches):
+        """The clock and the data position of a restored resume state."""
+        self._elapsed, self._batches = float(elapsed), int(batches)
 
     @property
     def step(self):
@@ -115,10 +117,10 @@ class RunState:
         if self.agree is not None and (self.timed or self._schedule is not None):
             # Every worker must take part in the agreement (after every batch).
             elapsed = float(self.agree(elapsed if self.keeps_time else 0.0))
-        self.clock.assign(elapsed)
+        self._elapsed = float(elapsed)
         if self._schedule is not None:
             self._schedule.elapsed_seconds.assign(elapsed * self.schedule_scale)
-        self.position.assign_add(1)
+        self._batches += 1
 
 
 class RunStateCallback(keras.callbacks.Callback):

@@ -17,8 +17,8 @@ import re
 
 import tensorflow as tf
 
-from keras_transformer.training.callbacks import _first_line
-from keras_transformer.training.replica_batches import iterated_from
+from keras_transformer.training.engines.replica_batches import iterated_from
+from keras_transformer.training.engines.tf_state import _first_line
 from keras_transformer.workdir import read_text, write_atomically
 
 

@@ -18,7 +18,7 @@ checkpoint `PARENT/checkpoints/ckpt-<step>.weights.h5`. The run writes its own w
 import json
 import os
 
-from keras_transformer import hyper_parameters
+from keras_transformer import hyper_parameters, local_files
 from keras_transformer.config import load_config
 from keras_transformer.errors import ConfigError, first_line
 from keras_transformer.workdir import (
@@ -38,9 +38,7 @@ _DATA_KEYS = ("vocab_size", "spm_model_type")
 
 
 def _gfile():
-    import tensorflow as tf
-
-    return tf.io.gfile
+    return local_files.gfile()  # tf.io.gfile, or the local disk without TensorFlow (JAX)
 
 
 def resolve_parent(path):
@@ -135,12 +133,11 @@ def prepare_parent(config):
     return parent
 
 
-def load_parent_weights(model, config, parent):
+def load_parent_weights(model, config, parent, has_resume_state):
     """Loads the parent's checkpoint into `model` unless the workdir holds a resume state (a
-    resumed fine-tuning run continues from its own backups, which `fit` restores)."""
-    from keras_transformer.training.callbacks import _resume_states
-
-    if parent is None or _resume_states(Workdir.of(config).backup):
+    resumed fine-tuning run continues from its own backups, which `fit` restores);
+    `has_resume_state(directory)` is the engine's (`training.engines`)."""
+    if parent is None or has_resume_state(Workdir.of(config).backup):
         return
     try:
         load_model_weights(model, parent["checkpoint"])

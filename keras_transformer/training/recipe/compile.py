@@ -1,14 +1,14 @@
 """The training recipe without TensorFlow: `make_optimizer` (Adam on the paper's schedule) and
 `compile_model` (that optimizer, the masked label-smoothed loss and the metrics). Both backends'
-trainers use them; `keras_transformer.training.trainer` (TensorFlow) re-exports them."""
+trainers use them; `keras_transformer.training.run.outline` (TensorFlow) re-exports them."""
 
 import keras
 
 from keras_transformer.config import budget_seconds
-from keras_transformer.training.losses import MaskedSparseCrossEntropy
-from keras_transformer.training.metrics import MaskedAccuracy, Perplexity, TokenCount
-from keras_transformer.training.optimizers import FusedAdam
-from keras_transformer.training.schedules import BudgetSchedule, TransformerSchedule
+from keras_transformer.training.recipe.losses import MaskedSparseCrossEntropy
+from keras_transformer.training.recipe.metrics import MaskedAccuracy, Perplexity, TokenCount
+from keras_transformer.training.recipe.optimizers import FusedAdam
+from keras_transformer.training.recipe.schedules import BudgetSchedule, TransformerSchedule
 
 
 def make_optimizer(config, d_model=None, kernels=None):

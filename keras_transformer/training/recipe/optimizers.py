@@ -3,7 +3,7 @@
 import keras
 
 from keras_transformer.fast_paths import Kernels
-from keras_transformer.training import _fast_paths
+from keras_transformer.training.recipe import _fast_paths
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

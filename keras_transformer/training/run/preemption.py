@@ -18,8 +18,8 @@ already defines (which also holds the data position and the training clock).
 
 from keras_transformer import stopping
 from keras_transformer.errors import Preempted
-from keras_transformer.training.callbacks import writes_in_the_batch_loop
-from keras_transformer.training.run_state import RunStateCallback, optimizer_step
+from keras_transformer.training.run.callbacks import writes_in_the_batch_loop
+from keras_transformer.training.run.run_state import RunStateCallback, optimizer_step
 
 SIGNALS = stopping.SIGNALS
 
@@ -67,7 +67,7 @@ class StopOnSignal(RunStateCallback):
         resume: the `ResumeState` callback.
         checkpoint: the chief's `StepCheckpoint`; None on the other workers.
         any_worker: `flag -> bool`, the strategy input's `any_worker()` (an all-reduce under
-            several workers, `training.strategies`); None: this process alone.
+            several workers, `training.engines.strategies`); None: this process alone.
         flush: callables run before raising.
     """
 

@@ -163,7 +163,7 @@ class EndReserve(keras.callbacks.Callback):
             self.apply(kept["end_seconds"], kept.get("speeds", {}), keep=False)
 
     def on_epoch_end(self, epoch, logs=None):
-        from keras_transformer.training.callbacks import optimizer_step
+        from keras_transformer.training.run.callbacks import optimizer_step
 
         if self.model.stop_training or self.evaluator.skips(optimizer_step(self.model)):
             return  # training is over: nothing left to move

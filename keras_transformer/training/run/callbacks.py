@@ -1,18 +1,23 @@
-"""Training callbacks: step checkpoints, a step limit, TensorBoard summaries and dev-set BLEU."""
+"""The run's Keras callbacks, the same on either backend: step checkpoints (`StepCheckpoint`), the
+step limit and time budget (`StopAtStep`), TensorBoard's training scalars (`TrainingSummaries`),
+and what every engine's resume state does in `fit` (`ResumeCallback`; the states themselves are
+the engines': `training.engines`). The dev-set BLEU is `run.dev_evaluation`'s, the stop on a
+signal `run.preemption`'s."""
 
 import contextlib
 import functools
 import os
+import sys
 import time
 
 import keras
 import numpy as np
-import tensorflow as tf
 
-from keras_transformer.errors import DataError, first_line, write_refused
+from keras_transformer import local_files
+from keras_transformer.errors import write_refused
 from keras_transformer.integrity import checkpoint_problem, remove_with_checksum
 from keras_transformer.lock import fence
-from keras_transformer.training.run_state import RunStateCallback, optimizer_step
+from keras_transformer.training.run.run_state import RunStateCallback, optimizer_step
 from keras_transformer.workdir import checkpoint_path, list_checkpoints, save_model_weights
 
 
@@ -62,10 +67,23 @@ def writes_in_the_batch_loop(method):
     def hook(self, *args, **kwargs):
         try:
             return method(self, *args, **kwargs)
-        except tf.errors.OutOfRangeError as e:
+        except Exception as e:
+            tf = sys.modules.get("tensorflow")  # only TensorFlow raises it (loaded by then)
+            if tf is None or not isinstance(e, tf.errors.OutOfRangeError):
+                raise
             raise (write_refused(e) or RuntimeError(f"{type(e).__name__}: {e}")) from e
 
     return hook
+
+
+def tensorboard():
+    """`tf.summary`, which writes TensorBoard's files on either backend, where TensorFlow can be
+    imported; None where it cannot (a JAX machine without it: no TensorBoard logs)."""
+    try:
+        import tensorflow as tf
+    except ImportError:
+        return None
+    return tf.summary
 
 
 class StepCheckpoint(keras.callbacks.Callback):
@@ -74,8 +92,9 @@ class StepCheckpoint(keras.callbacks.Callback):
 
     The files hold the model's weights only (what export and checkpoint averaging need: about a
     third of what Keras's `save_weights` writes for a compiled model, which adds Adam's two
-    moments); the state for resuming lives in `ResumeState`'s backup. With an optimizer built
-    with `use_ema=True` they hold the moving averages of the weights (`averaged_weights`).
+    moments); the state for resuming lives in the engine's resume state (`ResumeCallback`).
+    With an optimizer built with `use_ema=True` they hold the moving averages of the weights
+    (`averaged_weights`).
 
     Args:
         directory: where the checkpoints go.
@@ -95,7 +114,7 @@ class StepCheckpoint(keras.callbacks.Callback):
     def _save(self, step, prune=True):
         if not self.enabled or step == self._last_saved or step == 0:
             return
-        tf.io.gfile.makedirs(self.directory)
+        local_files.gfile().makedirs(self.directory)
         # Atomic (written beside, then renamed): a kill mid-write leaves no broken ckpt.
         with averaged_weights(self.model):
             save_model_weights(self.model, checkpoint_path(self.directory, step))
@@ -137,74 +156,35 @@ class StepCheckpoint(keras.callbacks.Callback):
         self._save(optimizer_step(self.model))
 
 
-class ResumeState(RunStateCallback):
-    """The state a killed run resumes from: one `tf.train.Checkpoint` of the model's variables
-    (weights and the dropout layers' RNG states), the optimizer's variables (moments, step, loss
-    scale) and the run state (`RunState`: the data position and the seconds trained), every
-    `every` optimizer steps and at the end of training; the last `keep` are kept.
+class ResumeCallback(RunStateCallback):
+    """What every engine's resume state does in `fit` (`training.engines`: a TensorFlow
+    checkpoint, or an npz file on JAX): its state (the model's and the optimizer's variables and
+    the run state) is written every `every` optimizer steps, at the end of training, and on a
+    stop (`StopOnSignal` calls `save`); never twice for one step, never at step 0, never once
+    the workdir's lock is lost (`lock.fence`).
 
-    `tf.train.CheckpointManager` writes each state's files first and then, atomically, the index
-    naming the latest: a kill mid-write leaves the previous state to restore. `restore()` (called
-    by the trainer before `fit`) loads the newest complete state and returns the data position,
-    so the training data can continue where the killed run was (see `train()`). A torn or
-    corrupted state (TensorFlow's reader checks every tensor's CRC32C) is reported in one line
-    and the one before it is used.
+    With EMA (`train.ema_momentum`), Keras's `fit` ends by putting the averages in place of
+    the weights (`finalize_variable_values`) before `on_train_end`: the state is saved first,
+    so that it holds the trained weights a resumed run goes on from.
 
-    The run state advances once per batch whichever callback sees the batch first, so this
-    callback may come anywhere among the others (see `run_state`).
+    A subclass writes (`write(step)`, into `directory`) and restores (`restore()`: the data
+    position, the run state set from the state).
 
     Args:
-        model: the compiled model, its optimizer built (`optimizer.build(trainable_variables)`).
-        directory: where states are read from (`WORKDIR/backup`).
+        model: the compiled model, its optimizer built.
+        directory: where the states are written.
         every: optimizer steps between states.
-        keep: states kept.
-        write_directory: where states are written, when not `directory` (a non-chief worker's
-            temporary directory: TensorFlow's multi-worker guide has every worker save).
-        iterator: the `tf.data` iterator the training batches come from, saved with the state
-            (its position, shuffle buffer and partial buckets: TensorFlow's iterator
-            checkpointing), so a resume finds its place in the data without reading the batches
-            before it; None: the data position alone is saved (the trainer then skips that many
-            batches).
-        run_state: the run's `RunState`, shared with `StopAtStep` and `StopOnSignal` (None: one
-            of its own).
-        before_save: callables `step -> None` called before each state is written (under
-            several workers, each worker's data iterator: `worker_batches.IteratorBackup`).
-
-    Example:
-    ```python
-    state = ResumeState(model, Workdir(root).backup, every=1000, keep=2)
-    position = state.restore()
-    model.fit(dataset.skip(position), callbacks=[state, ...])
-    ```
+        run_state: the run's `RunState`, shared with `StopAtStep` and `StopOnSignal` (None:
+            one of its own).
+        before_save: callables `step -> None` called before each state is written.
     """
 
-    def __init__(
-        self,
-        model,
-        directory,
-        every,
-        keep,
-        write_directory=None,
-        iterator=None,
-        run_state=None,
-        before_save=(),
-    ):
+    def __init__(self, model, directory, every, run_state=None, before_save=()):
         super().__init__(run_state)
-        self.directory = directory
+        self.write_directory = directory
         self.every = int(every)
         self.before_save = list(before_save)
-        self._checkpoint = tf.train.Checkpoint(
-            model=[_tf_variable(v) for v in model.variables],
-            optimizer=[_tf_variable(v) for v in model.optimizer.variables],
-            data_position=self.run_state.position,
-            training_seconds=_tf_variable(self.run_state.clock),
-        )
-        if iterator is not None:
-            self._checkpoint.data_iterator = iterator
-        self.iterator_restored = False
-        self._manager = tf.train.CheckpointManager(
-            self._checkpoint, write_directory or directory, max_to_keep=int(keep)
-        )
+        self.iterator_restored = False  # the data iterator came back with the state
         self.set_model(model)
 
     @property
@@ -212,74 +192,24 @@ class ResumeState(RunStateCallback):
         """The data position: batches consumed (the run state's)."""
         return self.run_state.batches
 
-    @batches.setter
-    def batches(self, value):
-        self.run_state.position.assign(value)
-
-    def restore(self):
-        """Loads the newest complete state of `directory` if there is one; returns the data
-        position.
-
-        Raises:
-            DataError: there are states but none can be read (all torn, or of another model).
-        """
-        candidates = _resume_states(self.directory)
-        latest, problems = None, []
-        for path in candidates:
-            try:
-                self._checkpoint_for(path).restore(path).assert_existing_objects_matched()
-            except Exception as e:  # torn, corrupted, or another model's
-                problems.append(_first_line(e))
-                print(f"skipping the torn or unreadable resume state {path} ({problems[-1]})")
-                continue
-            latest = path
-            break
-        if latest is None:
-            if problems:
-                raise DataError(
-                    f"no readable resume state in {self.directory} ({len(problems)} torn or "
-                    f"unreadable: {problems[0]}); delete {self.directory} to train from step 0"
-                )
-            return 0
-        self._last_saved = optimizer_step(self.model)
-        print(f"resuming from step {self._last_saved} (restored from {latest})", flush=True)
-        return self.batches
-
-    def _checkpoint_for(self, path):
-        """The checkpoint that restores the state at `path`: without the data iterator when that
-        state holds none (another strategy, an older version), and the caller then skips to the
-        data position (`iterator_restored` says which)."""
-        checkpoint = self._checkpoint
-        self.iterator_restored = "data_iterator" in checkpoint._trackable_children()
-        if self.iterator_restored and not self.holds_iterator(path):
-            parts = dict(checkpoint._trackable_children())
-            parts.pop("data_iterator")
-            parts.pop("save_counter", None)
-            checkpoint = tf.train.Checkpoint(**parts)
-            self.iterator_restored = False
-        return checkpoint
-
-    def track_iterator(self, iterator):
-        """Saves `iterator` with the state from now on (in place of the one given before)."""
-        self._checkpoint.data_iterator = iterator
-
-    @staticmethod
-    def holds_iterator(path):
-        """True when the state at `path` holds a `tf.data` iterator's state."""
-        return any(name.startswith("data_iterator/") for name, _ in tf.train.list_variables(path))
-
     def set_model(self, model):
         super().set_model(model)
         self._last_saved = optimizer_step(model)
+
+    def restore(self):
+        raise NotImplementedError
+
+    def write(self, step):
+        raise NotImplementedError
 
     def save(self):
         step = optimizer_step(self.model)
         if step == self._last_saved or step == 0:
             return
-        fence(self._manager.directory, "the resume state")  # not once the lock is lost
+        fence(self.write_directory, "the resume state")  # not once the lock is lost
         for save in self.before_save:
             save(step)
-        self._manager.save(checkpoint_number=step)
+        self.write(step)
         self._last_saved = step
 
     @writes_in_the_batch_loop
@@ -293,9 +223,6 @@ class ResumeState(RunStateCallback):
         optimizer = self.model.optimizer
         vars(optimizer).pop("finalize_variable_values", None)  # an earlier fit's, if it failed
         if _moving_averages(optimizer):
-            # With EMA, Keras's `fit` ends by putting the averages in place of the weights
-            # (`finalize_variable_values`), before `on_train_end`: the state is saved first, so
-            # that it holds the trained weights, which a resumed run goes on from.
             finalize = optimizer.finalize_variable_values
 
             def save_then_finalize(var_list):
@@ -307,50 +234,6 @@ class ResumeState(RunStateCallback):
     def on_train_end(self, logs=None):
         vars(self.model.optimizer).pop("finalize_variable_values", None)
         self.save()
-
-
-def _first_line(error):
-    """`Type: first line` of an error, without TensorFlow's `{{function_node ...}}` and
-    `[Op:...]` decorations."""
-    import re
-
-    text = first_line(error) if str(error).strip() else ""
-    text = re.sub(r"\{\{function_node [^}]*\}\}\s*|\s*\[Op:\w+\]$", "", text)
-    return f"{type(error).__name__}: {text}"[:300]
-
-
-def _resume_states(directory):
-    """The resume states of `directory` (checkpoint prefixes), newest first: those named by its
-    `checkpoint` index file and any other `ckpt-N.index` there (the index file may itself be
-    torn or name only the latest)."""
-    import re
-
-    prefixes = set()
-    state = None
-    try:
-        state = tf.train.get_checkpoint_state(directory)
-    except Exception:  # a torn index file: the glob below still finds the states
-        pass
-    if state is not None:
-        for path in state.all_model_checkpoint_paths:
-            if not os.path.isabs(path) and "://" not in path:
-                path = os.path.join(directory, path)
-            if tf.io.gfile.exists(path + ".index"):
-                prefixes.add(path)
-    for index in tf.io.gfile.glob(os.path.join(directory, "ckpt-*.index")):
-        prefixes.add(index[: -len(".index")])
-
-    def number(prefix):
-        match = re.search(r"ckpt-(\d+)$", prefix)
-        return int(match.group(1)) if match else -1
-
-    return sorted(prefixes, key=number, reverse=True)
-
-
-def _tf_variable(variable):
-    """The TensorFlow variable behind a Keras variable (a distributed one under a strategy)."""
-    value = getattr(variable, "_value", None)
-    return value if value is not None else variable
 
 
 class StopAtStep(RunStateCallback):
@@ -428,13 +311,16 @@ class TrainingSummaries(keras.callbacks.Callback):
         self.enabled = enabled
         self.total_steps = total_steps
         self.print_lines = print_lines
-        self._writer = None
+        self._writer = self._summary = None
         self._last_time = None
         self._last_sums = {}  # metric name -> (total, count) at the last write
 
     def _get_writer(self):
         if self._writer is None:
-            self._writer = tf.summary.create_file_writer(os.path.join(self.logdir, "train"))
+            self._summary = tensorboard()
+            if self._summary is None:
+                return None
+            self._writer = self._summary.create_file_writer(os.path.join(self.logdir, "train"))
         return self._writer
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -444,7 +330,7 @@ class TrainingSummaries(keras.callbacks.Callback):
 
     def _window_means(self):
         """`{name: mean since the last write}` and the tokens counted since then."""
-        from keras_transformer.training.metrics import Perplexity, TokenCount
+        from keras_transformer.training.recipe.metrics import Perplexity, TokenCount
 
         means, tokens = {}, None
         for metric in _flat_metrics(self.model):
@@ -478,14 +364,16 @@ class TrainingSummaries(keras.callbacks.Callback):
             return
         learning_rate = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
         speed = tokens / (now - last_time) if tokens and now > last_time else None
-        with self._get_writer().as_default(step=step):
-            for key in ("loss", "accuracy", "perplexity"):
-                if key in means:
-                    tf.summary.scalar(key, means[key])
-            tf.summary.scalar("learning_rate", learning_rate)
-            if speed is not None:
-                tf.summary.scalar("tokens_per_second", speed)
-        self._writer.flush()
+        writer = self._get_writer()
+        if writer is not None:
+            with writer.as_default(step=step):
+                for key in ("loss", "accuracy", "perplexity"):
+                    if key in means:
+                        self._summary.scalar(key, means[key])
+                self._summary.scalar("learning_rate", learning_rate)
+                if speed is not None:
+                    self._summary.scalar("tokens_per_second", speed)
+            writer.flush()
         if self.print_lines:
             total = f"/{self.total_steps}" if self.total_steps else ""
             print(
