@@ -185,7 +185,7 @@ def _traced_graphs(model, spm_model):
     from keras_transformer.config import from_dict
     from keras_transformer.export import Translator
     from keras_transformer.training import compile_model
-    from keras_transformer.training.losses import masked_token_cross_entropy
+    from keras_transformer.training.recipe.losses import masked_token_cross_entropy
 
     graphs = {}
     for beam_size in (4, 1):
