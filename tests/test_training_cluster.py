@@ -337,7 +337,7 @@ def test_resume_state_holds_the_data_iterator_restart_reads_do_not_grow(tmp_path
         state = ResumeState(model, backup, 1, 1, iterator=iterator)
         for _ in range(position):
             next(iterator)
-            state.batches += 1
+        state.run_state.restored(0.0, position)  # the data position the save records
         model.optimizer.iterations.assign(position)
         state.save()
         expected = [next(iterator) for _ in range(3)]  # the uninterrupted run's next batches
