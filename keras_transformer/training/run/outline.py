@@ -94,9 +94,10 @@ def _train_resolved(run, data):
     parent = recorded_parent(run.config)  # fine-tuning: train.init_from
     load_parent_weights(model, run.config, parent, run.engine.has_resume_state)
     stopper = fitting.fit(run, model, data)
-    if not run.chief:
-        return finish.worker_done(run, model)
     step = optimizer_step(model)
+    run.engine.end_training()  # under several JAX processes, the chief goes on alone
+    if not run.chief:
+        return finish.worker_done(run, step)
     end_started, t = time.perf_counter(), run.config.train
     # The end has what training left of the budget (`end_reserve`: at least the reserve).
     end_seconds = None if t.max_minutes is None else t.max_minutes * 60 - stopper.elapsed
