@@ -113,10 +113,45 @@ def _assert_written_by_the_chief(tmp_path, name, workdir, chief_pids):
     return files
 
 
-@pytest.mark.scenario
-def test_two_processes_train_as_one_and_only_the_chief_writes(tmp_path):
+def test_several_processes_are_asked_for_by_the_strategy_or_keras_variables(monkeypatch):
+    from keras_transformer.config import from_dict
+    from keras_transformer.errors import UsageError
+    from keras_transformer.training.engines.jax_engine import check_supported, several_processes
+
+    def runtime(strategy):
+        return from_dict({"runtime": {"strategy": strategy}}).runtime
+
+    monkeypatch.delenv("KERAS_DISTRIBUTION_NUM_PROCESSES", raising=False)
+    assert several_processes(runtime("multi_worker"))
+    assert not several_processes(runtime("auto")) and not several_processes(runtime("default"))
+    monkeypatch.setenv("KERAS_DISTRIBUTION_NUM_PROCESSES", "1")
+    assert not several_processes(runtime("auto"))
+    monkeypatch.setenv("KERAS_DISTRIBUTION_NUM_PROCESSES", "2")
+    assert several_processes(runtime("auto")) and not several_processes(runtime("mirrored"))
+    monkeypatch.setenv("KERAS_DISTRIBUTION_NUM_PROCESSES", "two")
+    with pytest.raises(UsageError, match="KERAS_DISTRIBUTION_NUM_PROCESSES is not a number"):
+        several_processes(runtime("auto"))
+    monkeypatch.delenv("KERAS_DISTRIBUTION_NUM_PROCESSES")
+
+    check_supported(from_dict({"runtime": {"strategy": "multi_worker"}}))  # no refusal
+    # The dev evaluation KeepBest needs does not run while training under several processes.
+    config = from_dict({"runtime": {"strategy": "multi_worker"}, "train": {"keep_best": 2}})
+    with pytest.raises(UsageError, match="train.keep_best under several processes"):
+        check_supported(config)
+    check_supported(from_dict({"train": {"keep_best": 2}}))  # one process: evaluated
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """`(ends, workdir, tmp_path)`: the uninterrupted run of the two processes."""
+    tmp_path = tmp_path_factory.mktemp("pair")
     config, workdir = _config(tmp_path, "pair")
-    ends = _run_pair(tmp_path, config, "pair")
+    return _run_pair(tmp_path, config, "pair"), workdir, tmp_path
+
+
+@pytest.mark.scenario
+def test_two_processes_train_as_one_and_only_the_chief_writes(pair, tmp_path):
+    ends, workdir, pair_path = pair
     for code, output, *_ in ends:
         assert code == 0, output[-4000:]
     chief, other = ends[0][1], ends[1][1]
@@ -124,8 +159,8 @@ def test_two_processes_train_as_one_and_only_the_chief_writes(tmp_path):
     assert f"Finished tiny at step {STEPS}" in chief, chief[-3000:]
     assert f"Worker finished training at step {STEPS}" in other, other[-3000:]
     assert "Finished tiny" not in other
-    pair = _assert_equal_weights(ends, STEPS)
-    files = _assert_written_by_the_chief(tmp_path, "pair", workdir, [ends[0][3]])
+    weights = _assert_equal_weights(ends, STEPS)
+    files = _assert_written_by_the_chief(pair_path, "pair", workdir, [ends[0][3]])
     assert "result.json" in files and "checkpoints/ckpt-4.weights.h5" in files, files
     assert [f for f in files if f.startswith("backup")] == [
         "backup/state-2.npz", "backup/state-4.npz"
@@ -133,14 +168,41 @@ def test_two_processes_train_as_one_and_only_the_chief_writes(tmp_path):
 
     # One process over two devices (XLA's host platform split in two), the same global batches.
     config, _ = _config(tmp_path, "one")
-    weights = tmp_path / "one-weights.npz"
-    command = [sys.executable, RUNNER, "--dump-weights", str(weights), "--"]
+    dump = tmp_path / "one-weights.npz"
+    command = [sys.executable, RUNNER, "--dump-weights", str(dump), "--"]
     command += ["train", "--config", config]
     env = _env(tmp_path, XLA_FLAGS="--xla_force_host_platform_device_count=2")
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "DataParallel (2 replicas)" in done.stdout, done.stdout[-3000:]
-    one, step = _weights(weights)
+    one, step = _weights(dump)
     assert step == STEPS
-    for a, b in zip(pair, one):
+    for a, b in zip(weights, one):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.scenario
+def test_sigterm_to_one_process_stops_both_and_the_same_commands_resume(pair, tmp_path):
+    """SIGTERM to process 1 after step 1 (off the checkpoint schedule): both stop after that
+    step and exit 75, the chief having saved its resume state and a checkpoint of step 1; the
+    same two commands resume there and end at `train.steps` with the uninterrupted pair's
+    weights."""
+    ends, _, _ = pair
+    config, workdir = _config(tmp_path, "stopped")
+    stopped = _run_pair(tmp_path, config, "stopped", harness=((), ("--sigterm-at-step", "1")))
+    for code, output, *_ in stopped:
+        assert code == 75, output[-4000:]
+    assert "stopped by SIGTERM after step 1" in stopped[1][1], stopped[1][1][-3000:]
+    chief = stopped[0][1]
+    assert "stopped by a signal to another worker after step 1" in chief, chief[-3000:]
+    files = files_under(workdir)
+    assert "backup/state-1.npz" in files and "checkpoints/ckpt-1.weights.h5" in files, files
+    assert "result.json" not in files
+
+    resumed = _run_pair(tmp_path, config, "stopped")
+    for code, output, *_ in resumed:
+        assert code == 0, output[-4000:]
+        assert "resumed from step 1" in output, output[-3000:]
+    _assert_written_by_the_chief(tmp_path, "stopped", workdir, [stopped[0][3], resumed[0][3]])
+    for a, b in zip(_assert_equal_weights(resumed, STEPS), _assert_equal_weights(ends, STEPS)):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
