@@ -5,6 +5,7 @@ the chief (process 0) alone; a SIGTERM to the other process stops both after the
 the same commands resume to the uninterrupted pair's weights.
 """
 
+import json
 import subprocess
 import sys
 
@@ -24,13 +25,15 @@ TIMEOUT = 600  # seconds a process may take on a slow, busy machine before the t
 STEPS = 4
 
 
-def _config(tmp_path, name):
+def _config(tmp_path, name, **train):
     """A seconds-long run: one length bucket (one step shape to compile), 4 steps in epochs of
     2, a checkpoint and a resume state every 2; the final model is the last checkpoint."""
     workdir = tmp_path / name
+    values = dict(steps=STEPS, steps_per_epoch=2, checkpoint_every=2, keep_checkpoints=3)
+    values.update(train)
     values = tiny_yaml(
         workdir,
-        train=dict(steps=STEPS, steps_per_epoch=2, checkpoint_every=2, keep_checkpoints=3),
+        train=values,
         data=dict(bucket_boundaries=[24]),
         export=dict(average_checkpoints=1),
     )
@@ -206,3 +209,23 @@ def test_sigterm_to_one_process_stops_both_and_the_same_commands_resume(pair, tm
     _assert_written_by_the_chief(tmp_path, "stopped", workdir, [stopped[0][3], resumed[0][3]])
     for a, b in zip(_assert_equal_weights(resumed, STEPS), _assert_equal_weights(ends, STEPS)):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+
+
+@pytest.mark.scenario
+def test_the_time_budget_is_the_chiefs_clock_and_both_stop_after_the_same_step(tmp_path):
+    big = dict(steps=100000, steps_per_epoch=1000, checkpoint_every=1000, max_minutes=0.1)
+    config, workdir = _config(tmp_path, "budget", **big)
+    ends = _run_pair(tmp_path, config, "budget")
+    for code, output, *_ in ends:
+        assert code == 0, output[-4000:]
+    step = _weights(ends[0][2])[1]
+    assert 0 < step < 100000
+    _assert_equal_weights(ends, step)
+    with open(workdir / "result.json") as f:
+        result = json.load(f)
+    assert result["step"] == step and result["stopped_by_time_budget"]
+    # Each process says so after the same step: the chief's clock decided for both.
+    said = [
+        [line for line in output.splitlines() if "time budget of" in line] for _, output, *_ in ends
+    ]
+    assert said[0] == said[1] and said[0] and f"reached at step {step}" in said[0][-1], said
