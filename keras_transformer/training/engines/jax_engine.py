@@ -199,8 +199,13 @@ class JaxEngine:
         return any_worker
 
     def lost_peers(self, error):
-        """A lost process is JAX's coordination service's to notice (it ends the others)."""
-        return False
+        """A collective that failed because another process is gone (its connection reset,
+        or the coordination service missing its heartbeats)."""
+        if not self.several_workers:
+            return False
+        message = str(error).lower()
+        signs = ("gloo", "connection reset", "heartbeat", "coordination service", "nccl")
+        return any(sign in message for sign in signs)
 
     def end_training(self):
         """After `fit`, on every process: they leave the cluster together (`jax.distributed
