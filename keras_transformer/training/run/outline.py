@@ -39,7 +39,8 @@ def train(config):
     learning rate, dropout randomness and position in the training data as the uninterrupted
     run at the last backup. A finished run is not retrained (its result is printed and
     returned). Under `runtime.strategy: multi_worker` every worker runs the same command (with
-    its `TF_CONFIG`); the chief writes, the others train and exit.
+    its `TF_CONFIG` on TensorFlow, its `KERAS_DISTRIBUTION_*` variables on JAX); the chief
+    writes, the others train and exit.
 
     On SIGTERM or SIGINT (to any worker) training finishes its step, saves the resume state and
     a checkpoint of that step, and raises `errors.Preempted` (`keras-transformer train` exits
