@@ -27,9 +27,11 @@ STEPS = 4
 
 def _config(tmp_path, name, **train):
     """A seconds-long run: one length bucket (one step shape to compile), 4 steps in epochs of
-    2, a checkpoint and a resume state every 2; the final model is the last checkpoint."""
+    2, each of two micro-batches per device, a checkpoint and a resume state every 2; the final
+    model is the last checkpoint."""
     workdir = tmp_path / name
     values = dict(steps=STEPS, steps_per_epoch=2, checkpoint_every=2, keep_checkpoints=3)
+    values.update(gradient_accumulation_steps=2)
     values.update(train)
     values = tiny_yaml(
         workdir,
