@@ -148,6 +148,7 @@ class JaxEngine:
         self.strategy_name = "DataParallel" if len(devices) > 1 else "one device"
         if self.several_workers:
             self.strategy_name += f" over {self.processes} processes"
+            self.block = _block_of_this_process()
 
     def heartbeat(self, path):
         """Around the chief's `prepare`, the other processes see that it is alive (where
@@ -253,8 +254,8 @@ class JaxEngine:
         """The (deterministic, endless) numpy batches from data position `position` on:
         `data.tokens_per_batch` x devices x accumulation tokens each (rows a multiple of
         devices x accumulation). Under several processes, every process makes the same global
-        batches and gives `fit` its own block of rows of each: process k the k-th of equal
-        blocks, the rows `DataParallel` places on its devices."""
+        batches and gives `fit` its own block of rows of each: the rows `DataParallel` places
+        on its devices."""
         from keras_transformer.data.records import numpy_batches, prepared_pairs
 
         share = self.strategy.num_replicas_in_sync * data.accumulation
@@ -265,7 +266,7 @@ class JaxEngine:
         )  # fmt: skip
         if not self.several_workers:
             return batches
-        return _rows_of_process(batches, self.process, self.processes)
+        return _rows_of_process(batches, *self.block)
 
     def restore(self, model, data, run_state, backup, every, keep, write_directory):
         """`(resume, batches)`: the resume state (`NpzResumeState`), restored, and the batches
@@ -289,13 +290,25 @@ def _has_tensorflow():
     return True
 
 
-def _rows_of_process(batches, process, processes):
-    """This process's block of rows of each global batch of `batches`."""
+def _block_of_this_process():
+    """`(first, count, devices)`: this process's devices are `count` consecutive ones of the
+    `devices` of the mesh (`list_devices()`, every process's), from the `first`."""
+    import jax
+
+    owners = [device.process_index for device in jax.devices()]
+    mine = [i for i, owner in enumerate(owners) if owner == jax.process_index()]
+    if mine != list(range(mine[0], mine[0] + len(mine))):
+        raise RuntimeError(f"this process's devices are not consecutive in the mesh: {owners}")
+    return mine[0], len(mine), len(owners)
+
+
+def _rows_of_process(batches, first, count, devices):
+    """The rows of each global batch of `batches` that `DataParallel` places on this
+    process's devices (`_block_of_this_process`): its devices' equal shares."""
     for batch in batches:
-        rows = len(batch[1])
-        size = rows // processes
+        share = len(batch[1]) // devices
         yield keras.tree.map_structure(
-            lambda array: array[process * size : (process + 1) * size], batch
+            lambda array: array[first * share : (first + count) * share], batch
         )
 
 
