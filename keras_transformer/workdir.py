@@ -416,5 +416,3 @@ def complete_checkpoints(directory, count=None, report=None):
         else:
             complete.append((step, path))
     return complete[::-1]
-
-

@@ -14,7 +14,8 @@ training alone: the export takes seconds). `--wait-for PATH` imports everything,
 then waits until PATH exists before it runs the command (a process started ahead, whose imports
 overlap other work, that touches nothing until then). `--dump-weights PATH` writes, after the
 command, the trained model's weights and whether every local replica holds the same copy (npz),
-so that tests can compare workers; it is the harness's file, not one the product writes.
+so that tests can compare workers (or JAX processes); it is the harness's file, not one the
+product writes.
 `--count-records PATH` counts the records that every `tf.data.TFRecordDataset` reads and writes
 `{"records": N}` to PATH when the process ends (what a restart reads again). `--call`
 imports MODULE from this directory and calls FUNCTION(*ARGS); its exit code is 0 on return.
@@ -42,10 +43,9 @@ def _dump(model, strategy, path):
     import numpy as np
 
     arrays = {f"w{i}": np.asarray(w) for i, w in enumerate(model.get_weights())}
-    copies = [
-        [np.asarray(c) for c in strategy.experimental_local_results(v.value)]
-        for v in model.trainable_variables
-    ]
+    # TensorFlow: each local replica's copy; the JAX engine holds one (replicated) array.
+    local_results = getattr(strategy, "experimental_local_results", lambda value: [value])
+    copies = [[np.asarray(c) for c in local_results(v.value)] for v in model.trainable_variables]
     arrays["local_copies"] = np.asarray(len(copies[0]))
     arrays["local_copies_equal"] = np.asarray(
         all(np.array_equal(c[0], other) for c in copies for other in c[1:])

@@ -35,15 +35,18 @@ def train_command(args):
     config = load_command_config(args)
     import keras
 
-    chief = True
-    if keras.backend.backend() != "jax":  # the JAX engine needs no TensorFlow
+    if keras.backend.backend() == "jax":  # the JAX engine needs no TensorFlow
+        from keras_transformer.training.engines.jax_engine import join_processes
+
+        chief = join_processes(config.runtime)[0] == 0  # several processes: joined here
+    else:
         startup.import_tensorflow(getattr(args, "verbose", False))
         from keras_transformer.training.engines.distribute import is_chief
 
         chief = is_chief()
     from keras_transformer.training import train
 
-    # The workers of a multi-worker job share the chief's lock.
+    # The workers (processes) of a multi-worker job share the chief's lock.
     with workdir_lock(config, "train") if chief else contextlib.nullcontext():
         train(config)
 

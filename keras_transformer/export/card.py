@@ -50,8 +50,14 @@ def card_facts(config=None, manifest=None, result=None, vocab_size=None):
         "training": {
             key: result[key]
             for key in (
-                "step", "training_seconds", "precision", "averaged_checkpoints",
-                "checkpoint_steps", "alpha", "selection", "init_from",
+                "step",
+                "training_seconds",
+                "precision",
+                "averaged_checkpoints",
+                "checkpoint_steps",
+                "alpha",
+                "selection",
+                "init_from",
             )  # fmt: skip
             if key in result
         },

@@ -58,6 +58,7 @@ class TransformerEncoderBlock(BlockBase):
         self, inputs, padding_mask=None, mask=None, return_attention_scores=False, training=None
     ):
         padding_mask = mask if padding_mask is None else padding_mask
+
         def attention(h):
             return self.self_attention(
                 h,

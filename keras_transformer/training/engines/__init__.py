@@ -5,10 +5,12 @@ The run (`training.run`) is one, whatever the backend; it asks its engine, made 
 
 - `backend` ("tensorflow" or "jax"), `strategy` (`scope()`, where the model is built, and
   `num_replicas_in_sync`), `strategy_name`, `chief` (this process writes the workdir),
-  `several_workers`, `exports` (the run ends with a SavedModel);
+  `several_workers`, `exports` (the run ends with a SavedModel), `decodes_while_training`
+  (the chief's dev evaluation after each epoch);
 - the workers' agreements: `heartbeat(path)` (around the chief's preparation),
   `agreement()` (the chief's value everywhere), `any_worker()` (any worker's flag),
-  `lost_peers(error)` (a failed `fit` means a worker is gone);
+  `lost_peers(error)` (a failed `fit` means a worker is gone), `end_training()` (after `fit`,
+  on every worker);
 - `jit_compile(value)`: `runtime.jit_compile` as a bool;
 - the data: `prepare(config, layout)` (the chief's) and `wait_for_prepared(config, layout,
   heartbeat)` (another worker's);

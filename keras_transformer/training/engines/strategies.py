@@ -100,6 +100,7 @@ class DefaultInput:
     #: (`end_reserve.estimates`).
     several_workers = False
     exports = True  # the final model is exported as a SavedModel at the end of the run
+    decodes_while_training = True  # the chief's dev evaluation after each epoch
 
     def __init__(self, strategy):
         self.strategy = strategy
@@ -169,6 +170,9 @@ class DefaultInput:
     def lost_peers(self, error):
         """Whether `error` (a failed `fit`) means a worker disappeared: never under one."""
         return False
+
+    def end_training(self):
+        """After `fit`, on every worker: nothing to do on TensorFlow."""
 
     def batches(self, data, position):
         """The (deterministic, endless) global batches from global step `position` on: data

@@ -208,4 +208,3 @@ class IteratorBackup:
             return False
         print(f"worker {worker}: data iterator restored at step {step} ({prefix})", flush=True)
         return True
-

@@ -18,7 +18,7 @@ from keras_transformer.final_model import (
     reused_dev_scores,
 )
 from keras_transformer.training.run import end_reserve
-from keras_transformer.training.run.callbacks import optimizer_step, tensorboard
+from keras_transformer.training.run.callbacks import tensorboard
 from keras_transformer.training.run.fitting import read_split
 from keras_transformer.workdir import join, read_json, write_atomically
 
@@ -60,9 +60,9 @@ def budget_json(run, stopper):
     }
 
 
-def worker_done(run, model):
-    """A non-chief worker's end: the chief averages, scores and exports."""
-    step = optimizer_step(model)
+def worker_done(run, step):
+    """A non-chief worker's end (training ended at `step`): the chief averages, scores and
+    exports."""
     print(f"Worker finished training at step {step}; the chief evaluates and exports.", flush=True)
     return {"name": run.config.name, "step": step, "chief": False}
 

@@ -159,7 +159,8 @@ def chief_callbacks(run, model, data, stopper):
         from keras_transformer.training.run.visuals import write_hparams
 
         write_hparams(layout.logs, config)
-    dev_pairs = read_split(config.data.dev)
+    # Not while training under several JAX processes (`engines.jax_engine`).
+    dev_pairs = read_split(config.data.dev) if run.engine.decodes_while_training else []
     if not dev_pairs:
         return callbacks
     greedy = dataclasses.replace(run.decoding.without_sampling(), beam_size=1)

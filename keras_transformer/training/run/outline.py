@@ -39,7 +39,8 @@ def train(config):
     learning rate, dropout randomness and position in the training data as the uninterrupted
     run at the last backup. A finished run is not retrained (its result is printed and
     returned). Under `runtime.strategy: multi_worker` every worker runs the same command (with
-    its `TF_CONFIG`); the chief writes, the others train and exit.
+    its `TF_CONFIG` on TensorFlow, its `KERAS_DISTRIBUTION_*` variables on JAX); the chief
+    writes, the others train and exit.
 
     On SIGTERM or SIGINT (to any worker) training finishes its step, saves the resume state and
     a checkpoint of that step, and raises `errors.Preempted` (`keras-transformer train` exits
@@ -94,9 +95,10 @@ def _train_resolved(run, data):
     parent = recorded_parent(run.config)  # fine-tuning: train.init_from
     load_parent_weights(model, run.config, parent, run.engine.has_resume_state)
     stopper = fitting.fit(run, model, data)
-    if not run.chief:
-        return finish.worker_done(run, model)
     step = optimizer_step(model)
+    run.engine.end_training()  # under several JAX processes, the chief goes on alone
+    if not run.chief:
+        return finish.worker_done(run, step)
     end_started, t = time.perf_counter(), run.config.train
     # The end has what training left of the budget (`end_reserve`: at least the reserve).
     end_seconds = None if t.max_minutes is None else t.max_minutes * 60 - stopper.elapsed
