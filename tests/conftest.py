@@ -57,6 +57,31 @@ def pytest_configure(config):
         config.option.maxworkerrestart = "1000"
     if not hasattr(config, "workerinput"):  # not an xdist worker: a controller or one process
         _CONTROLLER[:] = [config]
+        _tolerate_sends_to_a_recycled_worker()
+
+
+def _tolerate_sends_to_a_recycled_worker():
+    """When a worker leaves (recycled, below), xdist hands its pending tests to the others at
+    once; one that has left too, its exit not yet processed, has a closed channel, and the send
+    raised `OSError: cannot send (already closed?)` as an INTERNALERROR that ended the run. The
+    scheduler records the tests as that worker's before it sends them, so a send that fails
+    loses nothing: the worker's own exit, processed next, hands them on again."""
+    try:
+        from xdist.workermanage import WorkerController
+    except ImportError:
+        return
+    send = WorkerController.send_runtest_some
+    if getattr(send, "_tolerates_closed", False):
+        return
+
+    def send_runtest_some(self, indices):
+        try:
+            send(self, indices)
+        except OSError:  # its pipe is gone: so is the worker, whose exit event follows
+            pass  # (xdist's own `shutdown` treats a closed pipe the same way)
+
+    send_runtest_some._tolerates_closed = True
+    WorkerController.send_runtest_some = send_runtest_some
 
 
 # ------------------------------------------------------------------ workers that do not grow

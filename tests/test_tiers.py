@@ -198,3 +198,32 @@ def test_a_worker_past_its_hard_limit_leaves_inside_a_module_and_no_test_is_lost
     total = len([line for line in collected.stdout.splitlines() if "::" in line])
     assert counted["passed"] == total > 1
     assert counted.get("rerun", 0) == total - 1 and "failed" not in counted
+
+
+def test_a_send_to_a_worker_that_has_just_left_loses_no_test():
+    """Two workers recycled at once: xdist hands the first one's pending tests to the second,
+    whose pipe is already closed. The send must not end the run (it did: `INTERNALERROR
+    OSError: cannot send (already closed?)`); the tests stay the second worker's and are handed
+    on when its own exit is processed."""
+    xdist_scheduler = pytest.importorskip("xdist.scheduler.load")
+    from xdist.workermanage import WorkerController
+
+    class ClosedPipe:
+        def send(self, item):
+            raise OSError("cannot send (already closed?)")
+
+    class Gone:
+        shutting_down = False
+        channel = ClosedPipe()
+
+        def log(self, *args):
+            pass
+
+        sendcommand = WorkerController.sendcommand
+        send_runtest_some = WorkerController.send_runtest_some
+
+    gone = Gone()
+    sched = xdist_scheduler.LoadScheduling.__new__(xdist_scheduler.LoadScheduling)
+    sched.pending, sched.node2pending, sched.maxschedchunk = [4, 5, 6, 7], {gone: []}, None
+    sched._send_tests(gone, 2)
+    assert sched.node2pending[gone] == [4, 5] and sched.pending == [6, 7]
