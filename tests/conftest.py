@@ -124,12 +124,28 @@ def _recycle_mark(config, nodeid):
     return root / "recycled" / hashlib.sha1(nodeid.encode("utf-8")).hexdigest()
 
 
+def _name_the_running_test(nodeid):
+    """With KT_TESTS_CURRENT_DIR (set by .ci/run), this worker names the test it runs in a
+    file named by its pid: .ci/peak_memory.py puts the run's peak memory down to tests."""
+    directory = os.environ.get("KT_TESTS_CURRENT_DIR")
+    if not directory or not os.path.isdir(directory):
+        return
+    path = os.path.join(directory, str(os.getpid()))
+    try:
+        with open(path + ".tmp", "w") as f:
+            f.write(nodeid)
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
     # An xdist worker of this run (a pytest that a test starts inherits the worker's
     # environment, PYTEST_XDIST_WORKER included, but is no worker).
     if not hasattr(item.config, "workerinput"):
         return None
+    _name_the_running_test(item.nodeid)
     module = item.nodeid.split("::")[0]
     boundary = bool(_last_module) and _last_module[-1] != module
     first = not _last_module  # a worker's first test never recycles it: no test runs forever

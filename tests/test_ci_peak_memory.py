@@ -1,0 +1,41 @@
+"""`.ci/peak_memory.py`: the peak resident memory of a process tree, and the tests that held it."""
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SAMPLER = os.path.join(ROOT, ".ci", "peak_memory.py")
+
+# A "worker" that names its test, then starts a child holding 300 MB for two seconds; beside it,
+# an unnamed process holding 100 MB (counted in the total, put down to no test).
+TREE = """
+import os, subprocess, sys, time
+with open(os.path.join(sys.argv[1], str(os.getpid())), "w") as f:
+    f.write("tests/test_x.py::test_holds_300_mb")
+hold = "import time; b = bytearray({mb} * 2**20); b[::4096] = b'x' * len(b[::4096]); time.sleep(2)"
+children = [subprocess.Popen([sys.executable, "-c", hold.format(mb=300)])]
+time.sleep(0.2)
+relay = "import subprocess, sys; subprocess.run(sys.argv[1:])"
+other = subprocess.Popen([sys.executable, "-c", relay, sys.executable, "-c", hold.format(mb=100)])
+for child in children:
+    child.wait()
+"""
+
+
+def test_the_peak_is_put_down_to_the_test_whose_process_tree_held_it(tmp_path):
+    running = tmp_path / "running"
+    running.mkdir()
+    out = tmp_path / "peak"
+    root = subprocess.Popen([sys.executable, "-c", TREE, str(running)])
+    sampler = subprocess.run([sys.executable, SAMPLER, str(root.pid), str(out), str(running)],
+                             timeout=60)  # fmt: skip
+    root.wait(timeout=60)
+    assert sampler.returncode == 0
+    peak = int(out.read_text())
+    assert peak >= 300 * 2**20  # at least the child's 300 MB were seen
+    where = (out.parent / "peak.where").read_text().splitlines()
+    gigabytes, test = where[0].split("  ", 1)
+    assert test == "tests/test_x.py::test_holds_300_mb"
+    # the named process's share includes its child's 300 MB, and is at most the whole tree's
+    assert 0.29 <= float(gigabytes.split()[0]) <= peak / 2**30 + 0.05
