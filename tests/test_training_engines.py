@@ -20,10 +20,9 @@ from shared_runs import run_root, shared_directory
 from training_helpers import (
     RUNNER,
     files_under,
+    one_bucket_run_yaml,
     read_scalars,
     subprocess_env,
-    tiny_yaml,
-    write_yaml,
 )
 
 from keras_transformer.errors import PREEMPTED_EXIT_CODE
@@ -36,19 +35,11 @@ STEPS, STEPS_PER_EPOCH = 6, 4  # not a multiple: the last epoch is cut short at 
 def _config(tmp_path, name, **train):
     """A seconds-long run: one length bucket (one train-step shape to compile), checkpoints
     every 2 steps, EMA, TensorBoard scalars every step, the final model the last checkpoint."""
-    workdir = tmp_path / name
     values = dict(
         steps=STEPS, steps_per_epoch=STEPS_PER_EPOCH, checkpoint_every=2, keep_checkpoints=3,
         ema_momentum=0.9, log_every=1,
     )  # fmt: skip
-    values.update(train)
-    config = tiny_yaml(
-        workdir,
-        train=values,
-        data=dict(bucket_boundaries=[24]),
-        export=dict(average_checkpoints=1),
-    )
-    return write_yaml(tmp_path / f"{name}.yaml", config), workdir
+    return one_bucket_run_yaml(tmp_path, name, **{**values, **train})
 
 
 def _train(engine, config, *runner_flags):

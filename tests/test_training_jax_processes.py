@@ -17,9 +17,8 @@ from training_helpers import (
     files_under,
     free_ports,
     load_npz_weights,
+    one_bucket_run_yaml,
     subprocess_env,
-    tiny_yaml,
-    write_yaml,
 )
 
 TIMEOUT = 600  # seconds a process may take on a slow, busy machine before the test gives up
@@ -30,17 +29,9 @@ def _config(tmp_path, name, **train):
     """A seconds-long run: one length bucket (one step shape to compile), 4 steps in epochs of
     2, each of two micro-batches per device, a checkpoint and a resume state every 2; the final
     model is the last checkpoint."""
-    workdir = tmp_path / name
     values = dict(steps=STEPS, steps_per_epoch=2, checkpoint_every=2, keep_checkpoints=3)
     values.update(gradient_accumulation_steps=2)
-    values.update(train)
-    values = tiny_yaml(
-        workdir,
-        train=values,
-        data=dict(bucket_boundaries=[24]),
-        export=dict(average_checkpoints=1),
-    )
-    return write_yaml(tmp_path / f"{name}.yaml", values), workdir
+    return one_bucket_run_yaml(tmp_path, name, **{**values, **train})
 
 
 def _env(tmp, **extra):

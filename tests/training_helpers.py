@@ -84,6 +84,17 @@ def tiny_yaml(workdir, **sections):
     return config.to_dict()
 
 
+def one_bucket_run_yaml(tmp_path, name, **train):
+    """A seconds-long `keras-transformer train` run's YAML file, `(path, workdir)`: the tiny
+    model, one length bucket (one step shape to compile), the final model the last checkpoint
+    (`export.average_checkpoints=1`), and `train` as given."""
+    workdir = tmp_path / name
+    values = tiny_yaml(
+        workdir, train=train, data=dict(bucket_boundaries=[24]), export=dict(average_checkpoints=1)
+    )
+    return write_yaml(tmp_path / f"{name}.yaml", values), workdir
+
+
 def write_yaml(path, values):
     import yaml
 
