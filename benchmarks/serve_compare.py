@@ -6,6 +6,7 @@ Usage (from the repository root, PYTHONPATH=$PWD):
     python benchmarks/serve_compare.py --shapes small --runs 3 --no-peer
     python benchmarks/serve_compare.py --no-peer --beam-size 1  # greedy: our beam-1 export, CT2
     python benchmarks/serve_compare.py --no-peer --xla  # also the export with XLA's search
+    python benchmarks/serve_compare.py --no-peer --shortlist  # also the vocabulary shortlist
 
 For each shape (../shared/bench/README.md: small, base) one model with random weights is
 1. exported as our SavedModel and run through its `serving_default` signature, strings in and
@@ -28,6 +29,17 @@ ratios to CTranslate2 float32 and to Model Garden, and of our LiteRT exports (`-
 `keras_transformer.litert` without TensorFlow) to CTranslate2 float32 and int8
 (`ours_litert_int8_over_ct2_int8` for `dynamic_int8`); the machine's load (`os.getloadavg`) is in
 every line.
+
+`--shortlist` adds the vocabulary shortlist, one lexical table (`synthetic_table`) for all:
+the SavedModel exported with it (`ours_saved_model_shortlist`), each LiteRT export run with it
+(`ours_litert_<quantization>_shortlist`, `litert.load(shortlist=True)`) and CTranslate2 int8
+with the same table as its vocabulary map (`ctranslate2_int8_vmap`, `use_vmap=True`, the
+sources given as their pieces so that the map's lines apply). The table is random, as the
+weights are: each source piece's `k` translations are drawn by a Zipf law over the target
+pieces (the frequent ones shared by many rows, as in a real table), so the batch's shortlist
+width (`shortlist_width`, in the ratios line) is what the speed depends on; the ratios line
+adds `ours_litert_int8_shortlist_over_ct2_int8_vmap` (the issue's target), the SavedModel with
+it over CTranslate2 float32 and int8, and each engine with it over itself without.
 """
 
 import argparse
@@ -50,6 +62,7 @@ SHAPES = {"small": SMALL, "base": BASE}
 PEER_PYTHON = "/tmp/peers/mg/bin/python"
 PEER_SCRIPT = os.path.join(ROOT, "..", "shared", "bench", "peer_modelgarden.py")
 SENTENCES = 32
+SHORTLIST_ZIPF = 1.1  # the default exponent of `synthetic_table`'s Zipf law (not fitted)
 
 
 def word_vocabulary(vocab):
@@ -103,6 +116,42 @@ def sources(cfg):
     return [" ".join(f"t{i}" for i in row) for row in ids]
 
 
+def synthetic_table(vocab, k, m, zipf=SHORTLIST_ZIPF, seed=2):
+    """A random lexical table (`data.shortlist.LexicalTable`) for the word vocabulary of
+    `word_vocabulary`: the `m` frequent pieces are `t4 .. t{m+3}`; each source piece's `k`
+    translations are drawn without repeats from the target pieces by a Zipf law (rank `r` of
+    the pieces after the special ids with weight `1 / r ** zipf`, the ranks shuffled once), so
+    rows share their common pieces as a real table's do: a larger `zipf` makes the batch's
+    shortlist narrower (base shapes, k 50, m 100: 10,446 of 32,000 pieces at 1.1, 4,319 at
+    1.5). EOS is never a translation (it is in every shortlist anyway)."""
+    from keras_transformer.data.shortlist import LexicalTable
+
+    rng = np.random.default_rng(seed)
+    targets = rng.permutation(np.arange(4, vocab))
+    weights = 1.0 / np.arange(1, targets.size + 1) ** zipf
+    weights /= weights.sum()
+    k = min(k, targets.size)
+    translations = np.zeros((vocab, k), np.int32)
+    for row in range(4, vocab):
+        translations[row] = rng.choice(targets, size=k, replace=False, p=weights)
+    frequent = np.arange(4, min(vocab, 4 + m), dtype=np.int32)
+    settings = {"k": k, "m": int(m), "estimate": f"zipf {zipf} (serve_compare)"}
+    return LexicalTable(translations, frequent, settings)
+
+
+def shortlist_width(table, spm_bytes, cfg):
+    """The width of the benchmark batch's shortlist (`data.shortlist.batch_shortlist`): the
+    union's size, before padding to the bucket."""
+    import sentencepiece as spm
+
+    from keras_transformer.data.shortlist import batch_shortlist
+
+    processor = spm.SentencePieceProcessor(model_proto=spm_bytes)
+    ids = np.array([processor.encode(s) + [3] for s in sources(cfg)], np.int32)
+    _, real = batch_shortlist(table.translations, table.frequent, ids)
+    return int(real.sum())
+
+
 def time_calls(fn, runs):
     start = time.perf_counter()
     for _ in range(runs):
@@ -110,9 +159,10 @@ def time_calls(fn, runs):
     return time.perf_counter() - start, result
 
 
-def saved_model_decoder(model, spm_bytes, cfg, work, beam=4, jit_compile=False):
+def saved_model_decoder(model, spm_bytes, cfg, work, beam=4, jit_compile=False, shortlist=None):
     """Our SavedModel's `serving_default`, loaded as TF Serving loads it: `() -> lengths`
-    (`jit_compile`: the export's search compiled with XLA, `export.jit_compile`)."""
+    (`jit_compile`: the export's search compiled with XLA, `export.jit_compile`; `shortlist`:
+    a lexical table the export decodes over, `export.shortlist`)."""
     import tensorflow as tf
     import tensorflow_text  # noqa: F401
 
@@ -122,7 +172,9 @@ def saved_model_decoder(model, spm_bytes, cfg, work, beam=4, jit_compile=False):
               "max_extra_length": cfg["tgt"] - cfg["src"]}  # fmt: skip
     data = {"max_source_length": cfg["src"] + 1, "max_target_length": cfg["tgt"] + 1}
     name = "bench_xla" if jit_compile else "bench"
-    path = export_saved_model(model, spm_bytes, decode, data, work, name, jit_compile=jit_compile)
+    name += "" if shortlist is None else "_shortlist"
+    path = export_saved_model(model, spm_bytes, decode, data, work, name,
+                              jit_compile=jit_compile, shortlist=shortlist)  # fmt: skip
     serve = tf.saved_model.load(path).signatures["serving_default"]
     text = tf.constant(sources(cfg))
 
@@ -132,14 +184,16 @@ def saved_model_decoder(model, spm_bytes, cfg, work, beam=4, jit_compile=False):
     return decode_batch
 
 
-def ctranslate2_decoders(model, spm_bytes, cfg, work, compute_types, beam=4):
-    """`{compute type: () -> lengths}` on the converted model, 2 intra-op threads."""
+def ctranslate2_decoders(model, spm_bytes, cfg, work, compute_types, beam=4, shortlist=None):
+    """`{compute type: () -> lengths}` on the converted model, 2 intra-op threads; with a
+    `shortlist` table, also `ctranslate2_int8_vmap`: int8 with the table as its vocabulary map."""
     import ctranslate2
 
     from keras_transformer.export.ct2 import export_ctranslate2
 
     data = {"max_source_length": cfg["src"] + 1, "max_target_length": cfg["tgt"] + 1}
-    model_dir = export_ctranslate2(model, spm_bytes, os.path.join(work, "ct2"), None, data)
+    model_dir = export_ctranslate2(model, spm_bytes, os.path.join(work, "ct2"), None, data,
+                                   shortlist=shortlist)  # fmt: skip
     batch = [s.split() for s in sources(cfg)]
     options = dict(beam_size=beam, length_penalty=0.6, max_decoding_length=cfg["tgt"],
                    min_decoding_length=cfg["tgt"], max_batch_size=0)  # fmt: skip
@@ -153,13 +207,25 @@ def ctranslate2_decoders(model, spm_bytes, cfg, work, compute_types, beam=4):
             return [len(r.hypotheses[0]) for r in t.translate_batch(batch, **options)]
 
         decoders[f"ctranslate2_{compute_type}"] = decode_batch
+    if shortlist is not None:  # the map's lines are keyed by pieces: the sources as pieces
+        pieces = [["\u2581" + word for word in words] for words in batch]
+        translator = ctranslate2.Translator(
+            model_dir, device="cpu", compute_type="int8", intra_threads=2, inter_threads=1
+        )
+
+        def decode_vmap(t=translator):
+            results = t.translate_batch(pieces, use_vmap=True, **options)
+            return [len(r.hypotheses[0]) for r in results]
+
+        decoders["ctranslate2_int8_vmap"] = decode_vmap
     return decoders
 
 
-def litert_decoders(model, spm_bytes, cfg, work, quantizations, beam=4):
+def litert_decoders(model, spm_bytes, cfg, work, quantizations, beam=4, shortlist=None):
     """`{"ours_litert_<quantization>": () -> lengths}`: our LiteRT exports run by
     `keras_transformer.litert` (no TensorFlow in the loop), 2 threads, the same settings as the
-    SavedModel's."""
+    SavedModel's; with a `shortlist` table, exported with it and also run over it
+    (`"ours_litert_<quantization>_shortlist"`; the step without it is the same graph)."""
     from keras_transformer import litert
     from keras_transformer.config import DecodingSettings
     from keras_transformer.export.litert import export_litert
@@ -171,13 +237,15 @@ def litert_decoders(model, spm_bytes, cfg, work, quantizations, beam=4):
     decoders = {}
     for quantization in quantizations:
         path = os.path.join(work, f"litert-{quantization}")
-        export_litert(model, spm_bytes, path, quantization, data, settings)
-        translator = litert.load(path, num_threads=2)
+        export_litert(model, spm_bytes, path, quantization, data, settings, shortlist=shortlist)
+        for listed in (False, True) if shortlist is not None else (False,):
+            translator = litert.load(path, num_threads=2, shortlist=listed)
 
-        def decode_batch(t=translator):
-            return [len(x.split()) for x in t.translate(text)["translation"]]
+            def decode_batch(t=translator):
+                return [len(x.split()) for x in t.translate(text)["translation"]]
 
-        decoders[f"ours_litert_{quantization}"] = decode_batch
+            name = f"ours_litert_{quantization}" + ("_shortlist" if listed else "")
+            decoders[name] = decode_batch
     return decoders
 
 
@@ -212,25 +280,32 @@ def bench_model_garden(cfg):
     return None
 
 
-def run_shape(name, cfg, runs, rounds, peer, beam=4, xla=False, litert=()):
+def run_shape(name, cfg, runs, rounds, peer, beam=4, xla=False, litert=(), shortlist=None):
+    """`shortlist`: `(k, m, zipf)` of the `synthetic_table` the shortlist rows decode with, or
+    None."""
     load = os.getloadavg()[0]
     model = build_model(cfg)
     spm_bytes = word_vocabulary(cfg["vocab"])
+    table = None if shortlist is None else synthetic_table(cfg["vocab"], *shortlist)
     what = f"beam{beam}_decode"
     common = dict(shapes=name, beam=beam, sentences=SENTENCES, src=cfg["src"], tgt=cfg["tgt"],
                   runs=runs, rounds=rounds)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="kt-serve-compare-") as work:
         signature = saved_model_decoder(model, spm_bytes, cfg, work, beam)
         decoders = {"ours_saved_model_signature": signature}
+        if table is not None:
+            decoders["ours_saved_model_shortlist"] = saved_model_decoder(
+                model, spm_bytes, cfg, work, beam, shortlist=table
+            )
         if xla:
             decoders["ours_saved_model_xla"] = saved_model_decoder(
                 model, spm_bytes, cfg, work, beam, jit_compile=True
             )
         decoders.update(
-            ctranslate2_decoders(model, spm_bytes, cfg, work, ("float32", "int8"), beam)
+            ctranslate2_decoders(model, spm_bytes, cfg, work, ("float32", "int8"), beam, table)
         )
         if litert:
-            decoders.update(litert_decoders(model, spm_bytes, cfg, work, litert, beam))
+            decoders.update(litert_decoders(model, spm_bytes, cfg, work, litert, beam, table))
         figures = measure(decoders, cfg, runs, rounds)
     for system, (tokens_per_s, seconds) in figures.items():
         emit(what=what, system=system, tokens_per_s=round(tokens_per_s, 1),
@@ -255,10 +330,34 @@ def run_shape(name, cfg, runs, rounds, peer, beam=4, xla=False, litert=()):
         short = "int8" if quantization == "dynamic_int8" else quantization  # the issue's key
         ratios[f"ours_litert_{short}_over_ct2_float32"] = round(ours_litert / ct2_float32, 3)
         ratios[f"ours_litert_{short}_over_ct2_int8"] = round(ours_litert / ct2_int8, 3)
+    if table is not None:
+        ratios.update(shortlist_ratios(figures, litert))
+        ratios["shortlist_width"] = shortlist_width(table, spm_bytes, cfg)
+        ratios["shortlist_table"] = dict(table.settings)
     if mg is not None:
         ratios["ours_over_model_garden"] = round(ours / mg, 3)
         ratios["ct2_float32_over_model_garden"] = round(ct2_float32 / mg, 3)
     emit(what=what + "_ratios", load1_end=os.getloadavg()[0], **ratios, **common)
+
+
+def shortlist_ratios(figures, litert):
+    """The shortlist rows' ratios (module docstring) from `{system: (tokens/s, seconds)}`."""
+    speed = {name: value[0] for name, value in figures.items()}
+    listed, vmap = speed["ours_saved_model_shortlist"], speed["ctranslate2_int8_vmap"]
+    ratios = {
+        "ours_shortlist_over_ct2_float32": listed / speed["ctranslate2_float32"],
+        "ours_shortlist_over_ct2_int8": listed / speed["ctranslate2_int8"],
+        "ours_shortlist_over_ours": listed / speed["ours_saved_model_signature"],
+        "ct2_int8_vmap_over_ct2_int8": vmap / speed["ctranslate2_int8"],
+    }
+    for quantization in litert:
+        short = "int8" if quantization == "dynamic_int8" else quantization
+        ours = speed[f"ours_litert_{quantization}_shortlist"]
+        ratios[f"ours_litert_{short}_shortlist_over_ct2_int8_vmap"] = ours / vmap
+        ratios[f"ours_litert_{short}_shortlist_over_ours_litert_{short}"] = (
+            ours / speed[f"ours_litert_{quantization}"]
+        )
+    return {key: round(value, 3) for key, value in ratios.items()}
 
 
 def main():
@@ -279,8 +378,22 @@ def main():
         "--litert", default="float32,dynamic_int8",
         help="comma-separated quantizations of our LiteRT export to add ('' for none)",
     )  # fmt: skip
+    parser.add_argument(
+        "--shortlist", action="store_true",
+        help="also the vocabulary shortlist: the SavedModel, the LiteRT exports and "
+        "CTranslate2 int8 (its vmap) with one random lexical table",
+    )  # fmt: skip
+    parser.add_argument("--shortlist-k", type=int, default=50, help="the table's translations")
+    parser.add_argument("--shortlist-m", type=int, default=100, help="its frequent pieces")
+    parser.add_argument(
+        "--shortlist-zipf", type=float, default=SHORTLIST_ZIPF,
+        help="the Zipf exponent its translations are drawn with (larger: narrower shortlists)",
+    )  # fmt: skip
     args = parser.parse_args()
     litert = tuple(q for q in args.litert.split(",") if q)
+    shortlist = None
+    if args.shortlist:
+        shortlist = (args.shortlist_k, args.shortlist_m, args.shortlist_zipf)
     for name in args.shapes.split(","):
         run_shape(
             name,
@@ -291,6 +404,7 @@ def main():
             args.beam_size,
             args.xla,
             litert,
+            shortlist,
         )
 
 

@@ -306,8 +306,9 @@ def _add_export_command(sub, common):
         action=argparse.BooleanOptionalAction,
         default=None,
         help="decode over a vocabulary shortlist (WORKDIR/shortlist.npz, built when missing; see "
-        "the shortlist command), or not (default: the workdir's export.shortlist); SavedModel "
-        "only",
+        "the shortlist command), or not (default: the workdir's export.shortlist); litert and "
+        "ctranslate2 hold it for their runtimes to use when asked (shortlist=True, use_vmap; "
+        "default: when the workdir has one)",
     )
     p.set_defaults(func=commands.export_command, stops_safely=True)
 

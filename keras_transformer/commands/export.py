@@ -131,9 +131,24 @@ def _export_litert(args, config, final, spm_bytes, name, averaged):
         flags.export_settings(config, args, final.alpha),
         facts,
         dev_pairs=dev_pairs,
+        shortlist=_engine_shortlist(args, config),
     )
     what = averaged or f"step {final.steps[-1]}"
     print(f"converted {what} to LiteRT ({quantization}) in {path}")
+
+
+def _engine_shortlist(args, config):
+    """The lexical table a LiteRT or CTranslate2 export holds (it decodes with it only when
+    asked: `litert.load(shortlist=True)`, CTranslate2's `use_vmap`), or None: `--shortlist`
+    reads or builds it, `--no-shortlist` leaves it out; by default it is in when the workdir
+    has one (`WORKDIR/shortlist.npz`) or `export.shortlist` is set."""
+    from keras_transformer import local_files
+
+    use = getattr(args, "shortlist", None)
+    if use is None:
+        exists = local_files.gfile().exists(Workdir(args.workdir).shortlist)
+        use = exists or config.export.shortlist
+    return workdir_shortlist(args.workdir) if use else None
 
 
 def _search_options(args, config):
@@ -180,6 +195,7 @@ def export_command(args):
             getattr(args, "quantization", None),
             config.data,
             flags.export_settings(config, args, final.alpha),
+            shortlist=_engine_shortlist(args, config),
         )
         print(f"converted {averaged or f'step {steps[-1]}'} to CTranslate2 in {path}")
         return

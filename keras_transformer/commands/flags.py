@@ -107,8 +107,6 @@ def check_export(args):
         getattr(args, key, None) is not None for key in SAMPLING_FLAGS
     ):
         raise UsageError("a LiteRT export searches (beam or greedy): it takes no sampling flags")
-    if getattr(args, "shortlist", None) and export_format(args) != "saved_model":
-        raise UsageError("--shortlist applies to the SavedModel (--format saved_model) for now")
     average = getattr(args, "average", None)
     if getattr(args, "select_on_dev", False) and average is not None:
         raise UsageError("--average and --select-on-dev exclude each other")

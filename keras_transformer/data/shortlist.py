@@ -31,6 +31,7 @@ import numpy as np
 from keras_transformer import local_files
 from keras_transformer.data.records import prepared_pairs
 from keras_transformer.errors import DataError
+from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from keras_transformer.workdir import write_atomically
 
 # The defaults of `keras-transformer shortlist` (Marian's lexical shortlists use 50 / 50 to
@@ -38,6 +39,11 @@ from keras_transformer.workdir import write_atomically
 DEFAULT_K = 50
 DEFAULT_M = 100
 ESTIMATE = "dice"
+# The width of a batch's shortlist is a multiple of this (`batch_shortlist`'s `bucket`).
+SHORTLIST_BUCKET = 64
+# Always in a batch's shortlist: padding and BOS (their probability enters the normaliser as in
+# the unrestricted search, which then bans them), UNK and EOS.
+SPECIAL_IDS = (PAD_ID, UNK_ID, BOS_ID, EOS_ID)
 # Co-occurring (source, target) pairs counted before the counts are merged (memory bound).
 _KEYS_PER_MERGE = 4_000_000
 
@@ -111,6 +117,31 @@ def build_lexical_table(pairs, vocab_size, k=DEFAULT_K, m=DEFAULT_M):
     return LexicalTable(translations, frequent, settings)
 
 
+def batch_shortlist(translations, frequent, source_ids, extra_ids=None, bucket=SHORTLIST_BUCKET):
+    """A batch's shortlist in NumPy: `(ids int32 [n], real bool [n])`, what the graph's
+    `keras_transformer.decoding.shortlist.shortlist_ids` gives (its arguments) for the runtimes
+    without TensorFlow (the LiteRT runtime).
+
+    The union of the table's `translations` of every piece of `source_ids` (0-padded), the
+    `frequent` ids, `SPECIAL_IDS` and the non-zero `extra_ids` (a forced prefix's), in
+    increasing order, then padding columns (`real` False, id `PAD_ID`) up to the smallest
+    multiple of `bucket` holding it.
+    """
+    source_ids = np.asarray(source_ids, np.int64).reshape(-1)
+    parts = [
+        np.asarray(translations)[source_ids].reshape(-1),
+        np.asarray(frequent).reshape(-1),
+        np.asarray(SPECIAL_IDS),
+    ]
+    if extra_ids is not None:
+        parts.append(np.asarray(extra_ids).reshape(-1))
+    union = np.unique(np.concatenate(parts).astype(np.int32))
+    n = -(-union.size // int(bucket)) * int(bucket)
+    ids = np.full(n, PAD_ID, np.int32)
+    ids[: union.size] = union
+    return ids, np.arange(n) < union.size
+
+
 def _merge(keys, counts, pending):
     """`(keys, counts)` with the keys of `pending` (arrays of keys, one count each) added."""
     if not pending:
@@ -135,10 +166,11 @@ def save_lexical_table(table, path):
     return write_atomically(path, buffer.getvalue())
 
 
-def read_lexical_table(path):
+def read_lexical_table(path, gfile=None):
     """The `LexicalTable` saved at `path` (any TensorFlow filesystem when TensorFlow is
-    installed, else local)."""
-    gfile = local_files.gfile()
+    installed, else local), read through `gfile` when given (`local_files.LocalGfile`: local
+    files without importing TensorFlow, as the LiteRT runtime reads them)."""
+    gfile = local_files.gfile() if gfile is None else gfile
     if not gfile.exists(path):
         raise DataError(f"no shortlist table at {path} (run keras-transformer shortlist)")
     with gfile.GFile(path, "rb") as f:

@@ -17,13 +17,10 @@ cache = model.init_cache(memory, max_length=20, output_ids=ids)  # logits [..., 
 
 from keras import ops
 
-from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-
-# The shortlist's width is a multiple of this (`shortlist_ids`' `bucket`).
-SHORTLIST_BUCKET = 64
-# Always in the shortlist: padding and BOS (their probability enters the normaliser as in the
-# unrestricted search, which then bans them), UNK and EOS.
-SPECIAL_IDS = (PAD_ID, UNK_ID, BOS_ID, EOS_ID)
+# The bucket and the ids always in: the lexical table's module, whose `batch_shortlist` is this
+# function in NumPy (for the runtimes without TensorFlow).
+from keras_transformer.data.shortlist import SHORTLIST_BUCKET, SPECIAL_IDS
+from keras_transformer.special_ids import PAD_ID
 
 
 def shortlist_ids(translations, frequent, source_ids, extra_ids=None, bucket=SHORTLIST_BUCKET):

@@ -12,6 +12,12 @@ the source, the target and the pre-softmax projection. Two details are ours and 
 - Banned tokens: our search never generates padding or BOS. CTranslate2 has no such rule, so the
   converted projection gets a bias that is 0 except a large negative value at those two ids.
 
+With a vocabulary shortlist's lexical table (`export_ctranslate2(shortlist=...)`, `export --format
+ctranslate2 --shortlist`) the directory also holds `vmap.txt`, CTranslate2's own vocabulary map
+(`vocabulary_map`), which it restricts the projection with when asked (`translate_batch(...,
+use_vmap=True)`, `--use_vmap`): the same table the SavedModel and LiteRT exports decode with,
+written as pieces.
+
 The module is named `ct2` so that it never shadows the `ctranslate2` package, which is an
 optional extra (`pip install "keras-transformer[ctranslate2]"`) imported only inside the
 functions below.
@@ -32,6 +38,7 @@ from keras_transformer.workdir import copy_tree, is_local, local_directory, stag
 INSTALL_HINT = 'pip install "keras-transformer[ctranslate2]" (or pip install "ctranslate2>=4.5,<5")'
 METADATA_FILE = "keras_transformer.json"
 SPM_FILE = "spm.model"
+VMAP_FILE = "vmap.txt"  # the name CTranslate2 loads a vocabulary map from
 PHASE = "the CTranslate2 conversion"  # what `stopping.check` names
 # Large enough to never win a softmax, small enough for float16 logits (max 65504).
 BANNED_LOGIT_BIAS = -1.0e4
@@ -53,6 +60,30 @@ def _vocabulary(spm_bytes):
 
     processor = spm.SentencePieceProcessor(model_proto=spm_bytes)
     return [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+
+
+def vocabulary_map(table, pieces):
+    """CTranslate2's vocabulary map (`vmap.txt`) of a lexical table (`data.shortlist.
+    LexicalTable`), as text: one line per source piece with translations, the piece, a tab and
+    its target pieces separated by spaces (best first, without repeats or padding), and first
+    the line of an empty source, whose targets CTranslate2 always allows: the table's frequent
+    pieces and our special ids (`data.shortlist.SPECIAL_IDS`). CTranslate2 allows a batch the
+    union of its source pieces' lines, the always-allowed line, UNK, BOS, EOS and the target
+    prefix's pieces, as our exports' `batch_shortlist` does. `pieces`: the vocabulary, id `i`'s
+    piece at `pieces[i]` (SentencePiece pieces hold neither spaces nor tabs)."""
+    from keras_transformer.data.shortlist import SPECIAL_IDS
+
+    def names(ids):
+        seen = dict.fromkeys(int(i) for i in ids)
+        return " ".join(pieces[i] for i in seen)
+
+    always = [*(int(i) for i in table.frequent), *SPECIAL_IDS]
+    lines = ["\t" + names(always)]
+    for source, row in enumerate(np.asarray(table.translations)):
+        row = row[row != 0]
+        if row.size:
+            lines.append(f"{pieces[source]}\t{names(row)}")
+    return "\n".join(lines) + "\n"
 
 
 def _array(variable):
@@ -172,8 +203,9 @@ def transformer_spec(model, spm_bytes, num_positions=1024, settings=None):
 
 
 def export_ctranslate2(
-    model, tokenizer, output_dir, quantization=None, data_config=None, settings=None
-):
+    model, tokenizer, output_dir, quantization=None, data_config=None, settings=None,
+    shortlist=None,
+):  # fmt: skip
     """Converts `model` into a CTranslate2 model directory with its SentencePiece model.
 
     The directory holds CTranslate2's `model.bin`, `config.json` and vocabularies, plus
@@ -191,6 +223,9 @@ def export_ctranslate2(
         settings: the `DecodingSettings` (`config.decoding_settings(config, export=True)`; None:
             the defaults): the special ids, and the beam size, length penalty and extra length
             recorded in `keras_transformer.json` for CTranslate2's `translate_batch`.
+        shortlist: a vocabulary shortlist's lexical table (`keras_transformer.data.shortlist.
+            LexicalTable`, a row per piece of the model's vocabulary): written as CTranslate2's
+            `vmap.txt` (`vocabulary_map`), used with `translate_batch(..., use_vmap=True)`.
 
     Returns:
         `output_dir`.
@@ -209,6 +244,15 @@ def export_ctranslate2(
     gfile = tf.io.gfile
     if gfile.isdir(output_dir) and gfile.listdir(output_dir):
         raise UsageError(f"{output_dir} already exists and is not empty: choose another --output")
+    files = {}  # more text files of the directory
+    if shortlist is not None:
+        if shortlist.vocab_size != model.vocab_size:
+            raise UsageError(
+                f"the shortlist table has {shortlist.vocab_size} source rows, the model's "
+                f"vocabulary {model.vocab_size} pieces: build it again (keras-transformer "
+                "shortlist)"
+            )
+        files[VMAP_FILE] = vocabulary_map(shortlist, _vocabulary(spm_bytes))
     max_source = int(_get(data_config, "max_source_length", 128))
     max_target = int(_get(data_config, "max_target_length", 128))
     # Room for any source and any output CTranslate2 is asked for by default (256 tokens).
@@ -228,16 +272,18 @@ def export_ctranslate2(
             "max_extra_length": settings.max_extra_length,
         },
     }
+    if shortlist is not None:
+        metadata["vmap"] = {"file": VMAP_FILE, "shortlist": dict(shortlist.settings)}
     if not is_local(output_dir):
         # No atomic directory rename there: written locally, copied with model.bin last.
         with local_directory() as local:
-            _write_ct2(spec, spm_bytes, local, metadata)
+            _write_ct2(spec, spm_bytes, local, metadata, files)
             stopping.check(PHASE)
             copy_tree(local, output_dir, last="model.bin")
         return output_dir
     tmp_dir = staging_directory(os.path.dirname(os.path.abspath(output_dir)), ".ct2-")
     try:
-        _write_ct2(spec, spm_bytes, tmp_dir, metadata)
+        _write_ct2(spec, spm_bytes, tmp_dir, metadata, files)
         stopping.check(PHASE)  # the last moment: the directory does not appear
         if os.path.isdir(output_dir):
             os.rmdir(output_dir)  # empty: checked above
@@ -248,9 +294,12 @@ def export_ctranslate2(
     return output_dir
 
 
-def _write_ct2(spec, spm_bytes, directory, metadata):
-    """The CTranslate2 model's files in the local `directory`."""
+def _write_ct2(spec, spm_bytes, directory, metadata, texts=None):
+    """The CTranslate2 model's files in the local `directory` (and `texts`, `{name: str}`)."""
     spec.save(directory)
+    for name, text in (texts or {}).items():
+        with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
+            f.write(text)
     with open(os.path.join(directory, SPM_FILE), "wb") as f:
         f.write(spm_bytes)
     with open(os.path.join(directory, METADATA_FILE), "w", encoding="utf-8") as f:

@@ -8,6 +8,11 @@ The directory holds:
 - `decoder_step.tflite`: one token of every hypothesis against the runtime's caches
   (`keras_transformer.export.litert_graphs` has the contract);
 - `spm.model`, the SentencePiece model;
+- with a vocabulary shortlist (`export_litert(shortlist=...)`, `export --format litert
+  --shortlist`): `decoder_step_shortlist.tflite`, the step projecting onto a batch's shortlist
+  alone (`litert_graphs.shortlist_step_function`), and `shortlist.npz`, the lexical table
+  (`keras_transformer.data.shortlist`) the runtime makes each batch's shortlist from (with
+  `litert.load(..., shortlist=True)`); the step without it stays, unchanged;
 - `keras_transformer.json`: the format, the quantization, the shapes the runtime needs, the
   decoding settings (fixed here, as in the SavedModel) and the confidence's calibration;
 - `model_card.json`, `model_card.md`.
@@ -40,6 +45,8 @@ METADATA_FILE = "keras_transformer.json"
 SPM_FILE = "spm.model"
 ENCODER_FILE = "encoder.tflite"
 STEP_FILE = "decoder_step.tflite"
+SHORTLIST_STEP_FILE = "decoder_step_shortlist.tflite"
+SHORTLIST_TABLE_FILE = "shortlist.npz"
 QUANTIZATIONS = ("float32", "float16", "dynamic_int8")
 FORMAT_VERSION = 1
 PHASE = "the LiteRT conversion"  # what `stopping.check` names
@@ -66,8 +73,9 @@ def _check(model, quantization):
         raise UsageError("a LiteRT export needs an encoder-decoder Transformer")
 
 
-def _specs(model, beams):
-    """The step's input signature (`litert_graphs` module docstring)."""
+def _specs(model, beams, shortlist=False):
+    """The step's input signature (`litert_graphs` module docstring); `shortlist`: the
+    shortlist step's, with its `output_ids` and `output_mask`."""
     import tensorflow as tf
 
     heads, size = model.num_heads, model.head_dim
@@ -76,13 +84,17 @@ def _specs(model, beams):
         for name in ("self_keys", "self_values", "cross_keys", "cross_values"):
             key = f"{name}_{i}"
             caches[key] = tf.TensorSpec([None, heads, None, size], tf.float32, name=key)
-    return [
+    specs = [
         tf.TensorSpec([None], tf.int32, name="ids"),
         tf.TensorSpec([1], tf.int32, name="position"),
         tf.TensorSpec([None, 1, beams, None], tf.float32, name="self_bias"),
         tf.TensorSpec([None, 1, 1, None], tf.float32, name="cross_bias"),
         caches,
     ]
+    if shortlist:
+        specs.append(tf.TensorSpec([None], tf.int32, name="output_ids"))
+        specs.append(tf.TensorSpec([None], tf.float32, name="output_mask"))
+    return specs
 
 
 def _convert(function, quantization):
@@ -106,10 +118,10 @@ def _convert(function, quantization):
     return converter.convert(), names
 
 
-def convert_graphs(model, settings, quantization="float32"):
+def convert_graphs(model, settings, quantization="float32", shortlist=False):
     """`({"encoder": (bytes, output names), "decoder_step": (...)}, top_k)`: `model`'s two
     LiteRT graphs for `settings`' beam size (the step's `K`, the candidates kept per row:
-    `2 * beam_size`)."""
+    `2 * beam_size`); `shortlist`: a third, `"decoder_step_shortlist"`."""
     import tensorflow as tf
 
     from keras_transformer.export import litert_graphs
@@ -133,6 +145,16 @@ def convert_graphs(model, settings, quantization="float32"):
     graphs = {"encoder": _convert(encoder, quantization)}
     stopping.check(PHASE)
     graphs["decoder_step"] = _convert(step, quantization)
+    if shortlist:
+        step = tf.function(
+            litert_graphs.shortlist_step_function(
+                model, beams, top_k, banned, settings.eos_id, quantized
+            ),
+            input_signature=_specs(model, beams, shortlist=True),
+            autograph=False,
+        )
+        stopping.check(PHASE)
+        graphs["decoder_step_shortlist"] = _convert(step, quantization)
     return graphs, top_k
 
 
@@ -185,6 +207,7 @@ def export_litert(
     card_facts=None,
     calibration=None,
     dev_pairs=None,
+    shortlist=None,
 ):
     """Exports `model` as a LiteRT directory (module docstring) that
     `keras_transformer.litert.load` translates with.
@@ -204,6 +227,10 @@ def export_litert(
         dev_pairs: `[(source, reference), ...]`: the first 1,000 are translated by this export
             itself (with `keras_transformer.litert`, when installed) to fit the confidence
             against sentence chrF, as the SavedModel's export does, and to time it for the card.
+        shortlist: a vocabulary shortlist's lexical table (`keras_transformer.data.shortlist.
+            LexicalTable`, a row per piece of the model's vocabulary): the export also holds
+            the shortlist step and the table (module docstring), which the runtime decodes
+            with when asked (`litert.load(path, shortlist=True)`). None: neither.
 
     Returns:
         `output_dir`.
@@ -214,17 +241,31 @@ def export_litert(
     settings = (DecodingSettings() if settings is None else settings).without_sampling()
     if os.path.isdir(output_dir) and os.listdir(output_dir):
         raise UsageError(f"{output_dir} already exists and is not empty: choose another --output")
+    if shortlist is not None and shortlist.vocab_size != model.vocab_size:
+        raise UsageError(
+            f"the shortlist table has {shortlist.vocab_size} source rows, the model's "
+            f"vocabulary {model.vocab_size} pieces: build it again (keras-transformer shortlist)"
+        )
     spm_bytes = _model_proto(tokenizer)
-    graphs, top_k = convert_graphs(model, settings, quantization)
+    graphs, top_k = convert_graphs(model, settings, quantization, shortlist is not None)
     (encoder, encoder_outputs), (step, step_outputs) = graphs["encoder"], graphs["decoder_step"]
     outputs = {"encoder": encoder_outputs, "decoder_step": step_outputs}
     metadata = _metadata(model, settings, quantization, data_config, top_k, calibration, outputs)
+    files = {ENCODER_FILE: encoder, STEP_FILE: step, SPM_FILE: spm_bytes}
+    if shortlist is not None:
+        listed_step, outputs["decoder_step_shortlist"] = graphs["decoder_step_shortlist"]
+        files[SHORTLIST_STEP_FILE] = listed_step
+        files[SHORTLIST_TABLE_FILE] = _table_bytes(shortlist)
+        metadata["shortlist"] = {
+            "decoder_step": SHORTLIST_STEP_FILE,
+            "table": SHORTLIST_TABLE_FILE,
+            "settings": dict(shortlist.settings),
+        }
     card = {
         "facts": card_facts,
         "name": os.path.basename(os.path.normpath(output_dir)),
         "sizes": {"encoder_bytes": len(encoder), "decoder_step_bytes": len(step)},
     }
-    files = {ENCODER_FILE: encoder, STEP_FILE: step, SPM_FILE: spm_bytes}
 
     def finish(directory):  # the metadata and the card, once the export can translate
         _write_json(os.path.join(directory, METADATA_FILE), metadata)
@@ -236,6 +277,19 @@ def export_litert(
         _write_card(directory, metadata, card, figures, speed)
 
     return _write_directory(output_dir, files, finish)
+
+
+def _table_bytes(table):
+    """The lexical table as `shortlist.npz`'s bytes (`data.shortlist.save_lexical_table`)."""
+    import tempfile
+
+    from keras_transformer.data.shortlist import save_lexical_table
+
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, SHORTLIST_TABLE_FILE)
+        save_lexical_table(table, path)
+        with open(path, "rb") as f:
+            return f.read()
 
 
 DEFAULT_KEYS = ("score_weight", "margin_weight", "bias")  # the confidence's map

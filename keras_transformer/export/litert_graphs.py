@@ -21,6 +21,11 @@ source tokens, `L` decoder layers; only `B`, `T` and `S` vary):
   `top_log_probs` float32 `[B * k, K]` (best first), `top_ids` int32 `[B * k, K]`,
   `eos_log_probs` float32 `[B * k]`, `new_keys_{l}`, `new_values_{l}` `[B, H, k, d]`.
 
+- shortlist step (`shortlist_step_function`, an export with a vocabulary shortlist): the
+  step's inputs and `output_ids` int32 `[n]` (a batch's shortlist), `output_mask` float32 `[n]`
+  (0 at its real columns, NEG_INF at its padding) -> the same outputs, the projection and the
+  normaliser over those `n` columns only, `top_ids` the target ids of the best columns.
+
 The log-probabilities are the model's log-softmax with padding and BOS made impossible, as in
 `keras_transformer.decoding.search`; only the top `K` of each row leave the graph (the search
 needs no more: a sentence's best `2k` candidates are among its rows' best `2k` each).
@@ -166,6 +171,34 @@ def _embedding(model, quantized):
     return embed
 
 
+def _attentions(model, beams, self_bias, cross_bias, caches):
+    """`(self_attentions, cross_attentions)`: the decoder step protocol's functions
+    (`Transformer.decoder_step`) on the step's inputs."""
+    self_attentions, cross_attentions = [], []
+    for i, block in enumerate(model.decoder.blocks):
+        self_kv = caches[f"self_keys_{i}"], caches[f"self_values_{i}"]
+        cross_kv = caches[f"cross_keys_{i}"], caches[f"cross_values_{i}"]
+
+        def self_attention(h, layer=block.self_attention, kv=self_kv):
+            y, new = _self_attention(layer, h, *kv, self_bias, beams)
+            return y, None, new
+
+        def cross_attention(h, layer=block.cross_attention, kv=cross_kv):
+            return _cross_attention(layer, h, *kv, cross_bias, beams), None
+
+        self_attentions.append(self_attention)
+        cross_attentions.append(cross_attention)
+    return self_attentions, cross_attentions
+
+
+def _new_caches(new):
+    """`{new_keys_l, new_values_l}` of the self-attentions' returned caches."""
+    outputs = {}
+    for i, (keys, values) in enumerate(new):
+        outputs[f"new_keys_{i}"], outputs[f"new_values_{i}"] = keys, values
+    return outputs
+
+
 def step_function(model, beams, top_k, banned_ids, eos_id, quantized_embedding=None):
     """`fn(ids, position, self_bias, cross_bias, caches) -> outputs` (module docstring) for
     `model` with `beams` hypotheses per sentence (`quantized_embedding`: see `_embedding`)."""
@@ -174,30 +207,80 @@ def step_function(model, beams, top_k, banned_ids, eos_id, quantized_embedding=N
     embed = _embedding(model, quantized_embedding)
 
     def step(ids, position, self_bias, cross_bias, caches):
-        self_attentions, cross_attentions = [], []
-        for i, block in enumerate(model.decoder.blocks):
-            self_kv = caches[f"self_keys_{i}"], caches[f"self_values_{i}"]
-            cross_kv = caches[f"cross_keys_{i}"], caches[f"cross_values_{i}"]
-
-            def self_attention(h, layer=block.self_attention, kv=self_kv):
-                y, new = _self_attention(layer, h, *kv, self_bias, beams)
-                return y, None, new
-
-            def cross_attention(h, layer=block.cross_attention, kv=cross_kv):
-                return _cross_attention(layer, h, *kv, cross_bias, beams), None
-
-            self_attentions.append(self_attention)
-            cross_attentions.append(cross_attention)
+        attentions = _attentions(model, beams, self_bias, cross_bias, caches)
         x = embed(ids, position)  # [B * k, d_model]
-        logits, new = model.decoder_step(x, self_attentions, cross_attentions)  # [B * k, vocab]
-        outputs = {}
-        for i, (keys, values) in enumerate(new):
-            outputs[f"new_keys_{i}"], outputs[f"new_values_{i}"] = keys, values
+        logits, new = model.decoder_step(x, *attentions)  # [B * k, vocab]
+        outputs = _new_caches(new)
         top_logits, top_ids = blocked_top_k(logits + ops.convert_to_tensor(ban), top_k)
         normaliser = ops.logsumexp(logits, axis=-1, keepdims=True)  # log-softmax's, over all
         outputs["top_log_probs"] = top_logits - normaliser
         outputs["top_ids"] = ops.cast(top_ids, "int32")
         outputs["eos_log_probs"] = logits[:, eos_id] - normaliser[:, 0]
+        return outputs
+
+    return step
+
+
+def _shortlist_columns(model, quantized_embedding):
+    """`columns(output_ids [n]) -> (kernel [d_model, n], bias [n] or None)`: the projection's
+    columns of a shortlist's ids (`Transformer.output_kernel`). `quantized_embedding` (the
+    int8 export): the tied embedding's int8 rows (`_embedding`'s copy), or the untied kernel's,
+    are gathered and only they dequantized, each with its own scale."""
+    dense = model.output_projection
+    bias = None
+    if dense is not None and dense.use_bias:
+        bias = ops.cast(dense.bias, "float32")
+    quantized = None
+    if quantized_embedding is not None:
+        quantized = quantized_embedding
+        if dense is not None:
+            quantized = quantized_rows(np.transpose(np.asarray(dense.kernel)))
+    if quantized is None:
+
+        def columns(output_ids):
+            kernel = ops.cast(model.output_kernel(output_ids), "float32")
+            return kernel, None if bias is None else ops.take(bias, output_ids, axis=0)
+
+        return columns
+    steps, unit = fixed_point_scales(quantized[1])
+    table, steps = ops.convert_to_tensor(quantized[0]), ops.convert_to_tensor(steps)
+
+    def columns(output_ids):
+        rows = ops.cast(ops.take(table, output_ids, axis=0), "float32")  # [n, d_model]
+        scales = ops.cast(ops.take(steps, output_ids, axis=0), "float32") * unit
+        kernel = ops.transpose(rows * ops.expand_dims(scales, 1))
+        return kernel, None if bias is None else ops.take(bias, output_ids, axis=0)
+
+    return columns
+
+
+def shortlist_step_function(model, beams, top_k, banned_ids, eos_id, quantized_embedding=None):
+    """`fn(ids, position, self_bias, cross_bias, caches, output_ids, output_mask) -> outputs`:
+    `step_function`'s step over a vocabulary shortlist. `output_ids` int32 `[n]` are the
+    shortlist's target ids (`data.shortlist.batch_shortlist`), `output_mask` float32 `[n]` 0
+    at its real columns and NEG_INF at its padding ones: the projection covers these columns
+    alone, the log-softmax normalises over the real ones, padding and BOS are impossible, and
+    `top_ids` are target ids (not columns). EOS must be one of the `output_ids`."""
+    embed = _embedding(model, quantized_embedding)
+    columns = _shortlist_columns(model, quantized_embedding)
+
+    def step(ids, position, self_bias, cross_bias, caches, output_ids, output_mask):
+        attentions = _attentions(model, beams, self_bias, cross_bias, caches)
+        x = embed(ids, position)  # [B * k, d_model]
+        kernel, bias = columns(output_ids)
+        logits, new = model.decoder_step(x, *attentions, kernel, bias)  # [B * k, n]
+        outputs = _new_caches(new)
+        logits = logits + output_mask  # padding columns: out of the normaliser
+        banned = ops.zeros(ops.shape(output_ids), "bool")
+        for token in banned_ids:
+            banned = ops.logical_or(banned, ops.equal(output_ids, token))
+        ban = ops.where(banned, NEG_INF, 0.0)
+        top_logits, top_columns = ops.top_k(logits + ban, top_k)
+        normaliser = ops.logsumexp(logits, axis=-1, keepdims=True)
+        outputs["top_log_probs"] = top_logits - normaliser
+        outputs["top_ids"] = ops.cast(ops.take(output_ids, top_columns, axis=0), "int32")
+        eos = ops.sum(ops.where(ops.equal(output_ids, eos_id), logits, 0.0), axis=-1)
+        outputs["eos_log_probs"] = eos - normaliser[:, 0]
         return outputs
 
     return step

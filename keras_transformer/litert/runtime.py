@@ -15,6 +15,13 @@ answered: a set is made when a request finds none idle, up to `interpreters` set
 weights as XNNPACK packs them (about the size of the `.tflite` files) and runs `num_threads`
 threads, so a pool of 4 costs up to 4 times the memory and threads of one; a translator used
 by one thread at a time only ever makes one.
+
+Vocabulary shortlist: an export made with one (`export_litert(shortlist=...)`) decodes over it
+when loaded with `shortlist=True`: each chunk's shortlist is the lexical table's translations of
+its source pieces, the table's frequent pieces, the special ids and the chunk's prefix pieces
+(`keras_transformer.data.shortlist.batch_shortlist`, padded to a bucket), and the shortlist step
+projects onto those columns alone, so no other piece can be chosen and the scores are
+log-probabilities over the shortlist (as the SavedModel's `Translator(shortlist=...)`).
 """
 
 import contextlib
@@ -58,9 +65,9 @@ def _interpreter(path, num_threads):
     return Interpreter(model_path=path, num_threads=num_threads)
 
 
-def load(path, num_threads=None, interpreters=None):
+def load(path, num_threads=None, interpreters=None, shortlist=False):
     """The `LiteRTTranslator` of the export in the directory `path` (its arguments)."""
-    return LiteRTTranslator(path, num_threads, interpreters)
+    return LiteRTTranslator(path, num_threads, interpreters, shortlist)
 
 
 def default_interpreters():
@@ -93,6 +100,8 @@ class LiteRTTranslator:
         num_threads: each interpreter's threads (None: LiteRT's default).
         interpreters: the most interpreter sets (an encoder and a step) made for requests
             running at once (None: `default_interpreters()`); made when needed, kept once made.
+        shortlist: decode over each chunk's vocabulary shortlist (module docstring); the
+            export must hold one (`LiteRTError` otherwise).
 
     Example:
     ```python
@@ -102,7 +111,7 @@ class LiteRTTranslator:
     ```
     """
 
-    def __init__(self, path, num_threads=None, interpreters=None):
+    def __init__(self, path, num_threads=None, interpreters=None, shortlist=False):
         import sentencepiece
 
         if not is_litert_export(path):
@@ -116,6 +125,7 @@ class LiteRTTranslator:
         self.max_source_length = int(meta["max_source_length"])
         self.max_length = meta.get("max_length")
         self.calibration = meta["calibration"]
+        self.shortlist = _shortlist_table(path, meta) if shortlist else None
         with open(os.path.join(path, meta["tokenizer"]), "rb") as f:
             self._spm = sentencepiece.SentencePieceProcessor(model_proto=f.read())
         self.num_threads = num_threads
@@ -129,8 +139,13 @@ class LiteRTTranslator:
     def _new_interpreters(self):
         meta, path = self.metadata, self.path
         encoder = _interpreter(os.path.join(path, meta["encoder"]), self.num_threads)
-        step = _interpreter(os.path.join(path, meta["decoder_step"]), self.num_threads)
-        return _Encoder(encoder, meta["outputs"]["encoder"]), _Step(step, meta)
+        if self.shortlist is None:
+            step = _interpreter(os.path.join(path, meta["decoder_step"]), self.num_threads)
+            return _Encoder(encoder, meta["outputs"]["encoder"]), _Step(step, meta)
+        listed = meta["shortlist"]["decoder_step"]
+        step = _interpreter(os.path.join(path, listed), self.num_threads)
+        outputs = meta["outputs"]["decoder_step_shortlist"]
+        return _Encoder(encoder, meta["outputs"]["encoder"]), _Step(step, meta, outputs)
 
     @contextlib.contextmanager
     def _borrowed(self):
@@ -255,13 +270,16 @@ class LiteRTTranslator:
         if self.max_length is not None:
             buffer = min(buffer, int(self.max_length))
         caps = np.minimum(np.array([len(x) for x in sources]) + s["max_extra_length"], buffer)
-        cross = encoder(source)
-        step.start(cross, source != s["pad_id"], buffer)
         prefix_matrix = None
         if prefix is not None and any(prefix):
             prefix_matrix = np.zeros((c, max(len(p) for p in prefix)), "int32")
             for i, row in enumerate(prefix):
                 prefix_matrix[i, : len(row)] = row
+        columns = None
+        if self.shortlist is not None:
+            columns = _shortlist_columns(self.shortlist, source, prefix_matrix)
+        cross = encoder(source)
+        step.start(cross, source != s["pad_id"], buffer, columns)
         return search(
             step, c, s["beam_size"], buffer, caps, s["alpha"], s["eos_id"], s["bos_id"],
             prefix=prefix_matrix, return_all=True,
@@ -279,6 +297,30 @@ class LiteRTTranslator:
             + cal["margin_weight"] * margins
         )
         return (1.0 / (1.0 + np.exp(-np.clip(logit, -60, 60)))).astype("float32")
+
+
+def _shortlist_table(path, meta):
+    """The export's lexical table (`data.shortlist`), read without TensorFlow."""
+    from keras_transformer.data.shortlist import read_lexical_table
+    from keras_transformer.local_files import LocalGfile
+
+    listed = meta.get("shortlist")
+    if not listed:
+        raise LiteRTError(
+            f"{path} holds no vocabulary shortlist: export it with one (export --format litert "
+            "--shortlist) to decode with shortlist=True"
+        )
+    return read_lexical_table(os.path.join(path, listed["table"]), gfile=LocalGfile)
+
+
+def _shortlist_columns(table, source, prefix):
+    """The step's `{"output_ids", "output_mask"}` for a chunk's `source` `[c, S]` and
+    `prefix` (`[c, p]` or None): its shortlist (`data.shortlist.batch_shortlist`), the padding
+    columns masked."""
+    from keras_transformer.data.shortlist import batch_shortlist
+
+    ids, real = batch_shortlist(table.translations, table.frequent, source, extra_ids=prefix)
+    return {"output_ids": ids, "output_mask": np.where(real, 0.0, NEG_INF).astype("float32")}
 
 
 def _margins(scores):
@@ -338,20 +380,24 @@ class _Step:
     the step's own inputs and outputs.
     """
 
-    def __init__(self, interpreter, meta):
+    def __init__(self, interpreter, meta, outputs=None):
         self.interpreter = interpreter
         self.inputs = {d["name"]: d["index"] for d in interpreter.get_input_details()}
-        self.outputs = _output_indices(interpreter, meta["outputs"]["decoder_step"])
+        outputs = meta["outputs"]["decoder_step"] if outputs is None else outputs
+        self.outputs = _output_indices(interpreter, outputs)
         self.layers, self.heads = int(meta["num_layers"]), int(meta["num_heads"])
         self.head_dim, self.beams = int(meta["head_dim"]), int(meta["decoding"]["beam_size"])
-        self.shapes = None
+        self.shapes, self.columns = None, None
 
-    def start(self, cross, source_mask, positions):
+    def start(self, cross, source_mask, positions, columns=None):
         """Readies the step for a chunk: the encoder's `cross` keys/values, the source mask
-        `[c, S]` and `positions` cache positions; the caches start empty."""
+        `[c, S]` and `positions` cache positions; the caches start empty. `columns`: the
+        shortlist step's `{"output_ids", "output_mask"}` `[n]` for the chunk."""
         c = source_mask.shape[0]
         bias = np.where(source_mask, 0.0, NEG_INF).astype("float32")[:, None, None, :]
-        self._layout(c, source_mask.shape[1], positions, {**cross, "cross_bias": bias})
+        values = {**cross, "cross_bias": bias, **(columns or {})}
+        self.columns = None if columns is None else len(columns["output_ids"])
+        self._layout(c, source_mask.shape[1], positions, values)
         self.history = np.zeros((c, self.beams, positions), "int32")  # the slot of each key
         self.live = np.arange(c)  # the sentences still searched (`keep`), in the batch
 
@@ -363,6 +409,8 @@ class _Step:
         k, heads, size = self.beams, self.heads, self.head_dim
         shapes = {"ids": [c * k], "position": [1], "self_bias": [c, 1, k, k * positions]}
         shapes["cross_bias"] = [c, 1, 1, s_len]
+        if self.columns is not None:
+            shapes["output_ids"] = shapes["output_mask"] = [self.columns]
         for i in range(self.layers):
             shapes[f"self_keys_{i}"] = shapes[f"self_values_{i}"] = [c, heads, k * positions, size]
             shapes[f"cross_keys_{i}"] = shapes[f"cross_values_{i}"] = [c, heads, s_len, size]
@@ -395,6 +443,9 @@ class _Step:
         ]
         values = {name: it.get_tensor(self.inputs[name])[live] for name in names}
         values["cross_bias"] = it.get_tensor(self.inputs["cross_bias"])[live]
+        if self.columns is not None:  # resized inputs lose their values
+            for name in ("output_ids", "output_mask"):
+                values[name] = it.get_tensor(self.inputs[name])
         s_len = values["cross_bias"].shape[-1]
         self._layout(len(live), s_len, self.positions, values, zero_caches=False)
         self.history = self.history[live]

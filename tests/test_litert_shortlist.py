@@ -1,0 +1,236 @@
+"""The vocabulary shortlist in the LiteRT export and runtime: the NumPy shortlist of a batch is
+the graph's, the shortlist step never lets a piece outside the batch's shortlist out, a table
+holding every piece answers as the runtime without a shortlist, EOS and the prefix pieces are
+always in, and an export without a table refuses `shortlist=True`. Skipped only when the
+`litert` extra (ai-edge-litert) is missing."""
+
+import json
+import os
+import shutil
+
+import _inference_fixtures as fx
+import numpy as np
+import pytest
+
+from keras_transformer.data.shortlist import SPECIAL_IDS, LexicalTable, batch_shortlist
+from keras_transformer.decoding.shortlist import shortlist_ids
+from keras_transformer.errors import UsageError
+from keras_transformer.export.litert import export_litert
+
+pytest.importorskip("ai_edge_litert")
+
+from keras_transformer import litert  # noqa: E402
+from keras_transformer.litert import runtime  # noqa: E402
+
+pytestmark = pytest.mark.numerics
+
+REQUEST = fx.NORMAL + fx.toy_sentences(12, seed=13)
+
+
+def _table(translations, frequent=()):
+    return LexicalTable(np.asarray(translations, np.int32), np.asarray(frequent, np.int32))
+
+
+def _full_table(vocab):
+    """Every piece in every shortlist."""
+    return _table(np.zeros((vocab, 1)), np.arange(vocab))
+
+
+def _identity_table(vocab, without=()):
+    """Each source piece translates into itself (the copy task), except the pieces `without`."""
+    rows = np.arange(vocab)[:, None].copy()
+    rows[list(without)] = 0
+    return _table(rows)
+
+
+# --------------------------------------------------------------------------- the batch's shortlist
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_numpy_shortlist_is_the_graphs(seed):
+    rng = np.random.default_rng(seed)
+    translations = rng.integers(0, 300, size=(300, 5))
+    frequent = rng.integers(0, 300, size=7)
+    source = rng.integers(0, 300, size=(3, 9))
+    source[:, 6:] = 0
+    prefix = rng.integers(0, 300, size=(3, 2))
+    for bucket in (8, 64):
+        ours = batch_shortlist(translations, frequent, source, extra_ids=prefix, bucket=bucket)
+        graph = shortlist_ids(translations, frequent, source, extra_ids=prefix, bucket=bucket)
+        for a, b in zip(ours, graph):
+            np.testing.assert_array_equal(a, np.asarray(b))
+
+
+def test_eos_and_prefix_pieces_are_always_in():
+    empty = _table(np.zeros((50, 3)))
+    ids, real = batch_shortlist(empty.translations, empty.frequent, [[7, 9, 3]], [[41, 0]], 16)
+    assert ids[real].tolist() == sorted({*SPECIAL_IDS, 41})
+    assert ids.shape == (16,) and not real[5:].any() and (ids[~real] == 0).all()
+
+
+def test_export_refuses_a_table_of_another_vocabulary(copy_model, toy_spm_bytes, tmp_path):
+    with pytest.raises(UsageError, match="source rows"):
+        export_litert(copy_model, toy_spm_bytes, str(tmp_path / "x"),
+                      shortlist=_full_table(copy_model.vocab_size + 1))  # fmt: skip
+    assert not os.path.exists(tmp_path / "x")
+
+
+# --------------------------------------------------------------------------- the runtime
+
+
+@pytest.fixture(scope="module")
+def listed_dirs(copy_model, toy_spm_bytes, _shared_root):
+    """The copy model exported in float32 and int8 with a table of every piece (the tests
+    give the runtime other tables)."""
+    from shared_runs import shared_directory
+
+    from keras_transformer.config import DecodingSettings
+
+    settings = DecodingSettings(**fx.EXPORT_DECODE)
+    quantizations = ("float32", "dynamic_int8")
+    table = _full_table(copy_model.vocab_size)
+
+    def export(base):
+        for q in quantizations:
+            export_litert(copy_model, toy_spm_bytes, str(base / q), q, fx.EXPORT_DATA, settings,
+                          shortlist=table)  # fmt: skip
+
+    base = shared_directory(_shared_root, "litert_shortlist_copy_model", export)
+    return {q: str(base / q) for q in quantizations}
+
+
+def _recording(monkeypatch):
+    """The ids of every hypothesis the runtime's search returns, collected."""
+    found = []
+    search = runtime.search
+
+    def recorded(*args, **kwargs):
+        out = search(*args, **kwargs)
+        found.append(np.asarray(out[0]))
+        return out
+
+    monkeypatch.setattr(runtime, "search", recorded)
+    return found
+
+
+@pytest.mark.scenario
+def test_the_export_holds_the_table_and_both_steps(listed_dirs):
+    for directory in listed_dirs.values():
+        names = set(os.listdir(directory))
+        assert {"decoder_step.tflite", "decoder_step_shortlist.tflite", "shortlist.npz"} <= names
+        with open(os.path.join(directory, "keras_transformer.json")) as f:
+            meta = json.load(f)
+        assert meta["shortlist"]["table"] == "shortlist.npz"
+
+
+@pytest.mark.scenario
+def test_a_table_of_every_piece_answers_as_without(listed_dirs):
+    plain = litert.load(listed_dirs["float32"])
+    listed = litert.load(listed_dirs["float32"], shortlist=True)
+    assert plain.shortlist is None and listed.shortlist is not None
+    a, b = plain.translate_nbest(REQUEST), listed.translate_nbest(REQUEST)
+    assert a["translations"] == b["translations"]
+    np.testing.assert_allclose(a["scores"], b["scores"], atol=1e-4)
+    np.testing.assert_allclose(a["token_scores"], b["token_scores"], atol=1e-4)
+    prefixes = ["red", "", "dog fish", ""] + [""] * (len(REQUEST) - 4)
+    a, b = plain.translate_prefix(REQUEST, prefixes), listed.translate_prefix(REQUEST, prefixes)
+    assert a["translation"] == b["translation"]
+
+
+@pytest.mark.scenario
+@pytest.mark.parametrize("quantization", ["float32", "dynamic_int8"])
+def test_a_piece_outside_the_shortlist_never_occurs(listed_dirs, quantization, monkeypatch):
+    """A table without one of the source's pieces: that piece, and every piece outside the
+    batch's shortlist, never comes out of any hypothesis; without the table it does."""
+    plain = litert.load(listed_dirs[quantization])
+    listed = litert.load(listed_dirs[quantization], shortlist=True)
+    texts = ["red apple cat", "dog dog fish bird", "blue"]
+    source = fx.spm_processor().encode(texts[0])
+    dropped = source[0]
+    found = _recording(monkeypatch)
+    plain.translate_nbest(texts)
+    assert dropped in found[0]  # the copy model copies it
+    vocab = listed.shortlist.vocab_size
+    listed.shortlist = _identity_table(vocab, without=[dropped])
+    found.clear()
+    out = listed.translate_nbest(texts)
+    sources = listed._source_ids(texts)
+    matrix = np.zeros((len(texts), max(map(len, sources))), np.int32)
+    for i, row in enumerate(sources):
+        matrix[i, : len(row)] = row
+    ids, real = batch_shortlist(listed.shortlist.translations, listed.shortlist.frequent, matrix)
+    allowed = set(ids[real].tolist())
+    assert dropped not in allowed
+    produced = set(np.concatenate([x.ravel() for x in found]).tolist())
+    assert produced <= allowed and dropped not in produced
+    assert out["translations"][0][0] != plain.translate(texts)["translation"][0]
+
+
+@pytest.mark.scenario
+def test_prefix_pieces_are_in_a_shortlist_without_them(listed_dirs, monkeypatch):
+    """A table that lists nothing: the answers hold only the special ids and the prefix's
+    pieces, which are forced as without a shortlist."""
+    listed = litert.load(listed_dirs["float32"], shortlist=True)
+    listed.shortlist = _table(np.zeros((listed.shortlist.vocab_size, 1)))
+    found = _recording(monkeypatch)
+    out = listed.translate_prefix(["red apple cat"], ["dog fish"])
+    prefix = fx.spm_processor().encode("dog fish")
+    assert out["translation"][0].startswith("dog fish")
+    produced = set(np.concatenate([x.ravel() for x in found]).tolist())
+    assert produced <= {*SPECIAL_IDS, *prefix}
+    assert 3 in produced  # EOS ends it
+
+
+@pytest.mark.scenario
+def test_an_export_without_a_table_refuses_shortlist(listed_dirs, tmp_path):
+    directory = tmp_path / "plain"
+    directory.mkdir()
+    with open(os.path.join(listed_dirs["float32"], "keras_transformer.json")) as f:
+        meta = json.load(f)
+    del meta["shortlist"]
+    with open(directory / "keras_transformer.json", "w") as f:
+        json.dump(meta, f)
+    shutil.copy(os.path.join(listed_dirs["float32"], "spm.model"), directory / "spm.model")
+    with pytest.raises(litert.LiteRTError, match="no vocabulary shortlist"):
+        litert.load(str(directory), shortlist=True)
+
+
+@pytest.mark.scenario
+def test_an_untied_projection_gathers_its_own_columns(toy_spm_bytes, tmp_path, monkeypatch):
+    """An untied projection (its own kernel and biases, int8 rows of its own in
+    `dynamic_int8`): every piece listed answers as without; a table without a piece keeps it out."""
+    import keras
+
+    from keras_transformer.config import DecodingSettings
+    from keras_transformer.models import Transformer
+
+    keras.utils.set_random_seed(1)
+    vocab = fx.spm_processor().get_piece_size()
+    model = Transformer(
+        vocab_size=vocab, num_layers=1, d_model=16, num_heads=2, d_ff=32, dropout=0.0,
+        tie_output_projection=False,
+    )  # fmt: skip
+    model({"source_ids": np.ones((1, 2), "int32"), "target_ids": np.ones((1, 2), "int32")})
+    bias = model.output_projection.bias
+    bias.assign(np.random.default_rng(0).normal(size=vocab).astype("float32"))
+    settings = DecodingSettings(**fx.EXPORT_DECODE)
+    texts = fx.NORMAL
+    for quantization in ("float32", "dynamic_int8"):
+        path = str(tmp_path / quantization)
+        export_litert(model, toy_spm_bytes, path, quantization, fx.EXPORT_DATA, settings,
+                      shortlist=_full_table(vocab))  # fmt: skip
+        plain, listed = litert.load(path), litert.load(path, shortlist=True)
+        a, b = plain.translate_nbest(texts), listed.translate_nbest(texts)
+        if quantization == "float32":
+            assert a["translations"] == b["translations"]
+            np.testing.assert_allclose(a["scores"], b["scores"], atol=1e-4)
+        found = _recording(monkeypatch)
+        plain.translate_nbest(texts)
+        common = np.bincount(np.concatenate([x.ravel() for x in found]), minlength=vocab)
+        dropped = int(np.argmax(common[4:])) + 4  # the piece it produces most
+        listed.shortlist = _table(np.zeros((vocab, 1)), np.delete(np.arange(vocab), dropped))
+        found.clear()
+        listed.translate_nbest(texts)
+        produced = set(np.concatenate([x.ravel() for x in found]).tolist())
+        assert dropped not in produced and produced
+        monkeypatch.undo()
