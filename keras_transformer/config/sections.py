@@ -388,11 +388,13 @@ class ExportConfig:
     )
     shortlist: bool = key(
         False,
-        "decode over a vocabulary shortlist in the SavedModel's searching signatures: each "
-        "batch's outputs use only the target pieces the lexical table lists for its source "
-        "pieces plus the most frequent ones (WORKDIR/shortlist.npz, built by keras-transformer "
-        "shortlist, or by the export when missing); keras-transformer export only (not train's "
-        "own export, nor with export.jit_compile); off until BLEU with it is measured",
+        "decode over a vocabulary shortlist: each batch's outputs use only the target pieces "
+        "the lexical table lists for its source pieces plus the most frequent ones "
+        "(WORKDIR/shortlist.npz, built by keras-transformer shortlist, or by the export when "
+        "missing), in the SavedModel's searching signatures, the LiteRT export's shortlist step "
+        "and the CTranslate2 export's vmap.txt (use_vmap=True); keras-transformer export only "
+        "(not train's own export, nor with export.jit_compile); off until BLEU with it is "
+        "measured",
     )
 
 
