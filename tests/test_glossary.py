@@ -224,7 +224,12 @@ def glossary_translator(tmp_path_factory):
         proto = f.read()
     model = Transformer(vocab_size=40, num_layers=1, d_model=16, num_heads=2, d_ff=32)
     model({"source_ids": np.ones((1, 2), "int32"), "target_ids": np.ones((1, 2), "int32")})
-    return Translator(model, proto, beam_size=2, max_source_length=24, max_extra_length=6)
+    translator = Translator(model, proto, **GLOSSARY_DECODE, max_source_length=24)
+    translator.parts = (model, proto)  # for the export test
+    return translator
+
+
+GLOSSARY_DECODE = {"beam_size": 2, "max_extra_length": 6}
 
 
 @pytest.mark.scenario
@@ -277,3 +282,44 @@ def test_cli_glossary_errors_are_one_line_with_exit_2(exported_copy_model, tmp_p
         err = capsys.readouterr().err.strip()
         assert words in err and len(err.splitlines()) == 1, err
     assert os.path.exists(path)
+
+
+@pytest.mark.scenario
+def test_exported_translate_glossary_through_the_cli(glossary_translator, tmp_path, capsys):
+    import json
+
+    from keras_transformer import cli
+    from keras_transformer.export import export_saved_model
+
+    model, proto = glossary_translator.parts
+    path = export_saved_model(
+        model, proto, GLOSSARY_DECODE, {"max_source_length": 24}, str(tmp_path), "gloss"
+    )
+    with open(os.path.join(path, "assets.extra", "keras_transformer.json")) as f:
+        metadata = json.load(f)
+    assert metadata["glossary_tags"] == list(g.TAGS)
+    assert set(metadata["signatures"]["translate_glossary"]["inputs"]) == {
+        "text", "glossary_source", "glossary_target",
+    }  # fmt: skip
+    terms = tmp_path / "terms.tsv"
+    terms.write_text("cat\tdog\nred apple\tplum\n")
+    texts = ["red apple", "the cat and the dog", "blue fish"]
+    assert cli.main(["translate", "--model", path, "--glossary", str(terms), *texts]) == 0
+    expected = glossary_translator.translate(texts, glossary=g.load_glossary(str(terms)))
+    assert capsys.readouterr().out.splitlines() == expected["translation"]
+    # The warmup requests TF Serving replays at load hold the glossary signature, with a
+    # [1, 1] glossary, and run.
+    import tensorflow as tf
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    from keras_transformer.export.warmup import WARMUP_FILE
+
+    loaded, replayed = tf.saved_model.load(path), 0
+    for raw in tf.data.TFRecordDataset(os.path.join(path, "assets.extra", WARMUP_FILE)):
+        request = prediction_log_pb2.PredictionLog.FromString(raw.numpy()).predict_log.request
+        if request.model_spec.signature_name == "translate_glossary":
+            inputs = {k: tf.constant(tf.make_ndarray(v)) for k, v in request.inputs.items()}
+            assert inputs["glossary_source"].shape == [1, 1]
+            assert loaded.signatures["translate_glossary"](**inputs)["translation"].shape == [1]
+            replayed += 1
+    assert replayed == len(glossary_translator.length_buckets)
