@@ -31,8 +31,9 @@ TAGS = (START, SEPARATOR, END)
 _OPEN, _FILL, _CLOSE = "\x01", "\x02", "\x03"
 _MARKS = re.compile("[\x01-\x03]")
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
-# A word character, as RE2 (the graph) spells it: Python's `\w` (letters, digits, `_`).
-_GRAPH_WORD = r"[\pL\pN_]"
+# A term's boundaries in RE2 (the graph): no word character (Python's `\w`: letters, digits,
+# `_`) on either side.
+_BEFORE, _AFTER = r"(^|[^\pL\pN_])", r"([^\pL\pN_]|$)"
 
 
 class GlossaryError(ValueError):
@@ -192,12 +193,6 @@ def annotate_graph(text, sources, targets):
     """
     import tensorflow as tf
 
-    def escaped(term):  # a literal in an RE2 pattern
-        return tf.strings.regex_replace(term, r"([.^$|?*+()\[\]{}\\])", r"\\\1")
-
-    def rewrite(term):  # a literal in an RE2 rewrite
-        return tf.strings.regex_replace(term, r"\\", r"\\\\")
-
     bad = "|".join(re.escape(tag) for tag in TAGS) + "|[\\x00-\\x1f\\x7f]"
     terms = tf.concat([tf.reshape(sources, [-1]), tf.reshape(targets, [-1])], 0)
     refused = tf.reduce_any(tf.strings.regex_full_match(terms, f".*({bad}).*"))
@@ -205,55 +200,62 @@ def annotate_graph(text, sources, targets):
         tf.logical_not(refused),
         [f"a glossary term holds an annotation tag {TAGS} or a control character"],
     )
-    boundary_before, boundary_after = "(^|[^\\pL\\pN_])", "([^\\pL\\pN_]|$)"
-
-    def one_row(row):
-        line, row_sources, row_targets = row
-        size = tf.size(row_sources)
-        lengths = tf.strings.length(row_sources, unit="UTF8_CHAR")
-        order = tf.argsort(-lengths, stable=True)
-        present = tf.reduce_any(tf.not_equal(row_sources, ""))
-        line = tf.where(present, tf.strings.regex_replace(line, "[\x01-\x03]", " "), line)
-
-        def mark(i):
-            fill = tf.strings.reduce_join(tf.fill([i + 1], _FILL))
-            return tf.strings.join([_OPEN, fill, _CLOSE])
-
-        def mark_terms(k, line):
-            i = order[k]
-            pattern = tf.strings.join([boundary_before, escaped(row_sources[i]), boundary_after])
-            replacement = tf.strings.join(["\\1", mark(i), "\\2"])
-
-            def marked():
-                # Twice: a match takes the character after it, which may be the one before
-                # the next occurrence.
-                once = tf.strings.regex_replace(line, pattern, replacement)
-                return tf.strings.regex_replace(once, pattern, replacement)
-
-            return k + 1, tf.cond(tf.equal(row_sources[i], ""), lambda: line, marked)
-
-        def annotate_marks(k, line):
-            i = order[k]
-            annotation = tf.strings.join(
-                [START, " ", row_sources[i], " ", SEPARATOR, " ", row_targets[i], " ", END]
-            )
-
-            def replaced():
-                return tf.strings.regex_replace(line, mark(i), rewrite(annotation))
-
-            return k + 1, tf.cond(tf.equal(row_sources[i], ""), lambda: line, replaced)
-
-        _, line = tf.while_loop(lambda k, _: k < size, mark_terms, [tf.constant(0), line])
-        _, line = tf.while_loop(lambda k, _: k < size, annotate_marks, [tf.constant(0), line])
-        return line
-
     with tf.control_dependencies([check]):
         text = tf.identity(text)
     return tf.map_fn(
-        one_row,
+        lambda row: _annotate_row(*row),
         (text, sources, targets),
         fn_output_signature=tf.TensorSpec([], tf.string),
     )
+
+
+def _annotate_row(line, row_sources, row_targets):
+    """`annotate_graph` of one text: tf.string scalar, `[G]`, `[G]` -> tf.string scalar."""
+    import tensorflow as tf
+
+    def escaped(term):  # a literal in an RE2 pattern
+        return tf.strings.regex_replace(term, r"([.^$|?*+()\[\]{}\\])", r"\\\1")
+
+    def rewrite(term):  # a literal in an RE2 rewrite
+        return tf.strings.regex_replace(term, r"\\", r"\\\\")
+
+    size = tf.size(row_sources)
+    lengths = tf.strings.length(row_sources, unit="UTF8_CHAR")
+    order = tf.argsort(-lengths, stable=True)
+    present = tf.reduce_any(tf.not_equal(row_sources, ""))
+    line = tf.where(present, tf.strings.regex_replace(line, "[\x01-\x03]", " "), line)
+
+    def mark(i):
+        fill = tf.strings.reduce_join(tf.fill([i + 1], _FILL))
+        return tf.strings.join([_OPEN, fill, _CLOSE])
+
+    def mark_terms(k, line):
+        i = order[k]
+        pattern = tf.strings.join([_BEFORE, escaped(row_sources[i]), _AFTER])
+        replacement = tf.strings.join(["\\1", mark(i), "\\2"])
+
+        def marked():
+            # Twice: a match takes the character after it, which may be the one before
+            # the next occurrence.
+            once = tf.strings.regex_replace(line, pattern, replacement)
+            return tf.strings.regex_replace(once, pattern, replacement)
+
+        return k + 1, tf.cond(tf.equal(row_sources[i], ""), lambda: line, marked)
+
+    def annotate_marks(k, line):
+        i = order[k]
+        annotation = tf.strings.join(
+            [START, " ", row_sources[i], " ", SEPARATOR, " ", row_targets[i], " ", END]
+        )
+
+        def replaced():
+            return tf.strings.regex_replace(line, mark(i), rewrite(annotation))
+
+        return k + 1, tf.cond(tf.equal(row_sources[i], ""), lambda: line, replaced)
+
+    _, line = tf.while_loop(lambda k, _: k < size, mark_terms, [tf.constant(0), line])
+    _, line = tf.while_loop(lambda k, _: k < size, annotate_marks, [tf.constant(0), line])
+    return line
 
 
 def padded(glossaries):

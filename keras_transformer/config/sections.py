@@ -148,9 +148,10 @@ class DataConfig:
     terminology: Optional[str] = key(
         None,
         "soft glossary training (Dinu et al. 2019): a TSV file, one source term, a tab and its "
-        "target term a line; prepare annotates the source of a seeded fraction of the training pairs "
-        "holding an entry (source term in the source, target term in the target) as `<term> "
-        "SOURCE <trans> TARGET </term>`, and the vocabulary keeps those tags whole; null: off",
+        "target term a line; prepare annotates the source of a seeded fraction of the training "
+        "pairs holding an entry (source term in the source, target term in the target) as "
+        "`<term> SOURCE <trans> TARGET </term>`, and the vocabulary keeps those tags whole; "
+        "null: off",
     )
     terminology_fraction: float = key(
         0.1,

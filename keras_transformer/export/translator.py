@@ -236,7 +236,11 @@ class Translator(tf.Module):
         )
         # Soft glossaries: only a vocabulary trained with data.terminology keeps their tags.
         self.reads_glossaries = reads_glossaries(self._spm_proto)
-        self.translate_glossary = tf.function(
+        self.translate_glossary = self._glossary_function(text_spec)
+
+    def _glossary_function(self, text_spec):
+        """The `translate_glossary` tf.function (`_translate_glossary`)."""
+        return tf.function(
             self._translate_glossary,
             input_signature=[
                 text_spec,
