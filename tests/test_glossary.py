@@ -323,3 +323,35 @@ def test_exported_translate_glossary_through_the_cli(glossary_translator, tmp_pa
             assert loaded.signatures["translate_glossary"](**inputs)["translation"].shape == [1]
             replayed += 1
     assert replayed == len(glossary_translator.length_buckets)
+
+
+@pytest.mark.scenario
+def test_ctranslate2_reads_the_annotated_text(glossary_translator, tmp_path):
+    """CTranslate2 takes pieces: `annotate`'s text tokenized as usual (the tags single pieces)
+    decodes as `translate_glossary` does (greedy, the same untrained model)."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    import _inference_fixtures as fx
+    import sentencepiece as spm
+
+    from keras_transformer.export import Translator
+    from keras_transformer.export.ct2 import export_ctranslate2
+
+    model, proto = glossary_translator.parts
+    greedy = Translator(model, proto, beam_size=1, max_extra_length=6, max_source_length=24)
+    output = str(tmp_path / "ct2")
+    export_ctranslate2(model, proto, output, "float32", {"max_source_length": 24})
+    sp = spm.SentencePieceProcessor(model_proto=proto)
+    translator = ctranslate2.Translator(output, device="cpu", intra_threads=1)
+    texts = fx.toy_sentences(30, seed=5)
+    terms = {"red": "green", "cat": "dog fish", "blue apple": "plum"}
+    ours = greedy.translate(texts, glossary=terms)["translation"]
+    theirs = []
+    for text in texts:
+        pieces = sp.encode(g.annotate(text, terms), out_type=str)
+        assert pieces.count("<term>") == g.annotate(text, terms).count("<term>")
+        (result,) = translator.translate_batch(
+            [pieces], beam_size=1, max_decoding_length=len(pieces) + 6
+        )
+        theirs.append(sp.decode(result.hypotheses[0]))
+    assert sum(a == b for a, b in zip(ours, theirs)) >= 28, list(zip(ours, theirs))
+    assert sum("<term>" in g.annotate(t, terms) for t in texts) >= 10  # glossaries were used
