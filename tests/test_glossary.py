@@ -160,6 +160,7 @@ def test_prepare_annotates_the_requested_fraction_with_tags_kept_whole(tmp_path)
         data=dict(
             train=train, vocab_size=300, max_source_length=60, max_target_length=60,
             terminology=str(terms), terminology_fraction=0.5, prepare_workers=1,
+            both_directions=True,  # the reversed records' targets: the sources unannotated
         ),
     )  # fmt: skip
     manifest = prepare(config, verbose=False)
