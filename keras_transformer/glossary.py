@@ -258,6 +258,24 @@ def _annotate_row(line, row_sources, row_targets):
     return line
 
 
+def not_used(texts, glossaries, annotated):
+    """The number of texts that hold a term of their glossary but whose annotation was not used
+    (`annotated` false: it would not fit the source length limit)."""
+    return sum(
+        1
+        for text, terms, used in zip(texts, glossaries, annotated)
+        if not used and annotate(text, terms) != text
+    )
+
+
+def too_long_warning(count):
+    """The one-line warning of `count` texts translated without their too long annotation."""
+    return (
+        f"{count} sentence(s) translated without their glossary annotation: annotated, they "
+        "would be longer than the model's source length limit"
+    )
+
+
 def padded(glossaries):
     """`(sources, targets)`: per-row glossaries (mappings or pairs, one per text) as the dense
     `[n, G]` lists of str that `translate_glossary` takes, padded with ""."""

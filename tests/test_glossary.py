@@ -235,6 +235,8 @@ GLOSSARY_DECODE = {"beam_size": 2, "max_extra_length": 6}
 
 @pytest.mark.scenario
 def test_translate_glossary_is_serve_of_the_annotated_text(glossary_translator):
+    import tensorflow as tf
+
     translator = glossary_translator
     assert "translate_glossary" in translator.signatures
     texts = ["red apple", "the cat and the dog", "blue fish"]
@@ -256,9 +258,15 @@ def test_translate_glossary_is_serve_of_the_annotated_text(glossary_translator):
     assert out["annotated"] == [False, True]
     # An annotation the length limit would cut: the text as it is, flagged.
     long_target = " ".join(["green"] * 40)
-    out = translator.translate(["red apple"], glossary={"apple": long_target})
-    assert out["annotated"] == [False]
-    assert out["translation"] == plain["translation"][:1]
+    with pytest.warns(UserWarning, match="1 sentence"):
+        out = translator.translate(["red apple", "blue"], glossary={"apple": long_target})
+    assert out["annotated"] == [False, False]
+    assert out["translation"][0] == plain["translation"][0]
+    # Invalid UTF-8 in a glossary given to the signature: replaced, never a failure.
+    raw = translator.translate_glossary(
+        tf.constant([b"red apple"]), tf.constant([[b"red \xff"]]), tf.constant([[b"\xc3("]])
+    )
+    assert raw["annotated"].numpy().tolist() == [False]
     # Refusals: a term holding a tag; a model without the tags (see the CLI test).
     with pytest.raises(g.GlossaryError):
         translator.translate(texts, glossary={"cat": "<term>"})
@@ -308,6 +316,12 @@ def test_exported_translate_glossary_through_the_cli(glossary_translator, tmp_pa
     assert cli.main(["translate", "--model", path, "--glossary", str(terms), *texts]) == 0
     expected = glossary_translator.translate(texts, glossary=g.load_glossary(str(terms)))
     assert capsys.readouterr().out.splitlines() == expected["translation"]
+    # A term whose annotation would pass the length limit: translated as it is, one warning.
+    terms.write_text("apple\t" + " ".join(["green"] * 40) + "\n")
+    assert cli.main(["translate", "--model", path, "--glossary", str(terms), "red apple"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == glossary_translator.translate(["red apple"])["translation"]
+    assert "1 sentence(s) translated without their glossary annotation" in captured.err
     # The warmup requests TF Serving replays at load hold the glossary signature, with a
     # [1, 1] glossary, and run.
     import tensorflow as tf

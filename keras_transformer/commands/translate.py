@@ -71,6 +71,7 @@ def _translate_with_glossary(args, request):
         "data.terminology (its vocabulary lacks the glossary tags)",
     )
     sources, targets = glossary.padded([entries])
+    skipped = []
 
     def translate(texts):
         shape = [len(texts), len(entries)]
@@ -79,6 +80,8 @@ def _translate_with_glossary(args, request):
             glossary_source=tf.reshape(tf.constant(sources * len(texts), tf.string), shape),
             glossary_target=tf.reshape(tf.constant(targets * len(texts), tf.string), shape),
         )
+        used = outputs["annotated"].numpy().tolist()
+        skipped.append(glossary.not_used(texts, [entries] * len(texts), used))
         decoded = [t.decode("utf-8", errors="replace") for t in outputs["translation"].numpy()]
         return decoded, outputs["score"].numpy().tolist()
 
@@ -86,6 +89,9 @@ def _translate_with_glossary(args, request):
     texts = list(args.text) or [line.rstrip("\r\n") for line in sys.stdin]
     for line in output_lines(translate, texts, request.batch_size):
         print(line)
+    if sum(skipped):
+        print(f"keras-transformer translate: {glossary.too_long_warning(sum(skipped))}",
+              file=sys.stderr)  # fmt: skip
 
 
 def _load(args, n_best, prefix=None, sampling=None):

@@ -6,6 +6,7 @@ TF Serving, or any process importing `tensorflow` and `tensorflow_text`, can run
 """
 
 import dataclasses
+import warnings
 
 import keras
 import numpy as np
@@ -339,10 +340,14 @@ class Translator(tf.Module):
             tf.reshape(tf.constant(sources, tf.string), shape),
             tf.reshape(tf.constant(targets, tf.string), shape),
         )
+        annotated = out["annotated"].numpy().tolist()
+        skipped = glossaries.not_used(texts, per_text, annotated)
+        if skipped:
+            warnings.warn(glossaries.too_long_warning(skipped), stacklevel=2)
         return {
             "translation": [t.decode("utf-8", "replace") for t in out["translation"].numpy()],
             "score": out["score"].numpy().tolist(),
-            "annotated": out["annotated"].numpy().tolist(),
+            "annotated": annotated,
         }
 
     # ------------------------------------------------------------------ graph pieces
