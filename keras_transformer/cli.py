@@ -204,6 +204,12 @@ def _add_translate_command(sub, common):
     p.add_argument(
         "--seed", type=int, help="sampling: seed of the run (default 0); same seed, same output"
     )
+    p.add_argument(
+        "--glossary",
+        metavar="FILE",
+        help="soft glossary: a TSV file of 'source term<TAB>target term' lines that annotate "
+        "every source (translate_glossary signature: a model prepared with data.terminology)",
+    )
     p.add_argument("text", nargs="*", help="sentences; stdin lines when none are given")
     p.set_defaults(func=commands.translate_command)
 

@@ -27,7 +27,11 @@ CLI_START, CLI_END = "<!-- cli-reference:start -->", "<!-- cli-reference:end -->
 # The packages whose `__all__` is the public API, each with its page under docs/reference/api/.
 PUBLIC_PACKAGES = ["layers", "models", "decoding", "export", "training", "data", "litert"]
 # Modules without `__all__`: their public functions (and these classes) are the API.
-PUBLIC_MODULES = {"config": ["ExperimentConfig"], "fast_paths": []}
+PUBLIC_MODULES = {
+    "config": ["ExperimentConfig"],
+    "fast_paths": [],
+    "glossary": ["GlossaryError", "TermAnnotator"],
+}
 
 
 def _read(path):

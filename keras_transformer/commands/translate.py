@@ -19,6 +19,8 @@ def translate_command(args):
     with `--sampling-topk/--temperature/--top-p/--seed`, sampled translations
     (`translate_sample` signature). With `--input FILE --output FILE`: `_translate_file`."""
     request = flags.translate_request(args)
+    if getattr(args, "glossary", None) is not None:
+        return _translate_with_glossary(args, request)
     if request.chunk_lines is not None:
         return _translate_file(args, request)
     translate = _load(args, request.n_best, request.prefix, request.sampling)
@@ -35,6 +37,61 @@ def translate_command(args):
         for line in output_lines(translate, batch, batch_size, request.n_best):
             print(line)
         sys.stdout.flush()
+
+
+def _translate_with_glossary(args, request):
+    """`translate --glossary FILE [TEXT ...]`: every source annotated with the glossary in the
+    SavedModel's `translate_glossary` signature (`keras_transformer.glossary`); one translation
+    per line. The glossary is read (and refused in one line) before the model loads."""
+    from keras_transformer import glossary
+    from keras_transformer.errors import UsageError
+
+    if request.n_best is not None or request.prefix is not None or request.sampling:
+        raise UsageError("--glossary cannot be combined with --n-best, --prefix or sampling")
+    if request.chunk_lines is not None:
+        raise UsageError("--glossary applies to TEXT arguments and stdin, not to --input")
+    if is_litert_export(args.model):
+        raise UsageError(
+            f"{args.model} is a LiteRT export: annotate its inputs with "
+            "keras_transformer.glossary.annotate (--glossary needs a SavedModel)"
+        )
+    try:
+        entries = glossary.load_glossary(args.glossary)
+    except glossary.GlossaryError as e:
+        raise UsageError(str(e)) from None
+    startup.import_tensorflow(getattr(args, "verbose", False))
+    import tensorflow as tf
+
+    from keras_transformer.commands.signatures import load_signature
+
+    loaded, _, signature = load_signature(
+        args.model,
+        "translate_glossary",
+        "{path} has no 'translate_glossary' signature: its model was not prepared with "
+        "data.terminology (its vocabulary lacks the glossary tags)",
+    )
+    sources, targets = glossary.padded([entries])
+    skipped = []
+
+    def translate(texts):
+        shape = [len(texts), len(entries)]
+        outputs = signature(
+            text=tf.constant(texts, tf.string),
+            glossary_source=tf.reshape(tf.constant(sources * len(texts), tf.string), shape),
+            glossary_target=tf.reshape(tf.constant(targets * len(texts), tf.string), shape),
+        )
+        used = outputs["annotated"].numpy().tolist()
+        skipped.append(glossary.not_used(texts, [entries] * len(texts), used))
+        decoded = [t.decode("utf-8", errors="replace") for t in outputs["translation"].numpy()]
+        return decoded, outputs["score"].numpy().tolist()
+
+    translate.loaded = loaded
+    texts = list(args.text) or [line.rstrip("\r\n") for line in sys.stdin]
+    for line in output_lines(translate, texts, request.batch_size):
+        print(line)
+    if sum(skipped):
+        print(f"keras-transformer translate: {glossary.too_long_warning(sum(skipped))}",
+              file=sys.stderr)  # fmt: skip
 
 
 def _load(args, n_best, prefix=None, sampling=None):

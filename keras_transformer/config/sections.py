@@ -145,6 +145,20 @@ class DataConfig:
         "the BOS id as a direction tag; forward inputs carry no tag, so decoding and export are "
         "unchanged (an auxiliary task for small corpora)",
     )
+    terminology: Optional[str] = key(
+        None,
+        "soft glossary training (Dinu et al. 2019): a TSV file, one source term, a tab and its "
+        "target term a line; prepare annotates the source of a seeded fraction of the training "
+        "pairs holding an entry (source term in the source, target term in the target) as "
+        "`<term> SOURCE <trans> TARGET </term>`, and the vocabulary keeps those tags whole; "
+        "null: off",
+    )
+    terminology_fraction: float = key(
+        0.1,
+        "with data.terminology: the fraction of the pairs holding an entry that are annotated "
+        "(seeded by data.seed)",
+        valid="[0, 1]",
+    )
     tokens_per_batch: int = key(
         4096, "padded target tokens per batch (per replica)", valid=f"[1, {_MAX_BATCH}]"
     )

@@ -103,6 +103,8 @@ class Encoding:
     seed: int
     threads: int  # sentencepiece threads per encode call
     bt_tag: Optional[int] = None  # the id of corpora.TAG when data.train has bt: corpora
+    terminology: tuple = ()  # data.terminology's (source term, target term) entries
+    terminology_fraction: float = 0.0
 
 
 @dataclasses.dataclass
@@ -114,6 +116,7 @@ class Chunk:
     too_long: int = 0
     truncated: int = 0
     written: int = 0
+    annotated: int = 0  # pairs whose source holds glossary annotations (data.terminology)
     source_tokens: int = 0
     target_tokens: int = 0
     source_hist: collections.Counter = dataclasses.field(default_factory=collections.Counter)
@@ -133,6 +136,11 @@ class ChunkEncoder:
         self.typecode = _TYPECODES[record_dtype(self.processor.get_piece_size())]
         self.cached = _WordCachedEncoder(self.processor, threads=encoding.threads)
         self.tag = [self.processor.bos_id()]
+        self.annotator = None
+        if encoding.terminology:
+            from keras_transformer.glossary import TermAnnotator
+
+            self.annotator = TermAnnotator(encoding.terminology, encoding.terminology_fraction)
 
     def _encode(self, sentences, seed):
         if not self.e.subword_samples:
@@ -181,10 +189,18 @@ class ChunkEncoder:
     def __call__(self, reading, index, pairs):
         seed = (self.e.seed * 1_000_003 + reading) * 1_000_003 + 2 * index
         pairs, tags = self._untag(pairs)
+        out = Chunk(reading)
+        reversed_sources = None
+        if self.annotator is not None:  # seeded by the chunk: the same in any process
+            if self.e.both_directions:  # the reversed records' targets stay unannotated
+                reversed_sources = self._encode([s for s, _ in pairs], seed % (1 << 31))
+            pairs, out.annotated = self.annotator(pairs, f"terminology:{seed}")
         sources = self._encode([s for s, _ in pairs], seed % (1 << 31))
         targets = self._encode([t for _, t in pairs], (seed + 1) % (1 << 31))
-        out = Chunk(reading)
-        for pair, tag, source, target in zip(pairs, tags, sources, targets):
+        if reversed_sources is None:
+            reversed_sources = sources
+        rows = zip(pairs, tags, sources, targets, reversed_sources)
+        for pair, tag, source, target, plain in rows:
             if self.e.subword_samples and self._too_long(tag + source, target):
                 # A sample longer than the limits: the best segmentation instead, so that a pair
                 # is kept or dropped whatever its samples.
@@ -196,7 +212,7 @@ class ChunkEncoder:
                 out.truncated += 1
             self._add(out, tag + source, target)  # truncated pairs are stored whole
             if self.e.both_directions:
-                self._add(out, self.tag + target, source)
+                self._add(out, self.tag + target, plain)
             out.written += 1
         return out
 
@@ -216,3 +232,46 @@ def bt_tag(model_proto, train):
             "the bt: corpora"
         )
     return tag
+
+
+def terminology_entries(model_proto, path):
+    """`data.terminology`'s entries as a tuple of `(source term, target term)` (empty when it
+    is null), once checked that the vocabulary keeps the glossary tags whole."""
+    if not path:
+        return ()
+    from keras_transformer import glossary
+
+    try:
+        entries = glossary.load_glossary(path)
+    except glossary.GlossaryError as e:
+        raise DataError(f"data.terminology: {e}") from None
+    import sentencepiece as spm
+
+    processor = spm.SentencePieceProcessor(model_proto=model_proto)
+    missing = [tag for tag in glossary.TAGS if processor.piece_to_id(tag) == processor.unk_id()]
+    if missing:
+        raise DataError(
+            f"data.terminology is set but the vocabulary has no {' '.join(missing)} piece (it "
+            "was trained without data.terminology, e.g. a fine-tuning parent's): use a "
+            "vocabulary trained with it"
+        )
+    return tuple(entries)
+
+
+def terminology_record(data_config, annotated):
+    """The manifest's `terminology`: the term list (path, sha256, entries), the fraction, the
+    tags and the pairs annotated (before the length filter)."""
+    import hashlib
+
+    from keras_transformer import glossary
+
+    with open(data_config.terminology, "rb") as f:
+        data = f.read()
+    return {
+        "file": data_config.terminology,
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "entries": len(glossary.load_glossary(data_config.terminology)),
+        "fraction": data_config.terminology_fraction,
+        "tags": list(glossary.TAGS),
+        "annotated": annotated,
+    }

@@ -27,6 +27,7 @@ _VOCABULARY_KEYS = (
     "data.spm_character_coverage",
     "data.spm_max_sentences",
     "data.seed",
+    "data.terminology",  # only when set: its tags are user-defined symbols
 )
 
 
@@ -47,6 +48,9 @@ def data_settings(data_config):
         settings["data.subword_alpha"] = d.subword_alpha
     if d.both_directions:  # likewise
         settings["data.both_directions"] = True
+    if d.terminology:  # likewise (the vocabulary holds the glossary tags then)
+        settings["data.terminology"] = d.terminology
+        settings["data.terminology_fraction"] = d.terminology_fraction
     if d.long_pairs == "drop":  # truncated pairs are stored whole: lengths do not matter then
         settings["data.max_source_length"] = d.max_source_length
         settings["data.max_target_length"] = d.max_target_length
@@ -56,7 +60,7 @@ def data_settings(data_config):
 def vocabulary_settings(data_config):
     """The settings that shaped the vocabulary (a kept one is reused only when they match)."""
     settings = data_settings(data_config)
-    return {key: settings[key] for key in _VOCABULARY_KEYS}
+    return {key: settings[key] for key in _VOCABULARY_KEYS if key in settings}
 
 
 def manifest_head(data_config, proto, trained, sampled):

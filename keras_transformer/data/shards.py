@@ -12,7 +12,15 @@ import hashlib
 import math
 
 from keras_transformer.data import prepare_progress, workers
-from keras_transformer.data.encoding import Chunk, ChunkEncoder, Encoding, bt_tag, record_dtype
+from keras_transformer.data.encoding import (
+    Chunk,
+    ChunkEncoder,
+    Encoding,
+    bt_tag,
+    record_dtype,
+    terminology_entries,
+    terminology_record,
+)
 from keras_transformer.data.manifest import data_settings
 from keras_transformer.data.statistics import Progress, length_stats, log, merge
 from keras_transformer.errors import DataError
@@ -54,6 +62,8 @@ def write_shards(config, model_proto, directory, total, verbose, pool, root):
         model_proto, d.max_source_length - 1, d.max_target_length - 1, d.long_pairs == "drop",
         d.both_directions, d.subword_samples, d.subword_alpha, d.seed, threads=1,
         bt_tag=bt_tag(model_proto, d.train),
+        terminology=terminology_entries(model_proto, d.terminology),
+        terminology_fraction=d.terminology_fraction,
     )  # fmt: skip
     readings = max(1, d.subword_samples)
     num_shards = num_shards_for(max(total, 1) * readings)
@@ -105,7 +115,7 @@ def _shards_manifest(config, shards, written, progress):
     skipped = counter.skipped_by_reason()
     skipped["too_long"] = total.too_long
     shards = shards.manifest()
-    return {
+    manifest = {
         "counts": {
             "lines": counter.lines,
             "written": total.written,
@@ -128,3 +138,6 @@ def _shards_manifest(config, shards, written, progress):
             "longer_side_histogram": {str(k): v for k, v in sorted(total.longer_hist.items())},
         },
     }
+    if d.terminology:  # what inference needs to know: the model reads glossary annotations
+        manifest["terminology"] = terminology_record(d, total.annotated)
+    return manifest

@@ -48,6 +48,7 @@ def merge(total, chunk, every_reading=False):
         total.too_long += chunk.too_long
         total.truncated += chunk.truncated
         total.written += chunk.written
+        total.annotated += chunk.annotated
     total.source_tokens += chunk.source_tokens
     total.target_tokens += chunk.target_tokens
     total.source_hist.update(chunk.source_hist)

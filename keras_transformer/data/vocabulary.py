@@ -62,13 +62,24 @@ def install_or_train(config, layout, vocabulary, verbose, pool, phases):
         verbose=verbose,
         # Tagged back-translation reserves its tag: one piece, never split (only then, so
         # the vocabulary of every other config stays what it was).
-        user_defined_symbols=[corpora.TAG] if corpora.is_tagged(d.train) else None,
+        user_defined_symbols=_reserved_symbols(d),
     )
     phases["vocabulary_training"] = time.time() - started
     record = {"settings": vocabulary_settings(d), "pairs": counter.kept}
     record.update(sample_sentences=len(sample), phase_seconds=phases)
     kept_vocabulary.keep(layout.root, vocabulary, record)
     return counter.kept, True, len(sample)  # the count is now known exactly
+
+
+def _reserved_symbols(d):
+    """The pieces the vocabulary keeps whole: `corpora.TAG` with `bt:` corpora, the glossary
+    tags with `data.terminology` (None without either, so other vocabularies stay as they were)."""
+    symbols = [corpora.TAG] if corpora.is_tagged(d.train) else []
+    if d.terminology:
+        from keras_transformer import glossary
+
+        symbols.extend(glossary.TAGS)
+    return symbols or None
 
 
 def _reservoir_sample(sentences, size, seed):

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from keras_transformer import glossary as glossaries
 from keras_transformer import stopping
 from keras_transformer.config import DecodingSettings
 from keras_transformer.export import calibration as calib
@@ -114,7 +115,10 @@ def export_saved_model(
     The SavedModel has four signatures (five with sampling; see `Translator`): `serving_default`
     (text -> translation, score, token_scores, confidence), `translate_nbest` (text -> translations,
     scores, token_scores, confidence, `[batch, n_best, ...]`), `translate_prefix` (text, prefix
-    -> translation, score) and `score` (source, target -> log_probability, length).
+    -> translation, score) and `score` (source, target -> log_probability, length); a model
+    whose vocabulary keeps the glossary tags (prepared with `data.terminology`) also has
+    `translate_glossary` (text, glossary_source, glossary_target -> translation, score,
+    annotated).
     `assets.extra/` holds `keras_transformer.json` (the signatures and decoding settings),
     the model card (`model_card.json`, `model_card.md`: `card_facts`, the decoding settings,
     the confidence's calibration and the decoding speed measured here on `dev_pairs`) and
@@ -283,6 +287,21 @@ def _export_elsewhere(translator, model_dir, write_assets):
     return target
 
 
+# The `translate_glossary` signature, as the metadata describes it.
+_GLOSSARY_SIGNATURE = {
+    "inputs": {
+        "text": "string [batch]",
+        "glossary_source": "string [batch, terms]",
+        "glossary_target": "string [batch, terms]",
+    },
+    "outputs": {
+        "translation": "string [batch]",
+        "score": "float32 [batch]",
+        "annotated": "bool [batch]",
+    },
+}
+
+
 def _write_metadata(export_dir, translator, name):
     # assets.extra/ travels with the SavedModel and is ignored by the loaders.
     extra = os.path.join(export_dir, "assets.extra")
@@ -333,6 +352,17 @@ def _write_metadata(export_dir, translator, name):
         "jit_compile": translator.jit_compile,
         "fast_paths": translator.kernels.to_config(),
     }
+    _add_options(metadata, translator)
+    write_atomically(os.path.join(extra, METADATA_FILE), json.dumps(metadata, indent=2))
+    return metadata
+
+
+def _add_options(metadata, translator):
+    """The metadata of what only some exports have: sampling, a shortlist, glossaries."""
+    settings = translator.settings
+    if translator.reads_glossaries:  # a model prepared with data.terminology
+        metadata["signatures"]["translate_glossary"] = _GLOSSARY_SIGNATURE
+        metadata["glossary_tags"] = list(glossaries.TAGS)
     if translator.shortlist is not None:  # how its lexical table was built
         metadata["shortlist"] = translator.shortlist.settings.value
     if settings.sampling:
@@ -341,8 +371,6 @@ def _write_metadata(export_dir, translator, name):
             "outputs": {"translation": "string [batch]", "score": "float32 [batch]"},
         }
         metadata.update({key: getattr(settings, key) for key in SAMPLING_KEYS})
-    write_atomically(os.path.join(extra, METADATA_FILE), json.dumps(metadata, indent=2))
-    return metadata
 
 
 def _rename_to_next_version(tmp_dir, model_dir):

@@ -6,12 +6,14 @@ TF Serving, or any process importing `tensorflow` and `tensorflow_text`, can run
 """
 
 import dataclasses
+import warnings
 
 import keras
 import numpy as np
 import tensorflow as tf
 import tensorflow_text as tf_text
 
+from keras_transformer import glossary as glossaries
 from keras_transformer.config import DecodingSettings
 from keras_transformer.data.pipeline import encode_sources
 from keras_transformer.decoding.search import NEG_INF, translate_ids
@@ -78,6 +80,15 @@ class _Untracked:
 
     def __init__(self, value):
         self.value = value
+
+
+def reads_glossaries(model_proto):
+    """Whether a SentencePiece model keeps the glossary tags (`keras_transformer.glossary.TAGS`)
+    whole: the vocabulary of a model prepared with `data.terminology`."""
+    import sentencepiece as spm
+
+    processor = spm.SentencePieceProcessor(model_proto=model_proto)
+    return all(processor.piece_to_id(tag) != processor.unk_id() for tag in glossaries.TAGS)
 
 
 def _model_proto(tokenizer):
@@ -224,6 +235,21 @@ class Translator(tf.Module):
             input_signature=[text_spec, tf.TensorSpec([None], tf.int64, name="seed")],
             autograph=False,
         )
+        # Soft glossaries: only a vocabulary trained with data.terminology keeps their tags.
+        self.reads_glossaries = reads_glossaries(self._spm_proto)
+        self.translate_glossary = self._glossary_function(text_spec)
+
+    def _glossary_function(self, text_spec):
+        """The `translate_glossary` tf.function (`_translate_glossary`)."""
+        return tf.function(
+            self._translate_glossary,
+            input_signature=[
+                text_spec,
+                tf.TensorSpec([None, None], tf.string, name="glossary_source"),
+                tf.TensorSpec([None, None], tf.string, name="glossary_target"),
+            ],
+            autograph=False,
+        )
 
     @property
     def signatures(self):
@@ -236,6 +262,8 @@ class Translator(tf.Module):
         }
         if self.settings.sampling:
             signatures["translate_sample"] = self.translate_sample
+        if self.reads_glossaries:
+            signatures["translate_glossary"] = self.translate_glossary
         return signatures
 
     def set_calibration(self, score_weight, margin_weight, bias):
@@ -270,6 +298,57 @@ class Translator(tf.Module):
 
     def __call__(self, text):
         return self.serve(tf.convert_to_tensor(text, tf.string))
+
+    def translate(self, texts, glossary=None):
+        """Translates a list of str; returns `{"translation": [str], "score": [float]}`.
+
+        Args:
+            texts: the sentences.
+            glossary: None (`serve`), or a soft glossary for every text: one mapping `{source
+                term: target term}` (or `(source, target)` pairs) for all, or a list of them,
+                one per text. The `translate_glossary` signature annotates the sources with it
+                (`keras_transformer.glossary`); the answer also holds `annotated` (bool per
+                text: the annotation was used). An empty glossary answers as `serve`.
+
+        Raises:
+            ValueError: a glossary with a model whose vocabulary lacks the glossary tags (not
+                prepared with `data.terminology`).
+            keras_transformer.glossary.GlossaryError: a term refused (see `check_term`).
+        """
+        texts = [str(t) for t in texts]
+        if glossary is None:
+            out = self(texts)
+            return {
+                "translation": [t.decode("utf-8", "replace") for t in out["translation"].numpy()],
+                "score": out["score"].numpy().tolist(),
+            }
+        if not self.reads_glossaries:
+            raise ValueError(
+                "this model's vocabulary has no glossary tags "
+                f"{' '.join(glossaries.TAGS)}: it was not prepared with data.terminology"
+            )
+        one_per_text = isinstance(glossary, (list, tuple)) and bool(glossary)
+        one_per_text = one_per_text and all(hasattr(g, "items") for g in glossary)
+        per_text = list(glossary) if one_per_text else [glossary] * len(texts)
+        if len(per_text) != len(texts):
+            raise ValueError(f"{len(texts)} texts but {len(per_text)} glossaries")
+        sources, targets = glossaries.padded(per_text)
+        width = max((len(row) for row in sources), default=0)
+        shape = [len(texts), width]
+        out = self.translate_glossary(
+            tf.constant(texts, tf.string),
+            tf.reshape(tf.constant(sources, tf.string), shape),
+            tf.reshape(tf.constant(targets, tf.string), shape),
+        )
+        annotated = out["annotated"].numpy().tolist()
+        skipped = glossaries.not_used(texts, per_text, annotated)
+        if skipped:
+            warnings.warn(glossaries.too_long_warning(skipped), stacklevel=2)
+        return {
+            "translation": [t.decode("utf-8", "replace") for t in out["translation"].numpy()],
+            "score": out["score"].numpy().tolist(),
+            "annotated": annotated,
+        }
 
     # ------------------------------------------------------------------ graph pieces
 
@@ -532,6 +611,36 @@ class Translator(tf.Module):
         text = self._same_size("translate_sample", text, seed, "seed", "seeds")
         out = self._hypotheses(text, 1, seeds=seed)
         return {"translation": out["text"][:, 0], "score": out["score"][:, 0]}
+
+    def _translate_glossary(self, text, glossary_source, glossary_target):
+        """`serve`'s translation and score of each text annotated with its row of the glossary
+        (`glossary.annotate_graph`), and `annotated`: whether its annotation changed it and
+        fits the source length limit (else the text is translated as it is)."""
+        rows = tf.zeros(tf.shape(glossary_source)[:1], tf.int8)
+        text = self._same_size("translate_glossary", text, rows, "glossary_source", "rows")
+        sizes_match = tf.debugging.assert_equal(
+            tf.shape(glossary_source), tf.shape(glossary_target),
+            message="translate_glossary: glossary_source and glossary_target differ in shape",
+        )  # fmt: skip
+
+        def valid(strings):
+            return tf.strings.unicode_transcode(
+                strings, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
+            )
+
+        with tf.control_dependencies([sizes_match]):
+            text = valid(text)
+        annotated = glossaries.annotate_graph(text, valid(glossary_source), valid(glossary_target))
+        # An annotation the source length limit would cut: the text as it is (flag false).
+        pieces = self._tokenizer().tokenize(annotated).row_lengths()
+        fits = pieces <= self.max_source_length - 1
+        used = tf.logical_and(fits, tf.not_equal(annotated, text))
+        out = self._hypotheses(tf.where(fits, annotated, text), 1)
+        return {
+            "translation": out["text"][:, 0],
+            "score": out["score"][:, 0],
+            "annotated": used,
+        }
 
     # ------------------------------------------------------------------ scoring
 

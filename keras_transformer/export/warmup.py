@@ -45,7 +45,8 @@ def warmup_requests(signatures, texts):
 
     Args:
         signatures: `{signature key: [input names]}`; inputs named `prefix` get the text's first
-            word, `seed` (int64) the seed 0, the others the text itself.
+            word, `seed` (int64) the seed 0, `glossary_*` (`[1, 1]`) the first word as the one
+            term of a glossary, the others the text itself.
         texts: the sentences, one per length bucket.
     """
     from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
@@ -59,6 +60,9 @@ def warmup_requests(signatures, texts):
                 proto = tf.make_tensor_proto([value.encode("utf-8")])
                 if name == "seed":
                     proto = tf.make_tensor_proto([0], dtype=tf.int64)
+                if name.startswith("glossary_"):  # [batch, terms]: the first word as a term
+                    word = text.split(" ")[0].encode("utf-8")
+                    proto = tf.make_tensor_proto([[word]])
                 request.inputs[name].CopyFrom(proto)
             logs.append(
                 prediction_log_pb2.PredictionLog(
