@@ -1,19 +1,23 @@
-"""The peak resident memory of a process and all its descendants, sampled until it ends.
+"""The peak memory of a process and all its descendants, sampled until it ends.
 
     python .ci/peak_memory.py PID OUT_FILE [TESTS_DIR]
 
-Every half second it sums `VmRSS` over PID and every process below it (the pytest-xdist
+Every half second it sums the memory of PID and every process below it (the pytest-xdist
 workers and the subprocesses the tests start) and keeps the largest sum in OUT_FILE (a number of
 bytes, rewritten at each new peak, so it holds even if this sampler is killed). `.ci/run` starts
 one per tier and prints the figure; it needs nothing but Linux's `/proc`.
+
+A process's memory is its proportional set size (`Pss` of `/proc/PID/smaps_rollup`): its own
+pages, plus each page it shares with other processes divided by how many share it. Their sum is
+what the processes hold together. A sum of resident sets (`VmRSS`) counts every process's
+mapping of TensorFlow's shared libraries (about half a gigabyte each) again: with ten Python
+processes that import TensorFlow it overstated the total by gigabytes. The largest such sum is
+kept too, in OUT_FILE.rss; where `smaps_rollup` cannot be read, `VmRSS` stands in.
 
 With TESTS_DIR (where each pytest process of the run names the test it is running, in a file
 named by its pid: `KT_TESTS_CURRENT_DIR`, tests/conftest.py), OUT_FILE.where holds, for the
 peak, what each of those processes and its children held and which test it ran: the line CI
 prints to say where the peak came from.
-
-A sum of resident sets counts a page shared by two processes twice: an upper bound, which is
-what a machine's memory must hold.
 """
 
 import os
@@ -29,22 +33,30 @@ def _children(pid):
         return []
 
 
-def _rss_bytes(pid):
+def _field_bytes(path, name):
     try:
-        with open(f"/proc/{pid}/status") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(name):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return 0
+    return None
 
 
-def tree_rss(root, labels=None):
-    """The summed resident memory of `root` and its descendants, in bytes. With `labels`
-    ({pid: test}), also each labelled process's share: its own and its descendants' memory,
-    as {pid: [bytes, test]} (a labelled process below another is counted in its own only)."""
-    total, stack, seen, shares = 0, [(root, None)], set(), {}
+def memory_bytes(pid):
+    """`(proportional set size, resident set size)` of `pid`, in bytes (0 once it has gone)."""
+    rss = _field_bytes(f"/proc/{pid}/status", "VmRSS:") or 0
+    pss = _field_bytes(f"/proc/{pid}/smaps_rollup", "Pss:")
+    return (rss if pss is None else pss), rss
+
+
+def tree_memory(root, labels=None):
+    """`(pss, rss, shares)`: the summed proportional and resident memory of `root` and its
+    descendants, in bytes, and with `labels` ({pid: test}) each labelled process's share: its
+    own and its descendants' proportional memory, as {pid: [bytes, test]} (a labelled process
+    below another is counted in its own only)."""
+    pss_total, rss_total, stack, seen, shares = 0, 0, [(root, None)], set(), {}
     while stack:
         pid, owner = stack.pop()
         if pid in seen:
@@ -53,12 +65,13 @@ def tree_rss(root, labels=None):
         if labels and pid in labels:
             owner = pid
             shares[pid] = [0, labels[pid]]
-        rss = _rss_bytes(pid)
-        total += rss
+        pss, rss = memory_bytes(pid)
+        pss_total += pss
+        rss_total += rss
         if owner is not None:
-            shares[owner][0] += rss
+            shares[owner][0] += pss
         stack.extend((child, owner) for child in _children(pid))
-    return (total, shares) if labels is not None else total
+    return pss_total, rss_total, shares
 
 
 def _labels(directory):
@@ -96,14 +109,14 @@ def _write(path, text):
 def main(argv):
     root, out = int(argv[1]), argv[2]
     tests_dir = argv[3] if len(argv) > 3 else None
-    peak = 0
+    peak = rss_peak = 0
     while _alive(root):
-        if tests_dir:
-            rss, shares = tree_rss(root, _labels(tests_dir))
-        else:
-            rss, shares = tree_rss(root), {}
-        if rss > peak:
-            peak = rss
+        pss, rss, shares = tree_memory(root, _labels(tests_dir) if tests_dir else None)
+        if rss > rss_peak:
+            rss_peak = rss
+            _write(out + ".rss", f"{rss_peak}\n")
+        if pss > peak:
+            peak = pss
             _write(out, f"{peak}\n")
             if tests_dir:
                 lines = sorted(shares.values(), key=lambda share: -share[0])

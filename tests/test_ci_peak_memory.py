@@ -39,3 +39,26 @@ def test_the_peak_is_put_down_to_the_test_whose_process_tree_held_it(tmp_path):
     assert test == "tests/test_x.py::test_holds_300_mb"
     # the named process's share includes its child's 300 MB, and is at most the whole tree's
     assert 0.29 <= float(gigabytes.split()[0]) <= peak / 2**30 + 0.05
+
+
+# 300 MB written once, then shared by a forked child (copy-on-write): held once by the machine.
+SHARED = """
+import os, time
+b = bytearray(300 * 2**20)
+b[::4096] = b"x" * len(b[::4096])
+pid = os.fork()
+time.sleep(2)
+if pid:
+    os.waitpid(pid, 0)
+"""
+
+
+def test_pages_two_processes_share_are_counted_once(tmp_path):
+    out = tmp_path / "peak"
+    root = subprocess.Popen([sys.executable, "-c", SHARED])
+    sampler = subprocess.Popen([sys.executable, SAMPLER, str(root.pid), str(out)])
+    root.wait(timeout=60)
+    assert sampler.wait(timeout=60) == 0
+    peak, resident = int(out.read_text()), int((tmp_path / "peak.rss").read_text())
+    assert resident >= 2 * 300 * 2**20  # each process's resident set holds the 300 MB
+    assert 300 * 2**20 <= peak <= resident - 250 * 2**20  # the proportional sum, once
