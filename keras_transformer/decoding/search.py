@@ -162,6 +162,17 @@ class DecodingResult(NamedTuple):
     token_scores: Any
 
 
+class ConstrainedResult(NamedTuple):
+    """`translate_ids`' answer with `constraints`: a `DecodingResult`'s fields and
+    `constraints_met` bool `[batch]`, whether the input's outputs meet all its constraints
+    (False: they are its unconstrained answers)."""
+
+    ids: Any
+    scores: Any
+    token_scores: Any
+    constraints_met: Any
+
+
 # --------------------------------------------------------------------------- greedy search
 
 
@@ -501,6 +512,7 @@ def translate_ids(
     seed=0,
     kernels=None,
     shortlist=None,
+    constraints=None,
     **changes,
 ):
     """Translates padded source ids with a `Transformer`: beam search (greedy for beam 1), or
@@ -548,7 +560,8 @@ def translate_ids(
         length-normalised log-probabilities and `token_scores` float32 `[batch, T]`, log p of
         each token (tracked during the search: no second pass over the model); with
         `return_all`, `[batch, beam_size, T]`, `[batch, beam_size]` and `[batch, beam_size, T]`
-        (greedy search's or sampling's one output as a beam of one).
+        (greedy search's or sampling's one output as a beam of one). With `constraints`, a
+        `ConstrainedResult`: the same three fields and `constraints_met` bool `[batch]`.
 
     Example:
     ```python
@@ -568,10 +581,17 @@ def translate_ids(
     caps = ops.sum(ops.cast(source_mask, "int32"), axis=1) + settings.max_extra_length  # [batch]
     initial_ids = ops.full(ops.shape(source_ids)[:1], settings.bos_id, dtype="int32")  # [batch]
     columns = None  # (ids [n], real [n]) of a shortlist's columns
+    if constraints is not None:
+        if settings.sampling:
+            raise ValueError("constraints need beam search, not sampling (sampling_topk > 0)")
+        constraints = ops.cast(ops.convert_to_tensor(constraints), "int32")  # [batch, C, P]
     if shortlist is not None:
+        extra_ids = [x for x in (prefix_ids, constraints) if x is not None]
+        extra_ids = [ops.reshape(ops.cast(x, "int32"), (-1,)) for x in extra_ids]
         columns = shortlist_ids(
-            shortlist.translations, shortlist.frequent, source_ids, extra_ids=prefix_ids
-        )
+            shortlist.translations, shortlist.frequent, source_ids,
+            extra_ids=ops.concatenate(extra_ids, axis=0) if extra_ids else None,
+        )  # fmt: skip
     log_probs_fn, initial_state = _log_probs_step(
         model, source_ids, (encoder_output, source_mask), settings, buffer, k, use_cache, kernels,
         columns,
@@ -582,6 +602,23 @@ def translate_ids(
             log_probs_fn, initial_state, prefix_ids, token_ids
         )
     search = (log_probs_fn, initial_ids, initial_state)
+    if constraints is not None:
+        from keras_transformer.decoding.constraints import constrained_beam_search
+
+        result, met = constrained_beam_search(
+            *search, k, buffer, constraints, settings.alpha, settings.eos_id, max_lengths=caps,
+            return_all=return_all, token_ids=token_ids,
+        )  # fmt: skip
+
+        def unconstrained():  # fresh caches: the first search owned its own
+            plain = translate_ids(
+                model, source_ids, settings, max_length, use_cache, return_all, prefix_ids,
+                seed, kernels, shortlist,
+            )  # fmt: skip
+            return tuple(_rows_where(met, x, y) for x, y in zip(result, plain))
+
+        result = ops.cond(ops.all(met), lambda: tuple(result), unconstrained)
+        return ConstrainedResult(*result, met)
     if k > 1:
         return beam_search(
             *search, k, buffer, settings.alpha, settings.eos_id, max_lengths=caps,
@@ -600,6 +637,12 @@ def translate_ids(
     if return_all:  # a beam of one: [batch, 1, T], [batch, 1], [batch, 1, T]
         result = DecodingResult(*(ops.expand_dims(x, 1) for x in result))
     return result
+
+
+def _rows_where(rows, x, y):
+    """`x` where `rows` (bool `[batch]`) else `y`, for `[batch, ...]` tensors."""
+    rows = ops.reshape(rows, (-1,) + (1,) * (len(x.shape) - 1))
+    return ops.where(rows, x, y)
 
 
 def _row_seeds(seed, initial_ids):

@@ -1,0 +1,142 @@
+"""Hard lexical constraints in the beam search (`decoding.constraints`), `translate_ids`'
+`constraints`, the `Translator`'s and the SavedModel's `translate_constrained`."""
+
+import _inference_fixtures as fx
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer.decoding import translate_ids
+from keras_transformer.decoding.constraints import constraint_lengths, progress_after
+
+SOURCES = ["red apple cat", "dog dog fish bird", "blue", "plum pear white black green"]
+SETTINGS = dict(alpha=0.6, max_extra_length=6)
+
+
+def _pieces(text):
+    return fx.spm_processor().encode(text)
+
+
+def _constraints(rows):
+    """`[[text, ...], ...]` -> int32 `[batch, C, P]`, 0-padded."""
+    pieces = [[_pieces(t) for t in row] for row in rows]
+    c = max(1, max(len(row) for row in pieces))
+    p = max([1] + [len(x) for row in pieces for x in row])
+    out = np.zeros((len(rows), c, p), "int32")
+    for i, row in enumerate(pieces):
+        for j, x in enumerate(row):
+            out[i, j, : len(x)] = x
+    return out
+
+
+def _contains(sequence, piece_ids):
+    n = len(piece_ids)
+    return any(list(sequence[i : i + n]) == list(piece_ids) for i in range(len(sequence) - n + 1))
+
+
+def _output(ids):
+    """Output tokens before EOS."""
+    ids = list(np.asarray(ids))
+    return ids[: ids.index(fx.EOS)] if fx.EOS in ids else ids
+
+
+# --------------------------------------------------------------------------- progress
+
+
+def test_progress_is_the_longest_prefix_the_window_ends_with():
+    constraints = np.array([[[5, 5, 7, 0], [9, 0, 0, 0]]], "int32")  # "5 5 7", "9"
+    windows = np.array(
+        [[[-1, -1, -1, 5], [-1, 5, 5, 5], [5, 5, 5, 7], [5, 5, 7, 8], [1, 2, 9, 5]]], "int32"
+    )
+    old = np.zeros((1, 5, 2), "int32")
+    old[0, 4, 1] = 1  # already met "9": stays met whatever comes
+    lengths = constraint_lengths(constraints)
+    progress = np.asarray(progress_after(windows, constraints, lengths, old))
+    # "5 5 5" ends with "5 5" (a fallback, not a restart), "5 5 5 7" meets it, "8" leaves it.
+    np.testing.assert_array_equal(progress[0], [[1, 0], [2, 0], [3, 0], [0, 0], [1, 1]])
+
+
+# --------------------------------------------------------------------------- the search
+
+
+@pytest.fixture(scope="module")
+def source_ids():
+    return fx.encode_sources(SOURCES)
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_rows_without_constraints_get_the_unconstrained_answers(model, source_ids, beam_size):
+    kwargs = dict(SETTINGS, beam_size=beam_size, return_all=True)
+    plain = translate_ids(model, source_ids, **kwargs)
+    constraints = _constraints([["dog"], [], ["green fish"], []])
+    out = translate_ids(model, source_ids, constraints=constraints, **kwargs)
+    assert np.asarray(out.constraints_met).all()
+    for row in (1, 3):
+        np.testing.assert_array_equal(out.ids[row], plain.ids[row])
+        np.testing.assert_array_equal(out.scores[row], plain.scores[row])
+        np.testing.assert_array_equal(out.token_scores[row], plain.token_scores[row])
+    # The constrained rows changed: the copy model never says "dog" for "red apple cat".
+    assert not _contains(_output(plain.ids[0, 0]), _pieces("dog"))
+    none = translate_ids(model, source_ids, constraints=_constraints([[]] * 4), **kwargs)
+    for got, want in zip(none[:3], plain):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_every_output_meets_its_constraints(model, source_ids, beam_size):
+    rows = [["dog", "plum"], ["white"], ["green fish", "black"], ["cat", "cat bird"]]
+    constraints = _constraints(rows)
+    out = translate_ids(
+        model, source_ids, constraints=constraints, beam_size=beam_size, return_all=True,
+        **SETTINGS,
+    )  # fmt: skip
+    assert np.asarray(out.constraints_met).tolist() == [True] * 4
+    ids, scores = np.asarray(out.ids), np.asarray(out.scores)
+    for i, row in enumerate(rows):
+        for j in range(beam_size):
+            if scores[i, j] <= -1e8:  # an empty n-best slot
+                continue
+            output = _output(ids[i, j])
+            assert fx.EOS in ids[i, j].tolist(), "every output ends"
+            for term in row:  # met, contiguously, before EOS
+                assert _contains(output, _pieces(term)), (i, j, term, output)
+    # The score is the output's: its token scores summed over the length penalty.
+    lengths = (ids[:, 0] != 0).sum(-1)
+    penalty = ((5.0 + lengths) / 6.0) ** SETTINGS["alpha"]
+    np.testing.assert_allclose(
+        np.asarray(out.token_scores)[:, 0].sum(-1) / penalty, scores[:, 0], rtol=1e-5
+    )
+
+
+def test_unmeetable_constraints_give_the_unconstrained_answer_flagged(model, source_ids):
+    kwargs = dict(SETTINGS, beam_size=3)
+    plain = translate_ids(model, source_ids, **kwargs)
+    too_long = " ".join(["red green"] * 8)  # longer than any output may be
+    constraints = _constraints([["pear"], [too_long], [], ["dog", too_long]])
+    out = translate_ids(model, source_ids, constraints=constraints, **kwargs)
+    assert np.asarray(out.constraints_met).tolist() == [True, False, True, False]
+    for row in (1, 2, 3):
+        np.testing.assert_array_equal(out.ids[row], plain.ids[row])
+        np.testing.assert_array_equal(out.scores[row], plain.scores[row])
+    assert _contains(_output(out.ids[0]), _pieces("pear"))
+
+
+def test_constraints_refuse_sampling(model, source_ids):
+    with pytest.raises(ValueError, match="sampling"):
+        translate_ids(model, source_ids, constraints=_constraints([[]] * 4), sampling_topk=5)
+
+
+@pytest.mark.scenario
+@pytest.mark.parametrize("kernels", ["none", "all"])
+def test_the_search_compiles_with_xla_and_answers_the_same(model, source_ids, kernels):
+    constraints = _constraints([["dog"], [], ["green fish"], ["cat", "cat bird"]])
+    kwargs = dict(SETTINGS, beam_size=3, return_all=True, kernels=kernels)
+
+    def search(source, constraints):
+        return tuple(translate_ids(model, source, constraints=constraints, **kwargs))
+
+    eager = search(source_ids, constraints)
+    compiled = tf.function(search, jit_compile=True, autograph=False)(source_ids, constraints)
+    np.testing.assert_array_equal(compiled[0], eager[0])
+    np.testing.assert_allclose(compiled[1], eager[1], atol=1e-4)
+    np.testing.assert_array_equal(compiled[3], eager[3])
