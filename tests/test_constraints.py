@@ -140,3 +140,55 @@ def test_the_search_compiles_with_xla_and_answers_the_same(model, source_ids, ke
     np.testing.assert_array_equal(compiled[0], eager[0])
     np.testing.assert_allclose(compiled[1], eager[1], atol=1e-4)
     np.testing.assert_array_equal(compiled[3], eager[3])
+
+
+# --------------------------------------------------------------------------- the Translator
+
+
+def _translator(model, spm_bytes):
+    from keras_transformer.export import Translator
+
+    decode, data = fx.EXPORT_DECODE, fx.EXPORT_DATA
+    return Translator(
+        model, spm_bytes, max_source_length=data["max_source_length"],
+        **{key: decode[key] for key in ("beam_size", "alpha", "max_extra_length", "batch_size")},
+    )  # fmt: skip
+
+
+@pytest.mark.scenario
+def test_translator_meets_string_constraints_and_answers_hostile_ones(copy_model, toy_spm_bytes):
+    translator = _translator(copy_model, toy_spm_bytes)
+    texts = fx.NORMAL + ["red apple cat", "blue", "blue", "blue", "blue"]
+    long_term = " ".join(["green"] * 40)  # more pieces than any output holds
+    constraints = [
+        ["dog"],
+        [],
+        ["fish", "white"],
+        ["", "plum"],  # "" is no term
+        ["cat", "cat bird"],  # overlapping: one the other's prefix
+        [long_term],
+        [b"\xff\xfe"],  # invalid UTF-8: U+FFFD, which the vocabulary drops: no term
+        [b"pear \xff"],  # "pear"
+        ["\u00e9t\u00e9"],  # pieces the vocabulary lacks: never in an output
+    ]
+    out = translator.translate(texts, constraints)
+    plain = translator.translate(texts)
+    assert set(out) == {"translation", "score", "constraints_met"}
+    # Unmeetable: longer than any output, or with pieces the vocabulary lacks.
+    assert out["constraints_met"].tolist() == [True] * 5 + [False, True, True, False]
+    words = [t.decode().split() for t in out["translation"]]
+    assert "dog" in words[0] and {"fish", "white"} <= set(words[2]) and "plum" in words[3]
+    assert "cat bird" in " ".join(words[4]) and "pear" in words[7]
+    for row in (1, 5, 6, 8):  # no constraint or unmeetable ones: `serve`'s answers
+        assert out["translation"][row] == plain["translation"][row]
+        np.testing.assert_allclose(out["score"][row], plain["score"][row], atol=1e-5)
+
+
+@pytest.mark.scenario
+def test_translate_constrained_refuses_row_counts_that_differ(copy_model, toy_spm_bytes):
+    translator = _translator(copy_model, toy_spm_bytes)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="constraints has"):
+        translator.translate_constrained(tf.constant(["blue"]), tf.constant([["a"], ["b"]]))
+    nothing = tf.constant([], tf.string)
+    empty = translator.translate_constrained(nothing, tf.zeros([0, 0], tf.string))
+    assert empty["translation"].shape == (0,)

@@ -111,10 +111,12 @@ def export_saved_model(
 ):
     """Exports `Translator(model, tokenizer)` as the next version of `base_dir/name`.
 
-    The SavedModel has four signatures (five with sampling; see `Translator`): `serving_default`
+    The SavedModel has five signatures (six with sampling; see `Translator`): `serving_default`
     (text -> translation, score, token_scores, confidence), `translate_nbest` (text -> translations,
     scores, token_scores, confidence, `[batch, n_best, ...]`), `translate_prefix` (text, prefix
-    -> translation, score) and `score` (source, target -> log_probability, length).
+    -> translation, score), `score` (source, target -> log_probability, length) and
+    `translate_constrained` (text, constraints `[batch, C]` padded with "" -> translation,
+    score, constraints_met).
     `assets.extra/` holds `keras_transformer.json` (the signatures and decoding settings),
     the model card (`model_card.json`, `model_card.md`: `card_facts`, the decoding settings,
     the confidence's calibration and the decoding speed measured here on `dev_pairs`) and
@@ -320,6 +322,14 @@ def _write_metadata(export_dir, translator, name):
             "score": {
                 "inputs": {"source": "string [batch]", "target": "string [batch]"},
                 "outputs": {"log_probability": "float32 [batch]", "length": "int32 [batch]"},
+            },
+            "translate_constrained": {
+                "inputs": {"text": "string [batch]", "constraints": "string [batch, C]"},
+                "outputs": {
+                    "translation": "string [batch]",
+                    "score": "float32 [batch]",
+                    "constraints_met": "bool [batch]",
+                },
             },
         },
         "beam_size": settings.beam_size,

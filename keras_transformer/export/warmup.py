@@ -45,7 +45,8 @@ def warmup_requests(signatures, texts):
 
     Args:
         signatures: `{signature key: [input names]}`; inputs named `prefix` get the text's first
-            word, `seed` (int64) the seed 0, the others the text itself.
+            word, `constraints` (`[1, 1]`) its last word, `seed` (int64) the seed 0, the others
+            the text itself.
         texts: the sentences, one per length bucket.
     """
     from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
@@ -59,6 +60,8 @@ def warmup_requests(signatures, texts):
                 proto = tf.make_tensor_proto([value.encode("utf-8")])
                 if name == "seed":
                     proto = tf.make_tensor_proto([0], dtype=tf.int64)
+                if name == "constraints":
+                    proto = tf.make_tensor_proto([[text.split(" ")[-1].encode("utf-8")]])
                 request.inputs[name].CopyFrom(proto)
             logs.append(
                 prediction_log_pb2.PredictionLog(
