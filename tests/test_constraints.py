@@ -192,3 +192,24 @@ def test_translate_constrained_refuses_row_counts_that_differ(copy_model, toy_sp
     nothing = tf.constant([], tf.string)
     empty = translator.translate_constrained(nothing, tf.zeros([0, 0], tf.string))
     assert empty["translation"].shape == (0,)
+
+
+@pytest.mark.scenario
+def test_the_saved_model_signature_serves_the_translators_answers(exported_copy_model):
+    import json
+    import os
+
+    translator, path = exported_copy_model
+    texts = tf.constant(fx.NORMAL + fx.HOSTILE)
+    rows = [["dog", ""], ["", ""], ["fish", "white"], ["pear", "cat bird"]] + [["blue", ""]] * 5
+    rows[5] = [" ".join(["green"] * 40), "\u00e9t\u00e9"]  # unmeetable
+    constraints = tf.constant(rows)
+    signature = tf.saved_model.load(path).signatures["translate_constrained"]
+    out = signature(text=texts, constraints=constraints)
+    fx.assert_same_answers(out, translator.translate_constrained(texts, constraints))
+    met = out["constraints_met"].numpy().tolist()
+    assert met[:5] == [True] * 5 and met[5] is False
+    assert b"dog" in out["translation"].numpy()[0]
+    with open(os.path.join(path, "assets.extra", "keras_transformer.json")) as f:
+        inputs = json.load(f)["signatures"]["translate_constrained"]["inputs"]
+    assert inputs == {"text": "string [batch]", "constraints": "string [batch, C]"}
