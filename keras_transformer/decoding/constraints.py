@@ -29,7 +29,8 @@ References:
 
 from keras import ops
 
-from keras_transformer.decoding.search import (
+from keras_transformer.config import EOS_ID, DecodingSettings
+from keras_transformer.decoding.beams import (
     BeamState,
     DecodingResult,
     _best_hypotheses,
@@ -185,6 +186,30 @@ def _bank_order(values, banks, most_bank, count):
     return ops.cast(order, "int32")
 
 
+def _refuse_eos(log_probs, progress, lengths, eos_id, token_ids):
+    """`log_probs` `[batch, k, vocab]` with EOS impossible for the hypotheses with an unmet
+    constraint."""
+    unmet = ops.expand_dims(ops.logical_not(_all_met(progress, lengths)), 2)  # [batch, k, 1]
+    is_eos = ops.equal(_column_ids(log_probs, token_ids), eos_id)  # [vocab]
+    return ops.where(ops.logical_and(unmet, is_eos), NEG_INF, log_probs)
+
+
+def _choose(state, progress, values, beams, tokens, constraints, k):
+    """The `2k` candidates a step keeps, `[batch, 2k]` indices (in the banks' order; the usual
+    first `2k` in rows without constraints), and every candidate's progress `[batch, M, C]`."""
+    lengths = constraint_lengths(constraints)  # [batch, C]
+    constrained = ops.any(ops.greater(lengths, 0), axis=1)  # [batch]
+    old = gather_beams(progress, beams)  # [batch, M, C]
+    windows = _windows(state.alive_seqs, state.index, beams, tokens, _dim(constraints, 2))
+    new_progress = progress_after(windows, constraints, lengths, old)  # [batch, M, C]
+    banks = ops.sum(new_progress, axis=2)  # [batch, M] constraint pieces met
+    most_bank = ops.sum(lengths, axis=1, keepdims=True)  # [batch, 1]
+    count = CANDIDATES_PER_BEAM * k
+    by_bank = _bank_order(values, banks, most_bank, count)  # [batch, 2k]
+    usual = ops.broadcast_to(ops.arange(count, dtype="int32"), ops.shape(by_bank))
+    return ops.where(ops.expand_dims(constrained, 1), by_bank, usual), new_progress
+
+
 def _constrained_step(state, progress, step_fn, k, caps, alpha, eos_id, constraints, token_ids):
     """One token more for every alive beam: the next `(BeamState, progress)`."""
     log_probs, cache = step_fn(flatten_beams(state.alive_seqs), state.index, state.cache)
@@ -194,25 +219,13 @@ def _constrained_step(state, progress, step_fn, k, caps, alpha, eos_id, constrai
     constrained = ops.any(ops.greater(lengths, 0), axis=1)  # [batch]
     must_end = ops.reshape(ops.greater_equal(length, caps), (-1, 1, 1))
     log_probs = _force_eos(log_probs, must_end, eos_id, token_ids)
-    # EOS is refused to a hypothesis with an unmet constraint.
-    unmet = ops.expand_dims(ops.logical_not(_all_met(progress, lengths)), 2)  # [batch, k, 1]
-    is_eos = ops.equal(_column_ids(log_probs, token_ids), eos_id)  # [vocab]
-    log_probs = ops.where(ops.logical_and(unmet, is_eos), NEG_INF, log_probs)
+    log_probs = _refuse_eos(log_probs, progress, lengths, eos_id, token_ids)
     values, token_log_probs, beams, columns = _candidates(
         state, progress, log_probs, constraints, token_ids
     )
     values = ops.where(_earlier_same(beams, columns), NEG_INF, values)  # [batch, M]
     tokens = columns if token_ids is None else ops.take(token_ids, columns, axis=0)
-    p = _dim(constraints, 2)
-    old = gather_beams(progress, beams)  # [batch, M, C]
-    windows = _windows(state.alive_seqs, state.index, beams, tokens, p)
-    new_progress = progress_after(windows, constraints, lengths, old)  # [batch, M, C]
-    banks = ops.sum(new_progress, axis=2)  # [batch, M] constraint pieces met
-    most_bank = ops.sum(lengths, axis=1, keepdims=True)  # [batch, 1]
-    count = CANDIDATES_PER_BEAM * k
-    by_bank = _bank_order(values, banks, most_bank, count)  # [batch, 2k]
-    usual = ops.broadcast_to(ops.arange(count, dtype="int32"), ops.shape(by_bank))
-    chosen = ops.where(ops.expand_dims(constrained, 1), by_bank, usual)  # [batch, 2k]
+    chosen, new_progress = _choose(state, progress, values, beams, tokens, constraints, k)
 
     def take(x):
         return ops.take_along_axis(x, chosen, axis=1)
@@ -229,7 +242,7 @@ def _constrained_step(state, progress, step_fn, k, caps, alpha, eos_id, constrai
     ends = ops.equal(top_tokens, eos_id)  # [batch, 2k]
     # Alive: the first k that do not end, in the banks' order (the usual: the best k).
     _, best_k = ops.top_k(ops.where(ends, NEG_INF, top_log_probs), k)
-    place = -ops.cast(ops.arange(count, dtype="int32"), "float32")
+    place = -ops.cast(ops.arange(CANDIDATES_PER_BEAM * k, dtype="int32"), "float32")
     _, first_k = ops.top_k(ops.where(ends, NEG_INF, place), k)
     alive_indices = ops.where(ops.expand_dims(constrained, 1), first_k, best_k)  # [batch, k]
     alive_log_probs = ops.take_along_axis(top_log_probs, alive_indices, axis=1)
@@ -263,8 +276,9 @@ def _continues(state, max_length, max_penalty):
 
 
 def constrained_beam_search(
-    step_fn, initial_ids, initial_state, beam_size, max_length, constraints, alpha=0.6,
-    eos_id=3, max_lengths=None, return_all=False, token_ids=None,
+    step_fn, initial_ids, initial_state, beam_size, max_length, constraints,
+    alpha=DecodingSettings.alpha, eos_id=EOS_ID, max_lengths=None, return_all=False,
+    token_ids=None,
 ):  # fmt: skip
     """`decoding.search.beam_search` whose outputs meet lexical constraints (module docstring).
 

@@ -203,6 +203,16 @@ DECODING_KEYS = (
 )  # fmt: skip
 
 
+# `translate_constrained`'s entry of `keras_transformer.json`.
+CONSTRAINED_SIGNATURE = {
+    "inputs": {"text": "string [batch]", "constraints": "string [batch, C]"},
+    "outputs": {
+        "translation": "string [batch]",
+        "score": "float32 [batch]",
+        "constraints_met": "bool [batch]",
+    },
+}
+
 SAMPLING_KEYS = ("sampling_topk", "sampling_temperature", "sampling_topp")
 
 
@@ -290,7 +300,6 @@ def _write_metadata(export_dir, translator, name):
     extra = os.path.join(export_dir, "assets.extra")
     tf.io.gfile.makedirs(extra)
     settings = translator.settings
-    k = settings.hypotheses
     metadata = {
         "name": str(name),
         "signature": SIGNATURE_KEY,
@@ -309,10 +318,10 @@ def _write_metadata(export_dir, translator, name):
             "translate_nbest": {
                 "inputs": {"text": "string [batch]"},
                 "outputs": {
-                    "translations": f"string [batch, {k}]",
-                    "scores": f"float32 [batch, {k}]",
-                    "token_scores": f"float32 [batch, {k}, length]",
-                    "confidence": f"float32 [batch, {k}]",
+                    "translations": f"string [batch, {settings.hypotheses}]",
+                    "scores": f"float32 [batch, {settings.hypotheses}]",
+                    "token_scores": f"float32 [batch, {settings.hypotheses}, length]",
+                    "confidence": f"float32 [batch, {settings.hypotheses}]",
                 },
             },
             "translate_prefix": {
@@ -323,18 +332,11 @@ def _write_metadata(export_dir, translator, name):
                 "inputs": {"source": "string [batch]", "target": "string [batch]"},
                 "outputs": {"log_probability": "float32 [batch]", "length": "int32 [batch]"},
             },
-            "translate_constrained": {
-                "inputs": {"text": "string [batch]", "constraints": "string [batch, C]"},
-                "outputs": {
-                    "translation": "string [batch]",
-                    "score": "float32 [batch]",
-                    "constraints_met": "bool [batch]",
-                },
-            },
+            "translate_constrained": CONSTRAINED_SIGNATURE,
         },
         "beam_size": settings.beam_size,
         "alpha": settings.alpha,
-        "n_best": k,
+        "n_best": settings.hypotheses,
         "max_extra_length": settings.max_extra_length,
         "batch_size": settings.batch_size,
         "max_source_length": translator.max_source_length,

@@ -24,6 +24,16 @@ from keras_transformer.fast_paths import Kernels
 DEFAULT_CALIBRATION = {"score_weight": 2.0, "margin_weight": 0.0, "bias": 1.0}
 
 
+# `translate_constrained`'s constraints: serving signatures take no ragged input, so a row of
+# fewer terms is padded with "".
+CONSTRAINTS = tf.TensorSpec([None, None], tf.string, name="constraints")
+
+
+def _graph(function, *specs):
+    """`function` as a tf.function of these input specs (a signature)."""
+    return tf.function(function, input_signature=list(specs), autograph=False)
+
+
 def _fold_seeds(seeds):
     """int64 `[c]` -> int32 `[c]`: the high half XOR-ed into the low half."""
     folded = tf.bitwise.bitwise_xor(seeds, tf.bitwise.right_shift(seeds, 32))
@@ -229,11 +239,7 @@ class Translator(tf.Module):
             ],
             autograph=False,
         )
-        self.translate_constrained = tf.function(
-            self._translate_constrained,
-            input_signature=[text_spec, tf.TensorSpec([None, None], tf.string, name="constraints")],
-            autograph=False,
-        )
+        self.translate_constrained = _graph(self._translate_constrained, text_spec, CONSTRAINTS)
         self.translate_sample = tf.function(
             self._translate_sample,
             input_signature=[text_spec, tf.TensorSpec([None], tf.int64, name="seed")],
