@@ -121,6 +121,22 @@ def test_unmeetable_constraints_give_the_unconstrained_answer_flagged(model, sou
     assert _contains(_output(out.ids[0]), _pieces("pear"))
 
 
+def test_constraint_pieces_enter_the_shortlist(model, source_ids):
+    """With a shortlist of the source's own pieces (the copy task's), a term none of the
+    sources holds is still met: its pieces join the batch's shortlist."""
+    from keras_transformer.data.shortlist import LexicalTable
+
+    vocab = model.vocab_size
+    table = LexicalTable(np.arange(vocab, dtype=np.int32)[:, None], np.zeros([0], np.int32))
+    constraints = _constraints([["dog"], [], [], []])
+    kwargs = dict(SETTINGS, beam_size=3, shortlist=table)
+    out = translate_ids(model, source_ids, constraints=constraints, **kwargs)
+    assert np.asarray(out.constraints_met).all()
+    assert _contains(_output(out.ids[0]), _pieces("dog"))
+    plain = translate_ids(model, source_ids, **kwargs)
+    np.testing.assert_array_equal(out.ids[1:], plain.ids[1:])
+
+
 def test_constraints_refuse_sampling(model, source_ids):
     with pytest.raises(ValueError, match="sampling"):
         translate_ids(model, source_ids, constraints=_constraints([[]] * 4), sampling_topk=5)
