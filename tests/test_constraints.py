@@ -229,3 +229,30 @@ def test_the_saved_model_signature_serves_the_translators_answers(exported_copy_
     with open(os.path.join(path, "assets.extra", "keras_transformer.json")) as f:
         inputs = json.load(f)["signatures"]["translate_constrained"]["inputs"]
     assert inputs == {"text": "string [batch]", "constraints": "string [batch, C]"}
+
+
+# --------------------------------------------------------------------------- the command
+
+
+@pytest.mark.scenario
+def test_translate_constraints_from_the_command_line(model_base_dir, run_cli, tmp_path):
+    terms = tmp_path / "terms.tsv"
+    terms.write_text("dog\tplum\n\nwhite\n" + "\t".join([" ".join(["green"] * 40)]) + "\n")
+    texts = ["red apple cat", "blue", "dog dog fish bird", "blue"]
+    code, out, err = run_cli(
+        "translate", "--model", model_base_dir, "--constraints", str(terms), *texts
+    )
+    assert code == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 4
+    assert {"dog", "plum"} <= set(lines[0].split()) and "white" in lines[2].split()
+    plain = run_cli("translate", "--model", model_base_dir, *texts)[1].splitlines()
+    assert lines[1] == plain[1] and lines[3] == plain[3]  # no terms; terms too long
+    assert "line 4: its terms cannot be met" in err and "line 1" not in err
+    for argv, message in [
+        (("--constraints", str(terms), "a"), "4 lines for 1 TEXT"),
+        (("--constraints", str(tmp_path / "none.tsv"), "a"), "cannot read"),
+        (("--constraints", str(terms), "--n-best", "2", "a", "b", "c", "d"), "--constraints"),
+    ]:
+        code, _, err = run_cli("translate", "--model", model_base_dir, *argv)
+        assert code == 2 and message in err, err
