@@ -256,3 +256,41 @@ def test_translate_constraints_from_the_command_line(model_base_dir, run_cli, tm
     ]:
         code, _, err = run_cli("translate", "--model", model_base_dir, *argv)
         assert code == 2 and message in err, err
+
+
+_JAX_SCRIPT = r"""
+import jax
+import numpy as np
+
+from keras_transformer.decoding import translate_ids
+from keras_transformer.models import Transformer
+
+model = Transformer(vocab_size=40, num_layers=1, d_model=16, num_heads=2, d_ff=32, dropout=0.0)
+source = np.array([[5, 6, 7, 3], [8, 9, 3, 0]], "int32")
+model({"source_ids": source, "target_ids": source}, training=False)
+constraints = np.array([[[11, 12], [13, 0]], [[0, 0], [0, 0]]], "int32")
+for k in (1, 3):
+    kwargs = dict(beam_size=k, max_extra_length=8)
+    out = translate_ids(model, source, constraints=constraints, **kwargs)
+    plain = translate_ids(model, source, **kwargs)
+    assert np.asarray(out.constraints_met).all()
+    ids = np.asarray(out.ids)[0].tolist()
+    assert [11, 12] in [ids[i : i + 2] for i in range(len(ids))] and 13 in ids[: ids.index(3)]
+    np.testing.assert_array_equal(out.ids[1], plain.ids[1])
+    jitted = jax.jit(lambda s, c: tuple(translate_ids(model, s, constraints=c, **kwargs)))
+    np.testing.assert_array_equal(jitted(source, constraints)[0], out.ids)
+print("constrained on jax")
+"""
+
+
+@pytest.mark.scenario
+def test_the_search_runs_on_jax():
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu")
+    done = subprocess.run(
+        [sys.executable, "-c", _JAX_SCRIPT], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert done.returncode == 0 and "constrained on jax" in done.stdout, done.stderr[-3000:]
