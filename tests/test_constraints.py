@@ -294,3 +294,20 @@ def test_the_search_runs_on_jax():
         [sys.executable, "-c", _JAX_SCRIPT], capture_output=True, text=True, env=env, timeout=600
     )
     assert done.returncode == 0 and "constrained on jax" in done.stdout, done.stderr[-3000:]
+
+
+@pytest.mark.scenario
+def test_the_xla_translator_answers_as_the_plain_one(copy_model, toy_spm_bytes):
+    from keras_transformer.export import Translator
+
+    decode, data = fx.EXPORT_DECODE, fx.EXPORT_DATA
+    kwargs = {key: decode[key] for key in ("beam_size", "alpha", "max_extra_length", "batch_size")}
+    kwargs["max_source_length"] = data["max_source_length"]
+    texts = tf.constant(["red apple cat", "blue", "dog dog fish bird"])
+    constraints = tf.constant([["dog", ""], ["", ""], ["white", "cat bird"]])
+    plain = Translator(copy_model, toy_spm_bytes, **kwargs)
+    compiled = Translator(copy_model, toy_spm_bytes, jit_compile=True, **kwargs)
+    fx.assert_same_answers(
+        compiled.translate_constrained(texts, constraints),
+        plain.translate_constrained(texts, constraints),
+    )
