@@ -200,6 +200,13 @@ def _add_translate_command(sub, common):
         help="every translation starts with TEXT, the search continuing after it "
         "(translate_prefix signature)",
     )
+    p.add_argument(
+        "--constraints",
+        default=None,
+        metavar="FILE",
+        help="terms the translations must hold: one line per input (TEXT or stdin line), its "
+        "terms separated by tabs (translate_constrained signature)",
+    )
     _sampling_flags(p, "must equal the exported value")
     p.add_argument(
         "--seed", type=int, help="sampling: seed of the run (default 0); same seed, same output"

@@ -52,7 +52,8 @@ def random_row(rng, max_bytes):
         return " ".join(rng.choice(WORDS) for _ in range(size // 4 + 1)).encode()[:size]
     if kind == 5:
         return bytes(rng.choice(b" \t\n\r\x0b\x0c") for _ in range(size))
-    return (rng.choice(WORDS).encode() + b"\x00" + rng.randbytes(3)) * (size // 8 + 1)
+    word = rng.choice(WORDS).encode() + b"\x00" + rng.randbytes(3)
+    return (word * (size // 8 + 1))[:max_bytes]  # a long word overshoots: at most max_bytes
 
 
 def batch_size(rng):
@@ -68,12 +69,13 @@ def batch_size(rng):
 
 
 def string_inputs(name, signature):
-    """The names of the signature's inputs; each must be a string vector (`[None]`)."""
+    """`{name: rank}` of the signature's inputs; each must be a string vector (`[None]`) or
+    matrix (`[None, None]`: `translate_constrained`'s constraints, a few columns a request)."""
     _, specs = signature.structured_input_signature
     for key, spec in specs.items():
-        if spec.dtype != tf.string or spec.shape.rank != 1:
-            raise SystemExit(f"{name}: input {key} is {spec}; the fuzzer sends string vectors")
-    return sorted(specs)
+        if spec.dtype != tf.string or spec.shape.rank not in (1, 2):
+            raise SystemExit(f"{name}: input {key} is {spec}; the fuzzer sends string tensors")
+    return {key: specs[key].shape.rank for key in sorted(specs)}
 
 
 def check_answer(outputs, n):
@@ -95,9 +97,21 @@ def requests_for(inputs, rng, rows, max_bytes):
     requests, sent = [], 0
     while sent < rows:
         n = batch_size(rng)
-        requests.append({key: [random_row(rng, max_bytes) for _ in range(n)] for key in inputs})
+        columns = rng.randint(0, 3)  # of the matrices
+        requests.append(
+            {key: _rows(rng, max_bytes, n, columns, rank) for key, rank in inputs.items()}
+        )
         sent += n
     return requests
+
+
+def _rows(rng, max_bytes, n, columns, rank):
+    """numpy bytes `[n]`, or `[n, columns]` for a matrix input."""
+    shape = (n,) if rank == 1 else (n, columns)
+    rows = np.empty(shape, dtype=object)
+    for index in np.ndindex(shape):
+        rows[index] = random_row(rng, max_bytes)
+    return rows
 
 
 def send(name, signature, requests, memory):
@@ -106,12 +120,12 @@ def send(name, signature, requests, memory):
     for batch in requests:
         n = len(next(iter(batch.values())))
         try:
-            tensors = {key: tf.constant(rows, tf.string, shape=[n]) for key, rows in batch.items()}
+            tensors = {key: tf.constant(rows, tf.string, rows.shape) for key, rows in batch.items()}
             problem = check_answer(signature(**tensors), n)
         except Exception as e:  # noqa: BLE001  (any error is a failure to report)
             problem = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
         if problem:
-            sizes = {key: [len(row) for row in rows][:16] for key, rows in batch.items()}
+            sizes = {key: [len(row) for row in rows.ravel()][:16] for key, rows in batch.items()}
             failures.append({"signature": name, "rows": n, "sizes": sizes, "problem": problem})
         memory["peak_mb"] = max(memory["peak_mb"], rss_mb())
     return failures
@@ -127,14 +141,23 @@ def main():
     # Warm-up: each signature once on a full-size request, so later growth is not start-up.
     for name in names:
         big = [rng.randbytes(max_bytes)] + [rng.randbytes(rng.randint(0, 64)) for _ in range(511)]
-        loaded.signatures[name](**{key: tf.constant(big, tf.string) for key in inputs[name]})
+        shapes = {key: [512] + [1] * (rank - 1) for key, rank in inputs[name].items()}
+        loaded.signatures[name](
+            **{k: tf.constant(big, tf.string, shape) for k, shape in shapes.items()}
+        )
     memory = {"after_warmup_mb": rss_mb()}
     memory["peak_mb"] = memory["after_warmup_mb"]
     report = {"signatures": names, "failures": [], "seconds": {}}
-    report["rows"] = {name: sum(len(r[inputs[name][0]]) for r in requests[name]) for name in names}
+    report["rows"] = {
+        name: sum(len(r[next(iter(inputs[name]))]) for r in requests[name]) for name in names
+    }
     report["requests"] = {name: len(requests[name]) for name in names}
     sizes = [
-        len(row) for name in names for r in requests[name] for rows in r.values() for row in rows
+        len(row)
+        for name in names
+        for r in requests[name]
+        for rows in r.values()
+        for row in rows.ravel()
     ]
     report["bytes"], report["largest"] = sum(sizes), max(sizes)
     # Twice: the second pass repeats the first's requests (shapes TensorFlow has seen), so

@@ -643,7 +643,9 @@ def test_rest_requests_match_the_signature(exported_quickstart):
     bodies = [body for body, _ in examples]
     assert any("instances" in b for b in bodies) and any("inputs" in b for b in bodies)
     named = {b.get("signature_name", "serving_default") for b in bodies}
-    assert named == {"serving_default", "translate_nbest", "translate_prefix", "score"}
+    assert named == {
+        "serving_default", "translate_nbest", "translate_prefix", "score", "translate_constrained",
+    }  # fmt: skip
     # The serving guide's translate_prefix example shows its response.
     serving = _read(os.path.join(DOCS, "guides", "export-serving.md"))
     prefix = [

@@ -180,7 +180,8 @@ def test_every_export_carries_a_model_card_that_info_prints(exported_copy_model,
     assert -1 <= calibration["spearman_chrf"] <= 1
     assert card["decoding_speed"]["sentences_per_second"] > 0
     assert sorted(card["signatures"]) == [
-        "score", "serving_default", "translate_nbest", "translate_prefix",
+        "score", "serving_default", "translate_constrained", "translate_nbest",
+        "translate_prefix",
     ]  # fmt: skip
     code, out, _ = run_cli("info", "--model", os.path.dirname(path))
     assert code == 0 and out.startswith("# Model card: toy")
@@ -222,7 +223,8 @@ for raw in tf.data.TFRecordDataset(path):
     outputs = signature(**inputs)  # as TF Serving replays it at load
     records.append({
         "signature": request.model_spec.signature_name,
-        "inputs": {k: [s.decode("utf-8") for s in v.numpy()] for k, v in inputs.items()},
+        "inputs": {k: [s.decode("utf-8") for s in v.numpy().ravel()]
+                   for k, v in inputs.items()},
         "outputs": sorted(outputs),
     })
 texts = [s.encode("latin-1") for s in json.loads(sys.argv[2])]
@@ -243,15 +245,16 @@ print(json.dumps({
 
 
 @pytest.mark.scenario
-def test_warmup_requests_cover_every_signature_and_bucket_and_replay(
-    exported_copy_model, tmp_path
-):
+def test_warmup_requests_cover_every_signature_and_bucket_and_replay(exported_copy_model, tmp_path):
     from keras_transformer.export.warmup import bucket_lengths
 
     translator, path = exported_copy_model
     result = run_fresh(_WARMUP_SCRIPT, path, latin1(HOSTILE), cwd=str(tmp_path))
     records = result["records"]
-    signatures = ["score", "serving_default", "translate_nbest", "translate_prefix"]
+    signatures = [
+        "score", "serving_default", "translate_constrained", "translate_nbest",
+        "translate_prefix",
+    ]  # fmt: skip
     assert sorted({r["signature"] for r in records}) == signatures
     buckets = bucket_lengths(fx.MAX_SOURCE_LENGTH)
     for signature in signatures:

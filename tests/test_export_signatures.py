@@ -157,6 +157,7 @@ def test_all_signatures_run_in_a_fresh_process_with_only_tf_and_tf_text(
     assert result["signatures"] == [
         "score",
         "serving_default",
+        "translate_constrained",
         "translate_nbest",
         "translate_prefix",
     ]
@@ -218,6 +219,13 @@ def test_saved_model_cli_lists_all_signatures(exported_copy_model):
         ("outputs", "log_probability", "DT_FLOAT", "(-1)"),
         ("outputs", "length", "DT_INT32", "(-1)"),
     }
+    assert signatures["translate_constrained"] == {
+        ("inputs", "text", "DT_STRING", "(-1)"),
+        ("inputs", "constraints", "DT_STRING", "(-1, -1)"),
+        ("outputs", "translation", "DT_STRING", "(-1)"),
+        ("outputs", "score", "DT_FLOAT", "(-1)"),
+        ("outputs", "constraints_met", "DT_BOOL", "(-1)"),
+    }
 
 
 def test_metadata_lists_the_signatures_and_settings(exported_copy_model):
@@ -227,6 +235,7 @@ def test_metadata_lists_the_signatures_and_settings(exported_copy_model):
     assert sorted(metadata["signatures"]) == [
         "score",
         "serving_default",
+        "translate_constrained",
         "translate_nbest",
         "translate_prefix",
     ]

@@ -40,6 +40,8 @@ class TranslateRequest:
         sampling: `{setting: value}` of the sampling flags (`translate_sample`), or None.
         chunk_lines: lines per chunk of a file translation (`--input`/`--output`); None when
             the input is TEXT arguments or stdin.
+        constraints: `--constraints FILE`'s terms, a list per input line
+            (`translate_constrained`), or None.
     """
 
     batch_size: int
@@ -47,6 +49,7 @@ class TranslateRequest:
     prefix: str | None
     sampling: dict | None
     chunk_lines: int | None
+    constraints: list | None = None
 
 
 def translate_request(args):
@@ -62,7 +65,32 @@ def translate_request(args):
     sampling = sampling_request(args)
     to_file = getattr(args, "input", None) is not None or getattr(args, "output", None) is not None
     chunk_lines = _file_flags(args) if to_file else None
-    return TranslateRequest(batch_size, n_best, prefix, sampling, chunk_lines)
+    constraints = _constraints_flag(args, n_best, prefix, sampling, to_file)
+    return TranslateRequest(batch_size, n_best, prefix, sampling, chunk_lines, constraints)
+
+
+def _constraints_flag(args, n_best, prefix, sampling, to_file):
+    """`--constraints FILE`'s terms (a list of strings per line, split at tabs, "" dropped),
+    once checked: not with the other requests, one line per TEXT argument."""
+    path = getattr(args, "constraints", None)
+    if path is None:
+        return None
+    if n_best is not None or prefix is not None or sampling is not None or to_file:
+        raise UsageError(
+            "--constraints applies to TEXT arguments and stdin, without --n-best, --prefix, "
+            "sampling flags or --input"
+        )
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            rows = [[t for t in line.rstrip("\r\n").split("\t") if t] for line in f]
+    except OSError as e:
+        raise UsageError(f"--constraints: cannot read {path}: {e.strerror}") from None
+    if args.text and len(rows) != len(args.text):
+        raise UsageError(
+            f"--constraints: {path} has {len(rows)} lines for {len(args.text)} TEXT arguments "
+            "(one line per input)"
+        )
+    return rows
 
 
 def _file_flags(args):

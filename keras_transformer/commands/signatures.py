@@ -9,6 +9,7 @@ setting other than the exported one) are made here, where the export is read.
 import hashlib
 import json
 import os
+import sys
 
 from keras_transformer.commands.flags import SAMPLING_FLAGS
 from keras_transformer.errors import UsageError, first_line
@@ -51,9 +52,9 @@ def load_signature(model_path, key=None, missing=None):
     return loaded, path, function
 
 
-def load_serving_function(model_path, n_best=None, prefix=None, sampling=None):
+def load_serving_function(model_path, n_best=None, prefix=None, sampling=None, constraints=None):
     """`texts -> (translations, scores)` through the translation signature a request names (at
-    most one of `n_best`, `prefix`, `sampling`; the flags are checked by
+    most one of `n_best`, `prefix`, `sampling`, `constraints`; the flags are checked by
     `flags.translate_request`).
 
     - No request: `serving_default`, a translation and its score per text.
@@ -64,6 +65,8 @@ def load_serving_function(model_path, n_best=None, prefix=None, sampling=None):
       line's seed is a hash of `--seed` and its text, so a run repeats exactly (the same line
       twice in a run gets the same sample). The sampling settings are fixed at export:
       `sampling` must name the exported ones.
+    - `constraints` (a list of terms per input line, in order): `translate_constrained`; each
+      call takes the next rows, and a line whose terms cannot be met is said on stderr.
 
     The function's `loaded` attribute keeps the SavedModel alive as long as it is used.
     """
@@ -78,10 +81,13 @@ def load_serving_function(model_path, n_best=None, prefix=None, sampling=None):
             key = "translate_nbest"
         elif prefix is not None:
             key = "translate_prefix"
+        elif constraints is not None:
+            key = "translate_constrained"
         loaded, path, signature = load_signature(model_path, key)
     if n_best is not None:
         _check_n_best(path, signature, n_best)
     seed = (sampling or {}).get("seed", 0)
+    terms = None if constraints is None else _Terms(constraints)
 
     def translate(texts):
         inputs = {"text": tf.constant(texts, dtype=tf.string)}
@@ -89,7 +95,11 @@ def load_serving_function(model_path, n_best=None, prefix=None, sampling=None):
             inputs["prefix"] = tf.constant([prefix] * len(texts), dtype=tf.string)
         if sampling is not None:
             inputs["seed"] = tf.constant([_line_seed(seed, text) for text in texts], tf.int64)
+        if constraints is not None:
+            inputs["constraints"] = terms.next_rows(len(texts))
         outputs = signature(**inputs)
+        if constraints is not None:
+            terms.say_unmet(outputs["constraints_met"].numpy())
         if n_best is None:
             return _decoded(outputs["translation"].numpy()), outputs["score"].numpy().tolist()
         translations = [_decoded(row)[:n_best] for row in outputs["translations"].numpy()]
@@ -132,6 +142,35 @@ def load_litert_function(model_path, n_best=None, prefix=None, sampling=None):
 
     translate.loaded = translator
     return translate
+
+
+class _Terms:
+    """`--constraints`' rows handed out in input order, and the lines whose terms were not met
+    said on stderr."""
+
+    def __init__(self, rows):
+        self.rows = iter(rows)
+        self.line = 0
+
+    def next_rows(self, n):
+        """The next `n` rows as tf.string `[n, C]`, padded with ""."""
+        import tensorflow as tf
+
+        rows = [next(self.rows, None) for _ in range(n)]
+        if any(row is None for row in rows):
+            raise UsageError("--constraints: the file has fewer lines than the input")
+        width = max([1] + [len(row) for row in rows])
+        return tf.constant([row + [""] * (width - len(row)) for row in rows], tf.string, [n, width])
+
+    def say_unmet(self, met):
+        for ok in met:
+            self.line += 1
+            if not ok:
+                print(
+                    f"keras-transformer: line {self.line}: its terms cannot be met; the "
+                    "translation is unconstrained",
+                    file=sys.stderr,
+                )
 
 
 def _decoded(texts):

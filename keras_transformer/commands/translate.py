@@ -9,6 +9,7 @@ import sys
 from keras_transformer.commands import flags, startup
 from keras_transformer.commands.lines import output_lines, output_rows
 from keras_transformer.commands.signatures import load_litert_function, load_serving_function
+from keras_transformer.errors import UsageError
 from keras_transformer.litert.runtime import is_litert_export
 
 
@@ -16,6 +17,7 @@ def translate_command(args):
     """`keras-transformer translate --model DIR [--n-best K | --prefix TEXT] [TEXT ...]`: one
     translation per line; with `--n-best K`, K lines `SCORE<TAB>TRANSLATION` per input, best
     first; with `--prefix`, translations that start with TEXT (`translate_prefix` signature);
+    with `--constraints FILE`, translations holding each line's terms (`translate_constrained`);
     with `--sampling-topk/--temperature/--top-p/--seed`, sampled translations
     (`translate_sample` signature). With `--input FILE --output FILE`: `_translate_file`."""
     request = flags.translate_request(args)
@@ -23,7 +25,7 @@ def translate_command(args):
         return _translate_with_glossary(args, request)
     if request.chunk_lines is not None:
         return _translate_file(args, request)
-    translate = _load(args, request.n_best, request.prefix, request.sampling)
+    translate = _load(args, request.n_best, request.prefix, request.sampling, request.constraints)
     batch_size = request.batch_size
     if args.text:
         for line in output_lines(translate, list(args.text), batch_size, request.n_best):
@@ -94,13 +96,15 @@ def _translate_with_glossary(args, request):
               file=sys.stderr)  # fmt: skip
 
 
-def _load(args, n_best, prefix=None, sampling=None):
+def _load(args, n_best, prefix=None, sampling=None, constraints=None):
     """The translation function of `--model`: a LiteRT export's (no TensorFlow), else the
     SavedModel signature the request names."""
     if is_litert_export(args.model):
+        if constraints is not None:
+            raise UsageError(f"--constraints: {args.model} is a LiteRT export, without them")
         return load_litert_function(args.model, n_best, prefix, sampling)
     startup.import_tensorflow(getattr(args, "verbose", False))
-    return load_serving_function(args.model, n_best, prefix, sampling)
+    return load_serving_function(args.model, n_best, prefix, sampling, constraints)
 
 
 def _translate_file(args, request):

@@ -112,13 +112,14 @@ def export_saved_model(
 ):
     """Exports `Translator(model, tokenizer)` as the next version of `base_dir/name`.
 
-    The SavedModel has four signatures (five with sampling; see `Translator`): `serving_default`
+    The SavedModel has five signatures (six with sampling; see `Translator`): `serving_default`
     (text -> translation, score, token_scores, confidence), `translate_nbest` (text -> translations,
     scores, token_scores, confidence, `[batch, n_best, ...]`), `translate_prefix` (text, prefix
-    -> translation, score) and `score` (source, target -> log_probability, length); a model
-    whose vocabulary keeps the glossary tags (prepared with `data.terminology`) also has
-    `translate_glossary` (text, glossary_source, glossary_target -> translation, score,
-    annotated).
+    -> translation, score), `score` (source, target -> log_probability, length) and
+    `translate_constrained` (text, constraints `[batch, C]` padded with "" -> translation,
+    score, constraints_met); a model whose vocabulary keeps the glossary tags (prepared with
+    `data.terminology`) also has `translate_glossary` (text, glossary_source, glossary_target
+    -> translation, score, annotated).
     `assets.extra/` holds `keras_transformer.json` (the signatures and decoding settings),
     the model card (`model_card.json`, `model_card.md`: `card_facts`, the decoding settings,
     the confidence's calibration and the decoding speed measured here on `dev_pairs`) and
@@ -204,6 +205,16 @@ DECODING_KEYS = (
     "max_length",
 )  # fmt: skip
 
+
+# `translate_constrained`'s entry of `keras_transformer.json`.
+CONSTRAINED_SIGNATURE = {
+    "inputs": {"text": "string [batch]", "constraints": "string [batch, C]"},
+    "outputs": {
+        "translation": "string [batch]",
+        "score": "float32 [batch]",
+        "constraints_met": "bool [batch]",
+    },
+}
 
 SAMPLING_KEYS = ("sampling_topk", "sampling_temperature", "sampling_topp")
 
@@ -307,7 +318,6 @@ def _write_metadata(export_dir, translator, name):
     extra = os.path.join(export_dir, "assets.extra")
     tf.io.gfile.makedirs(extra)
     settings = translator.settings
-    k = settings.hypotheses
     metadata = {
         "name": str(name),
         "signature": SIGNATURE_KEY,
@@ -326,10 +336,10 @@ def _write_metadata(export_dir, translator, name):
             "translate_nbest": {
                 "inputs": {"text": "string [batch]"},
                 "outputs": {
-                    "translations": f"string [batch, {k}]",
-                    "scores": f"float32 [batch, {k}]",
-                    "token_scores": f"float32 [batch, {k}, length]",
-                    "confidence": f"float32 [batch, {k}]",
+                    "translations": f"string [batch, {settings.hypotheses}]",
+                    "scores": f"float32 [batch, {settings.hypotheses}]",
+                    "token_scores": f"float32 [batch, {settings.hypotheses}, length]",
+                    "confidence": f"float32 [batch, {settings.hypotheses}]",
                 },
             },
             "translate_prefix": {
@@ -340,10 +350,11 @@ def _write_metadata(export_dir, translator, name):
                 "inputs": {"source": "string [batch]", "target": "string [batch]"},
                 "outputs": {"log_probability": "float32 [batch]", "length": "int32 [batch]"},
             },
+            "translate_constrained": CONSTRAINED_SIGNATURE,
         },
         "beam_size": settings.beam_size,
         "alpha": settings.alpha,
-        "n_best": k,
+        "n_best": settings.hypotheses,
         "max_extra_length": settings.max_extra_length,
         "batch_size": settings.batch_size,
         "max_source_length": translator.max_source_length,

@@ -14,7 +14,7 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from keras_transformer import glossary as glossaries
-from keras_transformer.config import DecodingSettings
+from keras_transformer.config import UNK_ID, DecodingSettings
 from keras_transformer.data.pipeline import encode_sources
 from keras_transformer.decoding.search import NEG_INF, translate_ids
 from keras_transformer.export.calibration import MAX_MARGIN, MIN_SCORE
@@ -24,6 +24,16 @@ from keras_transformer.fast_paths import Kernels
 # The confidence's map before any calibration: sigmoid(1 + 2 * score), 0.5 at a score of -0.5
 # (`set_calibration` replaces it with one fitted on a dev set).
 DEFAULT_CALIBRATION = {"score_weight": 2.0, "margin_weight": 0.0, "bias": 1.0}
+
+
+# `translate_constrained`'s constraints: serving signatures take no ragged input, so a row of
+# fewer terms is padded with "".
+CONSTRAINTS = tf.TensorSpec([None, None], tf.string, name="constraints")
+
+
+def _graph(function, *specs):
+    """`function` as a tf.function of these input specs (a signature)."""
+    return tf.function(function, input_signature=list(specs), autograph=False)
 
 
 def _fold_seeds(seeds):
@@ -167,6 +177,16 @@ class Translator(tf.Module):
     - `score(source, target)`: `{"log_probability": tf.float32 [batch], "length": tf.int32
       [batch]}`: the target's log-probability under the model (tokens and EOS, one forced-
       decoding pass) and its token count; sizes that differ raise `InvalidArgumentError`.
+    - `translate_constrained(text, constraints)`: `{"translation", "score", "constraints_met"}`
+      as `serve`, each translation holding every target-side term of its row of `constraints`
+      (tf.string `[batch, C]`: serving signatures take no ragged input, so a row with fewer
+      terms is padded with ""; "" is no term) as it tokenizes (SentencePiece, no BOS/EOS),
+      found by a constrained beam search (`decoding.constraints`). `constraints_met` (bool) is
+      False where they cannot be met (e.g. a term longer than the longest output): that
+      translation is `serve`'s. Invalid UTF-8 in a term becomes U+FFFD; a term with a piece
+      unknown to the vocabulary is unmeetable, so flagged. Row counts that differ raise
+      `InvalidArgumentError`.
+      `translate(texts, constraints)` calls it from Python.
     - `translate_sample(text, seed)`, only with `settings.sampling_topk > 0`: `{"translation",
       "score"}` as `serve`, each translation sampled (top-k, top-p, temperature fixed in the
       graph) with its row's int64 `seed`: the same text and seed give the same translation.
@@ -230,6 +250,7 @@ class Translator(tf.Module):
             ],
             autograph=False,
         )
+        self.translate_constrained = _graph(self._translate_constrained, text_spec, CONSTRAINTS)
         self.translate_sample = tf.function(
             self._translate_sample,
             input_signature=[text_spec, tf.TensorSpec([None], tf.int64, name="seed")],
@@ -259,6 +280,7 @@ class Translator(tf.Module):
             "translate_nbest": self.translate_nbest,
             "translate_prefix": self.translate_prefix,
             "score": self.score,
+            "translate_constrained": self.translate_constrained,
         }
         if self.settings.sampling:
             signatures["translate_sample"] = self.translate_sample
@@ -299,7 +321,7 @@ class Translator(tf.Module):
     def __call__(self, text):
         return self.serve(tf.convert_to_tensor(text, tf.string))
 
-    def translate(self, texts, glossary=None):
+    def translate(self, texts, glossary=None, constraints=None):
         """Translates a list of str; returns `{"translation": [str], "score": [float]}`.
 
         Args:
@@ -309,13 +331,26 @@ class Translator(tf.Module):
                 one per text. The `translate_glossary` signature annotates the sources with it
                 (`keras_transformer.glossary`); the answer also holds `annotated` (bool per
                 text: the annotation was used). An empty glossary answers as `serve`.
+            constraints: None (`serve`), or hard constraints: one list of target-side terms
+                per text (`[["term", ...], ...]`, `[]` for none) that its translation must
+                hold (`translate_constrained`); the answer also holds `constraints_met` (bool
+                per text: false where they could not all be met, and the translation is then
+                the unconstrained one).
 
         Raises:
             ValueError: a glossary with a model whose vocabulary lacks the glossary tags (not
-                prepared with `data.terminology`).
+                prepared with `data.terminology`); both a glossary and constraints (annotate
+                the texts with `keras_transformer.glossary.annotate` to use both).
             keras_transformer.glossary.GlossaryError: a term refused (see `check_term`).
         """
         texts = [str(t) for t in texts]
+        if glossary is not None and constraints is not None:
+            raise ValueError(
+                "give a glossary or constraints, not both (for both: annotate the texts with "
+                "keras_transformer.glossary.annotate, then pass the constraints)"
+            )
+        if constraints is not None:
+            return self._translate_constrained_texts(texts, constraints)
         if glossary is None:
             out = self(texts)
             return {
@@ -350,6 +385,22 @@ class Translator(tf.Module):
             "annotated": annotated,
         }
 
+    def _translate_constrained_texts(self, texts, constraints):
+        """`translate(texts, constraints=...)`: `translate_constrained` on the rows padded."""
+        rows = [list(row) for row in constraints]
+        if len(rows) != len(texts):
+            raise ValueError(f"{len(texts)} texts but {len(rows)} rows of constraints")
+        width = max([1] + [len(row) for row in rows])
+        padded = [row + [""] * (width - len(row)) for row in rows]
+        out = self.translate_constrained(
+            tf.constant(texts, tf.string), tf.constant(padded, tf.string, [len(rows), width])
+        )
+        return {
+            "translation": [t.decode("utf-8", "replace") for t in out["translation"].numpy()],
+            "score": out["score"].numpy().tolist(),
+            "constraints_met": out["constraints_met"].numpy().tolist(),
+        }
+
     # ------------------------------------------------------------------ graph pieces
 
     def _tokenizer(self):
@@ -370,10 +421,11 @@ class Translator(tf.Module):
             tokenizer, text, self.max_source_length, ragged=True, eos_id=self.settings.eos_id
         )
 
-    def _search_chunk(self, source, prefix=None, seeds=None):
-        """Ragged int32 `[c, (tokens)]` (and prefixes, or int64 `[c]` sampling seeds) ->
-        (int32 `[c, K, T]` hypotheses, EOS then padding, float32 `[c, K]` scores, float32
-        `[c, K, T]` log p of each token), best first; `K` = the beam size (1 when sampling). The
+    def _search_chunk(self, source, prefix=None, seeds=None, constraints=None):
+        """Ragged int32 `[c, (tokens)]` (and prefixes, or int64 `[c]` sampling seeds, or
+        int32 `[c, C, P]` constraints) -> (int32 `[c, K, T]` hypotheses, EOS then padding,
+        float32 `[c, K]` scores, float32 `[c, K, T]` log p of each token, and with constraints
+        bool `[c]` whether they are met), best first; `K` = the beam size (1 when sampling). The
         token scores are tracked during the search (fast path `tracked_token_scores`), else None:
         `_token_log_probs` computes them by forced decoding."""
         pad_id = self.settings.pad_id
@@ -382,21 +434,22 @@ class Translator(tf.Module):
             source.to_tensor(default_value=pad_id),  # [c, s_len]
             None if prefix is None else prefix.to_tensor(default_value=pad_id),
             None if seeds is None else _fold_seeds(seeds),
+            constraints,
         )
         outputs = [tf.convert_to_tensor(x) for x in self._search(*self._shape_buckets(*inputs))]
         if self.jit_compile:  # drop the padding rows' answers
             outputs = [x[: tf.shape(inputs[0])[0]] for x in outputs]
-        ids, scores, token_scores = outputs
-        return ids, scores, (token_scores if tracked else None)
+        ids, scores, token_scores = outputs[:3]
+        return (ids, scores, (token_scores if tracked else None), *outputs[3:])
 
-    def _shape_buckets(self, source, prefix, seed):
+    def _shape_buckets(self, source, prefix, seed, constraints=None):
         """Under `jit_compile`, the chunk padded to a few shapes, so that XLA compiles a few
         programs: sources to the next source-length bucket (`length_buckets`, the lengths the
         warmup requests run) with padding (masked: the answers do not change), rows
         to the next power of two up to `batch_size` with copies of the first row (their answers
         are dropped). Otherwise the chunk as it is."""
         if not self.jit_compile:
-            return source, prefix, seed
+            return source, prefix, seed, constraints
         sizes = [1]
         while sizes[-1] < self.settings.batch_size:
             sizes.append(min(2 * sizes[-1], self.settings.batch_size))
@@ -408,11 +461,11 @@ class Translator(tf.Module):
         def padded(x):
             return None if x is None else tf.concat([x, tf.repeat(x[:1], extra, axis=0)], 0)
 
-        return padded(source), padded(prefix), padded(seed)
+        return padded(source), padded(prefix), padded(seed), padded(constraints)
 
-    def _search_ids(self, source, prefix, seed):
+    def _search_ids(self, source, prefix, seed, constraints=None):
         """`translate_ids`'s `DecodingResult` on padded int32 ids (`seed` None: search, else
-        sample)."""
+        sample; with `constraints`, its `ConstrainedResult`)."""
         # Only `translate_sample` samples; the other signatures search.
         settings = self.settings if seed is not None else self.settings.without_sampling()
         return translate_ids(
@@ -425,6 +478,7 @@ class Translator(tf.Module):
             seed=0 if seed is None else seed,
             kernels=self.kernels,
             shortlist=self.shortlist,
+            constraints=constraints,
         )
 
     def _token_log_probs(self, source, ids):
@@ -467,11 +521,12 @@ class Translator(tf.Module):
         )
         return tf.sigmoid(logit)
 
-    def _decode_chunk(self, tokenizer, source, keep, prefix=None, seeds=None):
+    def _decode_chunk(self, tokenizer, source, keep, prefix=None, seeds=None, constraints=None):
         """Ragged int32 `[c, (tokens)]` -> `(text [c, keep], score [c, keep], token_scores
         [c, keep, W], margin [c, keep], length [c, keep])` of the `keep` best hypotheses;
-        `W = max_target_length` (the widest output), token scores 0-padded."""
-        ids, scores, token_scores = self._search_chunk(source, prefix, seeds)  # [c, K, (T)]
+        `W = max_target_length` (the widest output), token scores 0-padded; with `constraints`
+        also `met` bool `[c]`."""
+        ids, scores, token_scores, *met = self._search_chunk(source, prefix, seeds, constraints)
         ids = ids[:, :keep]  # [c, keep, T]
         lengths = tf.reduce_sum(tf.cast(tf.not_equal(ids, self.settings.pad_id), tf.int32), -1)
         if token_scores is None:  # the plain form: one forced-decoding pass
@@ -485,7 +540,8 @@ class Translator(tf.Module):
         special = (self.settings.pad_id, self.settings.eos_id)
         is_text = tf.logical_and(tf.not_equal(flat, special[0]), tf.not_equal(flat, special[1]))
         text = tf.reshape(tokenizer.detokenize(tf.ragged.boolean_mask(flat, is_text)), [-1, keep])
-        return text, scores[:, :keep], token_scores, self._margins(scores, keep), lengths
+        margins = self._margins(scores, keep)
+        return (text, scores[:, :keep], token_scores, margins, lengths, *met)
 
     def _in_chunks(self, run_chunk, inputs, lengths, shapes):
         """Runs `run_chunk` on `batch_size` rows of `inputs` at a time, similar lengths together.
@@ -524,10 +580,11 @@ class Translator(tf.Module):
             results.append(tf.ensure_shape(tf.gather(values, inverse), [None, *row]))
         return results
 
-    def _hypotheses(self, text, keep, prefix=None, seeds=None):
+    def _hypotheses(self, text, keep, prefix=None, seeds=None, constraints=None):
         """`{text, score, token_scores, margin, length, confidence}` of the `keep` best
         hypotheses of every input, `[n, keep, ...]`; token scores cut to the longest output of
-        the request. `seeds` (int64 `[n]`) samples instead of searching."""
+        the request. `seeds` (int64 `[n]`) samples instead of searching; `constraints`
+        (tf.string `[n, C]`) constrains the search and adds `constraints_met` bool `[n]`."""
         tokenizer = self._tokenizer()
         source = self._source_ids(tokenizer, text)  # [n, (tokens)]
         extra = {}  # the chunks' other inputs, rows sorted and cut as the sources
@@ -535,9 +592,13 @@ class Translator(tf.Module):
             extra["prefix"] = self._prefix_ids(tokenizer, prefix)
         if seeds is not None:
             extra["seeds"] = seeds
+        met_shape = ()
+        if constraints is not None:
+            extra["constraints"] = self._constraint_ids(tokenizer, constraints)
+            met_shape = ((tf.bool, []),)
         inputs = (source, *extra.values())
         width = self.max_target_length
-        text, score, token_scores, margin, lengths = self._in_chunks(
+        text, score, token_scores, margin, lengths, *met = self._in_chunks(
             lambda *part: self._decode_chunk(
                 tokenizer, part[0], keep, **dict(zip(extra, part[1:]))
             ),
@@ -549,6 +610,7 @@ class Translator(tf.Module):
                 (tf.float32, [keep, width]),
                 (tf.float32, [keep]),
                 (tf.int32, [keep]),
+                *met_shape,
             ),
         )
         longest = tf.reduce_max(tf.concat([tf.reshape(lengths, [-1]), [0]], 0))
@@ -560,6 +622,7 @@ class Translator(tf.Module):
             "margin": margin,
             "length": lengths,
             "confidence": self._confidence(score, margin),
+            **({"constraints_met": met[0]} if met else {}),
         }
 
     def _translate(self, text):
@@ -590,6 +653,26 @@ class Translator(tf.Module):
             room = min(room, self.max_length - 1)
         return tokenizer.tokenize(prefix)[:, : max(room, 0)]
 
+    def _constraint_ids(self, tokenizer, constraints):
+        """tf.string `[n, C]` -> int32 `[n, C', P]`, each constraint's pieces 0-padded (`C'`,
+        `P` at least 1). Invalid UTF-8 becomes U+FFFD; a constraint with a piece unknown to the
+        vocabulary is unmeetable; "" is no constraint. A constraint is cut to
+        `max_target_length` pieces: one that long is unmeetable all the same (EOS must fit)."""
+        constraints = tf.strings.unicode_transcode(
+            constraints, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
+        )
+        shape = tf.shape(constraints)  # [n, C]
+        pieces = tokenizer.tokenize(tf.reshape(constraints, [-1]))  # [n * C, (pieces)]
+        # A piece the vocabulary lacks never appears in an output: BOS, which is never
+        # generated either, makes its constraint unmeetable (flagged, answered unconstrained).
+        pieces = tf.ragged.map_flat_values(
+            lambda x: tf.where(tf.equal(x, UNK_ID), self.settings.bos_id, x), pieces
+        )
+        pieces = pieces[:, : self.max_target_length].to_tensor(default_value=0)  # [n * C, P]
+        ids = tf.reshape(pieces, [shape[0], shape[1], -1])
+        at_least_one = tf.maximum(1 - tf.shape(ids), 0)  # C' and P at least 1
+        return tf.pad(ids, [[0, 0], [0, at_least_one[1]], [0, at_least_one[2]]])
+
     @staticmethod
     def _same_size(signature, text, other, name, what):
         """`text`, once checked to have as many rows as `other`: unequal sizes are the caller's
@@ -606,6 +689,21 @@ class Translator(tf.Module):
         text = self._same_size("translate_prefix", text, prefix, "prefix", "strings")
         out = self._hypotheses(text, 1, prefix)
         return {"translation": out["text"][:, 0], "score": out["score"][:, 0]}
+
+    def _translate_constrained(self, text, constraints):
+        rows = tf.debugging.Assert(
+            tf.equal(tf.size(text), tf.shape(constraints)[0]),
+            ["translate_constrained: text has", tf.size(text), "strings but constraints has",
+             tf.shape(constraints)[0], "rows; they must be the same"],
+        )  # fmt: skip
+        with tf.control_dependencies([rows]):
+            text = tf.identity(text)
+        out = self._hypotheses(text, 1, constraints=constraints)
+        return {
+            "translation": out["text"][:, 0],
+            "score": out["score"][:, 0],
+            "constraints_met": out["constraints_met"],
+        }
 
     def _translate_sample(self, text, seed):
         text = self._same_size("translate_sample", text, seed, "seed", "seeds")
