@@ -112,9 +112,10 @@ def export_saved_model(
     """Exports `Translator(model, tokenizer)` as the next version of `base_dir/name`.
 
     The SavedModel has four signatures (five with sampling; see `Translator`): `serving_default`
-    (text -> translation, score, token_scores, confidence), `translate_nbest` (text -> translations,
-    scores, token_scores, confidence, `[batch, n_best, ...]`), `translate_prefix` (text, prefix
-    -> translation, score) and `score` (source, target -> log_probability, length).
+    (text -> translation, score, token_scores, confidence, alignment), `translate_nbest` (text
+    -> translations, scores, token_scores, confidence, `[batch, n_best, ...]`),
+    `translate_prefix` (text, prefix -> translation, score) and `score` (source, target ->
+    log_probability, length).
     `assets.extra/` holds `keras_transformer.json` (the signatures and decoding settings),
     the model card (`model_card.json`, `model_card.md`: `card_facts`, the decoding settings,
     the confidence's calibration and the decoding speed measured here on `dev_pairs`) and
@@ -294,6 +295,8 @@ def _write_metadata(export_dir, translator, name):
         "signature": SIGNATURE_KEY,
         "inputs": {"text": "string [batch]"},
         "outputs": {"translation": "string [batch]", "score": "float32 [batch]"},
+        # The decoder layer whose cross-attention gives serving_default's `alignment`.
+        "alignment_layer": translator.alignment_layer,
         "signatures": {
             SIGNATURE_KEY: {
                 "inputs": {"text": "string [batch]"},
@@ -302,6 +305,7 @@ def _write_metadata(export_dir, translator, name):
                     "score": "float32 [batch]",
                     "token_scores": "float32 [batch, length]",
                     "confidence": "float32 [batch]",
+                    "alignment": "int32 [batch, words]",
                 },
             },
             "translate_nbest": {
