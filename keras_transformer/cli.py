@@ -204,6 +204,19 @@ def _add_translate_command(sub, common):
     p.add_argument(
         "--seed", type=int, help="sampling: seed of the run (default 0); same seed, same output"
     )
+    p.add_argument(
+        "--alignments",
+        action="store_true",
+        help="after each translation a tab and its word alignment, Moses-style 'i-j' pairs "
+        "(source word i, target word j; serving_default's alignment output)",
+    )
+    p.add_argument(
+        "--markup",
+        choices=("html", "xml"),
+        default=None,
+        help="the inputs carry HTML or XML tags: the plain text is translated and the tags put "
+        "back around the aligned words (malformed markup: plain text and a warning)",
+    )
     p.add_argument("text", nargs="*", help="sentences; stdin lines when none are given")
     p.set_defaults(func=commands.translate_command)
 

@@ -139,6 +139,8 @@ def translator(copy_model, toy_spm_bytes):
     )
 
 
+@pytest.mark.scenario
+@pytest.mark.numerics
 def test_alignment_is_the_argmax_of_the_models_cross_attention(translator, copy_model):
     import tensorflow as tf
 
@@ -316,3 +318,59 @@ def test_translator_carries_markup_through_a_copy_model(translator):
     assert out == ["red <b>apple</b> cat", "<i>dog <br/>fish</i> bird", "blue green"]
     marked, pairs = translator.translate("red <b>apple</b>", alignments=True, markup="html")
     assert (marked, pairs) == ("red <b>apple</b>", [(0, 0), (1, 1)])
+
+
+# ------------------------------------------------------------------ SavedModel and CLI
+
+
+@pytest.mark.scenario
+def test_serving_default_serves_the_alignment_and_keeps_its_other_outputs(exported_copy_model):
+    import json
+    import os
+
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401
+
+    translator, path = exported_copy_model
+    serve = tf.saved_model.load(path).signatures["serving_default"]
+    texts = tf.constant([*fx.NORMAL, *fx.HOSTILE[:2]])
+    out = serve(text=texts)
+    assert out["alignment"].dtype == tf.int32
+    reference = translator(texts)
+    assert set(out) == set(reference)
+    for key in ("translation", "alignment"):
+        np.testing.assert_array_equal(out[key].numpy(), reference[key].numpy())
+    # The other outputs are those of the search alone (the alignment pass adds, changes nothing).
+    plain = translator._hypotheses(texts, 1)
+    np.testing.assert_array_equal(out["translation"].numpy(), plain["text"][:, 0].numpy())
+    np.testing.assert_array_equal(out["score"].numpy(), plain["score"][:, 0].numpy())
+    np.testing.assert_array_equal(out["token_scores"].numpy(), plain["token_scores"][:, 0].numpy())
+    for k, text in enumerate(fx.NORMAL):  # the copy model copies, word for word
+        n = len(text.split())
+        assert out["alignment"][k, :n].numpy().tolist() == list(range(n))
+    with open(os.path.join(path, "assets.extra", "keras_transformer.json")) as f:
+        metadata = json.load(f)
+    assert metadata["alignment_layer"] == 0
+    assert metadata["signatures"]["serving_default"]["outputs"]["alignment"].startswith("int32")
+
+
+def test_cli_prints_moses_alignments_and_carries_markup(model_base_dir, run_cli):
+    code, out, err = run_cli(
+        "translate", "--model", model_base_dir, "--alignments", "red apple cat", "blue"
+    )
+    assert code == 0, err
+    assert out.splitlines() == ["red apple cat\t0-0 1-1 2-2", "blue\t0-0"]
+    code, out, err = run_cli(
+        "translate", "--model", model_base_dir, "--markup", "html",
+        "red <b>apple</b> cat", "dog <i>fish", "blue<br>green",
+    )  # fmt: skip
+    assert code == 0, err
+    assert out.splitlines() == ["red <b>apple</b> cat", "dog fish", "blue <br>green"]
+    assert err.strip().splitlines() == ["warning: malformed markup translated as plain text: "
+                                        "<i> is never closed"]  # fmt: skip
+
+
+@pytest.mark.parametrize("flags", [["--n-best", "2"], ["--prefix", "red"], ["--seed", "1"]])
+def test_cli_alignments_refuse_other_signatures(model_base_dir, run_cli, flags):
+    code, _, err = run_cli("translate", "--model", model_base_dir, "--alignments", *flags, "x")
+    assert code == 2 and "cannot be combined" in err and "Traceback" not in err

@@ -65,6 +65,20 @@ def translate_request(args):
     return TranslateRequest(batch_size, n_best, prefix, sampling, chunk_lines)
 
 
+def alignment_request(args):
+    """`(alignments, markup)` of `translate --alignments/--markup` (False, None: neither);
+    `UsageError` with the flags that pick another signature."""
+    alignments, markup = bool(getattr(args, "alignments", False)), getattr(args, "markup", None)
+    if alignments or markup is not None:
+        others = {"--n-best": "n_best", "--prefix": "prefix", "--seed": "seed"}
+        others.update({flag: key for key, flag in SAMPLING_FLAGS.items()})
+        for flag, key in others.items():
+            if getattr(args, key, None) is not None:
+                asked = "--alignments" if alignments else "--markup"
+                raise UsageError(f"{asked} cannot be combined with {flag} (serving_default only)")
+    return alignments, markup
+
+
 def _file_flags(args):
     """`--chunk-lines` of a file translation, once the flags that go with `--input` are
     checked."""
