@@ -5,16 +5,20 @@ The alignments themselves come from the model (`Translator`'s `alignment` output
 docs/guides/alignments-markup.md). Here a word alignment is a set of `(source word, target
 word)` index pairs, words being the whitespace-separated words of each side.
 
-Measure a SavedModel's AER on the synthetic set (`keras-transformer quickstart` trains one):
+Measure a SavedModel's AER and markup transfer on the synthetic set (the quickstart's export):
 
     python -m keras_transformer.alignment saved_models/quickstart --size 200
 """
 
 import argparse
+import re
 import sys
+from collections import Counter
 
 from keras_transformer.data.synthetic import CONJUNCTION, TARGET_CONJUNCTION, _inflect, generate
 from keras_transformer.data.synthetic import lexicon as synthetic_lexicon
+
+_START_TAG = re.compile(r"<[^/!?][^>]*>")
 
 
 def format_pairs(pairs):
@@ -121,12 +125,73 @@ def synthetic_alignment_set(size=200, seed=1, split="test", max_words=12):
     return chosen
 
 
+def synthetic_markup_set(size=200, seed=1):
+    """`size` synthetic HTML sentences with their known answers: `[(source markup, target,
+    pairs, expected)]`, `expected` mapping each paired tag's start tag (`<b id=k>`, unique) to
+    the target words `(first, stop)` it must wrap, or None where the words aligned to the
+    source words it wraps are not contiguous in the target (no single right answer). Each
+    sentence has one to three elements (one of them nested in another now and then) and a
+    `<br/>` now and then."""
+    import random
+
+    rng = random.Random(seed)
+    items = []
+    for source, target, pairs in synthetic_alignment_set(size, seed):
+        words = source.split()
+        n = len(words)
+        opens, closes, expected = [[] for _ in range(n)], [[] for _ in range(n)], {}
+        start, tag = 0, 0
+        while start < n and tag < 3:
+            first = rng.randrange(start, n)
+            stop = min(n, first + rng.randint(1, 3))
+            spans = [(first, stop)]
+            if stop - first > 1 and rng.random() < 0.5:  # a child inside
+                inner = rng.randrange(first, stop)
+                spans.append((inner, inner + 1))
+            for a, b in spans:
+                name = rng.choice(("b", "i", "span"))
+                start_tag = f"<{name} id={tag}>"
+                tag += 1
+                opens[a].append(start_tag)
+                closes[b - 1].insert(0, f"</{name}>")
+                targets = sorted(j for i, j in pairs if a <= i < b)
+                contiguous = targets == list(range(targets[0], targets[-1] + 1))
+                expected[start_tag] = (targets[0], targets[-1] + 1) if contiguous else None
+            start = stop + 1
+        if rng.random() < 0.3:
+            opens[rng.randrange(n)].insert(0, "<br/>")
+        text = " ".join("".join(opens[i]) + w + "".join(closes[i]) for i, w in enumerate(words))
+        items.append((text, target, pairs, expected))
+    return items
+
+
+def markup_scores(outputs, items, kind="html"):
+    """How well `outputs` (a marked-up translation per item of `synthetic_markup_set`, of its
+    reference target) kept the markup: `{"kept": share of sentences with every tag exactly
+    once and properly nested, "right_words": share of the tags with a known answer that wrap
+    exactly the right target words}`."""
+    from keras_transformer.markup import MarkupError, element_words
+
+    kept = right = known = 0
+    for output, (source, _, _, expected) in zip(outputs, items, strict=True):
+        try:
+            spans = element_words(output, kind)
+        except MarkupError:
+            continue  # not properly nested
+        kept += Counter(_START_TAG.findall(output)) == Counter(_START_TAG.findall(source))
+        for start_tag, words in expected.items():
+            if words is not None:
+                known += 1
+                right += spans.get(start_tag) == words
+    return {"kept": kept / max(len(items), 1), "right_words": right / max(known, 1)}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m keras_transformer.alignment",
-        description="AER of a SavedModel's attention alignments on the synthetic set "
-        "(against the reference alignment, scored on the reference target words; a pair is "
-        "counted only where the model's translation equals the reference)",
+        description="AER of a SavedModel's attention alignments and its markup transfer on the "
+        "synthetic set (scored where the model's translation equals the reference, whose "
+        "alignment is known)",
     )
     parser.add_argument("model", help="a SavedModel directory (keras-transformer export)")
     parser.add_argument("--size", type=int, default=200)
@@ -135,21 +200,28 @@ def main(argv=None):
     import tensorflow as tf
 
     from keras_transformer.commands.signatures import load_signature
+    from keras_transformer.markup import strip_markup, transfer_tags
 
     loaded, _, serve = load_signature(args.model)
-    data = synthetic_alignment_set(args.size, args.seed)
-    out = serve(text=tf.constant([source for source, _, _ in data]))
-    predicted, sure, exact = [], [], 0
-    for (_, target, pairs), translation, row in zip(
-        data, out["translation"].numpy(), out["alignment"].numpy().tolist()
+    items = synthetic_markup_set(args.size, args.seed)  # the alignment set, tags added
+    out = serve(text=tf.constant([strip_markup(text) for text, _, _, _ in items]))
+    predicted, sure, outputs, exact = [], [], [], []
+    for item, translation, row in zip(
+        items, out["translation"].numpy(), out["alignment"].numpy().tolist()
     ):
-        if translation.decode("utf-8", "replace").split() != target.split():
+        if translation.decode("utf-8", "replace").split() != item[1].split():
             continue  # another translation: its words are not the reference's
-        exact += 1
+        exact.append(item)
         predicted.append([(i, j) for j, i in enumerate(row) if i >= 0])
-        sure.append(pairs)
+        sure.append(item[2])
+        outputs.append(transfer_tags(item[0], item[1], row))
     aer = alignment_error_rate(predicted, sure)
-    print(f"AER {aer:.4f} on {exact} of {len(data)} pairs translated exactly")
+    scores = markup_scores(outputs, exact)
+    print(
+        f"{len(exact)} of {len(items)} pairs translated exactly; on them: AER {aer:.4f}, "
+        f"markup kept {scores['kept']:.1%}, tags around the right words "
+        f"{scores['right_words']:.1%}"
+    )
     return 0
 
 

@@ -156,6 +156,21 @@ def plain_text(text, kind="html"):
         return " ".join(html.unescape(re.sub(r"<[^>]*>?", " ", text)).split())
 
 
+def element_words(text, kind="html"):
+    """`{start tag as written: (first, stop)}`: the words `[first, stop)` of `text`'s plain
+    text (`strip_markup`) that each of its paired elements wraps (a start tag written twice:
+    the last one's). `MarkupError` if the markup is malformed."""
+    plain, root = _parse(text, kind)
+    _source_words(root, _word_spans(plain))
+    found, stack = {}, list(root.children)
+    while stack:
+        element = stack.pop()
+        if not element.void:
+            found[element.start] = element.words
+        stack.extend(element.children)
+    return found
+
+
 def _source_words(element, spans):
     """Sets `element.words`, the source word indices `[first, stop)` its span covers (void:
     the index of the word after it), for it and its descendants."""
@@ -179,6 +194,7 @@ def _place(element, alignment, n):
     """Sets `element.span`, the target gaps `[a, b)` it should wrap (before `_nest`)."""
     first, stop = element.words
     targets = [j for j, i in enumerate(alignment) if first <= i < stop]
+    element.targets = set(targets)
     if targets:
         element.span = (min(targets), max(targets) + 1)
     else:  # before the target word aligned to the source word after it (or a later one)
@@ -191,18 +207,61 @@ def _place(element, alignment, n):
 
 
 def _nest(children, low, high):
-    """Makes the spans of `children` (siblings) proper inside `[low, high)`: ordered by where
-    they start in the translation, clipped to the parent and cut apart from one another."""
-    children.sort(key=lambda c: c.span)
+    """Makes the spans of `children` (siblings) proper inside `[low, high)`: the elements
+    ordered by where they start in the translation, clipped to the parent and cut apart from
+    one another; a void child that falls inside a sibling's words moves into that sibling."""
+    paired = sorted((c for c in children if not c.void), key=lambda c: c.span)
+    for child in paired:
+        child.span = (min(max(child.span[0], low), high), min(max(child.span[1], low), high))
+    _part_overlaps(paired)
+    paired.sort(key=lambda c: c.span)
     cursor = low
-    for k, child in enumerate(children):
+    for k, child in enumerate(paired):
         a = min(max(child.span[0], cursor), high)
         # A sibling that starts later inside this one's span ends this one there.
-        later = [c.span[0] for c in children[k + 1 :] if c.span[0] > a]
-        b = min(max(child.span[1], a), high, *later[:1])
-        child.span = (a, b)
-        _nest(child.children, a, b)
-        cursor = b
+        later = [c.span[0] for c in paired[k + 1 :] if c.span[0] > a]
+        child.span = (a, min(max(child.span[1], a), high, *later[:1]))
+        cursor = child.span[1]
+    for child in [c for c in children if c.void]:
+        gap = min(max(child.span[0], low), high)
+        child.span = (gap, gap)
+        host = next((c for c in paired if c.span[0] < gap < c.span[1]), None)
+        if host is not None:
+            children.remove(child)
+            host.children.append(child)
+    for child in paired:
+        _nest(child.children, *child.span)
+    children.sort(key=lambda c: c.span)
+
+
+def _kept(element, span):
+    """How many of the aligned target words of `element` and its descendants (each counted
+    for every element it belongs to) lie inside `span`."""
+    inside = sum(span[0] <= j < span[1] for j in element.targets)
+    return inside + sum(_kept(c, span) for c in element.children if not c.void)
+
+
+def _part_overlaps(paired):
+    """Parts siblings whose spans overlap, one pair at a time, by the cut that keeps the most
+    aligned words inside their tags: the first one ends where the second starts, starts where
+    the second ends, or the second starts where the first ends (ties: in that order)."""
+    for _ in range(len(paired) ** 2 + 1):
+        paired.sort(key=lambda c: c.span)
+        pair = next(
+            ((x, y) for k, x in enumerate(paired) for y in paired[k + 1 :]
+             if x.span[1] > y.span[0] and y.span[1] > x.span[0] and x.span[0] < x.span[1]
+             and y.span[0] < y.span[1]),
+            None,
+        )  # fmt: skip
+        if pair is None:
+            return
+        x, y = pair
+        (xa, xb), (ya, yb) = x.span, y.span
+        options = [((xa, ya), y.span), ((max(yb, xa), max(xb, yb)), y.span)]
+        options.append((x.span, (xb, max(xb, yb))))
+        x.span, y.span = max(options, key=lambda o: _kept(x, o[0]) + _kept(y, o[1]))
+        if x.span == options[1][0] and xb <= yb:  # nothing of x after y: empty, after it
+            x.span = (yb, yb)
 
 
 def _render(children, words, low, high, out):

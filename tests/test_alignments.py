@@ -354,6 +354,7 @@ def test_serving_default_serves_the_alignment_and_keeps_its_other_outputs(export
     assert metadata["signatures"]["serving_default"]["outputs"]["alignment"].startswith("int32")
 
 
+@pytest.mark.scenario
 def test_cli_prints_moses_alignments_and_carries_markup(model_base_dir, run_cli):
     code, out, err = run_cli(
         "translate", "--model", model_base_dir, "--alignments", "red apple cat", "blue"
@@ -374,3 +375,19 @@ def test_cli_prints_moses_alignments_and_carries_markup(model_base_dir, run_cli)
 def test_cli_alignments_refuse_other_signatures(model_base_dir, run_cli, flags):
     code, _, err = run_cli("translate", "--model", model_base_dir, "--alignments", *flags, "x")
     assert code == 2 and "cannot be combined" in err and "Traceback" not in err
+
+
+def test_synthetic_markup_keeps_every_tag_around_the_right_words_with_true_alignments():
+    from keras_transformer.alignment import markup_scores, synthetic_markup_set
+    from keras_transformer.markup import element_words
+
+    items = synthetic_markup_set(200, seed=1)
+    assert len(items) == 200 and sum("<br/>" in text for text, _, _, _ in items) > 20
+    for text, _, _, expected in items[:20]:
+        assert set(element_words(text)) == set(expected)
+    outputs = [transfer_tags(text, target, pairs) for text, target, pairs, _ in items]
+    scores = markup_scores(outputs, items)
+    assert scores["kept"] == 1.0  # every tag exactly once, properly nested
+    assert scores["right_words"] >= 0.95  # 0.98: a parent with a gap can push a child out
+    broken = [*outputs[:10], outputs[10].replace("</", "<", 1)]
+    assert markup_scores(broken, items[:11])["kept"] < 1.0
