@@ -11,9 +11,9 @@ wrapped (the word alignments of `Translator`'s `alignment` output).
 Words are the whitespace-separated words of the plain text and of the translation. A pair of
 tags wraps every source word whose characters it covers, even in part. In the translation it
 wraps the span from the first to the last target word aligned to one of those words, so every
-tag appears exactly once and elements nest properly: a child stays inside its parent and
-siblings that would overlap are cut apart (one that starts inside another's span ends that
-one there).
+tag appears exactly once and elements nest properly: a child stays inside its parent, and of
+two siblings that would overlap one is cut short, by the cut that keeps the most aligned words
+inside their tags.
 An element with no aligned target word, a self-closing tag (`<br/>`, and in HTML the void
 elements such as `<img>` written without the slash), a comment or a declaration goes before the
 target word aligned to the source word after it (at the end when there is none). The text is
