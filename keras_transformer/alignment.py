@@ -26,16 +26,6 @@ def format_pairs(pairs):
     return " ".join(f"{i}-{j}" for i, j in pairs)
 
 
-def parse_pairs(text):
-    """`"i-j i-j"` -> `[(i, j), ...]` (`format_pairs`' inverse; `i?j` possible links read as
-    `i-j`)."""
-    pairs = []
-    for link in text.split():
-        i, j = link.replace("?", "-").split("-")
-        pairs.append((int(i), int(j)))
-    return pairs
-
-
 def alignment_error_rate(predicted, sure, possible=None):
     """Och and Ney's (2003) alignment error rate over a corpus, in [0, 1] (0: perfect).
 
@@ -198,11 +188,13 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (registers the SentencePiece ops the graph uses)
 
-    from keras_transformer.commands.signatures import load_signature
+    from keras_transformer.export.saved_model import resolve_model_dir
     from keras_transformer.markup import strip_markup, transfer_tags
 
-    loaded, _, serve = load_signature(args.model)
+    loaded = tf.saved_model.load(resolve_model_dir(args.model))
+    serve = loaded.signatures["serving_default"]
     items = synthetic_markup_set(args.size, args.seed)  # the alignment set, tags added
     out = serve(text=tf.constant([strip_markup(text) for text, _, _, _ in items]))
     predicted, sure, outputs, exact = [], [], [], []

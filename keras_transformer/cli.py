@@ -204,6 +204,13 @@ def _add_translate_command(sub, common):
     p.add_argument(
         "--seed", type=int, help="sampling: seed of the run (default 0); same seed, same output"
     )
+    _alignment_flags(p)
+    p.add_argument("text", nargs="*", help="sentences; stdin lines when none are given")
+    p.set_defaults(func=commands.translate_command)
+
+
+def _alignment_flags(p):
+    """`translate --alignments` and `--markup` (serving_default's alignment output)."""
     p.add_argument(
         "--alignments",
         action="store_true",
@@ -217,8 +224,6 @@ def _add_translate_command(sub, common):
         help="the inputs carry HTML or XML tags: the plain text is translated and the tags put "
         "back around the aligned words (malformed markup: plain text and a warning)",
     )
-    p.add_argument("text", nargs="*", help="sentences; stdin lines when none are given")
-    p.set_defaults(func=commands.translate_command)
 
 
 def _add_model_commands(sub, common):

@@ -288,15 +288,12 @@ def _write_metadata(export_dir, translator, name):
     # assets.extra/ travels with the SavedModel and is ignored by the loaders.
     extra = os.path.join(export_dir, "assets.extra")
     tf.io.gfile.makedirs(extra)
-    settings = translator.settings
-    k = settings.hypotheses
+    settings, k = translator.settings, translator.settings.hypotheses
     metadata = {
         "name": str(name),
         "signature": SIGNATURE_KEY,
         "inputs": {"text": "string [batch]"},
         "outputs": {"translation": "string [batch]", "score": "float32 [batch]"},
-        # The decoder layer whose cross-attention gives serving_default's `alignment`.
-        "alignment_layer": translator.alignment_layer,
         "signatures": {
             SIGNATURE_KEY: {
                 "inputs": {"text": "string [batch]"},
