@@ -353,7 +353,7 @@ def test_serving_default_serves_the_alignment_and_keeps_its_other_outputs(export
 
 
 @pytest.mark.scenario
-def test_cli_prints_moses_alignments_and_carries_markup(model_base_dir, run_cli):
+def test_cli_prints_moses_alignments_and_carries_markup(model_base_dir, run_cli, tmp_path):
     code, out, err = run_cli(
         "translate", "--model", model_base_dir, "--alignments", "red apple cat", "blue"
     )
@@ -367,6 +367,14 @@ def test_cli_prints_moses_alignments_and_carries_markup(model_base_dir, run_cli)
     assert out.splitlines() == ["red <b>apple</b> cat", "dog fish", "blue <br>green"]
     assert err.strip().splitlines() == ["warning: malformed markup translated as plain text: "
                                         "<i> is never closed"]  # fmt: skip
+    source, target = tmp_path / "in.html", tmp_path / "out.html"
+    source.write_text("red <b>apple</b> cat\n<i>blue</i> green\n")
+    argv = ["translate", "--model", model_base_dir, "--input", str(source), "--output"]
+    code, _, err = run_cli(*argv, str(target), "--markup", "html", "--alignments")
+    assert code == 0, err
+    assert target.read_text().splitlines() == [
+        "red <b>apple</b> cat\t0-0 1-1 2-2", "<i>blue</i> green\t0-0 1-1",
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize("flags", [["--n-best", "2"], ["--prefix", "red"], ["--seed", "1"]])

@@ -84,6 +84,9 @@ def _translate_file(args, request):
 
         model = resolve_model_dir(model)
     model = os.path.realpath(model)
+    alignments, markup = flags.alignment_request(args)
+    if alignments or markup is not None:  # other lines: a resume must ask for them again
+        model += "".join([" --alignments"] * alignments + [f" --markup {markup}"] * bool(markup))
     result = translate_file(
         rows, args.input, args.output, request.batch_size, request.chunk_lines, model, n_best or 1
     )
