@@ -292,13 +292,7 @@ def _add_export_command(sub, common):
         help="model name: BASE_DIR/NAME/VERSION (default: export.name, else the workdir's "
         "last part)",
     )
-    p.add_argument("--beam-size", type=int, help="beam size fixed in the SavedModel")
-    p.add_argument("--alpha", type=float, help="length-penalty exponent fixed in the SavedModel")
-    p.add_argument(
-        "--n-best", type=int, help="hypotheses per input of translate_nbest (<= beam size)"
-    )
-    p.add_argument("--max-extra-length", type=int, help="outputs stop at source length + this")
-    _sampling_flags(p, "adds the translate_sample signature; default decode.sampling_*")
+    _export_decoding_flags(p)
     p.add_argument(
         "--jit-compile",
         action=argparse.BooleanOptionalAction,
@@ -327,7 +321,31 @@ def _add_export_command(sub, common):
         "the shortlist command), or not (default: the workdir's export.shortlist); SavedModel "
         "only",
     )
+    _export_alignment_flag(p)
     p.set_defaults(func=commands.export_command, stops_safely=True)
+
+
+def _export_decoding_flags(p):
+    """`export`'s decoding settings fixed in the SavedModel."""
+    p.add_argument("--beam-size", type=int, help="beam size fixed in the SavedModel")
+    p.add_argument("--alpha", type=float, help="length-penalty exponent fixed in the SavedModel")
+    p.add_argument(
+        "--n-best", type=int, help="hypotheses per input of translate_nbest (<= beam size)"
+    )
+    p.add_argument("--max-extra-length", type=int, help="outputs stop at source length + this")
+    _sampling_flags(p, "adds the translate_sample signature; default decode.sampling_*")
+
+
+def _export_alignment_flag(p):
+    """`export --alignments`: serving_default's alignment output (`export.alignments`)."""
+    p.add_argument(
+        "--alignments",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="serving_default also returns the word alignment (for translate --alignments and "
+        "--markup; one more forward pass per request), or not (default: the workdir's "
+        "export.alignments, off); SavedModel only",
+    )
 
 
 def _add_shortlist_command(sub, common):

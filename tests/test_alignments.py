@@ -134,7 +134,11 @@ def translator(copy_model, toy_spm_bytes):
     from keras_transformer.export import Translator
 
     return Translator(
-        copy_model, toy_spm_bytes, max_source_length=fx.MAX_SOURCE_LENGTH, **fx.EXPORT_DECODE
+        copy_model,
+        toy_spm_bytes,
+        max_source_length=fx.MAX_SOURCE_LENGTH,
+        alignments=True,
+        **fx.EXPORT_DECODE,
     )
 
 
@@ -187,6 +191,16 @@ def test_alignment_layer_is_checked(copy_model, toy_spm_bytes):
     assert Translator(copy_model, toy_spm_bytes).alignment_layer == 0  # one layer: -2 -> 0
     with pytest.raises(ValueError, match="alignment_layer 3"):
         Translator(copy_model, toy_spm_bytes, alignment_layer=3)
+
+
+@pytest.mark.parametrize("asked", [{"alignments": True}, {"markup": "html"}])
+def test_translate_without_alignments_names_the_export_option(copy_model, toy_spm_bytes, asked):
+    from keras_transformer.export import Translator
+
+    translator = Translator(copy_model, toy_spm_bytes, max_source_length=fx.MAX_SOURCE_LENGTH)
+    assert not translator.alignments  # off by default
+    with pytest.raises(ValueError, match=r"alignments=True .*export --alignments"):
+        translator.translate(["red apple"], **asked)
 
 
 # ------------------------------------------------------------------ AER and the synthetic set
@@ -322,16 +336,30 @@ def test_translator_carries_markup_through_a_copy_model(translator):
 # ------------------------------------------------------------------ SavedModel and CLI
 
 
+@pytest.fixture(scope="module")
+def aligned_export(copy_model, toy_spm_bytes, tmp_path_factory):
+    """The path of `copy_model` exported with `alignments=True` (`saved_models/toy/1`, the
+    decoding settings of the default export `exported_copy_model`; confidence uncalibrated)."""
+    from keras_transformer.export import export_saved_model
+
+    base_dir = str(tmp_path_factory.mktemp("aligned") / "saved_models")
+    return export_saved_model(
+        copy_model, toy_spm_bytes, fx.EXPORT_DECODE, fx.EXPORT_DATA, base_dir, "toy",
+        alignments=True,
+    )  # fmt: skip
+
+
 @pytest.mark.scenario
-def test_serving_default_serves_the_alignment_and_keeps_its_other_outputs(exported_copy_model):
+def test_serving_default_serves_the_alignment_and_keeps_its_other_outputs(
+    aligned_export, translator
+):
     import json
     import os
 
     import tensorflow as tf
     import tensorflow_text  # noqa: F401
 
-    translator, path = exported_copy_model
-    serve = tf.saved_model.load(path).signatures["serving_default"]
+    serve = tf.saved_model.load(aligned_export).signatures["serving_default"]
     texts = tf.constant([*fx.NORMAL, *fx.HOSTILE[:2]])
     out = serve(text=texts)
     assert out["alignment"].dtype == tf.int32
@@ -347,13 +375,55 @@ def test_serving_default_serves_the_alignment_and_keeps_its_other_outputs(export
     for k, text in enumerate(fx.NORMAL):  # the copy model copies, word for word
         n = len(text.split())
         assert out["alignment"][k, :n].numpy().tolist() == list(range(n))
-    with open(os.path.join(path, "assets.extra", "keras_transformer.json")) as f:
+    with open(os.path.join(aligned_export, "assets.extra", "keras_transformer.json")) as f:
         metadata = json.load(f)
+    assert metadata["alignments"] is True
     assert metadata["signatures"]["serving_default"]["outputs"]["alignment"].startswith("int32")
 
 
 @pytest.mark.scenario
-def test_cli_prints_moses_alignments_and_carries_markup(model_base_dir, run_cli, tmp_path):
+def test_default_export_has_no_alignment_and_the_same_other_outputs(
+    exported_copy_model, aligned_export
+):
+    import json
+    import os
+
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401
+
+    _, path = exported_copy_model  # exported with the defaults: no alignments
+    serve = tf.saved_model.load(path).signatures["serving_default"]
+    assert set(serve.structured_outputs) == {"translation", "score", "token_scores", "confidence"}
+    aligned = tf.saved_model.load(aligned_export).signatures["serving_default"]
+    texts = tf.constant([*fx.NORMAL, *fx.HOSTILE])
+    out, with_alignment = serve(text=texts), aligned(text=texts)
+    assert set(with_alignment) - set(out) == {"alignment"}
+    np.testing.assert_array_equal(out["translation"].numpy(), with_alignment["translation"].numpy())
+    for key in ("score", "token_scores"):
+        np.testing.assert_allclose(out[key].numpy(), with_alignment[key].numpy(), atol=1e-6)
+    with open(os.path.join(path, "assets.extra", "keras_transformer.json")) as f:
+        metadata = json.load(f)
+    assert metadata["alignments"] is False
+    assert "alignment" not in metadata["signatures"]["serving_default"]["outputs"]
+
+
+@pytest.mark.scenario
+@pytest.mark.parametrize("flag", [["--alignments"], ["--markup", "xml"]])
+def test_cli_alignments_of_a_model_exported_without_them_is_a_usage_error(
+    model_base_dir, run_cli, flag
+):
+    code, out, err = run_cli("translate", "--model", model_base_dir, *flag, "red apple")
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert "exported without word alignments" in err and "export it with --alignments" in err
+    assert "export.alignments: true" in err
+
+
+@pytest.mark.scenario
+def test_cli_prints_moses_alignments_and_carries_markup(aligned_export, run_cli, tmp_path):
+    import os
+
+    model_base_dir = os.path.dirname(aligned_export)
     code, out, err = run_cli(
         "translate", "--model", model_base_dir, "--alignments", "red apple cat", "blue"
     )

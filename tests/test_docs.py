@@ -632,7 +632,7 @@ def test_rest_requests_match_the_signature(exported_quickstart):
     assert list(inputs) == ["text"]
     assert inputs["text"].dtype == tf.string and inputs["text"].shape.as_list() == [None]
     outputs = serve.structured_outputs
-    assert set(outputs) == {"translation", "score", "token_scores", "confidence", "alignment"}
+    assert set(outputs) == {"translation", "score", "token_scores", "confidence"}
     assert outputs["translation"].dtype == tf.string and outputs["score"].dtype == tf.float32
 
     examples = _rest_examples(_all_docs())

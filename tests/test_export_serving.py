@@ -262,7 +262,7 @@ def test_warmup_requests_cover_every_signature_and_bucket_and_replay(
         )
         assert lengths == buckets, (signature, lengths)
     assert {tuple(r["outputs"]) for r in records if r["signature"] == "serving_default"} == {
-        ("alignment", "confidence", "score", "token_scores", "translation")
+        ("confidence", "score", "token_scores", "translation")
     }
     # Hostile rows through the new outputs and signature of the loaded model.
     assert result["rows"] == {k: len(HOSTILE) for k in result["rows"]}

@@ -198,7 +198,6 @@ def test_saved_model_cli_lists_all_signatures(exported_copy_model):
         ("outputs", "score", "DT_FLOAT", "(-1)"),
         ("outputs", "token_scores", "DT_FLOAT", "(-1, -1)"),
         ("outputs", "confidence", "DT_FLOAT", "(-1)"),
-        ("outputs", "alignment", "DT_INT32", "(-1, -1)"),
     }
     assert signatures["translate_nbest"] == {
         ("inputs", "text", "DT_STRING", "(-1)"),

@@ -115,7 +115,10 @@ def load_aligning_function(model_path, alignments=False, markup=None):
 
     loaded, path, signature = load_signature(model_path)
     if "alignment" not in signature.structured_outputs:
-        raise UsageError(f"{path}'s serving_default has no alignment output{_EXPORT_AGAIN}")
+        raise UsageError(
+            f"{path} was exported without word alignments (serving_default has no alignment "
+            "output): export it with --alignments (export.alignments: true)"
+        )
 
     def plain(texts):
         outputs = signature(text=tf.constant(texts, dtype=tf.string))

@@ -162,9 +162,13 @@ class Translator(tf.Module):
             are log-probabilities over the shortlist; `score` keeps the whole vocabulary. Held
             in the SavedModel as two variables. Not with `jit_compile` (the shortlist's width
             is the batch's: no static shape). None (the default): the whole vocabulary.
-        alignment_layer: the decoder layer whose cross-attention gives `serving_default`'s
-            `alignment` (an index, negative from the end; -2, the default, is the
-            second-to-last layer, the first one in a one-layer decoder).
+        alignments: `serving_default` also returns each translation's word `alignment`
+            (`_alignment_chunk`), at the cost of one more teacher-forced forward pass (encoder
+            and decoder) per request; needed by `translate(alignments=..., markup=...)`. Off
+            by default: `serving_default` then runs the search alone.
+        alignment_layer: the decoder layer whose cross-attention gives the `alignment` (an
+            index, negative from the end; -2, the default, is the second-to-last layer, the
+            first one in a one-layer decoder).
         **changes: fields of `settings` to replace (e.g. `beam_size=1`).
 
     Call arguments:
@@ -172,8 +176,8 @@ class Translator(tf.Module):
 
     Returns:
         `{"translation": tf.string [batch], "score": tf.float32 [batch], "token_scores":
-        tf.float32 [batch, length], "confidence": tf.float32 [batch], "alignment": tf.int32
-        [batch, words]}`; the score is the
+        tf.float32 [batch, length], "confidence": tf.float32 [batch]}` (and with `alignments`,
+        "alignment": tf.int32 [batch, words]); the score is the
         length-normalised log-probability of the translation, `token_scores` the log-probability
         of each of its pieces and then of EOS (0-padded to the request's longest output; their
         sum is the score times the length penalty), `confidence` the calibrated estimate in
@@ -216,6 +220,7 @@ class Translator(tf.Module):
         name=None,
         kernels=None,
         shortlist=None,
+        alignments=False,
         alignment_layer=-2,
         **changes,
     ):
@@ -234,6 +239,7 @@ class Translator(tf.Module):
         self.jit_compile = bool(jit_compile)
         self.kernels = Kernels.get(getattr(model, "kernels", None) if kernels is None else kernels)
         self.shortlist = None if shortlist is None else _ShortlistTable(shortlist, model)
+        self.alignments = bool(alignments)
         self.alignment_layer = _alignment_layer(model, alignment_layer)
         # The search alone, compiled by XLA when asked (a nested function of every signature).
         self._search = tf.function(self._search_ids, jit_compile=self.jit_compile, autograph=False)
@@ -325,8 +331,18 @@ class Translator(tf.Module):
         Returns:
             A translation per text (one for a string); with `alignments`, `(translation,
             pairs)` tuples.
+
+        Raises:
+            ValueError: `alignments` or `markup` asked of a Translator built without
+                `alignments` (its `serving_default` has no alignment output).
         """
         from keras_transformer import markup as markup_module
+
+        if (alignments or markup is not None) and not self.alignments:
+            raise ValueError(
+                "this Translator has no word alignments: build it with alignments=True (an "
+                "export: keras-transformer export --alignments, or export.alignments: true)"
+            )
 
         single = isinstance(texts, str)
         texts = [texts] if single else list(texts)
@@ -334,7 +350,8 @@ class Translator(tf.Module):
         def plain_translate(plain):
             out = self(plain)
             translations = [t.decode("utf-8", "replace") for t in out["translation"].numpy()]
-            return translations, out["alignment"].numpy().tolist()
+            rows = out["alignment"].numpy().tolist() if self.alignments else None
+            return translations, rows
 
         if markup is None:
             translations, rows = plain_translate(texts)
@@ -617,14 +634,12 @@ class Translator(tf.Module):
         return out
 
     def _translate(self, text):
-        out = self._hypotheses(text, 1, alignments=True)
-        return {
-            "translation": out["text"][:, 0],
-            "score": out["score"][:, 0],
-            "token_scores": out["token_scores"][:, 0],
-            "confidence": out["confidence"][:, 0],
-            "alignment": out["alignment"][:, 0],
-        }
+        out = self._hypotheses(text, 1, alignments=self.alignments)
+        names = {"translation": "text", "score": "score", "token_scores": "token_scores"}
+        names["confidence"] = "confidence"
+        if self.alignments:
+            names["alignment"] = "alignment"
+        return {key: out[name][:, 0] for key, name in names.items()}
 
     def _translate_nbest(self, text):
         out = self._hypotheses(text, self.settings.hypotheses)
