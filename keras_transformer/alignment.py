@@ -183,7 +183,9 @@ def main(argv=None):
         "synthetic set (scored where the model's translation equals the reference, whose "
         "alignment is known)",
     )
-    parser.add_argument("model", help="a SavedModel directory (keras-transformer export)")
+    parser.add_argument(
+        "model", help="a SavedModel directory (keras-transformer export --alignments)"
+    )
     parser.add_argument("--size", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
@@ -195,6 +197,9 @@ def main(argv=None):
 
     loaded = tf.saved_model.load(resolve_model_dir(args.model))
     serve = loaded.signatures["serving_default"]
+    if "alignment" not in serve.structured_outputs:
+        parser.error(f"{args.model} was exported without word alignments: export it with "
+                     "--alignments (export.alignments: true)")  # fmt: skip
     items = synthetic_markup_set(args.size, args.seed)  # the alignment set, tags added
     out = serve(text=tf.constant([strip_markup(text) for text, _, _, _ in items]))
     predicted, sure, outputs, exact = [], [], [], []
