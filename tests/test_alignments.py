@@ -447,6 +447,48 @@ def test_cli_prints_moses_alignments_and_carries_markup(aligned_export, run_cli,
     ]  # fmt: skip
 
 
+@pytest.mark.scenario
+def test_export_command_takes_alignments_from_the_config_and_the_flag(
+    tmp_path, copy_model, toy_spm_path, run_cli
+):
+    import json
+    import os
+    import shutil
+
+    from keras_transformer.config import from_dict, save_config
+    from keras_transformer.workdir import save_model_weights
+
+    workdir = tmp_path / "workdir"
+    os.makedirs(workdir / "checkpoints")
+    config = {
+        "model": fx.MODEL_KWARGS,
+        "data": {"max_source_length": fx.MAX_SOURCE_LENGTH, "vocab_size": 40},
+        "export": {"base_dir": str(tmp_path / "saved_models"), "alignments": True},
+    }
+    save_config(from_dict(config), str(workdir / "config.yaml"))
+    shutil.copy(toy_spm_path, workdir / "spm.model")
+    save_model_weights(copy_model, workdir / "checkpoints" / "ckpt-1.weights.h5")
+    metadata = os.path.join(str(tmp_path), "saved_models", "workdir", "{}", "assets.extra",
+                            "keras_transformer.json")  # fmt: skip
+    for version, flags, expected in [(1, [], True), (2, ["--no-alignments"], False)]:
+        code, _, err = run_cli("export", "--workdir", str(workdir), *flags)
+        assert code == 0, err
+        with open(metadata.format(version)) as f:
+            assert json.load(f)["alignments"] is expected
+    code, out, err = run_cli(
+        "translate", "--model", str(tmp_path / "saved_models" / "workdir" / "1"), "--alignments",
+        "red apple cat",
+    )  # fmt: skip
+    assert code == 0 and out.splitlines() == ["red apple cat\t0-0 1-1 2-2"], err
+
+
+def test_export_alignments_are_the_saved_models(run_cli, tmp_path):
+    code, _, err = run_cli(
+        "export", "--workdir", str(tmp_path), "--format", "litert", "--alignments"
+    )
+    assert code == 2 and "--alignments applies to the SavedModel" in err
+
+
 @pytest.mark.parametrize("flags", [["--n-best", "2"], ["--prefix", "red"], ["--seed", "1"]])
 def test_cli_alignments_refuse_other_signatures(model_base_dir, run_cli, flags):
     code, _, err = run_cli("translate", "--model", model_base_dir, "--alignments", *flags, "x")
