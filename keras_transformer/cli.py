@@ -217,8 +217,26 @@ def _add_translate_command(sub, common):
         help="soft glossary: a TSV file of 'source term<TAB>target term' lines that annotate "
         "every source (translate_glossary signature: a model prepared with data.terminology)",
     )
+    _alignment_flags(p)
     p.add_argument("text", nargs="*", help="sentences; stdin lines when none are given")
     p.set_defaults(func=commands.translate_command)
+
+
+def _alignment_flags(p):
+    """`translate --alignments` and `--markup` (serving_default's alignment output)."""
+    p.add_argument(
+        "--alignments",
+        action="store_true",
+        help="after each translation a tab and its word alignment, Moses-style 'i-j' pairs "
+        "(source word i, target word j; serving_default's alignment output)",
+    )
+    p.add_argument(
+        "--markup",
+        choices=("html", "xml"),
+        default=None,
+        help="the inputs carry HTML or XML tags: the plain text is translated and the tags put "
+        "back around the aligned words (malformed markup: plain text and a warning)",
+    )
 
 
 def _add_model_commands(sub, common):
@@ -287,13 +305,7 @@ def _add_export_command(sub, common):
         help="model name: BASE_DIR/NAME/VERSION (default: export.name, else the workdir's "
         "last part)",
     )
-    p.add_argument("--beam-size", type=int, help="beam size fixed in the SavedModel")
-    p.add_argument("--alpha", type=float, help="length-penalty exponent fixed in the SavedModel")
-    p.add_argument(
-        "--n-best", type=int, help="hypotheses per input of translate_nbest (<= beam size)"
-    )
-    p.add_argument("--max-extra-length", type=int, help="outputs stop at source length + this")
-    _sampling_flags(p, "adds the translate_sample signature; default decode.sampling_*")
+    _export_decoding_flags(p)
     p.add_argument(
         "--jit-compile",
         action=argparse.BooleanOptionalAction,
@@ -323,7 +335,31 @@ def _add_export_command(sub, common):
         "ctranslate2 hold it for their runtimes to use when asked (shortlist=True, use_vmap; "
         "default: when the workdir has one)",
     )
+    _export_alignment_flag(p)
     p.set_defaults(func=commands.export_command, stops_safely=True)
+
+
+def _export_decoding_flags(p):
+    """`export`'s decoding settings fixed in the SavedModel."""
+    p.add_argument("--beam-size", type=int, help="beam size fixed in the SavedModel")
+    p.add_argument("--alpha", type=float, help="length-penalty exponent fixed in the SavedModel")
+    p.add_argument(
+        "--n-best", type=int, help="hypotheses per input of translate_nbest (<= beam size)"
+    )
+    p.add_argument("--max-extra-length", type=int, help="outputs stop at source length + this")
+    _sampling_flags(p, "adds the translate_sample signature; default decode.sampling_*")
+
+
+def _export_alignment_flag(p):
+    """`export --alignments`: serving_default's alignment output (`export.alignments`)."""
+    p.add_argument(
+        "--alignments",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="serving_default also returns the word alignment (for translate --alignments and "
+        "--markup; one more forward pass per request), or not (default: the workdir's "
+        "export.alignments, off); SavedModel only",
+    )
 
 
 def _add_shortlist_command(sub, common):

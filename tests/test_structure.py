@@ -29,6 +29,8 @@ LEVELS = {
     "keras_transformer.tf_utils": 0,
     "keras_transformer.local_files": 0,
     "keras_transformer.stopping": 0,
+    # Tags carried through a translation by its alignment: the standard library only.
+    "keras_transformer.markup": 0,
     # The LiteRT runtime imports nothing of the package but itself (and no TensorFlow or Keras:
     # tests/test_litert.py runs it where they cannot be imported).
     "keras_transformer.litert": 0,
@@ -38,6 +40,7 @@ LEVELS = {
     "keras_transformer.decoding": 2,
     "keras_transformer.export": 3,
     "keras_transformer.evaluation": 3,
+    "keras_transformer.alignment": 3,
     "keras_transformer.final_model": 3,
     "keras_transformer.file_translation": 3,
     "keras_transformer.training": 4,

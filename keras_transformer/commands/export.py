@@ -165,11 +165,17 @@ def _search_options(args, config):
     return jit_compile, workdir_shortlist(args.workdir) if use_shortlist else None
 
 
+def _flag_or_config(args, name, configured):
+    """`--NAME` / `--no-NAME` when given, else the workdir's `export.NAME`."""
+    flag = getattr(args, name, None)
+    return configured if flag is None else flag
+
+
 def export_command(args):
     """`keras-transformer export --workdir DIR [--average N] [--output DIR] [--beam-size K]
     [--alpha A] [--n-best N] [--max-extra-length L] [--sampling-topk K [--temperature T]
     [--top-p P]] [--format saved_model|ctranslate2|litert] [--quantization TYPE]
-    [--shortlist]`."""
+    [--shortlist] [--alignments]`."""
     export_format = flags.export_format(args)
     if export_format == "ctranslate2":
         from keras_transformer.export.ct2 import require_ctranslate2
@@ -219,6 +225,8 @@ def export_command(args):
         # --jit-compile / --no-jit-compile win over the workdir's export.jit_compile.
         jit_compile=jit_compile,
         shortlist=shortlist,
+        alignments=_flag_or_config(args, "alignments", config.export.alignments),
+        alignment_layer=config.export.alignment_layer,
     )
     if final.selection:
         _record_export(args.workdir, path, final)

@@ -93,6 +93,20 @@ def _constraints_flag(args, n_best, prefix, sampling, to_file):
     return rows
 
 
+def alignment_request(args):
+    """`(alignments, markup)` of `translate --alignments/--markup` (False, None: neither);
+    `UsageError` with the flags that pick another signature."""
+    alignments, markup = bool(getattr(args, "alignments", False)), getattr(args, "markup", None)
+    if alignments or markup is not None:
+        others = {"--n-best": "n_best", "--prefix": "prefix", "--seed": "seed"}
+        others.update({flag: key for key, flag in SAMPLING_FLAGS.items()})
+        for flag, key in others.items():
+            if getattr(args, key, None) is not None:
+                asked = "--alignments" if alignments else "--markup"
+                raise UsageError(f"{asked} cannot be combined with {flag} (serving_default only)")
+    return alignments, markup
+
+
 def _file_flags(args):
     """`--chunk-lines` of a file translation, once the flags that go with `--input` are
     checked."""
@@ -135,6 +149,8 @@ def check_export(args):
         getattr(args, key, None) is not None for key in SAMPLING_FLAGS
     ):
         raise UsageError("a LiteRT export searches (beam or greedy): it takes no sampling flags")
+    if getattr(args, "alignments", None) and export_format(args) != "saved_model":
+        raise UsageError("--alignments applies to the SavedModel (--format saved_model)")
     average = getattr(args, "average", None)
     if getattr(args, "select_on_dev", False) and average is not None:
         raise UsageError("--average and --select-on-dev exclude each other")

@@ -109,6 +109,54 @@ def load_serving_function(model_path, n_best=None, prefix=None, sampling=None, c
     return translate
 
 
+def load_aligning_function(model_path, alignments=False, markup=None):
+    """`texts -> (lines, scores)` through `serving_default` and its `alignment` output: with
+    `alignments`, each line `TRANSLATION<TAB>i-j i-j ...` (Moses' word alignment, source word
+    i, target word j); with `markup` ("html" or "xml"), the texts' tags carried into the
+    translations (`keras_transformer.markup.translate_markup`; a malformed text's warning is
+    one line on stderr)."""
+    import sys
+    import warnings
+
+    import tensorflow as tf
+
+    from keras_transformer.alignment import format_pairs
+    from keras_transformer.markup import translate_markup
+
+    loaded, path, signature = load_signature(model_path)
+    if "alignment" not in signature.structured_outputs:
+        raise UsageError(
+            f"{path} was exported without word alignments (serving_default has no alignment "
+            "output): export it with --alignments (export.alignments: true)"
+        )
+
+    def plain(texts):
+        outputs = signature(text=tf.constant(texts, dtype=tf.string))
+        scores.extend(outputs["score"].numpy().tolist())
+        return _decoded(outputs["translation"].numpy()), outputs["alignment"].numpy().tolist()
+
+    def translate(texts):
+        scores.clear()
+        if markup is None:
+            translations, rows = plain(texts)
+        else:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                translations, rows = translate_markup(plain, texts, markup)
+            for warning in caught:
+                print(f"warning: {warning.message}", file=sys.stderr)
+        if alignments:
+            translations = [
+                f"{translation}\t{format_pairs((i, j) for j, i in enumerate(row) if i >= 0)}"
+                for translation, row in zip(translations, rows)
+            ]
+        return translations, list(scores)
+
+    scores = []
+    translate.loaded = loaded
+    return translate
+
+
 def load_litert_function(model_path, n_best=None, prefix=None, sampling=None):
     """`load_serving_function` for a LiteRT export (`keras_transformer.litert`): the same
     `texts -> (translations, scores)`, with no TensorFlow loaded."""

@@ -8,7 +8,11 @@ import sys
 
 from keras_transformer.commands import flags, startup
 from keras_transformer.commands.lines import output_lines, output_rows
-from keras_transformer.commands.signatures import load_litert_function, load_serving_function
+from keras_transformer.commands.signatures import (
+    load_aligning_function,
+    load_litert_function,
+    load_serving_function,
+)
 from keras_transformer.errors import UsageError
 from keras_transformer.litert.runtime import is_litert_export
 
@@ -18,9 +22,12 @@ def translate_command(args):
     translation per line; with `--n-best K`, K lines `SCORE<TAB>TRANSLATION` per input, best
     first; with `--prefix`, translations that start with TEXT (`translate_prefix` signature);
     with `--constraints FILE`, translations holding each line's terms (`translate_constrained`);
+    with `--alignments`, `TRANSLATION<TAB>i-j ...` lines; with `--markup html|xml`, the tags of
+    the input put back into the translation (`keras_transformer.markup`);
     with `--sampling-topk/--temperature/--top-p/--seed`, sampled translations
     (`translate_sample` signature). With `--input FILE --output FILE`: `_translate_file`."""
     request = flags.translate_request(args)
+    flags.alignment_request(args)  # checked before the model loads
     if getattr(args, "glossary", None) is not None:
         return _translate_with_glossary(args, request)
     if request.chunk_lines is not None:
@@ -98,7 +105,17 @@ def _translate_with_glossary(args, request):
 
 def _load(args, n_best, prefix=None, sampling=None, constraints=None):
     """The translation function of `--model`: a LiteRT export's (no TensorFlow), else the
-    SavedModel signature the request names."""
+    SavedModel signature the request names (`serving_default`'s alignments with
+    `--alignments` or `--markup`)."""
+    alignments, markup = flags.alignment_request(args)
+    if alignments or markup is not None:
+        if is_litert_export(args.model):
+            raise UsageError(
+                f"{args.model} is a LiteRT export: --alignments and --markup need a "
+                "SavedModel (its serving_default alignment output)"
+            )
+        startup.import_tensorflow(getattr(args, "verbose", False))
+        return load_aligning_function(args.model, alignments, markup)
     if is_litert_export(args.model):
         if constraints is not None:
             raise UsageError(f"--constraints: {args.model} is a LiteRT export, without them")
@@ -127,6 +144,9 @@ def _translate_file(args, request):
 
         model = resolve_model_dir(model)
     model = os.path.realpath(model)
+    alignments, markup = flags.alignment_request(args)
+    if alignments or markup is not None:  # other lines: a resume must ask for them again
+        model += "".join([" --alignments"] * alignments + [f" --markup {markup}"] * bool(markup))
     result = translate_file(
         rows, args.input, args.output, request.batch_size, request.chunk_lines, model, n_best or 1
     )

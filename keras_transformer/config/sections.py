@@ -410,6 +410,18 @@ class ExportConfig:
         "(not train's own export, nor with export.jit_compile); off until BLEU with it is "
         "measured",
     )
+    alignments: bool = key(
+        False,
+        "serving_default also returns each translation's word alignment (its 'alignment' "
+        "output, which translate --alignments and --markup need); costs one more forward pass "
+        "(encoder and decoder) per request, so off by default",
+    )
+    alignment_layer: int = key(
+        -2,
+        "the decoder layer whose cross-attention (averaged over heads) gives the alignment; "
+        "negative: from the end (-2, the second-to-last; a one-layer decoder: its only layer)",
+        valid=f"[-{_MAX_LAYERS}, {_MAX_LAYERS - 1}]",
+    )
 
 
 @dataclasses.dataclass(frozen=True)

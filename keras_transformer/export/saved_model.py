@@ -72,11 +72,19 @@ def _field(config, key, default):
 
 
 def export_translator(
-    model, tokenizer, settings=None, data_config=None, jit_compile=False, shortlist=None
+    model,
+    tokenizer,
+    settings=None,
+    data_config=None,
+    jit_compile=False,
+    shortlist=None,
+    alignments=False,
+    alignment_layer=-2,
 ):
     """The `Translator` that `export_saved_model` saves, with the same decoding settings.
 
-    `settings`, `data_config`, `jit_compile` and `shortlist` are as in `export_saved_model`;
+    `settings`, `data_config`, `jit_compile`, `shortlist` and `alignments`, `alignment_layer`
+    are as in `export_saved_model`;
     use it to decode with exactly the graph an export would serve (e.g.
     `benchmarks/decode_sweep.py`).
     """
@@ -91,6 +99,8 @@ def export_translator(
         max_length=_field(data_config, "max_target_length", None),
         jit_compile=jit_compile,
         shortlist=shortlist,
+        alignments=alignments,
+        alignment_layer=alignment_layer,
     )
 
 
@@ -109,13 +119,16 @@ def export_saved_model(
     dev_pairs=None,
     jit_compile=False,
     shortlist=None,
+    alignments=False,
+    alignment_layer=-2,
 ):
     """Exports `Translator(model, tokenizer)` as the next version of `base_dir/name`.
 
     The SavedModel has five signatures (six with sampling; see `Translator`): `serving_default`
-    (text -> translation, score, token_scores, confidence), `translate_nbest` (text -> translations,
-    scores, token_scores, confidence, `[batch, n_best, ...]`), `translate_prefix` (text, prefix
-    -> translation, score), `score` (source, target -> log_probability, length) and
+    (text -> translation, score, token_scores, confidence; and alignment with `alignments`),
+    `translate_nbest` (text -> translations, scores, token_scores, confidence, `[batch, n_best,
+    ...]`), `translate_prefix` (text, prefix -> translation, score), `score` (source, target
+    -> log_probability, length) and
     `translate_constrained` (text, constraints `[batch, C]` padded with "" -> translation,
     score, constraints_met); a model whose vocabulary keeps the glossary tags (prepared with
     `data.terminology`) also has `translate_glossary` (text, glossary_source, glossary_target
@@ -152,6 +165,11 @@ def export_saved_model(
             LexicalTable`; the config's `export.shortlist`): the searching signatures decode
             over each batch's shortlist (`Translator`'s `shortlist`). None: the whole
             vocabulary.
+        alignments: `serving_default` also returns each translation's word `alignment` (the
+            config's `export.alignments`; `Translator`'s `alignments`): one more forward pass
+            per request. Off: `serving_default` runs the search alone.
+        alignment_layer: the decoder layer whose cross-attention aligns (`export.
+            alignment_layer`; -2: the second-to-last).
 
     Returns:
         The path of the new version directory, e.g. `saved_models/quickstart/3`.
@@ -165,7 +183,9 @@ def export_saved_model(
     """
     if not name or os.sep in str(name) or str(name) in (".", ".."):
         raise ValueError(f"invalid model name {name!r}")
-    translator = export_translator(model, tokenizer, settings, data_config, jit_compile, shortlist)
+    translator = export_translator(
+        model, tokenizer, settings, data_config, jit_compile, shortlist, alignments, alignment_layer
+    )
     stopping.check(PHASE)
     calibration, speed = _calibrate(translator, dev_pairs)
     stopping.check(PHASE)
@@ -312,6 +332,16 @@ _GLOSSARY_SIGNATURE = {
     },
 }
 
+def _serving_outputs(alignments):
+    """`serving_default`'s outputs in the metadata (`alignment` with `alignments`)."""
+    outputs = {
+        "translation": "string [batch]",
+        "score": "float32 [batch]",
+        "token_scores": "float32 [batch, length]",
+        "confidence": "float32 [batch]",
+    }
+    return {**outputs, "alignment": "int32 [batch, words]"} if alignments else outputs
+
 
 def _write_metadata(export_dir, translator, name):
     # assets.extra/ travels with the SavedModel and is ignored by the loaders.
@@ -326,12 +356,7 @@ def _write_metadata(export_dir, translator, name):
         "signatures": {
             SIGNATURE_KEY: {
                 "inputs": {"text": "string [batch]"},
-                "outputs": {
-                    "translation": "string [batch]",
-                    "score": "float32 [batch]",
-                    "token_scores": "float32 [batch, length]",
-                    "confidence": "float32 [batch]",
-                },
+                "outputs": _serving_outputs(translator.alignments),
             },
             "translate_nbest": {
                 "inputs": {"text": "string [batch]"},
@@ -363,6 +388,7 @@ def _write_metadata(export_dir, translator, name):
         "jit_compile": translator.jit_compile,
         "fast_paths": translator.kernels.to_config(),
     }
+    metadata["alignments"] = translator.alignments  # serving_default's alignment output
     _add_options(metadata, translator)
     write_atomically(os.path.join(extra, METADATA_FILE), json.dumps(metadata, indent=2))
     return metadata

@@ -64,6 +64,37 @@ def _check_arguments(max_source_length, compiled_shortlist=False):
         raise ValueError(f"max_source_length must be at least 1, got {max_source_length}")
 
 
+def _alignment_layer(model, layer):
+    """The non-negative index of the decoder layer `layer` (negative: from the end; -2 in a
+    one-layer decoder: its only layer) whose cross-attention gives the alignments."""
+    layers = len(model.decoder.blocks)
+    if layer == -2 and layers == 1:
+        return 0
+    if not -layers <= int(layer) < layers:
+        raise ValueError(f"alignment_layer {layer} is not a layer of a {layers}-layer decoder")
+    return int(layer) % layers
+
+
+def word_indices(tokenizer, ids, is_text):
+    """int32 `[r, L]` piece ids (`is_text`: the pieces that are text) -> `(word [r, L],
+    starts [r, L])`: the index of the whitespace-separated word of the detokenized text that
+    each piece belongs to (-1 for a piece that is not text), and whether it begins that
+    word. A piece begins a word when it starts with SentencePiece's word marker "▁" (or
+    follows a lone "▁", or is the first); a lone "▁" belongs to the word before."""
+    marker = "▁".encode()
+    pieces = tokenizer.id_to_string(ids)  # tf.string [r, L]
+    lone = tf.equal(pieces, marker)
+    marked = tf.equal(tf.strings.substr(pieces, 0, len(marker)), marker)
+    after_lone = tf.concat([tf.ones_like(lone[:, :1]), lone[:, :-1]], axis=1)
+    text = tf.logical_and(is_text, tf.logical_not(lone))
+    first = tf.logical_and(
+        text, tf.equal(tf.cumsum(tf.cast(text, tf.int32), axis=1), 1)
+    )  # the first text piece always begins a word
+    starts = tf.logical_and(text, tf.logical_or(first, tf.logical_or(marked, after_lone)))
+    word = tf.maximum(tf.cumsum(tf.cast(starts, tf.int32), axis=1) - 1, 0)
+    return tf.where(is_text, word, -1), starts
+
+
 class _ShortlistTable(tf.Module):
     """A lexical table's `translations` and `frequent` as variables of the SavedModel (what
     `translate_ids`' `shortlist` reads), and how it was built (`settings`)."""
@@ -152,6 +183,13 @@ class Translator(tf.Module):
             are log-probabilities over the shortlist; `score` keeps the whole vocabulary. Held
             in the SavedModel as two variables. Not with `jit_compile` (the shortlist's width
             is the batch's: no static shape). None (the default): the whole vocabulary.
+        alignments: `serving_default` also returns each translation's word `alignment`
+            (`_alignment_chunk`), at the cost of one more teacher-forced forward pass (encoder
+            and decoder) per request; needed by `translate(alignments=..., markup=...)`. Off
+            by default: `serving_default` then runs the search alone.
+        alignment_layer: the decoder layer whose cross-attention gives the `alignment` (an
+            index, negative from the end; -2, the default, is the second-to-last layer, the
+            first one in a one-layer decoder).
         **changes: fields of `settings` to replace (e.g. `beam_size=1`).
 
     Call arguments:
@@ -159,11 +197,14 @@ class Translator(tf.Module):
 
     Returns:
         `{"translation": tf.string [batch], "score": tf.float32 [batch], "token_scores":
-        tf.float32 [batch, length], "confidence": tf.float32 [batch]}`; the score is the
+        tf.float32 [batch, length], "confidence": tf.float32 [batch]}` (and with `alignments`,
+        "alignment": tf.int32 [batch, words]); the score is the
         length-normalised log-probability of the translation, `token_scores` the log-probability
         of each of its pieces and then of EOS (0-padded to the request's longest output; their
         sum is the score times the length penalty), `confidence` the calibrated estimate in
-        [0, 1] of its quality (`set_calibration`).
+        [0, 1] of its quality (`set_calibration`), `alignment` for each word of the
+        translation the index of the source word it came from (`_alignment_chunk`; -1 padded
+        to the request's most words, and -1 for a word aligned to nothing).
 
     More tf.functions become the SavedModel's other signatures (`signatures` lists all):
     - `translate_nbest(text)`: `{"translations": tf.string [batch, n_best], "scores": tf.float32
@@ -210,6 +251,8 @@ class Translator(tf.Module):
         name=None,
         kernels=None,
         shortlist=None,
+        alignments=False,
+        alignment_layer=-2,
         **changes,
     ):
         super().__init__(name=name)
@@ -227,6 +270,8 @@ class Translator(tf.Module):
         self.jit_compile = bool(jit_compile)
         self.kernels = Kernels.get(getattr(model, "kernels", None) if kernels is None else kernels)
         self.shortlist = None if shortlist is None else _ShortlistTable(shortlist, model)
+        self.alignments = bool(alignments)
+        self.alignment_layer = _alignment_layer(model, alignment_layer)
         # The search alone, compiled by XLA when asked (a nested function of every signature).
         self._search = tf.function(self._search_ids, jit_compile=self.jit_compile, autograph=False)
         # The confidence's map (see `set_calibration`); read as constants when a signature is
@@ -321,11 +366,11 @@ class Translator(tf.Module):
     def __call__(self, text):
         return self.serve(tf.convert_to_tensor(text, tf.string))
 
-    def translate(self, texts, glossary=None, constraints=None):
+    def translate(self, texts, glossary=None, constraints=None, alignments=False, markup=None):
         """Translates a list of str; returns `{"translation": [str], "score": [float]}`.
 
         Args:
-            texts: the sentences.
+            texts: the sentences (a single str is one sentence; the answer still holds lists).
             glossary: None (`serve`), or a soft glossary for every text: one mapping `{source
                 term: target term}` (or `(source, target)` pairs) for all, or a list of them,
                 one per text. The `translate_glossary` signature annotates the sources with it
@@ -336,19 +381,34 @@ class Translator(tf.Module):
                 hold (`translate_constrained`); the answer also holds `constraints_met` (bool
                 per text: false where they could not all be met, and the translation is then
                 the unconstrained one).
+            alignments: the answer also holds `alignment`: per text, its word alignment as
+                `(source word, target word)` pairs (Moses' `i-j`), words being the
+                whitespace-separated words of the (plain) source and of the translation.
+                Needs a Translator built with `alignments=True`.
+            markup: "html" or "xml": the texts carry markup; the plain text is translated
+                and the tags put back by the alignment (`keras_transformer.markup`). Malformed
+                markup is translated as plain text with a `MarkupWarning`. Needs a
+                Translator built with `alignments=True`.
 
         Raises:
             ValueError: a glossary with a model whose vocabulary lacks the glossary tags (not
-                prepared with `data.terminology`); both a glossary and constraints (annotate
-                the texts with `keras_transformer.glossary.annotate` to use both).
+                prepared with `data.terminology`); a glossary with constraints (annotate the
+                texts with `keras_transformer.glossary.annotate` to use both); alignments or
+                markup with either, or of a Translator built without `alignments`.
             keras_transformer.glossary.GlossaryError: a term refused (see `check_term`).
         """
-        texts = [str(t) for t in texts]
+        texts = [texts] if isinstance(texts, str) else [str(t) for t in texts]
         if glossary is not None and constraints is not None:
             raise ValueError(
                 "give a glossary or constraints, not both (for both: annotate the texts with "
                 "keras_transformer.glossary.annotate, then pass the constraints)"
             )
+        aligned = alignments or markup is not None
+        if aligned and (glossary is not None or constraints is not None):
+            raise ValueError("alignments and markup come from serving_default: not with a "
+                             "glossary or constraints")  # fmt: skip
+        if aligned:
+            return self._translate_aligned(texts, alignments, markup)
         if constraints is not None:
             return self._translate_constrained_texts(texts, constraints)
         if glossary is None:
@@ -384,6 +444,33 @@ class Translator(tf.Module):
             "score": out["score"].numpy().tolist(),
             "annotated": annotated,
         }
+
+    def _translate_aligned(self, texts, alignments, markup):
+        """`translate(texts, alignments=..., markup=...)` through `serving_default`'s
+        `alignment` output (markup: `keras_transformer.markup.translate_markup`)."""
+        from keras_transformer import markup as markup_module
+
+        if not self.alignments:
+            raise ValueError(
+                "this Translator has no word alignments: build it with alignments=True (an "
+                "export: keras-transformer export --alignments, or export.alignments: true)"
+            )
+        scores = []
+
+        def plain_translate(plain):
+            out = self(plain)
+            scores.extend(out["score"].numpy().tolist())
+            translations = [t.decode("utf-8", "replace") for t in out["translation"].numpy()]
+            return translations, out["alignment"].numpy().tolist()
+
+        if markup is None:
+            translations, rows = plain_translate(texts)
+        else:
+            translations, rows = markup_module.translate_markup(plain_translate, texts, markup)
+        answer = {"translation": translations, "score": scores}
+        if alignments:
+            answer["alignment"] = [[(i, j) for j, i in enumerate(row) if i >= 0] for row in rows]
+        return answer
 
     def _translate_constrained_texts(self, texts, constraints):
         """`translate(texts, constraints=...)`: `translate_constrained` on the rows padded."""
@@ -521,11 +608,14 @@ class Translator(tf.Module):
         )
         return tf.sigmoid(logit)
 
-    def _decode_chunk(self, tokenizer, source, keep, prefix=None, seeds=None, constraints=None):
+    def _decode_chunk(
+        self, tokenizer, source, keep, prefix=None, seeds=None, constraints=None, alignments=False
+    ):
         """Ragged int32 `[c, (tokens)]` -> `(text [c, keep], score [c, keep], token_scores
         [c, keep, W], margin [c, keep], length [c, keep])` of the `keep` best hypotheses;
         `W = max_target_length` (the widest output), token scores 0-padded; with `constraints`
-        also `met` bool `[c]`."""
+        also `met` bool `[c]`; with `alignments`, `_alignment_chunk`'s `(alignment [c, keep,
+        W], words [c, keep])` last."""
         ids, scores, token_scores, *met = self._search_chunk(source, prefix, seeds, constraints)
         ids = ids[:, :keep]  # [c, keep, T]
         lengths = tf.reduce_sum(tf.cast(tf.not_equal(ids, self.settings.pad_id), tf.int32), -1)
@@ -540,8 +630,55 @@ class Translator(tf.Module):
         special = (self.settings.pad_id, self.settings.eos_id)
         is_text = tf.logical_and(tf.not_equal(flat, special[0]), tf.not_equal(flat, special[1]))
         text = tf.reshape(tokenizer.detokenize(tf.ragged.boolean_mask(flat, is_text)), [-1, keep])
-        margins = self._margins(scores, keep)
-        return (text, scores[:, :keep], token_scores, margins, lengths, *met)
+        outputs = (text, scores[:, :keep], token_scores, self._margins(scores, keep), lengths)
+        outputs += tuple(met)
+        if alignments:
+            outputs += self._alignment_chunk(tokenizer, source, ids)
+        return outputs
+
+    def _alignment_chunk(self, tokenizer, source, ids):
+        """Word alignments of the hypotheses `ids` int32 `[c, k, T]` of the sources `source`
+        (ragged `[c, (tokens)]`) -> `(alignment [c, k, W], words [c, k])`.
+
+        One teacher-forced pass over each hypothesis (`Transformer.attention_scores`, the same
+        attention the model computes) gives the cross-attention of `alignment_layer`; averaged
+        over heads, each target piece is aligned to the source text piece it attends to most
+        (EOS and padding excluded). Pieces map to words (`word_indices`) on both sides, and each
+        target word gets the source word that most of its pieces are aligned to (a tie: its
+        first piece's). `alignment[..., j]` is target word `j`'s source word, -1 past the
+        `words` words of the translation (`W = max_target_length`)."""
+        c, k, width = tf.shape(ids)[0], tf.shape(ids)[1], tf.shape(ids)[2]
+        settings = self.settings
+        flat = tf.reshape(ids, [-1, width])  # [r = c * k, T]
+        source_ids = tf.repeat(source.to_tensor(default_value=settings.pad_id), k, axis=0)
+        bos = tf.fill([c * k, 1], settings.bos_id)
+        target_in = tf.concat([bos, flat[:, :-1]], axis=1)
+        scores = self.model.attention_scores(source_ids, target_in)["decoder_cross_attention"]
+        cross = scores[self.alignment_layer]  # [r, heads, T, S]
+        attention = tf.reduce_mean(tf.cast(cross, tf.float32), axis=1)  # [r, T, S]
+
+        def text_pieces(x):
+            return tf.logical_and(
+                tf.not_equal(x, settings.pad_id), tf.not_equal(x, settings.eos_id)
+            )
+
+        source_text = text_pieces(source_ids)  # [r, S]
+        attention = tf.where(source_text[:, None, :], attention, -1.0)
+        source_word, _ = word_indices(tokenizer, source_ids, source_text)  # [r, S]
+        piece = tf.argmax(attention, axis=-1, output_type=tf.int32)  # [r, T]
+        aligned = tf.gather(source_word, piece, batch_dims=1)  # [r, T]: -1 without source text
+        target_word, starts = word_indices(tokenizer, flat, text_pieces(flat))  # [r, T]
+        words_out, words_in = self.max_target_length, self.max_source_length
+        target_hot = tf.one_hot(target_word, words_out)  # [r, T, W]; -1 -> zeros
+        source_hot = tf.one_hot(aligned, words_in)  # [r, T, S']
+        votes = tf.einsum("rtw,rts->rws", target_hot, source_hot)
+        # Half a vote more for the first piece's source word: a tie goes to it.
+        first = source_hot * tf.cast(starts, tf.float32)[:, :, None]
+        votes += 0.5 * tf.einsum("rtw,rts->rws", target_hot, first)
+        best = tf.argmax(votes, axis=-1, output_type=tf.int32)  # [r, W]
+        alignment = tf.where(tf.reduce_max(votes, axis=-1) > 0, best, -1)
+        words = tf.reduce_sum(tf.cast(starts, tf.int32), axis=1)  # [r]
+        return tf.reshape(alignment, [c, k, words_out]), tf.reshape(words, [c, k])
 
     def _in_chunks(self, run_chunk, inputs, lengths, shapes):
         """Runs `run_chunk` on `batch_size` rows of `inputs` at a time, similar lengths together.
@@ -580,11 +717,13 @@ class Translator(tf.Module):
             results.append(tf.ensure_shape(tf.gather(values, inverse), [None, *row]))
         return results
 
-    def _hypotheses(self, text, keep, prefix=None, seeds=None, constraints=None):
+    def _hypotheses(self, text, keep, prefix=None, seeds=None, constraints=None, alignments=False):
         """`{text, score, token_scores, margin, length, confidence}` of the `keep` best
         hypotheses of every input, `[n, keep, ...]`; token scores cut to the longest output of
         the request. `seeds` (int64 `[n]`) samples instead of searching; `constraints`
-        (tf.string `[n, C]`) constrains the search and adds `constraints_met` bool `[n]`."""
+        (tf.string `[n, C]`) constrains the search and adds `constraints_met` bool `[n]`. With
+        `alignments`, also `alignment` `[n, keep, words]` (`_alignment_chunk`), cut to the most
+        words."""
         tokenizer = self._tokenizer()
         source = self._source_ids(tokenizer, text)  # [n, (tokens)]
         extra = {}  # the chunks' other inputs, rows sorted and cut as the sources
@@ -598,41 +737,50 @@ class Translator(tf.Module):
             met_shape = ((tf.bool, []),)
         inputs = (source, *extra.values())
         width = self.max_target_length
-        text, score, token_scores, margin, lengths, *met = self._in_chunks(
+        shapes = (
+            (tf.string, [keep]),
+            (tf.float32, [keep]),
+            (tf.float32, [keep, width]),
+            (tf.float32, [keep]),
+            (tf.int32, [keep]),
+            *met_shape,
+        )
+        if alignments:
+            shapes += ((tf.int32, [keep, width]), (tf.int32, [keep]))
+        text, score, token_scores, margin, lengths, *more = self._in_chunks(
             lambda *part: self._decode_chunk(
-                tokenizer, part[0], keep, **dict(zip(extra, part[1:]))
+                tokenizer, part[0], keep, **dict(zip(extra, part[1:])), alignments=alignments
             ),
             inputs,
             source.row_lengths(),
-            (
-                (tf.string, [keep]),
-                (tf.float32, [keep]),
-                (tf.float32, [keep, width]),
-                (tf.float32, [keep]),
-                (tf.int32, [keep]),
-                *met_shape,
-            ),
+            shapes,
         )
         longest = tf.reduce_max(tf.concat([tf.reshape(lengths, [-1]), [0]], 0))
         token_scores = token_scores[:, :, :longest]
-        return {
+        out = {
             "text": text,
             "score": score,
             "token_scores": token_scores,
             "margin": margin,
             "length": lengths,
             "confidence": self._confidence(score, margin),
-            **({"constraints_met": met[0]} if met else {}),
         }
+        met, aligned = (more[:1], more[1:]) if constraints is not None else ([], more)
+        if met:
+            out["constraints_met"] = met[0]
+        if alignments:
+            alignment, words = aligned
+            most = tf.reduce_max(tf.concat([tf.reshape(words, [-1]), [0]], 0))
+            out["alignment"] = alignment[:, :, :most]
+        return out
 
     def _translate(self, text):
-        out = self._hypotheses(text, 1)
-        return {
-            "translation": out["text"][:, 0],
-            "score": out["score"][:, 0],
-            "token_scores": out["token_scores"][:, 0],
-            "confidence": out["confidence"][:, 0],
-        }
+        out = self._hypotheses(text, 1, alignments=self.alignments)
+        names = {"translation": "text", "score": "score", "token_scores": "token_scores"}
+        names["confidence"] = "confidence"
+        if self.alignments:
+            names["alignment"] = "alignment"
+        return {key: out[name][:, 0] for key, name in names.items()}
 
     def _translate_nbest(self, text):
         out = self._hypotheses(text, self.settings.hypotheses)

@@ -182,6 +182,8 @@ def export(run, model, tokenizer, result=None, alpha=None):
         card_facts=card_facts(config, manifest, result, tokenizer.vocab_size),
         dev_pairs=read_split(config.data.dev),
         jit_compile=config.export.jit_compile,
+        alignments=config.export.alignments,
+        alignment_layer=config.export.alignment_layer,
     )
 
 
