@@ -15,7 +15,7 @@ import re
 import sys
 from collections import Counter
 
-from keras_transformer.data.synthetic import CONJUNCTION, TARGET_CONJUNCTION, _inflect, generate
+from keras_transformer.data.synthetic import CONJUNCTION, TARGET_CONJUNCTION, generate, inflect
 from keras_transformer.data.synthetic import lexicon as synthetic_lexicon
 
 _START_TAG = re.compile(r"<[^/!?][^>]*>")
@@ -60,9 +60,9 @@ def _target_stems():
     lex = synthetic_lexicon()
     stems = {CONJUNCTION: TARGET_CONJUNCTION}
     for noun, (stem, _) in lex.nouns.items():
-        stems[noun] = stems[_inflect(noun)] = stem
+        stems[noun] = stems[inflect(noun)] = stem
     for verb, stem in lex.verbs.items():
-        stems[verb] = stems[_inflect(verb)] = stem
+        stems[verb] = stems[inflect(verb)] = stem
     stems.update(lex.adjectives)
     stems.update(lex.adverbs)
     stems.update(lex.prepositions)

@@ -200,6 +200,18 @@ def _add_translate_command(sub, common):
         help="every translation starts with TEXT, the search continuing after it "
         "(translate_prefix signature)",
     )
+    _sampling_flags(p, "must equal the exported value")
+    p.add_argument(
+        "--seed", type=int, help="sampling: seed of the run (default 0); same seed, same output"
+    )
+    _glossary_flags(p)
+    _alignment_flags(p)
+    p.add_argument("text", nargs="*", help="sentences; stdin lines when none are given")
+    p.set_defaults(func=commands.translate_command)
+
+
+def _glossary_flags(p):
+    """`translate --constraints` (hard) and `--glossary` (soft)."""
     p.add_argument(
         "--constraints",
         default=None,
@@ -207,19 +219,12 @@ def _add_translate_command(sub, common):
         help="terms the translations must hold: one line per input (TEXT or stdin line), its "
         "terms separated by tabs (translate_constrained signature)",
     )
-    _sampling_flags(p, "must equal the exported value")
-    p.add_argument(
-        "--seed", type=int, help="sampling: seed of the run (default 0); same seed, same output"
-    )
     p.add_argument(
         "--glossary",
         metavar="FILE",
         help="soft glossary: a TSV file of 'source term<TAB>target term' lines that annotate "
         "every source (translate_glossary signature: a model prepared with data.terminology)",
     )
-    _alignment_flags(p)
-    p.add_argument("text", nargs="*", help="sentences; stdin lines when none are given")
-    p.set_defaults(func=commands.translate_command)
 
 
 def _alignment_flags(p):

@@ -21,6 +21,9 @@ from keras_transformer import fast_paths  # noqa: E402
 MUST_RUN = {
     "tests/test_export_ct2.py": "CTranslate2's greedy, beam, target_prefix and int8 outputs "
     "agree with ours; the whole module skips without `ctranslate2`",
+    "tests/test_ct2_vmap.py": "the lexical table as CTranslate2's vmap.txt: CTranslate2 loads "
+    "it and decodes only its pieces with use_vmap=True; the whole module skips without "
+    "`ctranslate2`",
     "tests/test_glossary.py::test_ctranslate2_reads_the_annotated_text": "CTranslate2 decodes "
     "a glossary-annotated text as translate_glossary does (`ctranslate2`)",
     "tests/test_layers_keras_hub.py": "our layers pass KerasHub's own layer test, imported from "
@@ -42,6 +45,9 @@ MUST_RUN = {
     "TensorFlow unimportable, and the same numbers on both backends (`jax`)",
     "tests/test_repository.py": "no large file is tracked without a reason, wheels are "
     "ignored; it needs a git checkout (CI runs on a clean clone)",
+    "tests/test_litert_shortlist.py": "the LiteRT export's shortlist step: no piece outside "
+    "the shortlist, every piece listed answers as without it; the whole module skips without "
+    "`ai-edge-litert`",
     "tests/test_litert.py": "the LiteRT export answers as the SavedModel, its runtime runs "
     "without TensorFlow, and the CLI uses it; the whole module skips without `ai-edge-litert`",
     "tests/test_workdir_lock.py::test_a_run_in_another_pid_namespace_does_not_take_over_a_live_"
@@ -59,10 +65,10 @@ def pytest_configure(config):
         config.option.maxworkerrestart = "1000"
     if not hasattr(config, "workerinput"):  # not an xdist worker: a controller or one process
         _CONTROLLER[:] = [config]
-        _tolerate_sends_to_a_recycled_worker()
+        tolerate_sends_to_a_recycled_worker()
 
 
-def _tolerate_sends_to_a_recycled_worker():
+def tolerate_sends_to_a_recycled_worker():
     """When a worker leaves (recycled, below), xdist hands its pending tests to the others at
     once; one that has left too, its exit not yet processed, has a closed channel, and the send
     raised `OSError: cannot send (already closed?)` as an INTERNALERROR that ended the run. The

@@ -116,7 +116,7 @@ class _Pieces:
 def test_pieces_map_to_the_words_of_the_detokenized_text(pieces, expected):
     import tensorflow as tf
 
-    from keras_transformer.export.translator import word_indices
+    from keras_transformer.export.alignment_graph import word_indices
 
     ids = tf.constant([list(range(len(pieces))) + [0]])  # a padding position at the end
     is_text = tf.constant([[True] * len(pieces) + [False]])

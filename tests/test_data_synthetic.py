@@ -64,9 +64,9 @@ def _alignment(source, target):
     lex = synthetic.lexicon()
     stems = {}
     for noun, (stem, _) in lex.nouns.items():
-        stems[noun] = stems[synthetic._inflect(noun)] = stem
+        stems[noun] = stems[synthetic.inflect(noun)] = stem
     for verb, stem in lex.verbs.items():
-        stems[verb] = stems[synthetic._inflect(verb)] = stem
+        stems[verb] = stems[synthetic.inflect(verb)] = stem
     for adjective, stem in lex.adjectives.items():
         stems[adjective] = stem
     target_words = target.split()

@@ -35,7 +35,7 @@ from keras_transformer.errors import DataError
 
 # ---------------------------------------------------------------------------------------------
 # Source lexicon (English). Plurals and third-person forms follow the regular spelling rules of
-# `_inflect`, so only words whose forms are regular are listed.
+# `inflect`, so only words whose forms are regular are listed.
 # ---------------------------------------------------------------------------------------------
 NOUNS = """
 dog cat bird horse cow pig goat duck rabbit fox bear lion tiger monkey snake frog owl eagle
@@ -121,7 +121,7 @@ def _words(text):
     return out
 
 
-def _inflect(word):
+def inflect(word):
     """Regular English plural / third-person singular: dog->dogs, box->boxes, city->cities."""
     if word.endswith(("s", "x", "z", "ch", "sh")):
         return word + "es"
@@ -167,8 +167,8 @@ class _Lexicon:
 
     def source_words(self):
         """Every source surface form (used by tests to check the vocabulary size)."""
-        words = set(self.noun_list) | {_inflect(w) for w in self.noun_list}
-        words |= set(self.verb_list) | {_inflect(w) for w in self.verb_list}
+        words = set(self.noun_list) | {inflect(w) for w in self.noun_list}
+        words |= set(self.verb_list) | {inflect(w) for w in self.verb_list}
         words |= set(self.adjective_list) | set(self.adverb_list) | set(self.names)
         words |= set(self.prepositions) | set(self.determiners) | {CONJUNCTION, "an"}
         return words
@@ -208,7 +208,7 @@ class _Generator:
             first = (adjectives or [noun])[0]
             source.append("an" if determiner == "a" and first[0] in "aeiou" else determiner)
             target.append(lex.determiners[determiner] + DETERMINER_ENDINGS[gender, number])
-        source += adjectives + [noun if number == "sg" else _inflect(noun)]
+        source += adjectives + [noun if number == "sg" else inflect(noun)]
         # Target: noun first, then the adjectives (same order), all agreeing with the noun.
         target.append(stem if number == "sg" else stem + NOUN_PLURAL_ENDINGS[gender])
         target += [lex.adjectives[a] + ADJECTIVE_ENDINGS[gender, number] for a in adjectives]
@@ -216,7 +216,7 @@ class _Generator:
 
     def verb(self, number):
         verb = self.rng.choice(self.lex.verb_list)
-        source = _inflect(verb) if number == "sg" else verb
+        source = inflect(verb) if number == "sg" else verb
         return source, self.lex.verbs[verb] + VERB_ENDINGS[number]
 
     def object_phrase(self):

@@ -332,6 +332,7 @@ _GLOSSARY_SIGNATURE = {
     },
 }
 
+
 def _serving_outputs(alignments):
     """`serving_default`'s outputs in the metadata (`alignment` with `alignments`)."""
     outputs = {

@@ -6,7 +6,6 @@ TF Serving, or any process importing `tensorflow` and `tensorflow_text`, can run
 """
 
 import dataclasses
-import warnings
 
 import keras
 import numpy as np
@@ -17,6 +16,7 @@ from keras_transformer import glossary as glossaries
 from keras_transformer.config import UNK_ID, DecodingSettings
 from keras_transformer.data.pipeline import encode_sources
 from keras_transformer.decoding.search import NEG_INF, translate_ids
+from keras_transformer.export import alignment_graph
 from keras_transformer.export.calibration import MAX_MARGIN, MIN_SCORE
 from keras_transformer.export.warmup import bucket_lengths
 from keras_transformer.fast_paths import Kernels
@@ -62,37 +62,6 @@ def _check_arguments(max_source_length, compiled_shortlist=False):
         )
     if int(max_source_length) < 1:
         raise ValueError(f"max_source_length must be at least 1, got {max_source_length}")
-
-
-def _alignment_layer(model, layer):
-    """The non-negative index of the decoder layer `layer` (negative: from the end; -2 in a
-    one-layer decoder: its only layer) whose cross-attention gives the alignments."""
-    layers = len(model.decoder.blocks)
-    if layer == -2 and layers == 1:
-        return 0
-    if not -layers <= int(layer) < layers:
-        raise ValueError(f"alignment_layer {layer} is not a layer of a {layers}-layer decoder")
-    return int(layer) % layers
-
-
-def word_indices(tokenizer, ids, is_text):
-    """int32 `[r, L]` piece ids (`is_text`: the pieces that are text) -> `(word [r, L],
-    starts [r, L])`: the index of the whitespace-separated word of the detokenized text that
-    each piece belongs to (-1 for a piece that is not text), and whether it begins that
-    word. A piece begins a word when it starts with SentencePiece's word marker "▁" (or
-    follows a lone "▁", or is the first); a lone "▁" belongs to the word before."""
-    marker = "▁".encode()
-    pieces = tokenizer.id_to_string(ids)  # tf.string [r, L]
-    lone = tf.equal(pieces, marker)
-    marked = tf.equal(tf.strings.substr(pieces, 0, len(marker)), marker)
-    after_lone = tf.concat([tf.ones_like(lone[:, :1]), lone[:, :-1]], axis=1)
-    text = tf.logical_and(is_text, tf.logical_not(lone))
-    first = tf.logical_and(
-        text, tf.equal(tf.cumsum(tf.cast(text, tf.int32), axis=1), 1)
-    )  # the first text piece always begins a word
-    starts = tf.logical_and(text, tf.logical_or(first, tf.logical_or(marked, after_lone)))
-    word = tf.maximum(tf.cumsum(tf.cast(starts, tf.int32), axis=1) - 1, 0)
-    return tf.where(is_text, word, -1), starts
 
 
 class _ShortlistTable(tf.Module):
@@ -184,9 +153,9 @@ class Translator(tf.Module):
             in the SavedModel as two variables. Not with `jit_compile` (the shortlist's width
             is the batch's: no static shape). None (the default): the whole vocabulary.
         alignments: `serving_default` also returns each translation's word `alignment`
-            (`_alignment_chunk`), at the cost of one more teacher-forced forward pass (encoder
-            and decoder) per request; needed by `translate(alignments=..., markup=...)`. Off
-            by default: `serving_default` then runs the search alone.
+            (`export.alignment_graph`), at the cost of one more teacher-forced forward pass
+            (encoder and decoder) per request; needed by `translate(alignments=...,
+            markup=...)`. Off by default: `serving_default` then runs the search alone.
         alignment_layer: the decoder layer whose cross-attention gives the `alignment` (an
             index, negative from the end; -2, the default, is the second-to-last layer, the
             first one in a one-layer decoder).
@@ -203,8 +172,8 @@ class Translator(tf.Module):
         of each of its pieces and then of EOS (0-padded to the request's longest output; their
         sum is the score times the length penalty), `confidence` the calibrated estimate in
         [0, 1] of its quality (`set_calibration`), `alignment` for each word of the
-        translation the index of the source word it came from (`_alignment_chunk`; -1 padded
-        to the request's most words, and -1 for a word aligned to nothing).
+        translation the index of the source word it came from (`export.alignment_graph`; -1
+        padded to the request's most words, and -1 for a word aligned to nothing).
 
     More tf.functions become the SavedModel's other signatures (`signatures` lists all):
     - `translate_nbest(text)`: `{"translations": tf.string [batch, n_best], "scores": tf.float32
@@ -271,7 +240,7 @@ class Translator(tf.Module):
         self.kernels = Kernels.get(getattr(model, "kernels", None) if kernels is None else kernels)
         self.shortlist = None if shortlist is None else _ShortlistTable(shortlist, model)
         self.alignments = bool(alignments)
-        self.alignment_layer = _alignment_layer(model, alignment_layer)
+        self.alignment_layer = alignment_graph.alignment_layer(model, alignment_layer)
         # The search alone, compiled by XLA when asked (a nested function of every signature).
         self._search = tf.function(self._search_ids, jit_compile=self.jit_compile, autograph=False)
         # The confidence's map (see `set_calibration`); read as constants when a signature is
@@ -279,27 +248,15 @@ class Translator(tf.Module):
         self.calibration = dict(DEFAULT_CALIBRATION)
         text_spec = tf.TensorSpec([None], tf.string, name="text")
         self.serve = tf.function(self._translate, input_signature=[text_spec], autograph=False)
-        self.translate_prefix = tf.function(
-            self._translate_prefix,
-            input_signature=[text_spec, tf.TensorSpec([None], tf.string, name="prefix")],
-            autograph=False,
+        self.translate_prefix = _graph(
+            self._translate_prefix, text_spec, tf.TensorSpec([None], tf.string, name="prefix")
         )
-        self.translate_nbest = tf.function(
-            self._translate_nbest, input_signature=[text_spec], autograph=False
-        )
-        self.score = tf.function(
-            self._score,
-            input_signature=[
-                tf.TensorSpec([None], tf.string, name="source"),
-                tf.TensorSpec([None], tf.string, name="target"),
-            ],
-            autograph=False,
-        )
+        self.translate_nbest = _graph(self._translate_nbest, text_spec)
+        strings = [tf.TensorSpec([None], tf.string, name=name) for name in ("source", "target")]
+        self.score = _graph(self._score, *strings)
         self.translate_constrained = _graph(self._translate_constrained, text_spec, CONSTRAINTS)
-        self.translate_sample = tf.function(
-            self._translate_sample,
-            input_signature=[text_spec, tf.TensorSpec([None], tf.int64, name="seed")],
-            autograph=False,
+        self.translate_sample = _graph(
+            self._translate_sample, text_spec, tf.TensorSpec([None], tf.int64, name="seed")
         )
         # Soft glossaries: only a vocabulary trained with data.terminology keeps their tags.
         self.reads_glossaries = reads_glossaries(self._spm_proto)
@@ -397,96 +354,9 @@ class Translator(tf.Module):
                 markup with either, or of a Translator built without `alignments`.
             keras_transformer.glossary.GlossaryError: a term refused (see `check_term`).
         """
-        texts = [texts] if isinstance(texts, str) else [str(t) for t in texts]
-        if glossary is not None and constraints is not None:
-            raise ValueError(
-                "give a glossary or constraints, not both (for both: annotate the texts with "
-                "keras_transformer.glossary.annotate, then pass the constraints)"
-            )
-        aligned = alignments or markup is not None
-        if aligned and (glossary is not None or constraints is not None):
-            raise ValueError("alignments and markup come from serving_default: not with a "
-                             "glossary or constraints")  # fmt: skip
-        if aligned:
-            return self._translate_aligned(texts, alignments, markup)
-        if constraints is not None:
-            return self._translate_constrained_texts(texts, constraints)
-        if glossary is None:
-            out = self(texts)
-            return {
-                "translation": [t.decode("utf-8", "replace") for t in out["translation"].numpy()],
-                "score": out["score"].numpy().tolist(),
-            }
-        if not self.reads_glossaries:
-            raise ValueError(
-                "this model's vocabulary has no glossary tags "
-                f"{' '.join(glossaries.TAGS)}: it was not prepared with data.terminology"
-            )
-        one_per_text = isinstance(glossary, (list, tuple)) and bool(glossary)
-        one_per_text = one_per_text and all(hasattr(g, "items") for g in glossary)
-        per_text = list(glossary) if one_per_text else [glossary] * len(texts)
-        if len(per_text) != len(texts):
-            raise ValueError(f"{len(texts)} texts but {len(per_text)} glossaries")
-        sources, targets = glossaries.padded(per_text)
-        width = max((len(row) for row in sources), default=0)
-        shape = [len(texts), width]
-        out = self.translate_glossary(
-            tf.constant(texts, tf.string),
-            tf.reshape(tf.constant(sources, tf.string), shape),
-            tf.reshape(tf.constant(targets, tf.string), shape),
-        )
-        annotated = out["annotated"].numpy().tolist()
-        skipped = glossaries.not_used(texts, per_text, annotated)
-        if skipped:
-            warnings.warn(glossaries.too_long_warning(skipped), stacklevel=2)
-        return {
-            "translation": [t.decode("utf-8", "replace") for t in out["translation"].numpy()],
-            "score": out["score"].numpy().tolist(),
-            "annotated": annotated,
-        }
+        from keras_transformer.export import texts as python_values
 
-    def _translate_aligned(self, texts, alignments, markup):
-        """`translate(texts, alignments=..., markup=...)` through `serving_default`'s
-        `alignment` output (markup: `keras_transformer.markup.translate_markup`)."""
-        from keras_transformer import markup as markup_module
-
-        if not self.alignments:
-            raise ValueError(
-                "this Translator has no word alignments: build it with alignments=True (an "
-                "export: keras-transformer export --alignments, or export.alignments: true)"
-            )
-        scores = []
-
-        def plain_translate(plain):
-            out = self(plain)
-            scores.extend(out["score"].numpy().tolist())
-            translations = [t.decode("utf-8", "replace") for t in out["translation"].numpy()]
-            return translations, out["alignment"].numpy().tolist()
-
-        if markup is None:
-            translations, rows = plain_translate(texts)
-        else:
-            translations, rows = markup_module.translate_markup(plain_translate, texts, markup)
-        answer = {"translation": translations, "score": scores}
-        if alignments:
-            answer["alignment"] = [[(i, j) for j, i in enumerate(row) if i >= 0] for row in rows]
-        return answer
-
-    def _translate_constrained_texts(self, texts, constraints):
-        """`translate(texts, constraints=...)`: `translate_constrained` on the rows padded."""
-        rows = [list(row) for row in constraints]
-        if len(rows) != len(texts):
-            raise ValueError(f"{len(texts)} texts but {len(rows)} rows of constraints")
-        width = max([1] + [len(row) for row in rows])
-        padded = [row + [""] * (width - len(row)) for row in rows]
-        out = self.translate_constrained(
-            tf.constant(texts, tf.string), tf.constant(padded, tf.string, [len(rows), width])
-        )
-        return {
-            "translation": [t.decode("utf-8", "replace") for t in out["translation"].numpy()],
-            "score": out["score"].numpy().tolist(),
-            "constraints_met": out["constraints_met"].numpy().tolist(),
-        }
+        return python_values.translate(self, texts, glossary, constraints, alignments, markup)
 
     # ------------------------------------------------------------------ graph pieces
 
@@ -614,8 +484,8 @@ class Translator(tf.Module):
         """Ragged int32 `[c, (tokens)]` -> `(text [c, keep], score [c, keep], token_scores
         [c, keep, W], margin [c, keep], length [c, keep])` of the `keep` best hypotheses;
         `W = max_target_length` (the widest output), token scores 0-padded; with `constraints`
-        also `met` bool `[c]`; with `alignments`, `_alignment_chunk`'s `(alignment [c, keep,
-        W], words [c, keep])` last."""
+        also `met` bool `[c]`; with `alignments`, `alignment_chunk`'s `(alignment [c, keep, W],
+        words [c, keep])` last."""
         ids, scores, token_scores, *met = self._search_chunk(source, prefix, seeds, constraints)
         ids = ids[:, :keep]  # [c, keep, T]
         lengths = tf.reduce_sum(tf.cast(tf.not_equal(ids, self.settings.pad_id), tf.int32), -1)
@@ -633,52 +503,8 @@ class Translator(tf.Module):
         outputs = (text, scores[:, :keep], token_scores, self._margins(scores, keep), lengths)
         outputs += tuple(met)
         if alignments:
-            outputs += self._alignment_chunk(tokenizer, source, ids)
+            outputs += alignment_graph.alignment_chunk(self, tokenizer, source, ids)
         return outputs
-
-    def _alignment_chunk(self, tokenizer, source, ids):
-        """Word alignments of the hypotheses `ids` int32 `[c, k, T]` of the sources `source`
-        (ragged `[c, (tokens)]`) -> `(alignment [c, k, W], words [c, k])`.
-
-        One teacher-forced pass over each hypothesis (`Transformer.attention_scores`, the same
-        attention the model computes) gives the cross-attention of `alignment_layer`; averaged
-        over heads, each target piece is aligned to the source text piece it attends to most
-        (EOS and padding excluded). Pieces map to words (`word_indices`) on both sides, and each
-        target word gets the source word that most of its pieces are aligned to (a tie: its
-        first piece's). `alignment[..., j]` is target word `j`'s source word, -1 past the
-        `words` words of the translation (`W = max_target_length`)."""
-        c, k, width = tf.shape(ids)[0], tf.shape(ids)[1], tf.shape(ids)[2]
-        settings = self.settings
-        flat = tf.reshape(ids, [-1, width])  # [r = c * k, T]
-        source_ids = tf.repeat(source.to_tensor(default_value=settings.pad_id), k, axis=0)
-        bos = tf.fill([c * k, 1], settings.bos_id)
-        target_in = tf.concat([bos, flat[:, :-1]], axis=1)
-        scores = self.model.attention_scores(source_ids, target_in)["decoder_cross_attention"]
-        cross = scores[self.alignment_layer]  # [r, heads, T, S]
-        attention = tf.reduce_mean(tf.cast(cross, tf.float32), axis=1)  # [r, T, S]
-
-        def text_pieces(x):
-            return tf.logical_and(
-                tf.not_equal(x, settings.pad_id), tf.not_equal(x, settings.eos_id)
-            )
-
-        source_text = text_pieces(source_ids)  # [r, S]
-        attention = tf.where(source_text[:, None, :], attention, -1.0)
-        source_word, _ = word_indices(tokenizer, source_ids, source_text)  # [r, S]
-        piece = tf.argmax(attention, axis=-1, output_type=tf.int32)  # [r, T]
-        aligned = tf.gather(source_word, piece, batch_dims=1)  # [r, T]: -1 without source text
-        target_word, starts = word_indices(tokenizer, flat, text_pieces(flat))  # [r, T]
-        words_out, words_in = self.max_target_length, self.max_source_length
-        target_hot = tf.one_hot(target_word, words_out)  # [r, T, W]; -1 -> zeros
-        source_hot = tf.one_hot(aligned, words_in)  # [r, T, S']
-        votes = tf.einsum("rtw,rts->rws", target_hot, source_hot)
-        # Half a vote more for the first piece's source word: a tie goes to it.
-        first = source_hot * tf.cast(starts, tf.float32)[:, :, None]
-        votes += 0.5 * tf.einsum("rtw,rts->rws", target_hot, first)
-        best = tf.argmax(votes, axis=-1, output_type=tf.int32)  # [r, W]
-        alignment = tf.where(tf.reduce_max(votes, axis=-1) > 0, best, -1)
-        words = tf.reduce_sum(tf.cast(starts, tf.int32), axis=1)  # [r]
-        return tf.reshape(alignment, [c, k, words_out]), tf.reshape(words, [c, k])
 
     def _in_chunks(self, run_chunk, inputs, lengths, shapes):
         """Runs `run_chunk` on `batch_size` rows of `inputs` at a time, similar lengths together.
@@ -722,7 +548,7 @@ class Translator(tf.Module):
         hypotheses of every input, `[n, keep, ...]`; token scores cut to the longest output of
         the request. `seeds` (int64 `[n]`) samples instead of searching; `constraints`
         (tf.string `[n, C]`) constrains the search and adds `constraints_met` bool `[n]`. With
-        `alignments`, also `alignment` `[n, keep, words]` (`_alignment_chunk`), cut to the most
+        `alignments`, also `alignment` `[n, keep, words]` (`alignment_chunk`), cut to the most
         words."""
         tokenizer = self._tokenizer()
         source = self._source_ids(tokenizer, text)  # [n, (tokens)]

@@ -19,7 +19,7 @@ by one thread at a time only ever makes one.
 Vocabulary shortlist: an export made with one (`export_litert(shortlist=...)`) decodes over it
 when loaded with `shortlist=True`: each chunk's shortlist is the lexical table's translations of
 its source pieces, the table's frequent pieces, the special ids and the chunk's prefix pieces
-(`keras_transformer.data.shortlist.batch_shortlist`, padded to a bucket), and the shortlist step
+(`keras_transformer.lexical_table.batch_shortlist`, padded to a bucket), and the shortlist step
 projects onto those columns alone, so no other piece can be chosen and the scores are
 log-probabilities over the shortlist (as the SavedModel's `Translator(shortlist=...)`).
 """
@@ -300,8 +300,8 @@ class LiteRTTranslator:
 
 
 def _shortlist_table(path, meta):
-    """The export's lexical table (`data.shortlist`), read without TensorFlow."""
-    from keras_transformer.data.shortlist import read_lexical_table
+    """The export's lexical table (`keras_transformer.lexical_table`), read without TensorFlow."""
+    from keras_transformer.lexical_table import read_lexical_table
     from keras_transformer.local_files import LocalGfile
 
     listed = meta.get("shortlist")
@@ -315,9 +315,9 @@ def _shortlist_table(path, meta):
 
 def _shortlist_columns(table, source, prefix):
     """The step's `{"output_ids", "output_mask"}` for a chunk's `source` `[c, S]` and
-    `prefix` (`[c, p]` or None): its shortlist (`data.shortlist.batch_shortlist`), the padding
+    `prefix` (`[c, p]` or None): its shortlist (`lexical_table.batch_shortlist`), the padding
     columns masked."""
-    from keras_transformer.data.shortlist import batch_shortlist
+    from keras_transformer.lexical_table import batch_shortlist
 
     ids, real = batch_shortlist(table.translations, table.frequent, source, extra_ids=prefix)
     return {"output_ids": ids, "output_mask": np.where(real, 0.0, NEG_INF).astype("float32")}

@@ -1,0 +1,104 @@
+"""`Translator.translate`: Python strings in, Python values out, through the signatures (the
+one road of the Python API; the graph does the work)."""
+
+import warnings
+
+import tensorflow as tf
+
+from keras_transformer import glossary as glossaries
+
+
+def translate(translator, texts, glossary=None, constraints=None, alignments=False, markup=None):
+    """`Translator.translate` (its docstring)."""
+    texts = [texts] if isinstance(texts, str) else [str(t) for t in texts]
+    if glossary is not None and constraints is not None:
+        raise ValueError(
+            "give a glossary or constraints, not both (for both: annotate the texts with "
+            "keras_transformer.glossary.annotate, then pass the constraints)"
+        )
+    aligned = alignments or markup is not None
+    if aligned and (glossary is not None or constraints is not None):
+        raise ValueError("alignments and markup come from serving_default: not with a "
+                         "glossary or constraints")  # fmt: skip
+    if aligned:
+        return _aligned(translator, texts, alignments, markup)
+    if constraints is not None:
+        return _constrained(translator, texts, constraints)
+    if glossary is None:
+        out = translator(texts)
+        return {
+            "translation": [t.decode("utf-8", "replace") for t in out["translation"].numpy()],
+            "score": out["score"].numpy().tolist(),
+        }
+    if not translator.reads_glossaries:
+        raise ValueError(
+            "this model's vocabulary has no glossary tags "
+            f"{' '.join(glossaries.TAGS)}: it was not prepared with data.terminology"
+        )
+    one_per_text = isinstance(glossary, (list, tuple)) and bool(glossary)
+    one_per_text = one_per_text and all(hasattr(g, "items") for g in glossary)
+    per_text = list(glossary) if one_per_text else [glossary] * len(texts)
+    if len(per_text) != len(texts):
+        raise ValueError(f"{len(texts)} texts but {len(per_text)} glossaries")
+    sources, targets = glossaries.padded(per_text)
+    width = max((len(row) for row in sources), default=0)
+    shape = [len(texts), width]
+    out = translator.translate_glossary(
+        tf.constant(texts, tf.string),
+        tf.reshape(tf.constant(sources, tf.string), shape),
+        tf.reshape(tf.constant(targets, tf.string), shape),
+    )
+    annotated = out["annotated"].numpy().tolist()
+    skipped = glossaries.not_used(texts, per_text, annotated)
+    if skipped:
+        warnings.warn(glossaries.too_long_warning(skipped), stacklevel=3)  # the caller's
+    return {
+        "translation": [t.decode("utf-8", "replace") for t in out["translation"].numpy()],
+        "score": out["score"].numpy().tolist(),
+        "annotated": annotated,
+    }
+
+
+def _aligned(translator, texts, alignments, markup):
+    """`translate(texts, alignments=..., markup=...)` through `serving_default`'s
+    `alignment` output (markup: `keras_transformer.markup.translate_markup`)."""
+    from keras_transformer import markup as markup_module
+
+    if not translator.alignments:
+        raise ValueError(
+            "this Translator has no word alignments: build it with alignments=True (an "
+            "export: keras-transformer export --alignments, or export.alignments: true)"
+        )
+    scores = []
+
+    def plain_translate(plain):
+        out = translator(plain)
+        scores.extend(out["score"].numpy().tolist())
+        translations = [t.decode("utf-8", "replace") for t in out["translation"].numpy()]
+        return translations, out["alignment"].numpy().tolist()
+
+    if markup is None:
+        translations, rows = plain_translate(texts)
+    else:
+        translations, rows = markup_module.translate_markup(plain_translate, texts, markup)
+    answer = {"translation": translations, "score": scores}
+    if alignments:
+        answer["alignment"] = [[(i, j) for j, i in enumerate(row) if i >= 0] for row in rows]
+    return answer
+
+
+def _constrained(translator, texts, constraints):
+    """`translate(texts, constraints=...)`: `translate_constrained` on the rows padded."""
+    rows = [list(row) for row in constraints]
+    if len(rows) != len(texts):
+        raise ValueError(f"{len(texts)} texts but {len(rows)} rows of constraints")
+    width = max([1] + [len(row) for row in rows])
+    padded = [row + [""] * (width - len(row)) for row in rows]
+    out = translator.translate_constrained(
+        tf.constant(texts, tf.string), tf.constant(padded, tf.string, [len(rows), width])
+    )
+    return {
+        "translation": [t.decode("utf-8", "replace") for t in out["translation"].numpy()],
+        "score": out["score"].numpy().tolist(),
+        "constraints_met": out["constraints_met"].numpy().tolist(),
+    }

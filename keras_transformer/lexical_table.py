@@ -1,0 +1,100 @@
+"""A vocabulary shortlist's lexical table as a file, and a batch's shortlist from it, in NumPy
+only: what every engine reads (the graph search, the LiteRT runtime without TensorFlow or
+Keras, the CTranslate2 vocabulary map). `keras_transformer.data.shortlist` builds the table;
+`keras_transformer.decoding.shortlist` is the graph's twin of `batch_shortlist`.
+"""
+
+import dataclasses
+import io
+import json
+
+import numpy as np
+
+from keras_transformer import local_files
+from keras_transformer.errors import DataError
+from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from keras_transformer.workdir import write_atomically
+
+# The width of a batch's shortlist is a multiple of this (`batch_shortlist`'s `bucket`).
+SHORTLIST_BUCKET = 64
+# Always in a batch's shortlist: padding and BOS (their probability enters the normaliser as in
+# the unrestricted search, which then bans them), UNK and EOS.
+SPECIAL_IDS = (PAD_ID, UNK_ID, BOS_ID, EOS_ID)
+
+
+@dataclasses.dataclass(frozen=True)
+class LexicalTable:
+    """A vocabulary shortlist's lexical table (see the module docstring).
+
+    Args:
+        translations: int32 `[vocab, k]`, row `s` the target pieces of source piece `s`.
+        frequent: int32 `[m]`, the most frequent target pieces, most frequent first.
+        settings: how it was built (`k`, `m`, `pairs`, `estimate`).
+    """
+
+    translations: np.ndarray
+    frequent: np.ndarray
+    settings: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def vocab_size(self):
+        """Source pieces the table has a row for."""
+        return int(self.translations.shape[0])
+
+
+def batch_shortlist(translations, frequent, source_ids, extra_ids=None, bucket=SHORTLIST_BUCKET):
+    """A batch's shortlist in NumPy: `(ids int32 [n], real bool [n])`, what the graph's
+    `keras_transformer.decoding.shortlist.shortlist_ids` gives (its arguments) for the runtimes
+    without TensorFlow (the LiteRT runtime).
+
+    The union of the table's `translations` of every piece of `source_ids` (0-padded), the
+    `frequent` ids, `SPECIAL_IDS` and the non-zero `extra_ids` (a forced prefix's), in
+    increasing order, then padding columns (`real` False, id `PAD_ID`) up to the smallest
+    multiple of `bucket` holding it.
+    """
+    source_ids = np.asarray(source_ids, np.int64).reshape(-1)
+    parts = [
+        np.asarray(translations)[source_ids].reshape(-1),
+        np.asarray(frequent).reshape(-1),
+        np.asarray(SPECIAL_IDS),
+    ]
+    if extra_ids is not None:
+        parts.append(np.asarray(extra_ids).reshape(-1))
+    union = np.unique(np.concatenate(parts).astype(np.int32))
+    n = -(-union.size // int(bucket)) * int(bucket)
+    ids = np.full(n, PAD_ID, np.int32)
+    ids[: union.size] = union
+    return ids, np.arange(n) < union.size
+
+
+def save_lexical_table(table, path):
+    """Writes `table` to `path` (npz) atomically: it appears whole or not at all."""
+    buffer = io.BytesIO()
+    np.savez(
+        buffer,
+        translations=np.asarray(table.translations, np.int32),
+        frequent=np.asarray(table.frequent, np.int32),
+        settings=np.array(json.dumps(table.settings, sort_keys=True)),
+    )
+    return write_atomically(path, buffer.getvalue())
+
+
+def read_lexical_table(path, gfile=None):
+    """The `LexicalTable` saved at `path` (any TensorFlow filesystem when TensorFlow is
+    installed, else local), read through `gfile` when given (`local_files.LocalGfile`: local
+    files without importing TensorFlow, as the LiteRT runtime reads them)."""
+    gfile = local_files.gfile() if gfile is None else gfile
+    if not gfile.exists(path):
+        raise DataError(f"no shortlist table at {path} (run keras-transformer shortlist)")
+    with gfile.GFile(path, "rb") as f:
+        data = f.read()
+    with np.load(io.BytesIO(data), allow_pickle=False) as saved:
+        try:
+            translations = saved["translations"].astype(np.int32)
+            frequent = saved["frequent"].astype(np.int32)
+            settings = json.loads(str(saved["settings"]))
+        except KeyError as error:
+            raise DataError(f"{path} is not a shortlist table (missing {error})") from None
+    if translations.ndim != 2 or frequent.ndim != 1:
+        raise DataError(f"{path} is not a shortlist table (shapes {translations.shape})")
+    return LexicalTable(translations, frequent, settings)
