@@ -68,9 +68,9 @@ def test_train_under_mirrored_strategy_with_accumulation_bfloat16_and_ema(tmp_pa
     }
 
 
-def paper_configs_two_steps():
-    """Run by `train_runner.py --logical-cpus 2`: each paper config builds, compiles and makes
-    two optimizer steps under MirroredStrategy with its own gradient accumulation and mixed
+def paper_config_two_steps(name, accumulation):
+    """Run by `train_runner.py --logical-cpus 2`: the paper config `name` builds, compiles and
+    makes two optimizer steps under MirroredStrategy with its own gradient accumulation and mixed
     precision, its layers' shapes kept (d_model, heads, d_ff, dropout); a 64-piece vocabulary,
     8-token sentences and 2 blocks per stack instead of 6, for a 2-core CPU (tracing the six-block
     stacks for two replicas took minutes there)."""
@@ -83,45 +83,47 @@ def paper_configs_two_steps():
     from keras_transformer.training.engines.distribute import get_strategy
 
     root = os.path.dirname(RUNNER)
-    strategy = None  # one strategy for both: a second one would reuse its collective keys
-    for name, accumulation in (("transformer_base", 4), ("transformer_big", 6)):
-        config = load_config(
-            os.path.join(os.path.dirname(root), "configs", f"{name}.yaml"),
-            overrides=[
-                "runtime.strategy=mirrored",
-                "runtime.jit_compile=false",
-                "train.steps=2",
-                "model.num_layers=2",
-            ],
-        )
-        assert config.train.gradient_accumulation_steps == accumulation
-        strategy = strategy or get_strategy(config.runtime)
-        assert strategy.num_replicas_in_sync == 2
-        keras.utils.set_random_seed(0)
-        with strategy.scope():
-            model = build_transformer(config.model, 64, dtype=config.runtime.mixed_precision)
-            compile_model(model, config)
-            # As train() does: created here, not while the first step is traced (which would
-            # trace it twice).
-            model.optimizer.build(model.trainable_variables)
-        # One sentence per micro-batch and replica: 2 x accumulation rows per global batch.
-        rows = 2 * accumulation
-        rng = np.random.default_rng(0)
-        source = rng.integers(4, 64, size=(rows, 8)).astype("int32")
-        target = rng.integers(4, 64, size=(rows, 8)).astype("int32")
-        labels = np.concatenate([target[:, 1:], np.zeros((rows, 1), "int32")], axis=1)
-        dataset = tf.data.Dataset.from_tensors(
-            ({"source_ids": source, "target_ids": target}, labels)
-        ).repeat()
-        history = model.fit(dataset, steps_per_epoch=2, epochs=1, verbose=0)
-        assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 2, name
-        assert np.isfinite(history.history["loss"]).all(), (name, history.history)
-        print(f"{name}: {model.count_params():,} parameters, 2 steps", flush=True)
-        del model
+    accumulation = int(accumulation)
+    config = load_config(
+        os.path.join(os.path.dirname(root), "configs", f"{name}.yaml"),
+        overrides=[
+            "runtime.strategy=mirrored",
+            "runtime.jit_compile=false",
+            "train.steps=2",
+            "model.num_layers=2",
+        ],
+    )
+    assert config.train.gradient_accumulation_steps == accumulation
+    strategy = get_strategy(config.runtime)
+    assert strategy.num_replicas_in_sync == 2
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model = build_transformer(config.model, 64, dtype=config.runtime.mixed_precision)
+        compile_model(model, config)
+        # As train() does: created here, not while the first step is traced (which would
+        # trace it twice).
+        model.optimizer.build(model.trainable_variables)
+    # One sentence per micro-batch and replica: 2 x accumulation rows per global batch.
+    rows = 2 * accumulation
+    rng = np.random.default_rng(0)
+    source = rng.integers(4, 64, size=(rows, 8)).astype("int32")
+    target = rng.integers(4, 64, size=(rows, 8)).astype("int32")
+    labels = np.concatenate([target[:, 1:], np.zeros((rows, 1), "int32")], axis=1)
+    dataset = tf.data.Dataset.from_tensors(
+        ({"source_ids": source, "target_ids": target}, labels)
+    ).repeat()
+    history = model.fit(dataset, steps_per_epoch=2, epochs=1, verbose=0)
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 2, name
+    assert np.isfinite(history.history["loss"]).all(), (name, history.history)
+    print(f"{name}: {model.count_params():,} parameters, 2 steps", flush=True)
 
 
 @pytest.mark.scenario
-def test_paper_configs_run_two_steps_under_mirrored_strategy():
-    run = call_in_runner("test_training_strategies:paper_configs_two_steps", timeout=540)
+@pytest.mark.parametrize("name, accumulation", [("transformer_base", 4), ("transformer_big", 6)])
+def test_paper_configs_run_two_steps_under_mirrored_strategy(name, accumulation):
+    """Each config in its own process (both in one held both models' memory: 5.7 GB)."""
+    run = call_in_runner(
+        "test_training_strategies:paper_config_two_steps", name, accumulation, timeout=540
+    )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert "transformer_big: " in run.stdout
+    assert f"{name}: " in run.stdout
