@@ -187,7 +187,7 @@ def test_translator_meets_string_constraints_and_answers_hostile_ones(copy_model
         [b"pear \xff"],  # "pear"
         ["\u00e9t\u00e9"],  # pieces the vocabulary lacks: never in an output
     ]
-    out = translator.translate(texts, constraints)
+    out = translator.translate(texts, constraints=constraints)
     plain = translator.translate(texts)
     assert set(out) == {"translation", "score", "constraints_met"}
     # Unmeetable: longer than any output, or with pieces the vocabulary lacks.

@@ -196,7 +196,7 @@ class Translator(tf.Module):
       translation is `serve`'s. Invalid UTF-8 in a term becomes U+FFFD; a term with a piece
       unknown to the vocabulary is unmeetable, so flagged. Row counts that differ raise
       `InvalidArgumentError`.
-      `translate(texts, constraints)` calls it from Python.
+      `translate(texts, constraints=...)` calls it from Python.
     - `translate_sample(text, seed)`, only with `settings.sampling_topk > 0`: `{"translation",
       "score"}` as `serve`, each translation sampled (top-k, top-p, temperature fixed in the
       graph) with its row's int64 `seed`: the same text and seed give the same translation.
