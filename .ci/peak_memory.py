@@ -119,7 +119,8 @@ def main(argv):
             peak = pss
             _write(out, f"{peak}\n")
             if tests_dir:
-                lines = sorted(shares.values(), key=lambda share: -share[0])
+                # A recycled worker not yet reaped (a zombie) holds nothing: left out.
+                lines = sorted((s for s in shares.values() if s[0]), key=lambda share: -share[0])
                 _write(out + ".where", "".join(f"{b / 2**30:.1f} GB  {t}\n" for b, t in lines))
         time.sleep(0.5)
 
