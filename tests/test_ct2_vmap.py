@@ -6,12 +6,13 @@ import json
 import os
 
 import _inference_fixtures as fx
-import numpy as np
 import pytest
+from _shortlist_tables import identity_table as _identity_table
+from _shortlist_tables import table as _table
 from test_cli_inference import _write_workdir
 
 from keras_transformer import cli
-from keras_transformer.data.shortlist import SPECIAL_IDS, LexicalTable, save_lexical_table
+from keras_transformer.data.shortlist import SPECIAL_IDS, save_lexical_table
 from keras_transformer.errors import UsageError
 from keras_transformer.export.ct2 import export_ctranslate2, vocabulary_map
 from keras_transformer.workdir import Workdir
@@ -22,17 +23,6 @@ os.environ.setdefault("CT2_USE_MKL", "1")  # as tests/test_export_ct2.py
 ctranslate2 = pytest.importorskip("ctranslate2")
 
 MAX_EXTRA = 8
-
-
-def _table(translations, frequent=()):
-    return LexicalTable(np.asarray(translations, np.int32), np.asarray(frequent, np.int32))
-
-
-def _identity_table(vocab, without=()):
-    """Each source piece translates into itself (the copy task), except the pieces `without`."""
-    rows = np.arange(vocab)[:, None].copy()
-    rows[list(without)] = 0
-    return _table(rows)
 
 
 def _parse(text):

@@ -11,8 +11,11 @@ import shutil
 import _inference_fixtures as fx
 import numpy as np
 import pytest
+from _shortlist_tables import full_table as _full_table
+from _shortlist_tables import identity_table as _identity_table
+from _shortlist_tables import table as _table
 
-from keras_transformer.data.shortlist import SPECIAL_IDS, LexicalTable, batch_shortlist
+from keras_transformer.data.shortlist import SPECIAL_IDS, batch_shortlist
 from keras_transformer.decoding.shortlist import shortlist_ids
 from keras_transformer.errors import UsageError
 from keras_transformer.export.litert import export_litert
@@ -25,22 +28,6 @@ from keras_transformer.litert import runtime  # noqa: E402
 pytestmark = pytest.mark.numerics
 
 REQUEST = fx.NORMAL + fx.toy_sentences(12, seed=13)
-
-
-def _table(translations, frequent=()):
-    return LexicalTable(np.asarray(translations, np.int32), np.asarray(frequent, np.int32))
-
-
-def _full_table(vocab):
-    """Every piece in every shortlist."""
-    return _table(np.zeros((vocab, 1)), np.arange(vocab))
-
-
-def _identity_table(vocab, without=()):
-    """Each source piece translates into itself (the copy task), except the pieces `without`."""
-    rows = np.arange(vocab)[:, None].copy()
-    rows[list(without)] = 0
-    return _table(rows)
 
 
 # --------------------------------------------------------------------------- the batch's shortlist

@@ -6,10 +6,11 @@ import _inference_fixtures as fx
 import numpy as np
 import pytest
 import tensorflow as tf
+from _shortlist_tables import full_table as _full_table
+from _shortlist_tables import identity_table as _identity_table
 
 from keras_transformer.data import synthetic
 from keras_transformer.data.shortlist import (
-    LexicalTable,
     build_lexical_table,
     read_lexical_table,
     save_lexical_table,
@@ -19,22 +20,6 @@ from keras_transformer.decoding.shortlist import SPECIAL_IDS, shortlist_ids
 from keras_transformer.errors import DataError
 
 pytestmark = pytest.mark.numerics
-
-
-def _table(translations, frequent=()):
-    return LexicalTable(np.asarray(translations, np.int32), np.asarray(frequent, np.int32))
-
-
-def _full_table(vocab):
-    """Every piece in every shortlist."""
-    return _table(np.zeros((vocab, 1)), np.arange(vocab))
-
-
-def _identity_table(vocab, without=()):
-    """Each source piece translates into itself (the copy task), except the pieces `without`."""
-    rows = np.arange(vocab)[:, None].copy()
-    rows[list(without)] = 0
-    return _table(rows)
 
 
 # --------------------------------------------------------------------------- the lexical table
