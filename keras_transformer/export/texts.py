@@ -25,11 +25,7 @@ def translate(translator, texts, glossary=None, constraints=None, alignments=Fal
     if constraints is not None:
         return _constrained(translator, texts, constraints)
     if glossary is None:
-        out = translator(texts)
-        return {
-            "translation": [t.decode("utf-8", "replace") for t in out["translation"].numpy()],
-            "score": out["score"].numpy().tolist(),
-        }
+        return _values(translator(texts), "translation", "score")
     if not translator.reads_glossaries:
         raise ValueError(
             "this model's vocabulary has no glossary tags "
@@ -48,15 +44,11 @@ def translate(translator, texts, glossary=None, constraints=None, alignments=Fal
         tf.reshape(tf.constant(sources, tf.string), shape),
         tf.reshape(tf.constant(targets, tf.string), shape),
     )
-    annotated = out["annotated"].numpy().tolist()
-    skipped = glossaries.not_used(texts, per_text, annotated)
+    answer = _values(out, "translation", "score", "annotated")
+    skipped = glossaries.not_used(texts, per_text, answer["annotated"])
     if skipped:
         warnings.warn(glossaries.too_long_warning(skipped), stacklevel=3)  # the caller's
-    return {
-        "translation": [t.decode("utf-8", "replace") for t in out["translation"].numpy()],
-        "score": out["score"].numpy().tolist(),
-        "annotated": annotated,
-    }
+    return answer
 
 
 def _aligned(translator, texts, alignments, markup):
@@ -72,10 +64,9 @@ def _aligned(translator, texts, alignments, markup):
     scores = []
 
     def plain_translate(plain):
-        out = translator(plain)
-        scores.extend(out["score"].numpy().tolist())
-        translations = [t.decode("utf-8", "replace") for t in out["translation"].numpy()]
-        return translations, out["alignment"].numpy().tolist()
+        out = _values(translator(plain), "translation", "score", "alignment")
+        scores.extend(out["score"])
+        return out["translation"], out["alignment"]
 
     if markup is None:
         translations, rows = plain_translate(texts)
@@ -97,8 +88,12 @@ def _constrained(translator, texts, constraints):
     out = translator.translate_constrained(
         tf.constant(texts, tf.string), tf.constant(padded, tf.string, [len(rows), width])
     )
-    return {
-        "translation": [t.decode("utf-8", "replace") for t in out["translation"].numpy()],
-        "score": out["score"].numpy().tolist(),
-        "constraints_met": out["constraints_met"].numpy().tolist(),
-    }
+    return _values(out, "translation", "score", "constraints_met")
+
+
+def _values(out, *names):
+    """A signature's outputs `names` as Python lists, the translations decoded to str."""
+    values = {name: out[name].numpy().tolist() for name in names}
+    if "translation" in values:
+        values["translation"] = [t.decode("utf-8", "replace") for t in values["translation"]]
+    return values
