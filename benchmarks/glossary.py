@@ -11,9 +11,13 @@ without and with glossary annotations (`data.terminology`), on held-out pairs.
 3. on the test pairs, each with the entries it holds (source term in the source, target term in
    the reference: the glossary a user would give for that sentence), translate with
    `plain`'s `serving_default`, `soft`'s `serving_default` (no glossary) and `soft`'s
-   `translate_glossary` (its glossary), and report for each the term use rate (entries whose
-   target term appears whole in the output, over the entries), test BLEU and chrF (sacreBLEU,
-   every test pair) and sentences per second of the translation call.
+   `translate_glossary` (its glossary); and with hard constraints (`translate_constrained`,
+   the entries' target terms as the constraints): `plain_constrained` (`plain`'s export) and
+   `soft_glossary_constrained` (`soft`'s, its sources annotated by `glossary.annotate`: both
+   at once); report for each the term use rate (entries whose target term appears whole in the
+   output, over the entries), the share of sentences whose constraints were all met (the
+   constrained systems), test BLEU and chrF (sacreBLEU, every test pair) and sentences per
+   second of the translation call (a speed figure only when the machine ran nothing else).
 
 Prints one JSON line per system; with `BENCH_LABEL` set they are appended to the ledger
 `benchmarks/results/glossary.jsonl` (`benchmarks/ledger.py`). Finished trainings are skipped
@@ -82,9 +86,12 @@ def train(args, work, name, terms_file=None):
     return os.path.join(base, name)
 
 
-def translate(model_dir, texts, glossaries=None, batch_size=32):
-    """`(translations, seconds)` of the SavedModel's `serving_default`, or of
-    `translate_glossary` with one glossary (a list of entries) per text."""
+def translate(model_dir, texts, glossaries=None, batch_size=32, mode="glossary"):
+    """`(translations, seconds, met)` of the SavedModel's `serving_default` (`glossaries`
+    None), of `translate_glossary` with one glossary (a list of entries) per text (`mode`
+    "glossary"), or of `translate_constrained` with each glossary's target terms as the text's
+    constraints (`mode` "constrained"; "both": the texts annotated with their glossaries
+    first). `met`: the constrained modes' `constraints_met` per text, else None."""
     import tensorflow as tf
     import tensorflow_text  # noqa: F401
 
@@ -92,21 +99,33 @@ def translate(model_dir, texts, glossaries=None, batch_size=32):
     from keras_transformer.export.saved_model import resolve_model_dir
 
     loaded = tf.saved_model.load(resolve_model_dir(model_dir))
-    key = "serving_default" if glossaries is None else "translate_glossary"
-    signature, out, seconds = loaded.signatures[key], [], 0.0
+    if glossaries is None:
+        key = "serving_default"
+    else:
+        key = "translate_glossary" if mode == "glossary" else "translate_constrained"
+    signature, out, met, seconds = loaded.signatures[key], [], [], 0.0
     for start in range(0, len(texts), batch_size):
         batch = texts[start : start + batch_size]
+        rows = None if glossaries is None else glossaries[start : start + batch_size]
+        if mode == "both" and rows is not None:
+            batch = [glossary.annotate(text, row) for text, row in zip(batch, rows)]
         inputs = {"text": tf.constant(batch)}
-        if glossaries is not None:
-            sources, targets = glossary.padded(glossaries[start : start + batch_size])
+        if rows is not None and mode == "glossary":
+            sources, targets = glossary.padded(rows)
             shape = [len(batch), max((len(row) for row in sources), default=0)]
             inputs["glossary_source"] = tf.reshape(tf.constant(sources, tf.string), shape)
             inputs["glossary_target"] = tf.reshape(tf.constant(targets, tf.string), shape)
+        elif rows is not None:
+            width = max([1] + [len(row) for row in rows])
+            padded = [[t for _, t in row] + [""] * (width - len(row)) for row in rows]
+            inputs["constraints"] = tf.constant(padded, tf.string, [len(batch), width])
         started = time.perf_counter()
-        result = signature(**inputs)["translation"].numpy()
+        result = signature(**inputs)
         seconds += time.perf_counter() - started
-        out.extend(t.decode("utf-8", "replace") for t in result)
-    return out, seconds
+        out.extend(t.decode("utf-8", "replace") for t in result["translation"].numpy())
+        if "constraints_met" in result:
+            met.extend(bool(m) for m in result["constraints_met"].numpy())
+    return out, seconds, (met or None)
 
 
 def term_use_rate(outputs, glossaries):
@@ -117,6 +136,14 @@ def term_use_rate(outputs, glossaries):
             total += 1
             used += re.search(r"(?<!\w)" + re.escape(target) + r"(?!\w)", output) is not None
     return used / total if total else None
+
+
+def _met_rate(met, glossaries):
+    """The share of the sentences holding glossary entries whose constraints were all met."""
+    if met is None:
+        return None
+    rows = [m for m, entries in zip(met, glossaries) if entries]
+    return round(sum(rows) / len(rows), 4) if rows else None
 
 
 def run(args, work):
@@ -140,18 +167,21 @@ def run(args, work):
     sources, references = [s for s, _ in test], [t for _, t in test]
     glossaries = [finder.found(s, t) for s, t in test]
     systems = {
-        "plain": (models["plain"], None),
-        "soft_no_glossary": (models["soft"], None),
-        "soft_glossary": (models["soft"], glossaries),
+        "plain": (models["plain"], None, None),
+        "soft_no_glossary": (models["soft"], None, None),
+        "soft_glossary": (models["soft"], glossaries, "glossary"),
+        "plain_constrained": (models["plain"], glossaries, "constrained"),
+        "soft_glossary_constrained": (models["soft"], glossaries, "both"),
     }
-    for system, (model, given) in systems.items():
-        outputs, seconds = translate(model, sources, given)
+    for system, (model, given, mode) in systems.items():
+        outputs, seconds, met = translate(model, sources, given, mode=mode)
         emit(
             figure="glossary", system=system, train=args.train, test=args.test,
             terms=len(terms), fraction=args.fraction if system != "plain" else None,
             test_sentences=len(test), sentences_with_terms=sum(1 for g in glossaries if g),
             term_entries=sum(len(g) for g in glossaries),
             term_use_rate=term_use_rate(outputs, glossaries),
+            constraints_met=_met_rate(met, glossaries),
             test_bleu=round(sacrebleu.corpus_bleu(outputs, [references]).score, 2),
             test_chrf=round(sacrebleu.corpus_chrf(outputs, [references]).score, 2),
             sentences_per_second=round(len(test) / max(seconds, 1e-9), 1),

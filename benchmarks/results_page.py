@@ -318,6 +318,30 @@ COLUMNS = {
         ),
         first("warmup records", "records"),
     ],
+    "shortlist_quality": [
+        labelled("system", ("", "system", ""), ("", "what", "")),
+        pair("test BLEU / chrF", "bleu", "chrf"),
+        labelled(
+            "with minus without",
+            ("SavedModel", "saved_model_delta", ""),
+            ("LiteRT int8", "litert_int8_delta", ""),
+        ),
+        labelled(
+            "same translations",
+            ("SavedModel", "saved_model_same", ""),
+            ("LiteRT int8", "litert_int8_same", ""),
+        ),
+    ],
+    "glossary": [
+        labelled("system", ("", "system", ""), ("fraction", "fraction", "")),
+        labelled(
+            "term use, constraints met",
+            ("", "term_use_rate", ""),
+            ("met", "constraints_met", ""),
+        ),
+        pair("test BLEU / chrF", "test_bleu", "test_chrf"),
+        first("sentences/s", "sentences_per_second"),
+    ],
     "train_backends": [
         labelled("backend, shape", ("", "backend", ""), ("", "shape", ""), ("", "what", "")),
         first("tokens/s", "tokens_per_s"),
@@ -361,6 +385,11 @@ TITLES = {
         "Training on the JAX and TensorFlow backends on a CPU",
         "benchmarks/train_backends.py",
     ),
+    "shortlist_quality": (
+        "BLEU with and without the vocabulary shortlist",
+        "benchmarks/shortlist_quality.py",
+    ),
+    "glossary": ("Glossaries: term use and BLEU", "benchmarks/glossary.py"),
     "accelerator_check": (
         "One GPU: the JAX backend against PyTorch",
         "benchmarks/accelerator_check.py",
