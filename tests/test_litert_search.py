@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from keras import ops
 
-from keras_transformer import search_rules
+from keras_transformer import constraint_rules, search_rules
 from keras_transformer.config import BOS_ID, EOS_ID, PAD_ID, DecodingSettings
 from keras_transformer.decoding import search as graph_search
 from keras_transformer.decoding import translate_ids
@@ -261,7 +261,12 @@ def test_constants_are_the_packages():
 
 
 # The package's modules the search may import: they import only numpy and the standard library.
-_RULES = {"keras_transformer", "keras_transformer.search_rules", "keras_transformer.special_ids"}
+_RULES = {
+    "keras_transformer",
+    "keras_transformer.search_rules",
+    "keras_transformer.special_ids",
+    "keras_transformer.constraint_rules",
+}
 
 
 def _imports(path):
@@ -276,17 +281,20 @@ def _imports(path):
 
 
 def test_search_module_imports_only_numpy_and_the_standard_library():
-    """The search and the rules it shares with the graph search (`search_rules`) import numpy,
-    the standard library and nothing else (the package's `__init__` is lazy)."""
+    """The search and the rules it shares with the graph search (`search_rules`,
+    `constraint_rules`) import numpy, the standard library, each other and nothing else (the
+    package's `__init__` is lazy)."""
     imported = _imports(SEARCH_PATH)
     ours = {name for name in imported if name.startswith("keras_transformer.")}
     assert ours - _RULES <= {f"{m}.{n}" for m in _RULES for n in ("BOS_ID", "EOS_ID")}, ours
     tops = {name.split(".")[0] for name in imported - ours - _RULES}
     assert tops - sys.stdlib_module_names == {"numpy"}, sorted(imported)
     assert {"keras_transformer.search_rules", "keras_transformer.special_ids"} <= imported
-    for module in (search_rules, sys.modules["keras_transformer.special_ids"]):
-        tops = {name.split(".")[0] for name in _imports(module.__file__)}
-        assert tops - sys.stdlib_module_names <= {"numpy"}, module.__name__
+    for module in (search_rules, constraint_rules, sys.modules["keras_transformer.special_ids"]):
+        imported = _imports(module.__file__)
+        imported -= {f"{m}.{n}" for m in _RULES for n in dir(sys.modules[m])} | _RULES
+        tops = {name.split(".")[0] for name in imported}
+        assert tops - sys.stdlib_module_names <= {"numpy"}, (module.__name__, imported)
 
 
 def test_search_module_runs_without_tensorflow_or_keras():
