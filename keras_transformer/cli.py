@@ -340,6 +340,7 @@ def _add_export_command(sub, common):
         "ctranslate2 hold it for their runtimes to use when asked (shortlist=True, use_vmap; "
         "default: when the workdir has one)",
     )
+    _export_constraints_flag(p)
     _export_alignment_flag(p)
     p.set_defaults(func=commands.export_command, stops_safely=True)
 
@@ -353,6 +354,17 @@ def _export_decoding_flags(p):
     )
     p.add_argument("--max-extra-length", type=int, help="outputs stop at source length + this")
     _sampling_flags(p, "adds the translate_sample signature; default decode.sampling_*")
+
+
+def _export_constraints_flag(p):
+    """`export --constraints`: the LiteRT export's constrained step."""
+    p.add_argument(
+        "--constraints",
+        action="store_true",
+        help="litert: also the constrained decoder step, for translate --constraints (hard "
+        "lexical constraints; one more copy of the step's weights); the SavedModel always "
+        "has them (translate_constrained)",
+    )
 
 
 def _export_alignment_flag(p):

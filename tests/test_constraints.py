@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from keras_transformer import constraint_rules
 from keras_transformer.decoding import translate_ids
-from keras_transformer.decoding.constraints import constraint_lengths, progress_after
+from keras_transformer.decoding.constraints import KERAS
 
 SOURCES = ["red apple cat", "dog dog fish bird", "blue", "plum pear white black green"]
 SETTINGS = dict(alpha=0.6, max_extra_length=6)
@@ -43,15 +44,18 @@ def _output(ids):
 # --------------------------------------------------------------------------- progress
 
 
-def test_progress_is_the_longest_prefix_the_window_ends_with():
+@pytest.mark.parametrize("engine", ["keras", "numpy"])
+def test_progress_is_the_longest_prefix_the_window_ends_with(engine):
+    """The one rule, run on `keras.ops` (the graph's) and on numpy (the LiteRT runtime's)."""
+    xp = KERAS if engine == "keras" else constraint_rules.NUMPY
     constraints = np.array([[[5, 5, 7, 0], [9, 0, 0, 0]]], "int32")  # "5 5 7", "9"
     windows = np.array(
         [[[-1, -1, -1, 5], [-1, 5, 5, 5], [5, 5, 5, 7], [5, 5, 7, 8], [1, 2, 9, 5]]], "int32"
     )
     old = np.zeros((1, 5, 2), "int32")
     old[0, 4, 1] = 1  # already met "9": stays met whatever comes
-    lengths = constraint_lengths(constraints)
-    progress = np.asarray(progress_after(windows, constraints, lengths, old))
+    lengths = constraint_rules.constraint_lengths(xp, constraints)
+    progress = np.asarray(constraint_rules.progress_after(xp, windows, constraints, lengths, old))
     # "5 5 5" ends with "5 5" (a fallback, not a restart), "5 5 5 7" meets it, "8" leaves it.
     np.testing.assert_array_equal(progress[0], [[1, 0], [2, 0], [3, 0], [0, 0], [1, 1]])
 

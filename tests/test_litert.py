@@ -45,8 +45,8 @@ def saved_model(exported_copy_model):
 @pytest.fixture(scope="module")
 def litert_dirs(copy_model, toy_spm_bytes, _shared_root):
     """The copy model exported with the SavedModel's settings, its confidence fitted on the same
-    dev pairs (by the export translating them itself): once per run, shared by the workers (the
-    tests only read it)."""
+    dev pairs (by the export translating them itself), the float32 one with its constrained
+    step: once per run, shared by the workers (the tests only read it)."""
     from shared_runs import shared_directory
 
     from keras_transformer.config import DecodingSettings
@@ -57,7 +57,7 @@ def litert_dirs(copy_model, toy_spm_bytes, _shared_root):
     def export(base):
         for q in quantizations:
             export_litert(copy_model, toy_spm_bytes, str(base / q), q, fx.EXPORT_DATA, settings,
-                          dev_pairs=fx.dev_pairs())  # fmt: skip
+                          dev_pairs=fx.dev_pairs(), constraints=q == "float32")  # fmt: skip
 
     base = shared_directory(_shared_root, "litert_copy_model", export)
     return {q: str(base / q) for q in quantizations}
@@ -112,6 +112,69 @@ def test_float32_n_best_and_prefix_answer_as_the_saved_model(saved_model, litert
     np.testing.assert_allclose(got["score"], reference["score"].numpy(), atol=1e-4)
     with pytest.raises(ValueError, match="must be the same"):
         ours.translate_prefix(REQUEST, prefixes[:1])
+
+
+CONSTRAINED_TEXTS = fx.NORMAL + fx.HOSTILE + ["red apple cat", "blue", "blue"]
+CONSTRAINTS = [
+    ["dog"],
+    [],
+    ["fish", "white"],
+    ["", "plum"],  # "" is no term
+    ["cat", "cat bird"],  # overlapping: one the other's prefix
+    [" ".join(["green"] * 40)],  # more pieces than any output holds: unmeetable
+    [b"\xff\xfe"],  # invalid UTF-8: U+FFFD
+    [b"pear \xff"],
+    ["\u00e9t\u00e9"],  # pieces the vocabulary lacks: unmeetable
+    ["red", "apple"],
+    ["cat dog"],
+    ["blue", "blue"],
+]
+
+
+def _string_rows(rows):
+    """Rows of terms as the signature's tf.string `[n, C]`, padded with ""."""
+    width = max([1] + [len(row) for row in rows])
+    rows = [[t if isinstance(t, bytes) else t.encode() for t in row] for row in rows]
+    return tf.constant([row + [b""] * (width - len(row)) for row in rows], tf.string)
+
+
+def test_float32_constrained_answers_equal_the_saved_models(saved_model, litert_dirs):
+    """`translate(texts, constraints=...)` (the constrained step, `constraint_rules` on numpy)
+    answers as the SavedModel's `translate_constrained`: rows without constraints, overlapping
+    terms, unmeetable ones (answered unconstrained, flagged), invalid UTF-8; each met output
+    holds its terms."""
+    from keras_transformer.litert.runtime import _as_text
+
+    loaded, _ = saved_model
+    reference = loaded.signatures["translate_constrained"](
+        text=tf.constant(CONSTRAINED_TEXTS), constraints=_string_rows(CONSTRAINTS)
+    )
+    ours = litert.load(litert_dirs["float32"])
+    got = ours.translate(CONSTRAINED_TEXTS, constraints=CONSTRAINTS)
+    assert set(got) == {"translation", "score", "constraints_met"}
+    assert got["translation"] == _texts(reference["translation"])
+    assert got["constraints_met"].tolist() == reference["constraints_met"].numpy().tolist()
+    np.testing.assert_allclose(got["score"], reference["score"].numpy(), atol=1e-4)
+    assert got["constraints_met"].tolist()[5:9] == [False, True, True, False]
+    plain = ours.translate(CONSTRAINED_TEXTS)
+    for row in (1, 5, 8):  # none, or unmeetable: the unconstrained answer
+        assert got["translation"][row] == plain["translation"][row]
+    for terms, text, met in zip(CONSTRAINTS, got["translation"], got["constraints_met"]):
+        for term in terms if met else ():
+            words = " ".join(_as_text(term).replace("\ufffd", " ").split())
+            assert not words or f" {words} " in f" {' '.join(text.split())} ", (term, text)
+
+
+def test_constrained_requests_hostile_and_refused(litert_dirs):
+    ours = litert.load(litert_dirs["float32"])
+    empty = ours.translate_constrained([], [])
+    assert empty["translation"] == [] and empty["score"].shape == (0,)
+    assert empty["constraints_met"].shape == (0,)
+    with pytest.raises(ValueError, match="must be the same"):
+        ours.translate_constrained(["blue"], [["a"], ["b"]])
+    without = litert.load(litert_dirs["dynamic_int8"])  # exported without the constrained step
+    with pytest.raises(litert.LiteRTError, match="constrained step"):
+        without.translate(["blue"], constraints=[["blue"]])
 
 
 @pytest.mark.parametrize("rows", [0, 1, 513])
@@ -290,7 +353,8 @@ def test_the_graphs_hold_only_builtin_ops(litert_dirs):
     from ai_edge_litert.interpreter import Interpreter
 
     for path in litert_dirs.values():
-        for name in ("encoder.tflite", "decoder_step.tflite"):
+        names = {"encoder.tflite", "decoder_step.tflite", "decoder_step_constrained.tflite"}
+        for name in names & set(os.listdir(path)):
             ops = {o["op_name"] for o in Interpreter(os.path.join(path, name))._get_ops_details()}
             assert not {op for op in ops if op.startswith("Flex") or op == "CUSTOM"}, ops
 
@@ -339,7 +403,7 @@ def test_export_and_translate_commands(tmp_path, copy_model, toy_spm_path, run_c
     output = tmp_path / "litert"
     code, out, err = run_cli(
         "export", "--workdir", str(workdir), "--format", "litert", "--quantization",
-        "dynamic_int8", "--output", str(output),
+        "dynamic_int8", "--output", str(output), "--constraints",
     )  # fmt: skip
     assert code == 0, err
     assert str(output) in out
@@ -352,6 +416,16 @@ def test_export_and_translate_commands(tmp_path, copy_model, toy_spm_path, run_c
         out.splitlines()
         == litert.load(str(output)).translate(["red apple cat", "dog"])["translation"]
     )
+    terms = tmp_path / "terms.tsv"
+    terms.write_text("dog\n\n")
+    code, out, err = run_cli(
+        "translate", "--model", str(output), "--constraints", str(terms), "red apple cat", "blue"
+    )
+    assert code == 0, err
+    expected = litert.load(str(output)).translate(
+        ["red apple cat", "blue"], constraints=[["dog"], []]
+    )
+    assert out.splitlines() == expected["translation"] and "dog" in out.splitlines()[0]
     code, out, err = run_cli("translate", "--model", str(output), "--n-best", "2", "red apple")
     assert code == 0, err
     assert len(out.splitlines()) == 2 and all("\t" in line for line in out.splitlines())
@@ -362,6 +436,7 @@ def test_export_and_translate_commands(tmp_path, copy_model, toy_spm_path, run_c
     for flags, message in (
         (["--quantization", "int8"], "--format litert takes"),
         (["--sampling-topk", "5"], "no sampling flags"),
+        (["--format", "saved_model", "--constraints"], "--constraints applies to --format litert"),
     ):
         code, _, err = run_cli(
             "export", "--workdir", str(workdir), "--format", "litert", "--output",

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from keras import ops
 
-from keras_transformer import search_rules
+from keras_transformer import constraint_rules, search_rules
 from keras_transformer.config import BOS_ID, EOS_ID, PAD_ID, DecodingSettings
 from keras_transformer.decoding import search as graph_search
 from keras_transformer.decoding import translate_ids
@@ -52,6 +52,7 @@ class ModelStep:
         self.self_attention = cache["self_attention"]
         log_probs = ops.log_softmax(ops.cast(logits[:, 0], "float32"), axis=-1)
         log_probs = np.asarray(ops.where(self.banned, NEG_INF, log_probs))  # [rows, vocab]
+        self.log_probs = log_probs
         top_ids = np.argsort(-log_probs, axis=1, kind="stable")[:, : self.top_k]  # ties: low id
         self.calls += 1
         top = np.take_along_axis(log_probs, top_ids, axis=1)
@@ -76,6 +77,15 @@ class DroppingStep(ModelStep):
         self.self_attention = [tuple(map(take, pair)) for pair in self.self_attention]
         self.cross_attention = [tuple(map(take, pair)) for pair in self.cross_attention]
         self.source_mask = take(self.source_mask)
+
+
+class WantedStep(DroppingStep):
+    """The constrained step's contract: also the log p of each row's wanted ids."""
+
+    def __call__(self, ids, index, wanted):
+        assert wanted.dtype == np.int32 and wanted.shape[0] == ids.shape[0]
+        found = super().__call__(ids, index)
+        return found + (np.take_along_axis(self.log_probs, wanted, axis=1),)
 
 
 def _model(eos_bias):
@@ -251,7 +261,12 @@ def test_constants_are_the_packages():
 
 
 # The package's modules the search may import: they import only numpy and the standard library.
-_RULES = {"keras_transformer", "keras_transformer.search_rules", "keras_transformer.special_ids"}
+_RULES = {
+    "keras_transformer",
+    "keras_transformer.search_rules",
+    "keras_transformer.special_ids",
+    "keras_transformer.constraint_rules",
+}
 
 
 def _imports(path):
@@ -266,17 +281,20 @@ def _imports(path):
 
 
 def test_search_module_imports_only_numpy_and_the_standard_library():
-    """The search and the rules it shares with the graph search (`search_rules`) import numpy,
-    the standard library and nothing else (the package's `__init__` is lazy)."""
+    """The search and the rules it shares with the graph search (`search_rules`,
+    `constraint_rules`) import numpy, the standard library, each other and nothing else (the
+    package's `__init__` is lazy)."""
     imported = _imports(SEARCH_PATH)
     ours = {name for name in imported if name.startswith("keras_transformer.")}
     assert ours - _RULES <= {f"{m}.{n}" for m in _RULES for n in ("BOS_ID", "EOS_ID")}, ours
     tops = {name.split(".")[0] for name in imported - ours - _RULES}
     assert tops - sys.stdlib_module_names == {"numpy"}, sorted(imported)
     assert {"keras_transformer.search_rules", "keras_transformer.special_ids"} <= imported
-    for module in (search_rules, sys.modules["keras_transformer.special_ids"]):
-        tops = {name.split(".")[0] for name in _imports(module.__file__)}
-        assert tops - sys.stdlib_module_names <= {"numpy"}, module.__name__
+    for module in (search_rules, constraint_rules, sys.modules["keras_transformer.special_ids"]):
+        imported = _imports(module.__file__)
+        imported -= {f"{m}.{n}" for m in _RULES for n in dir(sys.modules[m])} | _RULES
+        tops = {name.split(".")[0] for name in imported}
+        assert tops - sys.stdlib_module_names <= {"numpy"}, (module.__name__, imported)
 
 
 def test_search_module_runs_without_tensorflow_or_keras():
@@ -294,3 +312,49 @@ def test_search_module_runs_without_tensorflow_or_keras():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "search"
+
+
+def _constraints():
+    """int32 `[5, 2, 3]` constraints for `_sources`' five inputs: two, an overlapping pair (one
+    the other's prefix), a three-piece one, none, an unmeetable one (BOS is never generated)."""
+    constraints = np.zeros((5, 2, 3), "int32")
+    constraints[0] = [[7, 8, 0], [12, 0, 0]]
+    constraints[1] = [[9, 0, 0], [9, 10, 0]]
+    constraints[2, 0] = [11, 12, 13]
+    constraints[4, 0, 0] = BOS_ID
+    return constraints
+
+
+@pytest.mark.parametrize(
+    "model_name,k,alpha,extra", [("random", 1, 0.6, 5), ("random", 3, 0.6, 6),
+                                 ("long", 2, 1.0, 4), ("eos", 4, 0.0, 8)],
+)  # fmt: skip
+def test_constrained_search_gives_the_graphs_answers(models, model_name, k, alpha, extra):
+    """The numpy search with constraints (`constraint_rules` on numpy, over the constrained
+    step's contract) against the graph's `constrained_beam_search` (the same rules on
+    `keras.ops`, over the whole vocabulary): the same `met` flags, and where met the same
+    hypotheses, each holding its constraints contiguously; settled sentences dropped."""
+    model, source_ids, constraints = models[model_name], _sources(5), _constraints()
+    settings = DecodingSettings(beam_size=k, alpha=alpha, max_extra_length=extra)
+    expected = translate_ids(
+        model, source_ids, settings, return_all=True, kernels="none", constraints=constraints
+    )
+    buffer, caps = source_ids.shape[1] + extra, (source_ids != 0).sum(1) + extra
+    step = WantedStep(model, source_ids, buffer, k, 2 * k + 1)
+    *got, met = litert_search.search(
+        step, len(source_ids), k, buffer, caps, alpha, return_all=True, constraints=constraints
+    )
+    np.testing.assert_array_equal(met, np.asarray(expected.constraints_met))
+    assert met.tolist()[3:] == [True, False]  # no constraint: met; BOS: never
+    assert step.kept, "settled sentences were dropped"
+    rows = np.flatnonzero(met)
+    _assert_same([np.asarray(x)[rows] for x in expected[:3]], [x[rows] for x in got])
+    for row in rows:
+        output = list(got[0][row, 0])
+        for term in constraints[row]:
+            term = [int(t) for t in term if t]
+            assert not term or any(output[i : i + len(term)] == term for i in range(len(output))), (
+                row,
+                term,
+                output,
+            )

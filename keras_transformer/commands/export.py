@@ -132,6 +132,7 @@ def _export_litert(args, config, final, spm_bytes, name, averaged):
         facts,
         dev_pairs=dev_pairs,
         shortlist=_engine_shortlist(args, config),
+        constraints=bool(getattr(args, "constraints", False)),
     )
     what = averaged or f"step {final.steps[-1]}"
     print(f"converted {what} to LiteRT ({quantization}) in {path}")
@@ -175,7 +176,7 @@ def export_command(args):
     """`keras-transformer export --workdir DIR [--average N] [--output DIR] [--beam-size K]
     [--alpha A] [--n-best N] [--max-extra-length L] [--sampling-topk K [--temperature T]
     [--top-p P]] [--format saved_model|ctranslate2|litert] [--quantization TYPE]
-    [--shortlist] [--alignments]`."""
+    [--shortlist] [--alignments] [--constraints]`."""
     export_format = flags.export_format(args)
     if export_format == "ctranslate2":
         from keras_transformer.export.ct2 import require_ctranslate2

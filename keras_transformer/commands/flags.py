@@ -151,6 +151,11 @@ def check_export(args):
         raise UsageError("a LiteRT export searches (beam or greedy): it takes no sampling flags")
     if getattr(args, "alignments", None) and export_format(args) != "saved_model":
         raise UsageError("--alignments applies to the SavedModel (--format saved_model)")
+    if getattr(args, "constraints", False) and export_format(args) != "litert":
+        raise UsageError(
+            "--constraints applies to --format litert (a SavedModel always has "
+            "translate_constrained)"
+        )
     average = getattr(args, "average", None)
     if getattr(args, "select_on_dev", False) and average is not None:
         raise UsageError("--average and --select-on-dev exclude each other")

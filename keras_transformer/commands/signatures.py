@@ -157,9 +157,10 @@ def load_aligning_function(model_path, alignments=False, markup=None):
     return translate
 
 
-def load_litert_function(model_path, n_best=None, prefix=None, sampling=None):
+def load_litert_function(model_path, n_best=None, prefix=None, sampling=None, constraints=None):
     """`load_serving_function` for a LiteRT export (`keras_transformer.litert`): the same
-    `texts -> (translations, scores)`, with no TensorFlow loaded."""
+    `texts -> (translations, scores)`, with no TensorFlow loaded (`constraints`: through
+    `translate_constrained`, which needs an export made with its constrained step)."""
     from keras_transformer.litert import LiteRTError, load
 
     if sampling is not None:
@@ -176,8 +177,18 @@ def load_litert_function(model_path, n_best=None, prefix=None, sampling=None):
             f"--n-best {n_best}: {model_path} was exported with {exported} hypotheses per input "
             "(export it again with --n-best, at most its --beam-size)"
         )
+    if constraints is not None and not translator.metadata.get("constraints"):
+        raise UsageError(
+            f"--constraints: {model_path} is a LiteRT export without the constrained step "
+            "(export it again with --constraints)"
+        )
+    terms = None if constraints is None else _Terms(constraints)
 
     def translate(texts):
+        if constraints is not None:
+            out = translator.translate_constrained(texts, terms.next_lists(len(texts)))
+            terms.say_unmet(out["constraints_met"])
+            return out["translation"], out["score"].tolist()
         if n_best is not None:
             out = translator.translate_nbest(texts)
             scores = [row[:n_best] for row in out["scores"].tolist()]
@@ -200,13 +211,18 @@ class _Terms:
         self.rows = iter(rows)
         self.line = 0
 
+    def next_lists(self, n):
+        """The next `n` rows, lists of terms."""
+        rows = [next(self.rows, None) for _ in range(n)]
+        if any(row is None for row in rows):
+            raise UsageError("--constraints: the file has fewer lines than the input")
+        return [list(row) for row in rows]
+
     def next_rows(self, n):
         """The next `n` rows as tf.string `[n, C]`, padded with ""."""
         import tensorflow as tf
 
-        rows = [next(self.rows, None) for _ in range(n)]
-        if any(row is None for row in rows):
-            raise UsageError("--constraints: the file has fewer lines than the input")
+        rows = self.next_lists(n)
         width = max([1] + [len(row) for row in rows])
         return tf.constant([row + [""] * (width - len(row)) for row in rows], tf.string, [n, width])
 

@@ -117,9 +117,7 @@ def _load(args, n_best, prefix=None, sampling=None, constraints=None):
         startup.import_tensorflow(getattr(args, "verbose", False))
         return load_aligning_function(args.model, alignments, markup)
     if is_litert_export(args.model):
-        if constraints is not None:
-            raise UsageError(f"--constraints: {args.model} is a LiteRT export, without them")
-        return load_litert_function(args.model, n_best, prefix, sampling)
+        return load_litert_function(args.model, n_best, prefix, sampling, constraints)
     startup.import_tensorflow(getattr(args, "verbose", False))
     return load_serving_function(args.model, n_best, prefix, sampling, constraints)
 

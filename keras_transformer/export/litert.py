@@ -13,6 +13,10 @@ The directory holds:
   alone (`litert_graphs.shortlist_step_function`), and `shortlist.npz`, the lexical table
   (`keras_transformer.data.shortlist`) the runtime makes each batch's shortlist from (with
   `litert.load(..., shortlist=True)`); the step without it stays, unchanged;
+- for hard lexical constraints (`export_litert(constraints=True)`):
+  `decoder_step_constrained.tflite`, the step that also gives the log-probabilities of the
+  ids the runtime asks for (`litert_graphs.constrained_step_function`), with which
+  `LiteRTTranslator.translate_constrained` searches; the step without it stays, unchanged;
 - `keras_transformer.json`: the format, the quantization, the shapes the runtime needs, the
   decoding settings (fixed here, as in the SavedModel) and the confidence's calibration;
 - `model_card.json`, `model_card.md`.
@@ -47,6 +51,7 @@ ENCODER_FILE = "encoder.tflite"
 STEP_FILE = "decoder_step.tflite"
 SHORTLIST_STEP_FILE = "decoder_step_shortlist.tflite"
 SHORTLIST_TABLE_FILE = "shortlist.npz"
+CONSTRAINED_STEP_FILE = "decoder_step_constrained.tflite"
 QUANTIZATIONS = ("float32", "float16", "dynamic_int8")
 FORMAT_VERSION = 1
 PHASE = "the LiteRT conversion"  # what `stopping.check` names
@@ -62,6 +67,13 @@ RUNTIME_FUNCTIONS = {
     },
     "translate_prefix": {"inputs": ["text", "prefix"], "outputs": ["translation", "score"]},
 }
+# With the constrained step (`export_litert(constraints=True)`).
+CONSTRAINED_FUNCTION = {
+    "translate_constrained": {
+        "inputs": ["text", "constraints"],
+        "outputs": ["translation", "score", "constraints_met"],
+    },
+}
 
 
 def _check(model, quantization):
@@ -73,9 +85,10 @@ def _check(model, quantization):
         raise UsageError("a LiteRT export needs an encoder-decoder Transformer")
 
 
-def _specs(model, beams, shortlist=False):
+def _specs(model, beams, shortlist=False, wanted=False):
     """The step's input signature (`litert_graphs` module docstring); `shortlist`: the
-    shortlist step's, with its `output_ids` and `output_mask`."""
+    shortlist step's, with its `output_ids` and `output_mask`; `wanted`: the constrained
+    step's, with its `wanted_ids`."""
     import tensorflow as tf
 
     heads, size = model.num_heads, model.head_dim
@@ -94,6 +107,8 @@ def _specs(model, beams, shortlist=False):
     if shortlist:
         specs.append(tf.TensorSpec([None], tf.int32, name="output_ids"))
         specs.append(tf.TensorSpec([None], tf.float32, name="output_mask"))
+    if wanted:
+        specs.append(tf.TensorSpec([None, None], tf.int32, name="wanted_ids"))
     return specs
 
 
@@ -118,10 +133,11 @@ def _convert(function, quantization):
     return converter.convert(), names
 
 
-def convert_graphs(model, settings, quantization="float32", shortlist=False):
+def convert_graphs(model, settings, quantization="float32", shortlist=False, constraints=False):
     """`({"encoder": (bytes, output names), "decoder_step": (...)}, top_k)`: `model`'s two
     LiteRT graphs for `settings`' beam size (the step's `K`, the candidates kept per row:
-    `2 * beam_size`); `shortlist`: a third, `"decoder_step_shortlist"`."""
+    `2 * beam_size`); `shortlist`: also `"decoder_step_shortlist"`; `constraints`: also
+    `"decoder_step_constrained"` (its `K`: `2 * beam_size + 1`)."""
     import tensorflow as tf
 
     from keras_transformer.export import litert_graphs
@@ -155,6 +171,16 @@ def convert_graphs(model, settings, quantization="float32", shortlist=False):
         )
         stopping.check(PHASE)
         graphs["decoder_step_shortlist"] = _convert(step, quantization)
+    if constraints:
+        step = tf.function(
+            litert_graphs.constrained_step_function(
+                model, beams, top_k + 1, banned, settings.eos_id, quantized
+            ),
+            input_signature=_specs(model, beams, wanted=True),
+            autograph=False,
+        )
+        stopping.check(PHASE)
+        graphs["decoder_step_constrained"] = _convert(step, quantization)
     return graphs, top_k
 
 
@@ -208,6 +234,7 @@ def export_litert(
     calibration=None,
     dev_pairs=None,
     shortlist=None,
+    constraints=False,
 ):
     """Exports `model` as a LiteRT directory (module docstring) that
     `keras_transformer.litert.load` translates with.
@@ -231,6 +258,8 @@ def export_litert(
             LexicalTable`, a row per piece of the model's vocabulary): the export also holds
             the shortlist step and the table (module docstring), which the runtime decodes
             with when asked (`litert.load(path, shortlist=True)`). None: neither.
+        constraints: also the constrained step (module docstring), for
+            `LiteRTTranslator.translate_constrained` (hard lexical constraints).
 
     Returns:
         `output_dir`.
@@ -247,21 +276,17 @@ def export_litert(
             f"vocabulary {model.vocab_size} pieces: build it again (keras-transformer shortlist)"
         )
     spm_bytes = _model_proto(tokenizer)
-    graphs, top_k = convert_graphs(model, settings, quantization, shortlist is not None)
+    graphs, top_k = convert_graphs(
+        model, settings, quantization, shortlist is not None, constraints
+    )
     (encoder, encoder_outputs), (step, step_outputs) = graphs["encoder"], graphs["decoder_step"]
     outputs = {"encoder": encoder_outputs, "decoder_step": step_outputs}
     metadata = _metadata(model, settings, quantization, data_config, top_k, calibration, outputs)
     files = {ENCODER_FILE: encoder, STEP_FILE: step, SPM_FILE: spm_bytes}
-    if shortlist is not None:
-        listed_step, outputs["decoder_step_shortlist"] = graphs["decoder_step_shortlist"]
-        files[SHORTLIST_STEP_FILE] = listed_step
-        files[SHORTLIST_TABLE_FILE] = _table_bytes(shortlist)
-        metadata["shortlist"] = {
-            "decoder_step": SHORTLIST_STEP_FILE,
-            "table": SHORTLIST_TABLE_FILE,
-            "settings": dict(shortlist.settings),
-        }
+    files.update(_optional_graphs(graphs, shortlist, metadata))
+    functions = dict(RUNTIME_FUNCTIONS, **(CONSTRAINED_FUNCTION if constraints else {}))
     card = {
+        "functions": functions,
         "facts": card_facts,
         "name": os.path.basename(os.path.normpath(output_dir)),
         "sizes": {"encoder_bytes": len(encoder), "decoder_step_bytes": len(step)},
@@ -277,6 +302,29 @@ def export_litert(
         _write_card(directory, metadata, card, figures, speed)
 
     return _write_directory(output_dir, files, finish)
+
+
+def _optional_graphs(graphs, shortlist, metadata):
+    """`{file name: bytes}` of the optional graphs in `graphs` (the shortlist step and its
+    table, the constrained step), named in `metadata` (its `outputs` too)."""
+    files, outputs = {}, metadata["outputs"]
+    if shortlist is not None:
+        listed_step, outputs["decoder_step_shortlist"] = graphs["decoder_step_shortlist"]
+        files[SHORTLIST_STEP_FILE] = listed_step
+        files[SHORTLIST_TABLE_FILE] = _table_bytes(shortlist)
+        metadata["shortlist"] = {
+            "decoder_step": SHORTLIST_STEP_FILE,
+            "table": SHORTLIST_TABLE_FILE,
+            "settings": dict(shortlist.settings),
+        }
+    if "decoder_step_constrained" in graphs:
+        constrained_step, outputs["decoder_step_constrained"] = graphs["decoder_step_constrained"]
+        files[CONSTRAINED_STEP_FILE] = constrained_step
+        metadata["constraints"] = {
+            "decoder_step": CONSTRAINED_STEP_FILE,
+            "top_k": metadata["top_k"] + 1,
+        }
+    return files
 
 
 def _table_bytes(table):
@@ -332,7 +380,7 @@ def _write_card(directory, metadata, card, calibration, speed):
     from keras_transformer.export.card import build_card, render_markdown
 
     built = build_card(
-        card["facts"], card["name"], metadata["decoding"], calibration, speed, RUNTIME_FUNCTIONS
+        card["facts"], card["name"], metadata["decoding"], calibration, speed, card["functions"]
     )
     built["litert"] = {"quantization": metadata["quantization"], **card["sizes"]}
     _write_json(os.path.join(directory, "model_card.json"), built)

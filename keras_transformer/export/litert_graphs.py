@@ -21,6 +21,11 @@ source tokens, `L` decoder layers; only `B`, `T` and `S` vary):
   `top_log_probs` float32 `[B * k, K]` (best first), `top_ids` int32 `[B * k, K]`,
   `eos_log_probs` float32 `[B * k]`, `new_keys_{l}`, `new_values_{l}` `[B, H, k, d]`.
 
+- constrained step (`constrained_step_function`, an export made for lexical constraints): the
+  step's inputs and `wanted_ids` int32 `[B * k, W]` (each hypothesis's next piece of each of
+  its constraints) -> the step's outputs, `K = 2 * k + 1` (a hypothesis refused EOS still has
+  its best `2k` others), and `wanted_log_probs` float32 `[B * k, W]`, their log-probabilities.
+
 - shortlist step (`shortlist_step_function`, an export with a vocabulary shortlist): the
   step's inputs and `output_ids` int32 `[n]` (a batch's shortlist), `output_mask` float32 `[n]`
   (0 at its real columns, NEG_INF at its padding) -> the same outputs, the projection and the
@@ -199,9 +204,10 @@ def _new_caches(new):
     return outputs
 
 
-def step_function(model, beams, top_k, banned_ids, eos_id, quantized_embedding=None):
-    """`fn(ids, position, self_bias, cross_bias, caches) -> outputs` (module docstring) for
-    `model` with `beams` hypotheses per sentence (`quantized_embedding`: see `_embedding`)."""
+def _scored_step(model, beams, top_k, banned_ids, eos_id, quantized_embedding):
+    """`fn(ids, position, self_bias, cross_bias, caches) -> (outputs, banned logits
+    [B * k, vocab], normaliser [B * k, 1])`: `step_function`'s step, and what the log-probability
+    of any id is made of (`banned logits - normaliser`)."""
     vocab = model.vocab_size
     ban = [NEG_INF if i in banned_ids else 0.0 for i in range(vocab)]
     embed = _embedding(model, quantized_embedding)
@@ -211,11 +217,41 @@ def step_function(model, beams, top_k, banned_ids, eos_id, quantized_embedding=N
         x = embed(ids, position)  # [B * k, d_model]
         logits, new = model.decoder_step(x, *attentions)  # [B * k, vocab]
         outputs = _new_caches(new)
-        top_logits, top_ids = blocked_top_k(logits + ops.convert_to_tensor(ban), top_k)
+        banned = logits + ops.convert_to_tensor(ban)
+        top_logits, top_ids = blocked_top_k(banned, top_k)
         normaliser = ops.logsumexp(logits, axis=-1, keepdims=True)  # log-softmax's, over all
         outputs["top_log_probs"] = top_logits - normaliser
         outputs["top_ids"] = ops.cast(top_ids, "int32")
         outputs["eos_log_probs"] = logits[:, eos_id] - normaliser[:, 0]
+        return outputs, banned, normaliser
+
+    return step
+
+
+def step_function(model, beams, top_k, banned_ids, eos_id, quantized_embedding=None):
+    """`fn(ids, position, self_bias, cross_bias, caches) -> outputs` (module docstring) for
+    `model` with `beams` hypotheses per sentence (`quantized_embedding`: see `_embedding`)."""
+    scored = _scored_step(model, beams, top_k, banned_ids, eos_id, quantized_embedding)
+
+    def step(ids, position, self_bias, cross_bias, caches):
+        return scored(ids, position, self_bias, cross_bias, caches)[0]
+
+    return step
+
+
+def constrained_step_function(model, beams, top_k, banned_ids, eos_id, quantized_embedding=None):
+    """`fn(ids, position, self_bias, cross_bias, caches, wanted_ids) -> outputs`: the
+    constrained step (module docstring), `step_function`'s outputs and `wanted_log_probs`
+    float32 `[B * k, W]`, the log-probabilities of `wanted_ids` int32 `[B * k, W]` (each row's
+    next constraint pieces), computed as the top ones are (padding and BOS impossible)."""
+    import tensorflow as tf  # the export's backend; a batched GATHER converts to one op
+
+    scored = _scored_step(model, beams, top_k, banned_ids, eos_id, quantized_embedding)
+
+    def step(ids, position, self_bias, cross_bias, caches, wanted_ids):
+        outputs, banned, normaliser = scored(ids, position, self_bias, cross_bias, caches)
+        wanted = tf.gather(banned, wanted_ids, axis=1, batch_dims=1)  # [B * k, W]
+        outputs["wanted_log_probs"] = wanted - normaliser
         return outputs
 
     return step

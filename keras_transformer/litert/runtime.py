@@ -22,6 +22,14 @@ its source pieces, the table's frequent pieces, the special ids and the chunk's 
 (`keras_transformer.lexical_table.batch_shortlist`, padded to a bucket), and the shortlist step
 projects onto those columns alone, so no other piece can be chosen and the scores are
 log-probabilities over the shortlist (as the SavedModel's `Translator(shortlist=...)`).
+
+Lexical constraints: an export made with its constrained step (`export_litert(constraints=
+True)`) answers `translate_constrained` (and `translate(texts, constraints=...)`) as the
+SavedModel's signature does: the constraints tokenized as it tokenizes them, the constrained
+beam search of `keras_transformer.litert.search` (`keras_transformer.constraint_rules`' rules,
+the graph's own), and a chunk whose constraints some input could not meet searched again
+without them, that input taking the unconstrained answer (`constraints_met` False). The
+constrained step is made the first time a request needs it (not with `shortlist=True`).
 """
 
 import contextlib
@@ -33,6 +41,7 @@ import threading
 import numpy as np
 
 from keras_transformer.litert.search import NEG_INF, search
+from keras_transformer.special_ids import UNK_ID
 
 MIN_SCORE, MAX_MARGIN = -50.0, 20.0  # keras_transformer.export.calibration
 METADATA_FILE = "keras_transformer.json"
@@ -139,18 +148,28 @@ class LiteRTTranslator:
     def _new_interpreters(self):
         meta, path = self.metadata, self.path
         encoder = _interpreter(os.path.join(path, meta["encoder"]), self.num_threads)
+        encoder = _Encoder(encoder, meta["outputs"]["encoder"])
         if self.shortlist is None:
             step = _interpreter(os.path.join(path, meta["decoder_step"]), self.num_threads)
-            return _Encoder(encoder, meta["outputs"]["encoder"]), _Step(step, meta)
+            return [encoder, _Step(step, meta), None]  # the constrained step: when needed
         listed = meta["shortlist"]["decoder_step"]
         step = _interpreter(os.path.join(path, listed), self.num_threads)
         outputs = meta["outputs"]["decoder_step_shortlist"]
-        return _Encoder(encoder, meta["outputs"]["encoder"]), _Step(step, meta, outputs)
+        return [encoder, _Step(step, meta, outputs), None]
+
+    def _constrained_step(self, engines):
+        """The constrained step of the borrowed set `engines`, made on first use."""
+        if engines[2] is None:
+            meta = self.metadata
+            name = os.path.join(self.path, meta["constraints"]["decoder_step"])
+            outputs = meta["outputs"]["decoder_step_constrained"]
+            engines[2] = _Step(_interpreter(name, self.num_threads), meta, outputs)
+        return engines[2]
 
     @contextlib.contextmanager
     def _borrowed(self):
-        """`(encoder, step)` for one request's use alone: an idle set, else a new one while
-        fewer than `interpreters` exist, else the first one given back."""
+        """`[encoder, step, constrained step or None]` for one request's use alone: an idle set,
+        else a new one while fewer than `interpreters` exist, else the first one given back."""
         try:
             engines = self._idle.get_nowait()
         except queue.Empty:
@@ -179,9 +198,12 @@ class LiteRTTranslator:
 
     # ----------------------------------------------------------------- the signatures
 
-    def translate(self, texts):
+    def translate(self, texts, constraints=None):
         """`serving_default`: `{"translation": [n] str, "score": float32 [n], "token_scores":
-        float32 [n, longest], "confidence": float32 [n]}`."""
+        float32 [n, longest], "confidence": float32 [n]}`; with `constraints` (a list of
+        target-side terms per text), `translate_constrained`'s answer."""
+        if constraints is not None:
+            return self.translate_constrained(texts, constraints)
         out = self._hypotheses(texts, 1)
         return {
             "translation": [row[0] for row in out["text"]],
@@ -212,6 +234,35 @@ class LiteRTTranslator:
         out = self._hypotheses(texts, 1, prefixes)
         return {"translation": [row[0] for row in out["text"]], "score": out["score"][:, 0]}
 
+    def translate_constrained(self, texts, constraints):
+        """`translate_constrained`: `{"translation", "score", "constraints_met": bool [n]}`,
+        each translation holding every term of its row of `constraints` (a list of target-side
+        terms per text, str or bytes; "" is no term) where `constraints_met`, else the
+        unconstrained translation (a term longer than the output can be, or with pieces the
+        vocabulary lacks). Needs an export made with the constrained step (module docstring)."""
+        texts, rows = list(texts), [list(row) for row in constraints]
+        if len(texts) != len(rows):
+            raise ValueError(
+                f"translate_constrained: text has {len(texts)} strings but constraints has "
+                f"{len(rows)} rows; they must be the same"
+            )
+        if not self.metadata.get("constraints"):
+            raise LiteRTError(
+                f"{self.path} has no constrained step: export it with constraints=True to "
+                "translate with lexical constraints"
+            )
+        if self.shortlist is not None:
+            raise LiteRTError(
+                "lexical constraints are not searched over a shortlist: load the export "
+                "without shortlist=True"
+            )
+        out = self._hypotheses(texts, 1, constraints=self._constraint_ids(rows))
+        return {
+            "translation": [row[0] for row in out["text"]],
+            "score": out["score"][:, 0],
+            "constraints_met": out["constraints_met"],
+        }
+
     # ----------------------------------------------------------------- the pieces
 
     def _source_ids(self, texts):
@@ -225,7 +276,27 @@ class LiteRTTranslator:
             room = min(room, int(self.max_length) - 1)
         return [self._spm.encode(_as_text(p))[: max(room, 0)] for p in prefixes]
 
-    def _hypotheses(self, texts, keep, prefixes=None):
+    def _constraint_ids(self, rows):
+        """Rows of terms -> int32 `[n, C, P]`, each term's pieces 0-padded (`C`, `P` at least
+        1), as the SavedModel's `_constraint_ids`: invalid UTF-8 becomes U+FFFD, a piece the
+        vocabulary lacks becomes BOS (never generated: the term is unmeetable), "" is no
+        term, a term is cut to `max_target_length` pieces."""
+        bos, cut = self.settings["bos_id"], self.max_target_length
+        pieces = [
+            [[bos if i == UNK_ID else i for i in self._spm.encode(_as_text(t))][:cut] for t in row]
+            for row in rows
+        ]
+        c = max([1] + [len(row) for row in pieces])
+        p = max([1] + [len(term) for row in pieces for term in row])
+        ids = np.zeros((len(rows), c, p), "int32")
+        for i, row in enumerate(pieces):
+            for j, term in enumerate(row):
+                ids[i, j, : len(term)] = term
+        return ids
+
+    def _hypotheses(self, texts, keep, prefixes=None, constraints=None):
+        """The `keep` best hypotheses of every text (`constraints`: int32 `[n, C, P]`, also
+        `constraints_met`)."""
         texts = list(texts)
         n, width = len(texts), self.max_target_length
         sources = self._source_ids(texts)
@@ -236,12 +307,17 @@ class LiteRTTranslator:
         token_scores = np.zeros((n, keep, width), "float32")
         lengths = np.zeros((n, keep), "int32")
         margins = np.zeros((n, keep), "float32")
+        met = np.ones(n, bool)
         chunk = int(self.settings["batch_size"])
         with self._borrowed() as engines:
             for start in range(0, n, chunk):
                 rows = order[start : start + chunk]
                 prefix = None if prefix_ids is None else [prefix_ids[i] for i in rows]
-                ids, s, t = self._search_chunk(engines, [sources[i] for i in rows], prefix)
+                terms = None if constraints is None else constraints[rows]
+                found = self._search_chunk(engines, [sources[i] for i in rows], prefix, terms)
+                ids, s, t = found[:3]
+                if constraints is not None:
+                    met[rows] = found[3]
                 ids, t = ids[:, :keep], t[:, :keep]
                 for j, i in enumerate(rows):
                     text[i] = [self._detokenize(h) for h in ids[j]]
@@ -249,7 +325,7 @@ class LiteRTTranslator:
                 token_scores[rows, :, : t.shape[2]] = t
                 lengths[rows] = (ids != self.settings["pad_id"]).sum(-1)
         longest = int(lengths.max()) if n else 0
-        return {
+        out = {
             "text": text,
             "score": score,
             "token_scores": token_scores[:, :, :longest],
@@ -257,11 +333,16 @@ class LiteRTTranslator:
             "margin": margins,
             "confidence": self._confidence(score, margins),
         }
+        if constraints is not None:
+            out["constraints_met"] = met
+        return out
 
-    def _search_chunk(self, engines, sources, prefix):
-        """Padded ids of one chunk through the `(encoder, step)` of `engines` and the search:
-        `(ids [c, K, T], scores [c, K], token scores [c, K, T])`, best first."""
-        s, (encoder, step) = self.settings, engines
+    def _search_chunk(self, engines, sources, prefix, constraints=None):
+        """Padded ids of one chunk through the interpreters of `engines` and the search:
+        `(ids [c, K, T], scores [c, K], token scores [c, K, T])`, best first; with
+        `constraints` (int32 `[c, C, P]`), also `met` bool `[c]`, the unmet inputs answered by
+        the unconstrained search of the chunk (as `translate_ids` answers them)."""
+        s, (encoder, step) = self.settings, engines[:2]
         c, s_len = len(sources), max(len(x) for x in sources)
         source = np.zeros((c, s_len), "int32")
         for i, row in enumerate(sources):
@@ -279,11 +360,25 @@ class LiteRTTranslator:
         if self.shortlist is not None:
             columns = _shortlist_columns(self.shortlist, source, prefix_matrix)
         cross = encoder(source)
-        step.start(cross, source != s["pad_id"], buffer, columns)
-        return search(
+        if constraints is None:
+            step.start(cross, source != s["pad_id"], buffer, columns)
+            return search(
+                step, c, s["beam_size"], buffer, caps, s["alpha"], s["eos_id"], s["bos_id"],
+                prefix=prefix_matrix, return_all=True,
+            )  # fmt: skip
+        step = self._constrained_step(engines)
+        step.start(cross, source != s["pad_id"], buffer, wanted=constraints.shape[1])
+        found = search(
             step, c, s["beam_size"], buffer, caps, s["alpha"], s["eos_id"], s["bos_id"],
-            prefix=prefix_matrix, return_all=True,
+            return_all=True, constraints=constraints,
         )  # fmt: skip
+        met = found[3]
+        if met.all():
+            return found
+        plain = self._search_chunk(engines, sources, None)
+        rows = met[:, None, None]
+        ids, scores = np.where(rows, found[0], plain[0]), np.where(met[:, None], found[1], plain[1])
+        return ids, scores, np.where(rows, found[2], plain[2]), met
 
     def _detokenize(self, ids):
         special = (self.settings["pad_id"], self.settings["eos_id"])
@@ -387,16 +482,18 @@ class _Step:
         self.outputs = _output_indices(interpreter, outputs)
         self.layers, self.heads = int(meta["num_layers"]), int(meta["num_heads"])
         self.head_dim, self.beams = int(meta["head_dim"]), int(meta["decoding"]["beam_size"])
-        self.shapes, self.columns = None, None
+        self.shapes, self.columns, self.wanted = None, None, None
 
-    def start(self, cross, source_mask, positions, columns=None):
+    def start(self, cross, source_mask, positions, columns=None, wanted=None):
         """Readies the step for a chunk: the encoder's `cross` keys/values, the source mask
         `[c, S]` and `positions` cache positions; the caches start empty. `columns`: the
-        shortlist step's `{"output_ids", "output_mask"}` `[n]` for the chunk."""
+        shortlist step's `{"output_ids", "output_mask"}` `[n]` for the chunk; `wanted`: the
+        constrained step's wanted ids per row (`W`)."""
         c = source_mask.shape[0]
         bias = np.where(source_mask, 0.0, NEG_INF).astype("float32")[:, None, None, :]
         values = {**cross, "cross_bias": bias, **(columns or {})}
         self.columns = None if columns is None else len(columns["output_ids"])
+        self.wanted = wanted
         self._layout(c, source_mask.shape[1], positions, values)
         self.history = np.zeros((c, self.beams, positions), "int32")  # the slot of each key
         self.live = np.arange(c)  # the sentences still searched (`keep`), in the batch
@@ -411,6 +508,8 @@ class _Step:
         shapes["cross_bias"] = [c, 1, 1, s_len]
         if self.columns is not None:
             shapes["output_ids"] = shapes["output_mask"] = [self.columns]
+        if self.wanted is not None:
+            shapes["wanted_ids"] = [c * k, self.wanted]
         for i in range(self.layers):
             shapes[f"self_keys_{i}"] = shapes[f"self_values_{i}"] = [c, heads, k * positions, size]
             shapes[f"cross_keys_{i}"] = shapes[f"cross_values_{i}"] = [c, heads, s_len, size]
@@ -464,12 +563,16 @@ class _Step:
         bias = np.where(own, np.float32(0.0), np.float32(NEG_INF))
         return bias.reshape(-1, 1, k, k * self.positions)
 
-    def __call__(self, ids, index):
+    def __call__(self, ids, index, wanted=None):
         it, k = self.interpreter, self.beams
         rows = self._live_rows()
         all_ids = np.zeros(self.rows, "int32")  # settled sentences' rows: computed, ignored
         all_ids[rows] = ids
         it.set_tensor(self.inputs["ids"], all_ids)
+        if wanted is not None:  # the constrained step's
+            all_wanted = np.zeros((self.rows, self.wanted), "int32")
+            all_wanted[rows] = wanted
+            it.set_tensor(self.inputs["wanted_ids"], all_wanted)
         it.set_tensor(self.inputs["position"], np.array([index], "int32"))
         it.set_tensor(self.inputs["self_bias"], self._self_bias(index))
         it.invoke()
@@ -482,6 +585,7 @@ class _Step:
                 del cache  # no reference to the interpreter's buffers may outlive this
         self.history[:, :, index] = np.arange(k)
         names = ("top_log_probs", "top_ids", "eos_log_probs")
+        names += () if wanted is None else ("wanted_log_probs",)
         return tuple(it.get_tensor(self.outputs[name])[rows] for name in names)
 
     def reorder(self, origin):

@@ -20,6 +20,22 @@ The step contract (what the LiteRT decoder step gives the search):
     step.keep(sentences) (optional): only these sentences (sorted int indices into the current
         batch) continue; their rows stay, in order, and later calls get only their rows.
 
+With lexical constraints (`search(..., constraints=...)`), the step also takes the ids whose
+log-probabilities the search needs whatever their rank (each hypothesis's next piece of each
+of its constraints) and gives them, and K >= 2 * beam_size + 1 (a hypothesis refused EOS has
+its best 2k other tokens still):
+
+    step(ids, index, wanted) -> (top_log_probs, top_ids, eos_log_probs, wanted_log_probs)
+        wanted: int32 `[rows, W]`; wanted_log_probs float32 `[rows, W]`, their log p (padding
+        and BOS NEG_INF, as in `top_log_probs`).
+
+The constrained search's rules (progress, banks, EOS refused, the stopping rule) are
+`keras_transformer.constraint_rules`' functions, the very ones the graph's
+`decoding.constraints` runs, here on numpy; what is this module's own is where the candidates
+come from: the usual best `2k` from the rows' top `K`, each beam's best token from its row's
+first, the constraint pieces' log p from `wanted_log_probs`, forced rows (EOS at the limit) as
+in the plain search.
+
 Rows are sentence-major: sentence i has rows `i * k .. i * k + k - 1` (`flatten_beams` order).
 
 Why the answers equal the graph's. The graph's beam search takes the top 2k of
@@ -56,6 +72,7 @@ from typing import Any
 
 import numpy as np
 
+from keras_transformer import constraint_rules as rules
 from keras_transformer import search_rules
 from keras_transformer.special_ids import BOS_ID, EOS_ID
 
@@ -76,7 +93,7 @@ def length_penalty(length, alpha):
 
 def search(
     step, batch, beam_size, max_length, caps, alpha, eos_id=EOS_ID, bos_id=BOS_ID, prefix=None,
-    return_all=False, drop_finished=True,
+    return_all=False, drop_finished=True, constraints=None,
 ):  # fmt: skip
     """Greedy search (`beam_size` 1) or beam search over `step` (module docstring), with the
     answers of `keras_transformer.decoding.translate_ids`.
@@ -95,21 +112,35 @@ def search(
         return_all: every beam's finished hypothesis (n-best), best first.
         drop_finished: stop stepping the sentences whose answer is settled, through `step.keep`
             (nothing is dropped when the step has none); the answers do not change.
+        constraints: optional int `[batch, C, P]` lexical constraints, 0-padded piece ids
+            (`decoding.constraints.constrained_beam_search`'s; not with `prefix`): beam search
+            (`beam_size` 1 included) whose outputs hold them, over a step that gives wanted
+            ids' log-probabilities (module docstring).
 
     Returns:
         `(ids, scores, token_scores)`: int32 `[batch, max_length]` (EOS included, then 0),
         float32 `[batch]` length-normalised log-probabilities, float32 `[batch, max_length]` log p
         of each token; with `return_all`, `[batch, beam_size, max_length]`, `[batch, beam_size]`
-        and `[batch, beam_size, max_length]` (greedy search: a beam of one).
+        and `[batch, beam_size, max_length]` (greedy search: a beam of one). With
+        `constraints`, a fourth: bool `[batch]`, whether the outputs meet all the input's
+        constraints (as `constrained_beam_search`'s `met`; where they do not, the outputs are
+        its best alive hypotheses: answer them unconstrained).
     """
     k, max_length = int(beam_size), int(max_length)
     if k < 1:
         raise ValueError(f"beam_size must be at least 1, got {beam_size}")
+    if constraints is not None and prefix is not None:
+        raise ValueError("constraints and a prefix cannot be searched together")
     caps = np.full(batch, max_length) if caps is None else np.asarray(caps).reshape(batch)
     caps = np.minimum(caps, max_length).astype(np.int32)  # [batch]
     if prefix is not None:  # a 0 column: nothing forced past the end
         prefix = np.pad(np.asarray(prefix, np.int32).reshape(batch, -1), ((0, 0), (0, 1)))
     begin = _Greedy.start if k == 1 else _Beams.start
+    if constraints is not None:
+        constraints = np.asarray(constraints, np.int32).reshape(
+            batch, -1, np.shape(constraints)[-1]
+        )
+        begin = _Constrained.starter(constraints)
     state = begin(np.arange(batch), caps, prefix, k, max_length, bos_id, alpha)
     outputs = _Outputs(batch, k, max_length)
     drop = drop_finished and hasattr(step, "keep")
@@ -120,11 +151,12 @@ def search(
         done = state.done()
         settled = done & state.answered()  # [n] sentences whose answer cannot change
         if drop and index < max_length and settled.any() and not done.all():
-            outputs.write(state.sentences[settled], state.select(settled).results(index, alpha))
+            outputs.write(state.sentences[settled], state.select(settled), index, alpha)
             state = state.select(~settled)
             step.keep(np.flatnonzero(~settled))
-    outputs.write(state.sentences, state.results(index, alpha))
-    return outputs.arrays(return_all)
+    outputs.write(state.sentences, state, index, alpha)
+    answer = outputs.arrays(return_all)
+    return answer if constraints is None else answer + (outputs.met,)
 
 
 class _Outputs:
@@ -134,11 +166,13 @@ class _Outputs:
         self.ids = np.zeros((batch, k, max_length), np.int32)
         self.scores = np.zeros((batch, k), np.float32)
         self.token_scores = np.zeros((batch, k, max_length), np.float32)
+        self.met = np.ones(batch, bool)
 
-    def write(self, sentences, results):
-        ids, scores, token_scores = results
+    def write(self, sentences, state, index, alpha):
+        ids, scores, token_scores = state.results(index, alpha)
         self.ids[sentences], self.scores[sentences] = ids, scores
         self.token_scores[sentences] = token_scores
+        self.met[sentences] = state.met()
 
     def arrays(self, return_all):
         fields = (self.ids, self.scores, self.token_scores)
@@ -152,6 +186,10 @@ class _State:
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         return type(self)(**{n: None if x is None else x[keep] for n, x in fields.items()})
 
+    def met(self):
+        """bool `[n]`: the outputs meet the sentences' constraints (no constraints: all)."""
+        return np.ones(len(self.sentences), bool)
+
 
 def _sequences(sentences, k, max_length, bos_id):
     """int32 `[n, k, max_length + 1]` zeros with BOS in column 0, and float32 zeros like it."""
@@ -160,15 +198,20 @@ def _sequences(sentences, k, max_length, bos_id):
     return seqs, np.zeros(seqs.shape, np.float32)
 
 
-def _call(step, ids, index, need):
-    """`step(ids, index)` as float32/int32 arrays; its K checked against what the search needs."""
-    top_log_probs, top_ids, eos_log_probs = step(ids.astype(np.int32), index)
+def _call(step, ids, index, need, wanted=None):
+    """`step(ids, index)` (`step(ids, index, wanted)`) as float32/int32 arrays; its K checked
+    against what the search needs."""
+    more = () if wanted is None else (np.asarray(wanted, np.int32),)
+    top_log_probs, top_ids, eos_log_probs, *wanted_log_probs = step(
+        ids.astype(np.int32), index, *more
+    )
     top_log_probs = np.asarray(top_log_probs, np.float32)  # [rows, K]
     if top_log_probs.ndim != 2 or top_log_probs.shape[1] < need:
         raise ValueError(
             f"the step gave {top_log_probs.shape} top log-probabilities; need K >= {need}"
         )
-    return top_log_probs, np.asarray(top_ids, np.int32), np.asarray(eos_log_probs, np.float32)
+    found = (top_log_probs, np.asarray(top_ids, np.int32), np.asarray(eos_log_probs, np.float32))
+    return found + tuple(np.asarray(x, np.float32) for x in wanted_log_probs)
 
 
 def _forcing(index, caps, prefix, eos_log_probs, eos_id, k):
@@ -372,3 +415,103 @@ class _Beams(_State):
         )
         scores = np.where(any_finished, self.finished_scores, alive_scores)
         return seqs[:, :, 1:], scores, token_scores[:, :, 1:]
+
+
+@dataclasses.dataclass
+class _Constrained(_Beams):
+    """The constrained beam search's state (`decoding.constraints`' loop variables, without the
+    caches): `_Beams`' and each hypothesis's progress on each constraint. Its alive beams are
+    in the banks' order, not sorted."""
+
+    constraints: Any  # [n, C, P] int32, 0-padded
+    progress: Any  # [n, k, C] int32
+
+    @classmethod
+    def starter(cls, constraints):
+        """`start`'s function for sentences with these constraints (`[batch, C, P]`)."""
+
+        def start(sentences, caps, prefix, k, max_length, bos_id, alpha):
+            beams = _Beams.start(sentences, caps, prefix, k, max_length, bos_id, alpha)
+            fields = {f.name: getattr(beams, f.name) for f in dataclasses.fields(beams)}
+            progress = np.zeros((len(sentences), k, constraints.shape[1]), np.int32)
+            return cls(**fields, constraints=constraints[sentences], progress=progress)
+
+        return start
+
+    def done(self):
+        """`decoding.constraints`' stopping rule per sentence (`constraint_rules`)."""
+        return rules.sentences_done(
+            rules.NUMPY, self.alive_log_probs, self.finished_flags, self.finished_scores,
+            self.max_penalty,
+        )  # fmt: skip
+
+    def met(self):
+        return rules.constraints_met(rules.NUMPY, self.finished_flags, self.constraints)
+
+    def _candidates(self, step, index, eos_id):
+        """Every candidate of the step, `[n, M]` each (`constraint_rules.candidates`), repeated
+        ones impossible: `(log_probs, token log p, beams, tokens)`."""
+        xp, (n, k), c = rules.NUMPY, self.alive_log_probs.shape, self.constraints.shape[1]
+        lengths = rules.constraint_lengths(xp, self.constraints)  # [n, C]
+        wanted, pieces = rules.next_pieces(xp, self.progress, self.constraints, n, k)
+        ids = self.alive_seqs[:, :, index].reshape(-1)  # [rows]
+        top_log_probs, top_ids, eos_log_probs, piece_log_probs = _call(
+            step, ids, index, _CANDIDATES * k + 1, pieces.reshape(n * k, c)
+        )
+        forced, token, value = _forcing(index, self.caps, None, eos_log_probs, eos_id, k)
+        row_ids, row_log_probs = _row_candidates(top_log_probs, top_ids, forced, token, value)
+        # A forced row's pieces: only its token keeps a log p, as in the graph's masked row.
+        kept = np.where(pieces.reshape(n * k, c) == token[:, None], value[:, None], NEG_INF)
+        piece_log_probs = np.where(forced[:, None], kept, piece_log_probs)
+        width = row_ids.shape[1]
+        row_ids = row_ids.reshape(n, k, width)
+        row_log_probs = rules.refuse_eos(
+            xp, row_log_probs.reshape(n, k, width), self.progress, lengths, row_ids == eos_id
+        ).astype(np.float32)
+        piece_log_probs = rules.refuse_eos(
+            xp, piece_log_probs.reshape(n, k, c), self.progress, lengths, pieces == eos_id
+        ).astype(np.float32)
+        sums, beams, tokens, log_probs = _top_candidates(
+            self.alive_log_probs, row_ids.reshape(n * k, width),
+            row_log_probs.reshape(n * k, width), k,
+        )  # fmt: skip
+        # Each beam's best token: the largest log p, the lowest id among equals (argmax's).
+        first = np.lexsort((row_ids, -row_log_probs), axis=-1)[:, :, :1]  # [n, k, 1]
+        best = tuple(
+            np.take_along_axis(x, first, axis=2)[:, :, 0] for x in (row_log_probs, row_ids)
+        )
+        forced_log_probs = np.where(wanted, piece_log_probs, NEG_INF).astype(np.float32)
+        values, token_log_probs, beams, tokens = rules.candidates(
+            xp, (sums, log_probs, beams, tokens), self.alive_log_probs, best,
+            (forced_log_probs, pieces), n, k, c,
+        )  # fmt: skip
+        values = np.where(rules.earlier_same(xp, beams, tokens), NEG_INF, values)
+        return values.astype(np.float32), token_log_probs, beams, tokens
+
+    def advance(self, step, index, alpha, eos_id):
+        """`decoding.constraints._constrained_step`: one token more for every alive beam, the
+        candidates taken by banks; the step's caches follow."""
+        xp, (n, k) = rules.NUMPY, self.alive_log_probs.shape
+        values, token_log_probs, beams, tokens = self._candidates(step, index, eos_id)
+        chosen, new_progress = rules.choose(
+            xp, self.alive_seqs, index, self.progress, values, beams, tokens, self.constraints, k
+        )
+        top = tuple(
+            np.take_along_axis(x, chosen, axis=1) for x in (values, token_log_probs, beams, tokens)
+        )
+        top_values, top_token, top_beams, top_tokens = top
+        top_progress = _take(new_progress, chosen)  # [n, 2k, C]
+        length = index + 1
+        top_rows = tuple(_take(x, top_beams) for x in (self.alive_seqs, self.alive_token_scores))
+        top_rows[0][:, :, length], top_rows[1][:, :, length] = top_tokens, top_token
+        ends = top_tokens == eos_id  # [n, 2k]
+        constrained = rules.constrained_rows(xp, self.constraints)  # [n]
+        alive = rules.alive_order(xp, top_values, ends, constrained, k)  # [n, k]
+        origin = np.take_along_axis(top_beams, alive, axis=1)  # [n, k] source beam
+        self.alive_log_probs = np.take_along_axis(top_values, alive, axis=1)
+        self.alive_seqs, self.alive_token_scores = (_take(x, alive) for x in top_rows)
+        self._merge_finished(top_values, top_rows, ends, k, alpha, length)
+        self.progress = _take(top_progress, alive)
+        flat = (origin + k * np.arange(n)[:, None]).reshape(-1)  # [rows]
+        if not np.array_equal(flat, np.arange(flat.size)):
+            step.reorder(flat)
