@@ -103,8 +103,10 @@ def run(args, work):
             weight=args.weight if system == "guided" else 0.0,
             training_pairs=len(pairs), training_pairs_aligned=aligned,
             alignment_set=scores["pairs"], translated_exactly=scores["exact"],
-            aer=round(scores["aer"], 4), markup_kept=round(scores["markup_kept"], 4),
-            tags_around_right_words=round(scores["right_words"], 4),
+            # None without a pair translated exactly: no alignment to score.
+            aer=round(scores["aer"], 4) if scores["exact"] else None,
+            markup_kept=round(scores["markup_kept"], 4) if scores["exact"] else None,
+            tags_around_right_words=round(scores["right_words"], 4) if scores["exact"] else None,
             test_sentences=len(test),
             test_bleu=round(sacrebleu.corpus_bleu(outputs, [references]).score, 2),
             test_chrf=round(sacrebleu.corpus_chrf(outputs, [references]).score, 2),
