@@ -176,6 +176,45 @@ def markup_scores(outputs, items, kind="html"):
     return {"kept": kept / max(len(items), 1), "right_words": right / max(known, 1)}
 
 
+def measure(model_dir, size=200, seed=1):
+    """The AER of a SavedModel's attention alignments and its markup transfer on
+    `synthetic_markup_set(size, seed)` (the alignment set, tags added), scored on the pairs it
+    translates exactly (where its words are the reference's): `{"pairs", "exact", "aer",
+    "markup_kept", "right_words"}`. Raises `ValueError` for a model exported without
+    alignments."""
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (registers the SentencePiece ops the graph uses)
+
+    from keras_transformer.export.saved_model import resolve_model_dir
+    from keras_transformer.markup import strip_markup, transfer_tags
+
+    loaded = tf.saved_model.load(resolve_model_dir(model_dir))
+    serve = loaded.signatures["serving_default"]
+    if "alignment" not in serve.structured_outputs:
+        raise ValueError(f"{model_dir} was exported without word alignments: export it with "
+                         "--alignments (export.alignments: true)")  # fmt: skip
+    items = synthetic_markup_set(size, seed)
+    out = serve(text=tf.constant([strip_markup(text) for text, _, _, _ in items]))
+    predicted, sure, outputs, exact = [], [], [], []
+    for item, translation, row in zip(
+        items, out["translation"].numpy(), out["alignment"].numpy().tolist()
+    ):
+        if translation.decode("utf-8", "replace").split() != item[1].split():
+            continue  # another translation: its words are not the reference's
+        exact.append(item)
+        predicted.append([(i, j) for j, i in enumerate(row) if i >= 0])
+        sure.append(item[2])
+        outputs.append(transfer_tags(item[0], item[1], row))
+    scores = markup_scores(outputs, exact)
+    return {
+        "pairs": len(items),
+        "exact": len(exact),
+        "aer": alignment_error_rate(predicted, sure),
+        "markup_kept": scores["kept"],
+        "right_words": scores["right_words"],
+    }
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m keras_transformer.alignment",
@@ -189,35 +228,14 @@ def main(argv=None):
     parser.add_argument("--size", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
-    import tensorflow as tf
-    import tensorflow_text  # noqa: F401  (registers the SentencePiece ops the graph uses)
-
-    from keras_transformer.export.saved_model import resolve_model_dir
-    from keras_transformer.markup import strip_markup, transfer_tags
-
-    loaded = tf.saved_model.load(resolve_model_dir(args.model))
-    serve = loaded.signatures["serving_default"]
-    if "alignment" not in serve.structured_outputs:
-        parser.error(f"{args.model} was exported without word alignments: export it with "
-                     "--alignments (export.alignments: true)")  # fmt: skip
-    items = synthetic_markup_set(args.size, args.seed)  # the alignment set, tags added
-    out = serve(text=tf.constant([strip_markup(text) for text, _, _, _ in items]))
-    predicted, sure, outputs, exact = [], [], [], []
-    for item, translation, row in zip(
-        items, out["translation"].numpy(), out["alignment"].numpy().tolist()
-    ):
-        if translation.decode("utf-8", "replace").split() != item[1].split():
-            continue  # another translation: its words are not the reference's
-        exact.append(item)
-        predicted.append([(i, j) for j, i in enumerate(row) if i >= 0])
-        sure.append(item[2])
-        outputs.append(transfer_tags(item[0], item[1], row))
-    aer = alignment_error_rate(predicted, sure)
-    scores = markup_scores(outputs, exact)
+    try:
+        m = measure(args.model, args.size, args.seed)
+    except ValueError as e:
+        parser.error(str(e))
     print(
-        f"{len(exact)} of {len(items)} pairs translated exactly; on them: AER {aer:.4f}, "
-        f"markup kept {scores['kept']:.1%}, tags around the right words "
-        f"{scores['right_words']:.1%}"
+        f"{m['exact']} of {m['pairs']} pairs translated exactly; on them: AER {m['aer']:.4f}, "
+        f"markup kept {m['markup_kept']:.1%}, tags around the right words "
+        f"{m['right_words']:.1%}"
     )
     return 0
 

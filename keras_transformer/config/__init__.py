@@ -198,6 +198,22 @@ def validate(config):
             f"train.end_minutes ({t.end_minutes:g}) must be less than train.max_minutes "
             f"({t.max_minutes:g}): training needs some of the budget"
         )
+    if t.guided_alignment_weight > 0 and not config.data.train_alignments:
+        raise ConfigError(
+            "train.guided_alignment_weight > 0 needs the training pairs' word alignments: set "
+            "data.train_alignments"
+        )
+    layers, layer = m.num_decoder_layers or m.num_layers, config.export.alignment_layer
+    if t.guided_alignment_weight > 0 and not (-layers <= layer < layers or layer == -2):
+        raise ConfigError(
+            f"export.alignment_layer ({layer}), the layer guided alignment trains, is not a "
+            f"layer of the {layers}-layer decoder"
+        )
+    if config.data.train_alignments and config.data.terminology:
+        raise ConfigError(
+            "data.train_alignments and data.terminology cannot be combined (the annotations "
+            "change the source words that the alignments index)"
+        )
     decoding_settings(config, export=True)  # the export's settings must be possible too
     return config
 

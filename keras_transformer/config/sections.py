@@ -159,6 +159,13 @@ class DataConfig:
         "(seeded by data.seed)",
         valid="[0, 1]",
     )
+    train_alignments: Optional[str] = key(
+        None,
+        "word alignments of the training pairs for guided alignment training "
+        "(train.guided_alignment_weight): a file in the Pharaoh form of fast_align, eflomal or "
+        "awesome-align, one line of i-j pairs (source word i, target word j) per line of the "
+        "corpus (data.train: one corpus); prepare stores them with the pairs; null: none",
+    )
     tokens_per_batch: int = key(
         4096, "padded target tokens per batch (per replica)", valid=f"[1, {_MAX_BATCH}]"
     )
@@ -200,6 +207,13 @@ class TrainConfig:
         valid=("rsqrt", "linear", "cosine"),
     )
     label_smoothing: float = key(0.1, "label smoothing epsilon_ls", valid="[0, 1)")
+    guided_alignment_weight: float = key(
+        0.0,
+        "guided alignment (Garg et al. 2019): the weight of a cross-entropy between head 0 of "
+        "the cross-attention of decoder layer export.alignment_layer and the alignments of "
+        "data.train_alignments, added to the loss (OpenNMT-tf uses 1, Marian 0.1); 0: off",
+        valid="[0, 100]",
+    )
     adam_beta_1: float = key(0.9, "Adam beta_1", valid="[0, 1)")
     adam_beta_2: float = key(0.98, "Adam beta_2", valid="[0, 1)")
     adam_epsilon: float = key(1e-9, "Adam epsilon", valid="(0, 1]")

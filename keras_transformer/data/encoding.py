@@ -3,7 +3,9 @@
 Records: one per pair, the raw little-endian integers `[len(source), *source, *target]`
 (uint16 when the vocabulary has at most 65,536 pieces, else int32): SentencePiece ids without
 BOS/EOS, which the pipeline adds. Reading them is one `tf.io.decode_raw`, several times cheaper
-than parsing `tf.train.Example` protos, and half the disk with uint16.
+than parsing `tf.train.Example` protos, and half the disk with uint16. With
+`data.train_alignments` (guided alignment) a record also holds its piece links:
+`[len(source), len(target), *source, *target, s0, t0, s1, t1, ...]` (`alignments`).
 
 Overlong pairs (`data.long_pairs`): `drop` (the default, the paper's recipe of filtering by
 length) leaves out the pairs whose source or target, with EOS, is longer than
@@ -22,7 +24,7 @@ import sys
 from array import array
 from typing import Optional
 
-from keras_transformer.data import corpora
+from keras_transformer.data import alignments, corpora
 from keras_transformer.errors import DataError
 
 # Words whose pieces are remembered (about 200 bytes each): bounded, whatever the corpus size.
@@ -105,6 +107,7 @@ class Encoding:
     bt_tag: Optional[int] = None  # the id of corpora.TAG when data.train has bt: corpora
     terminology: tuple = ()  # data.terminology's (source term, target term) entries
     terminology_fraction: float = 0.0
+    alignments: Optional[str] = None  # data.train_alignments: records hold piece links
 
 
 @dataclasses.dataclass
@@ -162,11 +165,17 @@ class ChunkEncoder:
             len(target) + 1 > e.limit_source or len(source) > e.limit_target
         )
 
-    def _add(self, out, source, target):
+    def _add(self, out, source, target, links=None):
         source, target = source[:_MAX_STORED], target[:_MAX_STORED]
         record = array(self.typecode, [len(source)])
+        if links is not None:  # data.train_alignments: the target's length, then the links
+            record.append(len(target))
         record.extend(source)
         record.extend(target)
+        if links is not None:
+            for s, t in links:
+                if s < len(source) and t < len(target):
+                    record.extend((s, t))
         if sys.byteorder == "big":
             record.byteswap()
         out.records.append(record.tobytes())
@@ -176,6 +185,16 @@ class ChunkEncoder:
         out.source_hist[n_source] += 1
         out.target_hist[n_target] += 1
         out.longer_hist[max(n_source, n_target)] += 1  # the length that picks the bucket
+
+    def _piece_links(self, links, source, target, pair):
+        """The piece links of a pair's word `links`, its sides encoded as `source` and
+        `target` (`alignments.piece_links`)."""
+        words = [
+            alignments.word_of_pieces(self.processor.id_to_piece(list(ids)))
+            for ids in (source, target)
+        ]
+        where = f"data.train_alignments, the pair {pair[0][:40]!r}"
+        return alignments.piece_links(links, words[0], words[1], where)
 
     def _untag(self, pairs):
         """`(pairs, tags)`: the pairs without the text tag of `bt:` corpora, and the ids that
@@ -188,6 +207,10 @@ class ChunkEncoder:
 
     def __call__(self, reading, index, pairs):
         seed = (self.e.seed * 1_000_003 + reading) * 1_000_003 + 2 * index
+        word_links = None
+        if self.e.alignments:  # `(source, target, word links)` (`alignments.with_alignments`)
+            word_links = [links for _, _, links in pairs]
+            pairs = [(s, t) for s, t, _ in pairs]
         pairs, tags = self._untag(pairs)
         out = Chunk(reading)
         reversed_sources = None
@@ -199,8 +222,10 @@ class ChunkEncoder:
         targets = self._encode([t for _, t in pairs], (seed + 1) % (1 << 31))
         if reversed_sources is None:
             reversed_sources = sources
-        rows = zip(pairs, tags, sources, targets, reversed_sources)
-        for pair, tag, source, target, plain in rows:
+        rows = zip(
+            pairs, tags, sources, targets, reversed_sources, word_links or [None] * len(pairs)
+        )
+        for pair, tag, source, target, plain, links in rows:
             if self.e.subword_samples and self._too_long(tag + source, target):
                 # A sample longer than the limits: the best segmentation instead, so that a pair
                 # is kept or dropped whatever its samples.
@@ -210,11 +235,21 @@ class ChunkEncoder:
                     out.too_long += 1
                     continue
                 out.truncated += 1
-            self._add(out, tag + source, target)  # truncated pairs are stored whole
+            pieces = None if links is None else self._piece_links(links, source, target, pair)
+            # Truncated pairs are stored whole (links past a cut are dropped by the pipeline).
+            self._add(out, tag + source, target, _shifted(pieces, len(tag)))
             if self.e.both_directions:
-                self._add(out, self.tag + target, plain)
+                reversed_links = None if pieces is None else [(t, s) for s, t in pieces]
+                self._add(out, self.tag + target, plain, _shifted(reversed_links, len(self.tag)))
             out.written += 1
         return out
+
+
+def _shifted(links, offset):
+    """`links` with their source pieces moved `offset` places (the ids that lead a source)."""
+    if links is None or not offset:
+        return links
+    return [(s + offset, t) for s, t in links]
 
 
 def bt_tag(model_proto, train):

@@ -51,6 +51,8 @@ def data_settings(data_config):
     if d.terminology:  # likewise (the vocabulary holds the glossary tags then)
         settings["data.terminology"] = d.terminology
         settings["data.terminology_fraction"] = d.terminology_fraction
+    if d.train_alignments:  # likewise (the records hold piece links then)
+        settings["data.train_alignments"] = d.train_alignments
     if d.long_pairs == "drop":  # truncated pairs are stored whole: lengths do not matter then
         settings["data.max_source_length"] = d.max_source_length
         settings["data.max_target_length"] = d.max_target_length

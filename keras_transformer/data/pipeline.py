@@ -177,7 +177,7 @@ def batch_examples(
         # The paper's recipe: pairs that do not fit are left out rather than cut (a cut target
         # teaches the model to stop mid-sentence). Prepared shards hold none already.
         examples = examples.filter(
-            lambda source, target: tf.logical_and(
+            lambda source, target, *links: tf.logical_and(
                 tf.size(source) < max_source, tf.size(target) < max_target
             )
         )
@@ -187,37 +187,60 @@ def batch_examples(
     if training and len(boundaries) == 1:
         # One bucket: every batch has the same shape, so the element spec can say so too (what
         # TPUs and other fully static compilers want); several buckets vary by batch.
-        shapes = ([batch_sizes[0], source_lengths[0]], [batch_sizes[0], target_lengths[0]])
+        b, s, t = batch_sizes[0], source_lengths[0], target_lengths[0]
         dataset = dataset.map(
-            lambda source, target_ids, labels: (
-                tf.ensure_shape(source, shapes[0]),
-                tf.ensure_shape(target_ids, shapes[1]),
-                tf.ensure_shape(labels, shapes[1]),
+            lambda source, target_ids, labels, *links: (
+                tf.ensure_shape(source, [b, s]),
+                tf.ensure_shape(target_ids, [b, t]),
+                tf.ensure_shape(labels, [b, t]),
+                *(tf.ensure_shape(x, [b, t, s]) for x in links),
             )
         )
-    dataset = dataset.map(
-        lambda source, target_ids, labels: (
-            {"source_ids": source, "target_ids": target_ids},
-            labels,
-        )
-    )
+
+    def to_inputs(source, target_ids, labels, *links):
+        x = {"source_ids": source, "target_ids": target_ids}
+        if links:  # prepared with data.train_alignments
+            x["alignment"] = links[0]
+        return x, labels
+
+    dataset = dataset.map(to_inputs)
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 
 def _with_bos_and_eos(examples, max_source, max_target):
     """`(source, target)` pieces -> `(source + EOS, BOS + target, target + EOS)`, truncated to
-    the max lengths."""
+    the max lengths; `(source, target, links)` -> the same and the links' matrix
+    (`_link_matrix`)."""
     import tensorflow as tf
 
     eos = tf.constant([EOS_ID], tf.int32)
     bos = tf.constant([BOS_ID], tf.int32)
 
-    def to_example(source, target):
+    def to_example(source, target, *links):
         source = tf.concat([source[: max_source - 1], eos], axis=0)
         target = target[: max_target - 1]
-        return source, tf.concat([bos, target], axis=0), tf.concat([target, eos], axis=0)
+        out = source, tf.concat([bos, target], axis=0), tf.concat([target, eos], axis=0)
+        if not links:
+            return out
+        return (*out, _link_matrix(links[0], tf.size(target), tf.size(source) - 1))
 
     return examples.map(to_example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def _link_matrix(links, target_pieces, source_pieces):
+    """float32 `[target_pieces + 1, source_pieces + 1]`: 1 where target piece t (a row of the
+    labels) is linked to source piece s (a column of the source), of the piece links `links`
+    int32 `[n, 2]` `(s, t)`; the links past a truncation are dropped, and the rows of EOS and
+    the column of EOS stay 0."""
+    import tensorflow as tf
+
+    inside = tf.logical_and(links[:, 0] < source_pieces, links[:, 1] < target_pieces)
+    kept = tf.boolean_mask(links, inside)
+    return tf.scatter_nd(
+        tf.reverse(kept, axis=[1]),
+        tf.ones([tf.shape(kept)[0]], tf.float32),
+        tf.stack([target_pieces + 1, source_pieces + 1]),
+    )
 
 
 def _bucketed(dataset, boundaries, batch_sizes, source_lengths, target_lengths, training):
@@ -225,12 +248,13 @@ def _bucketed(dataset, boundaries, batch_sizes, source_lengths, target_lengths, 
     complete batch only, when `training`)."""
     import tensorflow as tf
 
+    with_links = len(dataset.element_spec) == 4  # with the links' matrices
     boundaries_t = tf.constant(boundaries, tf.int32)
     batch_sizes_t = tf.constant(batch_sizes, tf.int64)
     source_lengths_t = tf.constant(source_lengths, tf.int64)
     target_lengths_t = tf.constant(target_lengths, tf.int64)
 
-    def bucket_of(source, target_ids, labels):
+    def bucket_of(source, target_ids, labels, *links):
         length = tf.maximum(tf.size(source), tf.size(target_ids))
         # The first boundary that fits; lengths are truncated so the last always fits.
         return tf.cast(tf.argmax(tf.cast(length <= boundaries_t, tf.int32)), tf.int64)
@@ -238,10 +262,14 @@ def _bucketed(dataset, boundaries, batch_sizes, source_lengths, target_lengths, 
     def batch_bucket(bucket, window):
         source_length = tf.reshape(source_lengths_t[bucket], [1])
         target_length = tf.reshape(target_lengths_t[bucket], [1])
+        shapes, values = (source_length, target_length, target_length), (PAD_ID, PAD_ID, PAD_ID)
+        if with_links:  # the links' matrices, padded with zeros to [target, source]
+            shapes += (tf.concat([target_length, source_length], axis=0),)
+            values += (0.0,)
         return window.padded_batch(
             batch_sizes_t[bucket],
-            padded_shapes=(source_length, target_length, target_length),
-            padding_values=(PAD_ID, PAD_ID, PAD_ID),
+            padded_shapes=shapes,
+            padding_values=values,
             drop_remainder=training,
         )
 

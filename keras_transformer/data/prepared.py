@@ -8,6 +8,7 @@ as the manifest's `record_dtype` says): one `tf.io.decode_raw` each.
 
 import os
 
+from keras_transformer.data.alignments import has_links
 from keras_transformer.data.manifest import read_manifest
 from keras_transformer.data.pipeline import batch_examples
 from keras_transformer.errors import DataError
@@ -53,6 +54,7 @@ def prepared_examples(
         raise DataError(f"no prepared data in {directory} (run keras-transformer prepare)")
     files = [os.path.join(directory, shard["file"]) for shard in manifest["shards"]]
     dtype = tf.uint16 if manifest["record_dtype"] == "uint16" else tf.int32
+    links = has_links(manifest)  # data.train_alignments: a third component, the piece links
     dataset = tf.data.Dataset.from_tensor_slices(files)
     if input_context is not None and input_context.num_input_pipelines > 1:
         if len(files) < input_context.num_input_pipelines:
@@ -75,14 +77,14 @@ def prepared_examples(
             order = files_dataset.shuffle(
                 len(files), seed=epoch_seed, reshuffle_each_iteration=False
             )
-            return _read_records(order, len(files), dtype).shuffle(
+            return _read_records(order, len(files), dtype, links).shuffle(
                 max(1, shuffle_buffer), seed=epoch_seed + 1, reshuffle_each_iteration=False
             )
 
         # Endless: a new order every epoch.
         dataset = tf.data.Dataset.range(1 << 62).flat_map(epoch)
     else:
-        dataset = _read_records(dataset, len(files), dtype)
+        dataset = _read_records(dataset, len(files), dtype, links)
     options = tf.data.Options()
     options.deterministic = True
     # The epochs' shuffles hold a seed resource without state (DummySeedGenerator, as with any
@@ -100,8 +102,9 @@ def prepared_examples(
 _EPOCH_GRAPH_SEED = 87654321
 
 
-def _read_records(files, count, dtype):
-    """`(source_pieces, target_pieces)` of the records of a dataset of `count` shard paths."""
+def _read_records(files, count, dtype, links=False):
+    """`(source_pieces, target_pieces)` of the records of a dataset of `count` shard paths
+    (`links`: and their piece links int32 `[n, 2]`, `(source piece, target piece)` each)."""
     import tensorflow as tf
 
     dataset = files.interleave(
@@ -114,6 +117,10 @@ def _read_records(files, count, dtype):
 
     def decode(record):
         values = tf.cast(tf.io.decode_raw(record, dtype, little_endian=True), tf.int32)
+        if links:
+            s, t = values[0], values[1]
+            pairs = tf.reshape(values[2 + s + t :], [-1, 2])
+            return values[2 : 2 + s], values[2 + s : 2 + s + t], pairs
         length = values[0]
         return values[1 : 1 + length], values[1 + length :]
 

@@ -11,7 +11,7 @@ import dataclasses
 import hashlib
 import math
 
-from keras_transformer.data import prepare_progress, workers
+from keras_transformer.data import alignments, prepare_progress, workers
 from keras_transformer.data.encoding import (
     Chunk,
     ChunkEncoder,
@@ -64,7 +64,10 @@ def write_shards(config, model_proto, directory, total, verbose, pool, root):
         bt_tag=bt_tag(model_proto, d.train),
         terminology=terminology_entries(model_proto, d.terminology),
         terminology_fraction=d.terminology_fraction,
+        alignments=d.train_alignments,
     )  # fmt: skip
+    if d.train_alignments:
+        alignments.check_corpus(d.train)
     readings = max(1, d.subword_samples)
     num_shards = num_shards_for(max(total, 1) * readings)
     names = [f"train-{i:05d}-of-{num_shards:05d}.tfrecord" for i in range(num_shards)]
@@ -140,4 +143,6 @@ def _shards_manifest(config, shards, written, progress):
     }
     if d.terminology:  # what inference needs to know: the model reads glossary annotations
         manifest["terminology"] = terminology_record(d, total.annotated)
+    if d.train_alignments:  # the records hold piece links (`encoding`)
+        manifest["alignments"] = alignments.record(d.train_alignments)
     return manifest

@@ -75,7 +75,7 @@ def build_lexical_table(pairs, vocab_size, k=DEFAULT_K, m=DEFAULT_M):
     target_tokens = np.zeros(vocab_size, np.int64)  # tokens of t
     keys, counts = np.zeros(0, np.int64), np.zeros(0, np.int64)  # s * vocab + t, c(s, t)
     pending, pending_size, total = [], 0, 0
-    for source, target in pairs:
+    for source, target, *_ in pairs:  # (prepared with data.train_alignments: and links)
         source = np.unique(np.asarray(source, np.int64))
         target_all = np.asarray(target, np.int64)
         target = np.unique(target_all)

@@ -13,7 +13,7 @@ import dataclasses
 import os
 
 from keras_transformer import stopping
-from keras_transformer.data import corpora, prepare_progress
+from keras_transformer.data import alignments, corpora, prepare_progress
 from keras_transformer.data.encoding import Chunk, ChunkEncoder, Encoding
 from keras_transformer.data.statistics import merge
 from keras_transformer.errors import DataError
@@ -76,7 +76,11 @@ def _segments(job, done, report):
     for reading in range(job.readings):
         counter, pairs, current = corpora.Counter(job.spec), [], None
         base = reading * job.segments_per_reading
-        for index, pair in enumerate(corpora.iter_training_pairs(job.spec, counter, verbose=False)):
+        stream = corpora.iter_training_pairs(job.spec, counter, verbose=False)
+        if job.encoding.alignments:  # each pair with its line of data.train_alignments
+            spec = alignments.check_corpus(job.spec)[0]
+            stream = alignments.with_alignments(stream, counter, job.encoding.alignments, spec)
+        for index, pair in enumerate(stream):
             if index % 4096 == 0:
                 report(done.lines + counter.lines)
             segment = base + index // size

@@ -3,16 +3,14 @@
 
 import tensorflow as tf
 
+from keras_transformer.models.guided_alignment import resolve_alignment_layer
+
 
 def alignment_layer(model, layer):
     """The non-negative index of the decoder layer `layer` (negative: from the end; -2 in a
-    one-layer decoder: its only layer) whose cross-attention gives the alignments."""
-    layers = len(model.decoder.blocks)
-    if layer == -2 and layers == 1:
-        return 0
-    if not -layers <= int(layer) < layers:
-        raise ValueError(f"alignment_layer {layer} is not a layer of a {layers}-layer decoder")
-    return int(layer) % layers
+    one-layer decoder: its only layer) whose cross-attention gives the alignments (the layer
+    that guided alignment trains: `models.guided_alignment.resolve_alignment_layer`)."""
+    return resolve_alignment_layer(len(model.decoder.blocks), layer)
 
 
 def word_indices(tokenizer, ids, is_text):

@@ -23,6 +23,8 @@ the step asks it for the per-token losses and the statistics of the logits it co
 Any other loss or metric goes through Keras's `compute_loss` / `update_state`.
 """
 
+import functools
+
 import keras
 from keras import ops
 
@@ -178,9 +180,9 @@ class TrainStep:
         """k > 1 on JAX: Keras's stateless step `(state, data) -> (logs, state)`, the gradient
         summed over the k micro-batches in a `lax.scan` (one micro-batch's activations alive
         at a time), each micro-batch's loss divided by the whole batch's token count, so the
-        sum is the whole batch's gradient (as `_accumulated_update` on TensorFlow). Dropout's
-        seeds and the metrics' variables travel through the scan; the update is applied once.
-        """
+        sum is the whole batch's gradient (as `_accumulated_update` on TensorFlow), plus the
+        model's own losses (guided alignment) averaged over the micro-batches. Dropout's seeds
+        and the metrics' variables travel through the scan; the update is applied once."""
         import jax
         import jax.numpy as jnp
 
@@ -195,6 +197,7 @@ class TrainStep:
         if rows % k:
             raise ValueError(f"a batch of {rows} rows does not split into {k} micro-batches")
         denominator = jnp.sum(loss_fn.token_weights(y, sample_weight))
+        forward = functools.partial(self.stateless_call, training=True, return_losses=True)
 
         def split(t):  # [batch, ...] -> [k, batch / k, ...]: micro-batch i = rows i, i + k, ...
             if t is None:  # (strided, so that a device's rows under DataParallel stay its own)
@@ -202,9 +205,11 @@ class TrainStep:
             return jnp.swapaxes(jnp.reshape(t, (-1, k) + tuple(t.shape[1:])), 0, 1)
 
         def micro_loss(trainable, non_trainable, metrics_vars, xi, yi, wi):
-            y_pred, non_trainable = self.stateless_call(trainable, non_trainable, xi, training=True)
+            y_pred, non_trainable, added = forward(trainable, non_trainable, xi)
             losses, weights, statistics = loss_fn.call_with_statistics(yi, y_pred, wi)
             loss = ops.divide_no_nan(ops.sum(losses * weights), denominator)
+            if added:
+                loss = loss + ops.sum(added) / k
             mapping = list(zip(self.metrics_variables, metrics_vars))
             with keras.StatelessScope(state_mapping=mapping) as scope:
                 self._update_metrics(yi, y_pred, wi, weights, statistics)

@@ -12,6 +12,7 @@ from keras_transformer.layers.encoder import TransformerEncoder
 from keras_transformer.layers.masks import padding_mask
 from keras_transformer.models._hyper_parameters import HyperParameters, take
 from keras_transformer.models._train_step import TrainStep
+from keras_transformer.models.guided_alignment import guided_alignment_loss
 
 # The paper's sizes (Table 3) plus small ones for tests and CPUs.
 PRESETS = {
@@ -164,6 +165,46 @@ class Transformer(HyperParameters, TrainStep, keras.Model):
             encoder_padding_mask=source_mask,
         )
         return {"source_ids": source_ids, "target_ids": target_ids}, self.project(y)
+
+    # Guided alignment (`models.guided_alignment.GuidedAlignment`), set by `compile_model` from
+    # `train.guided_alignment_weight`; None: off.
+    guided_alignment = None
+
+    def call(self, inputs, training=None, mask=None):
+        """The functional graph's logits. A batch that carries the pairs' link matrices
+        (`inputs["alignment"]` `[batch, t_len, s_len]`, data prepared with
+        `data.train_alignments`) adds, in training and with `guided_alignment` set, the guided
+        alignment loss (`add_loss`: the train steps add it to the loss) of head 0 of the
+        cross-attention of decoder layer `guided_alignment.layer`; otherwise the links are
+        ignored. Inference never passes them: its graphs are the functional model's."""
+        if isinstance(inputs, dict) and "alignment" in inputs:
+            links = inputs["alignment"]
+            inputs = {name: value for name, value in inputs.items() if name != "alignment"}
+            if isinstance(mask, dict):
+                mask = {name: mask.get(name) for name in inputs}
+            if self.guided_alignment is not None and training:
+                return self._guided_logits(inputs, links, training)
+        return super().call(inputs, training=training, mask=mask)
+
+    def _guided_logits(self, inputs, links, training):
+        """The logits of the forward pass of the functional graph (the same layers, called in
+        the same order), and the guided alignment loss of its attention added."""
+        source_ids, target_ids = inputs["source_ids"], inputs["target_ids"]
+        memory, source_mask = self.encode(source_ids, training=training)
+        y, scores = self.decoder(
+            self.embed_target(target_ids, training),
+            memory,
+            decoder_padding_mask=padding_mask(target_ids),
+            encoder_padding_mask=source_mask,
+            return_attention_scores=True,
+            training=training,
+        )
+        guided = self.guided_alignment
+        attention = scores[guided.layer]["cross_attention"][:, 0]  # head 0: [batch, t, s]
+        # A functional model refuses `add_loss` (symbolic graphs only); in a call it is the
+        # Layer's, which the train steps read back as `model.losses`.
+        keras.layers.Layer.add_loss(self, guided.weight * guided_alignment_loss(attention, links))
+        return self.project(y)
 
     @classmethod
     def from_preset(cls, preset, vocab_size, **kwargs):

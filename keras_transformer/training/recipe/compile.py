@@ -5,6 +5,7 @@ trainers use them; `keras_transformer.training.run.outline` (TensorFlow) re-expo
 import keras
 
 from keras_transformer.config import budget_seconds
+from keras_transformer.models.guided_alignment import GuidedAlignment, resolve_alignment_layer
 from keras_transformer.training.recipe.losses import MaskedSparseCrossEntropy
 from keras_transformer.training.recipe.metrics import MaskedAccuracy, Perplexity, TokenCount
 from keras_transformer.training.recipe.optimizers import FusedAdam
@@ -68,6 +69,11 @@ def compile_model(model, config, jit_compile=False, steps_per_execution=1):
     replicas), one optimizer update per batch. Keras's own accumulation option is not used: it
     applies the update inside a `cond`, which fails under tf.distribute strategies.
 
+    `train.guided_alignment_weight` > 0 gives the model its guided alignment
+    (`model.guided_alignment`, head 0 of decoder layer `export.alignment_layer`): on batches
+    that carry the pairs' link matrices (data prepared with `data.train_alignments`) the model
+    adds the loss, and the train steps add it to the label-smoothed one.
+
     Args:
         model: a `keras_transformer.models.Transformer`.
         config: an `ExperimentConfig`.
@@ -86,6 +92,13 @@ def compile_model(model, config, jit_compile=False, steps_per_execution=1):
     ```
     """
     model.gradient_accumulation_steps = int(config.train.gradient_accumulation_steps)
+    weight = config.train.guided_alignment_weight
+    if hasattr(model, "guided_alignment"):  # the Transformer adds the loss
+        model.guided_alignment = None
+        if weight > 0:
+            layers = len(model.decoder.blocks)
+            layer = resolve_alignment_layer(layers, config.export.alignment_layer)
+            model.guided_alignment = GuidedAlignment(float(weight), layer)
     kernels = getattr(model, "kernels", None)  # the model's fast paths, for its loss and Adam
     model.compile(
         optimizer=make_optimizer(config, getattr(model, "d_model", None), kernels),
