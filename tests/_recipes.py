@@ -16,7 +16,10 @@ The recipes of a page run in order in one temporary directory, as a reader goes 
 so a path one step writes and a later step reads (an export's name, a file) is checked across
 blocks. `fresh` starts a new directory (an alternative to the recipe above it, not its next
 step); `after=quickstart` starts the directory with the quickstart trained and exported, as the
-pages that begin "after the quickstart" assume; `files=` writes the named corpus files first
+pages that begin "after the quickstart" assume (a copy of the `toy_quickstart` fixture's, which
+ran `QUICKSTART` once per session): a page that trains the quickstart itself (the quickstart
+guide, the Python API's `train`; the README's main command always) starts so too, and its
+`train` runs as written and finds the run finished; `files=` writes the named corpus files first
 (synthetic text: `*.en` the source side, `*.de` the target side, `*.tsv` both; a name with
 `dev` or `test` in it takes that split, `mono.*` a monolingual sample).
 

@@ -68,10 +68,15 @@ VOLATILE = {("runtime", "workdir"), ("export", "base_dir"), ("export", "name")}
 
 
 def fingerprint(config):
-    """What makes two runs the same run: the config without where it writes."""
+    """What makes two runs the same run: the config without where it writes, and the Keras
+    backend that trains it (the same config trained on JAX is another run: the fixtures train
+    on TensorFlow)."""
+    import keras
+
     values = config.to_dict()
     for section, key in VOLATILE:
         values.get(section, {}).pop(key, None)
+    values["keras_backend"] = keras.backend.backend()
     text = json.dumps(values, sort_keys=True, default=str)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -100,8 +105,8 @@ def provide(root, name, config):
 
 
 class training_allowed:
-    """`with training_allowed():` a shared fixture trains the runs it provides, or a test whose
-    subject is that training itself (the README's quickstart, run as written)."""
+    """`with training_allowed():` a shared fixture trains the runs it provides
+    (`shared_directory`)."""
 
     def __enter__(self):
         self.before = os.environ.get(BUILDING)

@@ -181,8 +181,9 @@ def test_a_worker_over_its_memory_limit_is_replaced_and_no_test_is_lost():
 def test_a_worker_past_its_hard_limit_leaves_inside_a_module_and_no_test_is_lost():
     """Past the hard limit a worker does not wait for its module's end: it leaves before each
     next test (a worker's first test excepted, so every test runs), and the module's tests all
-    pass, each begun once more on a fresh worker."""
-    module = "tests/test_data_synthetic.py"
+    pass, each begun once more on a fresh worker. A module of three tests shows it (two
+    workers replaced inside it); each replacement is a worker's start."""
+    module = "tests/test_data_tagged.py"
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KT_TESTS_WORKER_MEMORY_GB="100",
                KT_TESTS_WORKER_HARD_MEMORY_GB="0.05")  # fmt: skip
     for name in [n for n in env if n.startswith("PYTEST_")]:
