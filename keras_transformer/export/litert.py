@@ -10,9 +10,12 @@ The directory holds:
 - `spm.model`, the SentencePiece model;
 - with a vocabulary shortlist (`export_litert(shortlist=...)`, `export --format litert
   --shortlist`): `decoder_step_shortlist.tflite`, the step projecting onto a batch's shortlist
-  alone (`litert_graphs.shortlist_step_function`), and `shortlist.npz`, the lexical table
+  alone (`litert_graphs.shortlist_step_function`), `shortlist.npz`, the lexical table
   (`keras_transformer.data.shortlist`) the runtime makes each batch's shortlist from (with
-  `litert.load(..., shortlist=True)`); the step without it stays, unchanged;
+  `litert.load(..., shortlist=True)`), and `shortlist_projection.npz`, the output projection's
+  rows (`litert_graphs.projection_rows`: int8 with their scales in `dynamic_int8`), which the
+  runtime gathers into the step's `output_rows` once per chunk; the step without it stays,
+  unchanged;
 - `keras_transformer.json`: the format, the quantization, the shapes the runtime needs, the
   decoding settings (fixed here, as in the SavedModel) and the confidence's calibration;
 - `model_card.json`, `model_card.md`.
@@ -47,6 +50,7 @@ ENCODER_FILE = "encoder.tflite"
 STEP_FILE = "decoder_step.tflite"
 SHORTLIST_STEP_FILE = "decoder_step_shortlist.tflite"
 SHORTLIST_TABLE_FILE = "shortlist.npz"
+SHORTLIST_PROJECTION_FILE = "shortlist_projection.npz"
 QUANTIZATIONS = ("float32", "float16", "dynamic_int8")
 FORMAT_VERSION = 1
 PHASE = "the LiteRT conversion"  # what `stopping.check` names
@@ -75,7 +79,7 @@ def _check(model, quantization):
 
 def _specs(model, beams, shortlist=False):
     """The step's input signature (`litert_graphs` module docstring); `shortlist`: the
-    shortlist step's, with its `output_ids` and `output_mask`."""
+    shortlist step's, with its chunk's columns (`litert_graphs.shortlist_step_function`)."""
     import tensorflow as tf
 
     heads, size = model.num_heads, model.head_dim
@@ -92,8 +96,13 @@ def _specs(model, beams, shortlist=False):
         caches,
     ]
     if shortlist:
-        specs.append(tf.TensorSpec([None], tf.int32, name="output_ids"))
-        specs.append(tf.TensorSpec([None], tf.float32, name="output_mask"))
+        specs += [
+            tf.TensorSpec([None], tf.int32, name="output_ids"),
+            tf.TensorSpec([None, model.d_model], tf.float32, name="output_rows"),
+            tf.TensorSpec([None], tf.float32, name="output_bias"),
+            tf.TensorSpec([None], tf.float32, name="output_ban"),
+            tf.TensorSpec([1], tf.int32, name="eos_column"),
+        ]
     return specs
 
 
@@ -147,9 +156,7 @@ def convert_graphs(model, settings, quantization="float32", shortlist=False):
     graphs["decoder_step"] = _convert(step, quantization)
     if shortlist:
         step = tf.function(
-            litert_graphs.shortlist_step_function(
-                model, beams, top_k, banned, settings.eos_id, quantized
-            ),
+            litert_graphs.shortlist_step_function(model, beams, top_k, quantized),
             input_signature=_specs(model, beams, shortlist=True),
             autograph=False,
         )
@@ -235,6 +242,7 @@ def export_litert(
     Returns:
         `output_dir`.
     """
+    from keras_transformer.export import litert_graphs
     from keras_transformer.export.translator import _model_proto
 
     _check(model, quantization)
@@ -256,9 +264,12 @@ def export_litert(
         listed_step, outputs["decoder_step_shortlist"] = graphs["decoder_step_shortlist"]
         files[SHORTLIST_STEP_FILE] = listed_step
         files[SHORTLIST_TABLE_FILE] = _table_bytes(shortlist)
+        files[SHORTLIST_PROJECTION_FILE] = _projection_bytes(model, quantization)
         metadata["shortlist"] = {
             "decoder_step": SHORTLIST_STEP_FILE,
             "table": SHORTLIST_TABLE_FILE,
+            "projection": SHORTLIST_PROJECTION_FILE,
+            "top_k_block": litert_graphs.TOP_K_BLOCK,
             "settings": dict(shortlist.settings),
         }
     card = {
@@ -277,6 +288,24 @@ def export_litert(
         _write_card(directory, metadata, card, figures, speed)
 
     return _write_directory(output_dir, files, finish)
+
+
+def _projection_bytes(model, quantization):
+    """`shortlist_projection.npz`'s bytes: the projection's rows as the export's `quantization`
+    stores its weights (`litert_graphs.projection_rows`)."""
+    import io
+
+    import numpy as np
+
+    from keras_transformer.export import litert_graphs
+
+    quantized = None
+    if quantization == "dynamic_int8":
+        quantized = litert_graphs.quantized_rows(model.target_embedding.embeddings.numpy())
+    arrays = litert_graphs.projection_rows(model, quantized, float16=quantization == "float16")
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
 
 
 def _table_bytes(table):
