@@ -145,10 +145,11 @@ def _other_head(model, beams, top_k, quantized, groups, specs):
         else:
             y, _, new = model.decoder.step(x, *attentions, training=False)
             y = ops.reshape(y, (groups, -1, model.d_model))
-            grouped = tf.matmul(y, output_rows, transpose_b=True) + output_bias[:, None, :]
+            product = tf.matmul(y, output_rows, transpose_b=True)
+            grouped = product + ops.expand_dims(output_bias, 1)  # [groups, G * beams, n]
             width = ops.shape(output_rows)[1]
             logits = ops.reshape(grouped, (-1, width))
-            banned = ops.reshape(grouped + output_ban[:, None, :], (-1, width))
+            banned = ops.reshape(grouped + ops.expand_dims(output_ban, 1), (-1, width))
         outputs = graphs._new_caches(new)
         top_logits, top_columns = graphs.blocked_top_k(banned, top_k)
         normaliser = ops.logsumexp(logits, axis=-1, keepdims=True)
@@ -341,7 +342,7 @@ def main():
                          top_k_saved=round(ms["plain_top_k"] - ms["full"], 2))  # fmt: skip
         emit(what="litert_step_ms", shape=name, beam=args.beam_size,
              quantization=args.quantization, rows=32 * args.beam_size, **ms, **parts,
-             shortlist=args.shortlist, group_widths=widths,
+             shortlist_width=args.shortlist, group_widths=widths,
              load1=load, load1_end=os.getloadavg()[0])  # fmt: skip
 
 
