@@ -10,12 +10,9 @@ The directory holds:
 - `spm.model`, the SentencePiece model;
 - with a vocabulary shortlist (`export_litert(shortlist=...)`, `export --format litert
   --shortlist`): `decoder_step_shortlist.tflite`, the step projecting onto a batch's shortlist
-  alone (`litert_graphs.shortlist_step_function`), `shortlist.npz`, the lexical table
+  alone (`litert_graphs.shortlist_step_function`), and `shortlist.npz`, the lexical table
   (`keras_transformer.data.shortlist`) the runtime makes each batch's shortlist from (with
-  `litert.load(..., shortlist=True)`), and `shortlist_projection.npz`, the output projection's
-  rows (`litert_graphs.projection_rows`: int8 with their scales in `dynamic_int8`), which the
-  runtime gathers into the step's `output_rows` once per chunk; the step without it stays,
-  unchanged;
+  `litert.load(..., shortlist=True)`); the step without it stays, unchanged;
 - for hard lexical constraints (`export_litert(constraints=True)`):
   `decoder_step_constrained.tflite`, the step that also gives the log-probabilities of the
   ids the runtime asks for (`litert_graphs.constrained_step_function`), with which
@@ -55,7 +52,6 @@ STEP_FILE = "decoder_step.tflite"
 SHORTLIST_STEP_FILE = "decoder_step_shortlist.tflite"
 SHORTLIST_TABLE_FILE = "shortlist.npz"
 CONSTRAINED_STEP_FILE = "decoder_step_constrained.tflite"
-SHORTLIST_PROJECTION_FILE = "shortlist_projection.npz"
 QUANTIZATIONS = ("float32", "float16", "dynamic_int8")
 FORMAT_VERSION = 1
 PHASE = "the LiteRT conversion"  # what `stopping.check` names
@@ -91,8 +87,8 @@ def _check(model, quantization):
 
 def _specs(model, beams, shortlist=False, wanted=False):
     """The step's input signature (`litert_graphs` module docstring); `shortlist`: the
-    shortlist step's, with its chunk's columns (`litert_graphs.shortlist_step_function`);
-    `wanted`: the constrained step's, with its `wanted_ids`."""
+    shortlist step's, with its `output_ids` and `output_mask`; `wanted`: the constrained
+    step's, with its `wanted_ids`."""
     import tensorflow as tf
 
     heads, size = model.num_heads, model.head_dim
@@ -109,13 +105,8 @@ def _specs(model, beams, shortlist=False, wanted=False):
         caches,
     ]
     if shortlist:
-        specs += [
-            tf.TensorSpec([None], tf.int32, name="output_ids"),
-            tf.TensorSpec([None, model.d_model], tf.float32, name="output_rows"),
-            tf.TensorSpec([None], tf.float32, name="output_bias"),
-            tf.TensorSpec([None], tf.float32, name="output_ban"),
-            tf.TensorSpec([1], tf.int32, name="eos_column"),
-        ]
+        specs.append(tf.TensorSpec([None], tf.int32, name="output_ids"))
+        specs.append(tf.TensorSpec([None], tf.float32, name="output_mask"))
     if wanted:
         specs.append(tf.TensorSpec([None, None], tf.int32, name="wanted_ids"))
     return specs
@@ -172,7 +163,9 @@ def convert_graphs(model, settings, quantization="float32", shortlist=False, con
     graphs["decoder_step"] = _convert(step, quantization)
     if shortlist:
         step = tf.function(
-            litert_graphs.shortlist_step_function(model, beams, top_k, quantized),
+            litert_graphs.shortlist_step_function(
+                model, beams, top_k, banned, settings.eos_id, quantized
+            ),
             input_signature=_specs(model, beams, shortlist=True),
             autograph=False,
         )
@@ -290,7 +283,7 @@ def export_litert(
     outputs = {"encoder": encoder_outputs, "decoder_step": step_outputs}
     metadata = _metadata(model, settings, quantization, data_config, top_k, calibration, outputs)
     files = {ENCODER_FILE: encoder, STEP_FILE: step, SPM_FILE: spm_bytes}
-    files.update(_optional_graphs(graphs, shortlist, metadata, model, quantization))
+    files.update(_optional_graphs(graphs, shortlist, metadata))
     functions = dict(RUNTIME_FUNCTIONS, **(CONSTRAINED_FUNCTION if constraints else {}))
     card = {
         "functions": functions,
@@ -311,23 +304,17 @@ def export_litert(
     return _write_directory(output_dir, files, finish)
 
 
-def _optional_graphs(graphs, shortlist, metadata, model, quantization):
+def _optional_graphs(graphs, shortlist, metadata):
     """`{file name: bytes}` of the optional graphs in `graphs` (the shortlist step and its
-    table and its projection rows, the constrained step), named in `metadata` (its `outputs`
-    too)."""
-    from keras_transformer.export import litert_graphs
-
+    table, the constrained step), named in `metadata` (its `outputs` too)."""
     files, outputs = {}, metadata["outputs"]
     if shortlist is not None:
         listed_step, outputs["decoder_step_shortlist"] = graphs["decoder_step_shortlist"]
         files[SHORTLIST_STEP_FILE] = listed_step
         files[SHORTLIST_TABLE_FILE] = _table_bytes(shortlist)
-        files[SHORTLIST_PROJECTION_FILE] = _projection_bytes(model, quantization)
         metadata["shortlist"] = {
             "decoder_step": SHORTLIST_STEP_FILE,
             "table": SHORTLIST_TABLE_FILE,
-            "projection": SHORTLIST_PROJECTION_FILE,
-            "top_k_block": litert_graphs.TOP_K_BLOCK,
             "settings": dict(shortlist.settings),
         }
     if "decoder_step_constrained" in graphs:
@@ -338,24 +325,6 @@ def _optional_graphs(graphs, shortlist, metadata, model, quantization):
             "top_k": metadata["top_k"] + 1,
         }
     return files
-
-
-def _projection_bytes(model, quantization):
-    """`shortlist_projection.npz`'s bytes: the projection's rows as the export's `quantization`
-    stores its weights (`litert_graphs.projection_rows`)."""
-    import io
-
-    import numpy as np
-
-    from keras_transformer.export import litert_graphs
-
-    quantized = None
-    if quantization == "dynamic_int8":
-        quantized = litert_graphs.quantized_rows(model.target_embedding.embeddings.numpy())
-    arrays = litert_graphs.projection_rows(model, quantized, float16=quantization == "float16")
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    return buffer.getvalue()
 
 
 def _table_bytes(table):

@@ -27,11 +27,9 @@ source tokens, `L` decoder layers; only `B`, `T` and `S` vary):
   its best `2k` others), and `wanted_log_probs` float32 `[B * k, W]`, their log-probabilities.
 
 - shortlist step (`shortlist_step_function`, an export with a vocabulary shortlist): the
-  step's inputs and a chunk's shortlist of `n` columns, made once per chunk by the runtime:
-  `output_ids` int32 `[n]`, `output_rows` float32 `[n, d_model]` (their projection rows),
-  `output_bias`, `output_ban` float32 `[n]`, `eos_column` int32 `[1]` -> the same outputs, the
-  projection and the normaliser over those `n` columns only, `top_ids` the target ids of the
-  best columns.
+  step's inputs and `output_ids` int32 `[n]` (a batch's shortlist), `output_mask` float32 `[n]`
+  (0 at its real columns, NEG_INF at its padding) -> the same outputs, the projection and the
+  normaliser over those `n` columns only, `top_ids` the target ids of the best columns.
 
 The log-probabilities are the model's log-softmax with padding and BOS made impossible, as in
 `keras_transformer.decoding.search`; only the top `K` of each row leave the graph (the search
@@ -107,20 +105,17 @@ def blocked_top_k(x, k, block=TOP_K_BLOCK):
     TOPK_V2 (not an XNNPACK op, one thread) scans every entry keeping a heap; the block maxima are
     one vectorised pass, and the two TOPK_V2 left see `vocab / block` and `k * block` entries
     (128 rows of 32,000, k = 8, on 2 AMD EPYC cores: 2.4 ms instead of 6.3). Equal values may
-    come out in another order than `ops.top_k`'s (lower index first). A width unknown when
-    traced (the shortlist step's) must be a multiple of `block` and at least `k` blocks.
+    come out in another order than `ops.top_k`'s (lower index first).
     """
     vocab = x.shape[-1]
-    if vocab is not None and vocab <= 4 * k * block:  # too few blocks to pay
+    if vocab <= 4 * k * block:  # too few blocks to pay
         return ops.top_k(x, k)
-    if vocab is not None and vocab % block:  # padded with entries below any logit
-        x = ops.pad(x, ((0, 0), (0, block - vocab % block)), constant_values=2.0 * NEG_INF)
+    blocks = -(-vocab // block)
+    if blocks * block != vocab:  # padded with entries below any logit
+        x = ops.pad(x, ((0, 0), (0, blocks * block - vocab)), constant_values=2.0 * NEG_INF)
     import tensorflow as tf  # the export's backend; a batched GATHER converts to one op
 
-    if vocab is None:
-        x = ops.reshape(x, (ops.shape(x)[0], -1, block))
-    else:
-        x = ops.reshape(x, (-1, -(-vocab // block), block))
+    x = ops.reshape(x, (-1, blocks, block))
     _, best_blocks = ops.top_k(ops.max(x, axis=-1), k)  # [rows, k]
     candidates = tf.gather(x, best_blocks, axis=1, batch_dims=1)  # [rows, k, block]
     values, positions = ops.top_k(ops.reshape(candidates, (-1, k * block)), k)
@@ -262,58 +257,65 @@ def constrained_step_function(model, beams, top_k, banned_ids, eos_id, quantized
     return step
 
 
-def projection_rows(model, quantized_embedding=None, float16=False):
-    """The output projection as rows, one per target id, for a shortlist's step
-    (`shortlist_step_function`), which the runtime gathers once per chunk: `{"rows": [vocab,
-    d_model], "scales": float32 [vocab] (int8 only), "bias": float32 [vocab] (an untied
-    projection's only)}` in NumPy. `quantized_embedding` (the int8 export, `quantized_rows` of
-    the tied embedding): int8 rows with their scales (an untied kernel's quantized the same
-    way); `float16`: the rows in float16 (the float16 export's weights); else float32. Row `i`
-    times the step's output is the logit of id `i` (`Transformer.output_kernel` transposed)."""
+def _shortlist_columns(model, quantized_embedding):
+    """`columns(output_ids [n]) -> (kernel [d_model, n], bias [n] or None)`: the projection's
+    columns of a shortlist's ids (`Transformer.output_kernel`). `quantized_embedding` (the
+    int8 export): the tied embedding's int8 rows (`_embedding`'s copy), or the untied kernel's,
+    are gathered and only they dequantized, each with its own scale."""
     dense = model.output_projection
-    if dense is None:
-        rows = np.asarray(model.target_embedding.embeddings, "float32")
-    else:
-        rows = np.transpose(np.asarray(dense.kernel, "float32"))
-    out = {}
-    if quantized_embedding is not None:
-        rows, out["scales"] = quantized_embedding if dense is None else quantized_rows(rows)
-    out["rows"] = rows.astype("float16") if float16 and quantized_embedding is None else rows
+    bias = None
     if dense is not None and dense.use_bias:
-        out["bias"] = np.asarray(dense.bias, "float32")
-    return out
+        bias = ops.cast(dense.bias, "float32")
+    quantized = None
+    if quantized_embedding is not None:
+        quantized = quantized_embedding
+        if dense is not None:
+            quantized = quantized_rows(np.transpose(np.asarray(dense.kernel)))
+    if quantized is None:
+
+        def columns(output_ids):
+            kernel = ops.cast(model.output_kernel(output_ids), "float32")
+            return kernel, None if bias is None else ops.take(bias, output_ids, axis=0)
+
+        return columns
+    steps, unit = fixed_point_scales(quantized[1])
+    table, steps = ops.convert_to_tensor(quantized[0]), ops.convert_to_tensor(steps)
+
+    def columns(output_ids):
+        rows = ops.cast(ops.take(table, output_ids, axis=0), "float32")  # [n, d_model]
+        scales = ops.cast(ops.take(steps, output_ids, axis=0), "float32") * unit
+        kernel = ops.transpose(rows * ops.expand_dims(scales, 1))
+        return kernel, None if bias is None else ops.take(bias, output_ids, axis=0)
+
+    return columns
 
 
-def shortlist_step_function(model, beams, top_k, quantized_embedding=None):
-    """`fn(ids, position, self_bias, cross_bias, caches, output_ids, output_rows, output_bias,
-    output_ban, eos_column) -> outputs`: `step_function`'s step over a vocabulary shortlist of
-    `n` columns, whose projection the runtime made once for its chunk (`projection_rows`
-    gathered), so that nothing but the product runs per step over them.
-
-    `output_ids` int32 `[n]` are the shortlist's target ids (`lexical_table.batch_shortlist`),
-    `output_rows` float32 `[n, d_model]` their projection rows, `output_bias` float32 `[n]` the
-    untied projection's biases with NEG_INF at the padding columns (out of the normaliser),
-    `output_ban` float32 `[n]` NEG_INF at the columns the search may not choose (padding, BOS:
-    in the normaliser, as in the full step), `eos_column` int32 `[1]` EOS's column. `n` is a
-    multiple of `TOP_K_BLOCK` and at least `top_k` blocks (`blocked_top_k`). `top_ids` are
-    target ids (not columns)."""
-    import tensorflow as tf  # the export's backend: the product with the rows transposed
-
+def shortlist_step_function(model, beams, top_k, banned_ids, eos_id, quantized_embedding=None):
+    """`fn(ids, position, self_bias, cross_bias, caches, output_ids, output_mask) -> outputs`:
+    `step_function`'s step over a vocabulary shortlist. `output_ids` int32 `[n]` are the
+    shortlist's target ids (`data.shortlist.batch_shortlist`), `output_mask` float32 `[n]` 0
+    at its real columns and NEG_INF at its padding ones: the projection covers these columns
+    alone, the log-softmax normalises over the real ones, padding and BOS are impossible, and
+    `top_ids` are target ids (not columns). EOS must be one of the `output_ids`."""
     embed = _embedding(model, quantized_embedding)
+    columns = _shortlist_columns(model, quantized_embedding)
 
-    def step(ids, position, self_bias, cross_bias, caches, output_ids, output_rows,
-             output_bias, output_ban, eos_column):  # fmt: skip
+    def step(ids, position, self_bias, cross_bias, caches, output_ids, output_mask):
         attentions = _attentions(model, beams, self_bias, cross_bias, caches)
         x = embed(ids, position)  # [B * k, d_model]
-        y, _, new = model.decoder.step(x, *attentions, training=False)
+        kernel, bias = columns(output_ids)
+        logits, new = model.decoder_step(x, *attentions, kernel, bias)  # [B * k, n]
         outputs = _new_caches(new)
-        # One FULLY_CONNECTED with the rows as its (run-time) weights: [B * k, n].
-        logits = tf.matmul(ops.cast(y, "float32"), output_rows, transpose_b=True) + output_bias
-        top_logits, top_columns = blocked_top_k(logits + output_ban, top_k)
+        logits = logits + output_mask  # padding columns: out of the normaliser
+        banned = ops.zeros(ops.shape(output_ids), "bool")
+        for token in banned_ids:
+            banned = ops.logical_or(banned, ops.equal(output_ids, token))
+        ban = ops.where(banned, NEG_INF, 0.0)
+        top_logits, top_columns = ops.top_k(logits + ban, top_k)
         normaliser = ops.logsumexp(logits, axis=-1, keepdims=True)
         outputs["top_log_probs"] = top_logits - normaliser
         outputs["top_ids"] = ops.cast(ops.take(output_ids, top_columns, axis=0), "int32")
-        eos = ops.take(logits, eos_column, axis=1)[:, 0]
+        eos = ops.sum(ops.where(ops.equal(output_ids, eos_id), logits, 0.0), axis=-1)
         outputs["eos_log_probs"] = eos - normaliser[:, 0]
         return outputs
 

@@ -21,9 +21,7 @@ when loaded with `shortlist=True`: each chunk's shortlist is the lexical table's
 its source pieces, the table's frequent pieces, the special ids and the chunk's prefix pieces
 (`keras_transformer.lexical_table.batch_shortlist`, padded to a bucket), and the shortlist step
 projects onto those columns alone, so no other piece can be chosen and the scores are
-log-probabilities over the shortlist (as the SavedModel's `Translator(shortlist=...)`). The
-columns' projection rows are gathered (and dequantized) here once per chunk from the export's
-`shortlist_projection.npz` and given to the step as an input: per step the step only multiplies.
+log-probabilities over the shortlist (as the SavedModel's `Translator(shortlist=...)`).
 
 Lexical constraints: an export made with its constrained step (`export_litert(constraints=
 True)`) answers `translate_constrained` (and `translate(texts, constraints=...)`) as the
@@ -137,7 +135,6 @@ class LiteRTTranslator:
         self.max_length = meta.get("max_length")
         self.calibration = meta["calibration"]
         self.shortlist = _shortlist_table(path, meta) if shortlist else None
-        self._projection = _projection(path, meta) if shortlist else None
         with open(os.path.join(path, meta["tokenizer"]), "rb") as f:
             self._spm = sentencepiece.SentencePieceProcessor(model_proto=f.read())
         self.num_threads = num_threads
@@ -361,7 +358,7 @@ class LiteRTTranslator:
                 prefix_matrix[i, : len(row)] = row
         columns = None
         if self.shortlist is not None:
-            columns = self._shortlist_columns(source, prefix_matrix)
+            columns = _shortlist_columns(self.shortlist, source, prefix_matrix)
         cross = encoder(source)
         if constraints is None:
             step.start(cross, source != s["pad_id"], buffer, columns)
@@ -382,24 +379,6 @@ class LiteRTTranslator:
         rows = met[:, None, None]
         ids, scores = np.where(rows, found[0], plain[0]), np.where(met[:, None], found[1], plain[1])
         return ids, scores, np.where(rows, found[2], plain[2]), met
-
-    def _shortlist_columns(self, source, prefix):
-        """The shortlist step's columns (`litert_graphs.shortlist_step_function`) for a chunk's
-        `source` `[c, S]` and `prefix` (`[c, p]` or None): its shortlist
-        (`lexical_table.batch_shortlist`), padded with PAD columns to a multiple of the step's
-        top-k block and to at least `top_k` blocks, and their projection rows."""
-        from keras_transformer.lexical_table import batch_shortlist
-
-        meta, s = self.metadata, self.settings
-        table, projection = self.shortlist, self._projection
-        block = int(meta["shortlist"]["top_k_block"])
-        ids, real = batch_shortlist(
-            table.translations, table.frequent, source, extra_ids=prefix, bucket=block
-        )
-        width = max(ids.size, int(meta["top_k"]) * block)
-        ids = np.pad(ids, (0, width - ids.size), constant_values=s["pad_id"])
-        real = np.pad(real, (0, width - real.size))
-        return shortlist_columns(projection, ids, real, (s["pad_id"], s["bos_id"]), s["eos_id"])
 
     def _detokenize(self, ids):
         special = (self.settings["pad_id"], self.settings["eos_id"])
@@ -429,38 +408,14 @@ def _shortlist_table(path, meta):
     return read_lexical_table(os.path.join(path, listed["table"]), gfile=LocalGfile)
 
 
-def _projection(path, meta):
-    """The export's projection rows (`litert_graphs.projection_rows`) as `{name: array}`."""
-    projection = os.path.join(path, meta["shortlist"]["projection"])
-    with np.load(projection, allow_pickle=False) as saved:
-        return {name: saved[name] for name in saved.files}
+def _shortlist_columns(table, source, prefix):
+    """The step's `{"output_ids", "output_mask"}` for a chunk's `source` `[c, S]` and
+    `prefix` (`[c, p]` or None): its shortlist (`lexical_table.batch_shortlist`), the padding
+    columns masked."""
+    from keras_transformer.lexical_table import batch_shortlist
 
-
-def shortlist_columns(projection, ids, real, banned_ids, eos_id):
-    """The shortlist step's inputs for the columns `ids` int32 `[n]` (`real` False at the
-    padding ones) from the export's `projection` (`litert_graphs.projection_rows`):
-    `output_ids`; `output_rows` float32 `[n, d_model]`, their rows dequantized; `output_bias`,
-    the untied projection's biases, NEG_INF at the padding columns; `output_ban`, NEG_INF at
-    the `banned_ids` (padding and BOS: in the normaliser, never chosen) and the padding
-    columns; `eos_column`, `eos_id`'s first column (it must be one)."""
-    rows = projection["rows"][ids].astype("float32")
-    if "scales" in projection:
-        rows *= projection["scales"][ids][:, None]
-    bias = np.zeros(ids.size, "float32")
-    if "bias" in projection:
-        bias += projection["bias"][ids]
-    bias[~real] = NEG_INF
-    ban = np.where(np.isin(ids, banned_ids) | ~real, np.float32(NEG_INF), np.float32(0.0))
-    eos = np.flatnonzero((ids == eos_id) & real)
-    if not eos.size:
-        raise ValueError(f"the shortlist lacks EOS ({eos_id})")
-    return {
-        "output_ids": ids.astype("int32"),
-        "output_rows": rows,
-        "output_bias": bias,
-        "output_ban": ban.astype("float32"),
-        "eos_column": eos[:1].astype("int32"),
-    }
+    ids, real = batch_shortlist(table.translations, table.frequent, source, extra_ids=prefix)
+    return {"output_ids": ids, "output_mask": np.where(real, 0.0, NEG_INF).astype("float32")}
 
 
 def _margins(scores):
@@ -532,12 +487,12 @@ class _Step:
     def start(self, cross, source_mask, positions, columns=None, wanted=None):
         """Readies the step for a chunk: the encoder's `cross` keys/values, the source mask
         `[c, S]` and `positions` cache positions; the caches start empty. `columns`: the
-        shortlist step's inputs for the chunk (`shortlist_columns`), set once here; `wanted`:
-        the constrained step's wanted ids per row (`W`)."""
+        shortlist step's `{"output_ids", "output_mask"}` `[n]` for the chunk; `wanted`: the
+        constrained step's wanted ids per row (`W`)."""
         c = source_mask.shape[0]
         bias = np.where(source_mask, 0.0, NEG_INF).astype("float32")[:, None, None, :]
         values = {**cross, "cross_bias": bias, **(columns or {})}
-        self.columns = columns
+        self.columns = None if columns is None else len(columns["output_ids"])
         self.wanted = wanted
         self._layout(c, source_mask.shape[1], positions, values)
         self.history = np.zeros((c, self.beams, positions), "int32")  # the slot of each key
@@ -551,8 +506,8 @@ class _Step:
         k, heads, size = self.beams, self.heads, self.head_dim
         shapes = {"ids": [c * k], "position": [1], "self_bias": [c, 1, k, k * positions]}
         shapes["cross_bias"] = [c, 1, 1, s_len]
-        for name, value in (self.columns or {}).items():
-            shapes[name] = list(value.shape)
+        if self.columns is not None:
+            shapes["output_ids"] = shapes["output_mask"] = [self.columns]
         if self.wanted is not None:
             shapes["wanted_ids"] = [c * k, self.wanted]
         for i in range(self.layers):
@@ -587,7 +542,9 @@ class _Step:
         ]
         values = {name: it.get_tensor(self.inputs[name])[live] for name in names}
         values["cross_bias"] = it.get_tensor(self.inputs["cross_bias"])[live]
-        values.update(self.columns or {})  # resized inputs lose their values
+        if self.columns is not None:  # resized inputs lose their values
+            for name in ("output_ids", "output_mask"):
+                values[name] = it.get_tensor(self.inputs[name])
         s_len = values["cross_bias"].shape[-1]
         self._layout(len(live), s_len, self.positions, values, zero_caches=False)
         self.history = self.history[live]
