@@ -342,6 +342,21 @@ COLUMNS = {
         pair("test BLEU / chrF", "test_bleu", "test_chrf"),
         first("sentences/s", "sentences_per_second"),
     ],
+    "guided_alignment": [
+        labelled("system", ("", "system", ""), ("weight", "weight", "")),
+        labelled(
+            "AER (pairs scored)",
+            ("", "aer", ""),
+            ("on", "translated_exactly", ""),
+            ("of", "alignment_set", ""),
+        ),
+        labelled(
+            "markup",
+            ("kept", "markup_kept", ""),
+            ("around the right words", "tags_around_right_words", ""),
+        ),
+        pair("test BLEU / chrF", "test_bleu", "test_chrf"),
+    ],
     "train_backends": [
         labelled("backend, shape", ("", "backend", ""), ("", "shape", ""), ("", "what", "")),
         first("tokens/s", "tokens_per_s"),
@@ -390,6 +405,10 @@ TITLES = {
         "benchmarks/shortlist_quality.py",
     ),
     "glossary": ("Glossaries: term use and BLEU", "benchmarks/glossary.py"),
+    "guided_alignment": (
+        "Attention alignments with and without guided alignment",
+        "benchmarks/guided_alignment.py",
+    ),
     "accelerator_check": (
         "One GPU: the JAX backend against PyTorch",
         "benchmarks/accelerator_check.py",
