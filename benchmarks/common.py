@@ -107,3 +107,24 @@ def free_ports(count):
     for s in sockets:
         s.close()
     return ports
+
+
+def train_system(config, work, name, settings=()):
+    """`keras-transformer train --config CONFIG` of one benchmark system in `WORK/NAME` (the CLI
+    skips a finished one), exported to `WORK/saved_models/NAME`, with each `KEY=VALUE` of
+    `settings` set in order; its output goes to `WORK/NAME.log`. Returns the export's path."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    base = os.path.join(work, "saved_models")
+    command = [
+        sys.executable, "-m", "keras_transformer.cli", "train", "--config", config,
+        "--workdir", os.path.join(work, name),
+        "--set", f"export.base_dir={base}", "--set", f"export.name={name}",
+    ]  # fmt: skip
+    for setting in settings:
+        command += ["--set", setting]
+    print(f"[{time.strftime('%H:%M:%S')}] training {name} ...", file=sys.stderr, flush=True)
+    with open(os.path.join(work, f"{name}.log"), "a") as log:
+        subprocess.run(command, check=True, stdout=log, stderr=subprocess.STDOUT, cwd=root)
+    return os.path.join(base, name)

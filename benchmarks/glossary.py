@@ -31,16 +31,14 @@ import argparse
 import collections
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import emit  # noqa: E402
+from common import emit, train_system  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CLI = [sys.executable, "-m", "keras_transformer.cli"]
 
 
 def draw_terms(pairs, count, min_count, min_dice, min_length=5):
@@ -67,23 +65,12 @@ def draw_terms(pairs, count, min_count, min_dice, min_length=5):
 
 
 def train(args, work, name, terms_file=None):
-    """`keras-transformer train` of one system (the CLI skips a finished one); returns the
-    path of its export."""
-    workdir = os.path.join(work, name)
-    base = os.path.join(work, "saved_models")
-    command = [
-        *CLI, "train", "--config", args.config, "--workdir", workdir,
-        "--set", f"export.base_dir={base}", "--set", f"export.name={name}",
-    ]  # fmt: skip
+    """`keras-transformer train` of one system (`common.train_system`), with annotations when
+    `terms_file` is given; returns the path of its export."""
+    settings = []
     if terms_file:
-        command += ["--set", f"data.terminology={terms_file}"]
-        command += ["--set", f"data.terminology_fraction={args.fraction}"]
-    for override in args.set:
-        command += ["--set", override]
-    print(f"[{time.strftime('%H:%M:%S')}] training {name} ...", file=sys.stderr, flush=True)
-    with open(os.path.join(work, f"{name}.log"), "a") as log:
-        subprocess.run(command, check=True, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
-    return os.path.join(base, name)
+        settings += [f"data.terminology={terms_file}", f"data.terminology_fraction={args.fraction}"]
+    return train_system(args.config, work, name, [*settings, *args.set])
 
 
 def translate(model_dir, texts, glossaries=None, batch_size=32, mode="glossary"):

@@ -20,16 +20,13 @@ skipped when run again with the same `--work`.
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import emit  # noqa: E402
+from common import emit, train_system  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CLI = [sys.executable, "-m", "keras_transformer.cli"]
 
 
 def write_alignments(pairs, path):
@@ -47,24 +44,13 @@ def write_alignments(pairs, path):
 
 
 def train(args, work, name, alignments=None):
-    """`keras-transformer train` of one system (the CLI skips a finished one), exported with
-    alignments; returns the path of its export."""
-    workdir = os.path.join(work, name)
-    base = os.path.join(work, "saved_models")
-    command = [
-        *CLI, "train", "--config", args.config, "--workdir", workdir,
-        "--set", f"export.base_dir={base}", "--set", f"export.name={name}",
-        "--set", "export.alignments=true",
-    ]  # fmt: skip
+    """`keras-transformer train` of one system (`common.train_system`), exported with
+    alignments, guided when `alignments` is given; returns the path of its export."""
+    settings = ["export.alignments=true"]
     if alignments:
-        command += ["--set", f"data.train_alignments={alignments}"]
-        command += ["--set", f"train.guided_alignment_weight={args.weight}"]
-    for override in args.set:
-        command += ["--set", override]
-    print(f"[{time.strftime('%H:%M:%S')}] training {name} ...", file=sys.stderr, flush=True)
-    with open(os.path.join(work, f"{name}.log"), "a") as log:
-        subprocess.run(command, check=True, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
-    return os.path.join(base, name)
+        settings += [f"data.train_alignments={alignments}",
+                     f"train.guided_alignment_weight={args.weight}"]  # fmt: skip
+    return train_system(args.config, work, name, [*settings, *args.set])
 
 
 def translate(model_dir, texts, batch_size=64):
