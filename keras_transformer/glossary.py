@@ -15,8 +15,9 @@ Matching, the same in `annotate` and `annotate_graph`:
   it is a word character (a letter, a digit or `_`); case-sensitive, exact (spaces included);
 - longest term first over the whole sentence (ties: the glossary's order), every occurrence;
   a term inside an annotation already made is not annotated again (no nested annotation);
-- the characters U+0001-U+0003 of a text (which mark annotations while they are made) become
-  spaces when the glossary is not empty; an empty glossary returns the text unchanged.
+- the characters U+0001-U+0005 of a text (which mark annotations and word boundaries while
+  they are made) become spaces when the glossary is not empty; an empty glossary returns the
+  text unchanged.
 
 `TAGS` are kept whole by the tokenizer: `prepare` trains the vocabulary with them as
 SentencePiece `user_defined_symbols`. A term holding a tag or a control character is refused.
@@ -29,11 +30,11 @@ START, SEPARATOR, END = "<term>", "<trans>", "</term>"
 TAGS = (START, SEPARATOR, END)
 # Marks an annotation while the glossary is applied (the nth term: OPEN, n + 1 x FILL, CLOSE).
 _OPEN, _FILL, _CLOSE = "\x01", "\x02", "\x03"
-_MARKS = re.compile("[\x01-\x03]")
+_MARKS = re.compile("[\x01-\x05]")
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
-# A term's boundaries in RE2 (the graph): no word character (Python's `\w`: letters, digits,
-# `_`) on either side.
-_BEFORE, _AFTER = r"(^|[^\pL\pN_])", r"([^\pL\pN_]|$)"
+# A term's boundaries in the graph's annotation (`_bounded`): no word character (Python's `\w`:
+# letters, digits, `_`) on either side.
+_BEFORE_WORD, _AFTER_WORD = "\x04", "\x05"
 
 
 class GlossaryError(ValueError):
@@ -209,12 +210,35 @@ def annotate_graph(text, sources, targets):
     )
 
 
+def _bounded(strings):
+    """`strings` with word boundaries written in: at each position (between two characters, and
+    at both ends) `_AFTER_WORD` when the character after it is not a word character (or it is
+    the end), then `_BEFORE_WORD` when the character before it is not one (or it is the start).
+    A term occurs whole (as `annotate`'s `(?<!\w)` and `(?!\w)` ask) exactly where
+    `_term_pattern(term)` occurs in `_bounded(text)`, and two occurrences that touch share no
+    character; so the per-term patterns are literals (RE2 compiles a pattern holding `\pL`
+    at every call, 30x the cost of the literal). The strings hold no U+0004 or U+0005."""
+    import tensorflow as tf
+
+    after = tf.strings.regex_replace(strings, r"([^\pL\pN_])", r"\1" + _BEFORE_WORD)
+    after = tf.strings.join([_BEFORE_WORD, after])
+    return tf.strings.regex_replace(
+        after, f"({_BEFORE_WORD})?([^\\pL\\pN_{_BEFORE_WORD}]|$)", _AFTER_WORD + r"\1\2"
+    )
+
+
+def _term_pattern(terms):
+    """The RE2 pattern of each term in `_bounded` text: from the boundary before its first
+    character to the one after its last."""
+    import tensorflow as tf
+
+    inner = tf.strings.regex_replace(_bounded(terms), f"^{_AFTER_WORD}|{_BEFORE_WORD}$", "")
+    return tf.strings.regex_replace(inner, r"([.^$|?*+()\[\]{}\\])", r"\\\1")
+
+
 def _annotate_row(line, row_sources, row_targets):
     """`annotate_graph` of one text: tf.string scalar, `[G]`, `[G]` -> tf.string scalar."""
     import tensorflow as tf
-
-    def escaped(term):  # a literal in an RE2 pattern
-        return tf.strings.regex_replace(term, r"([.^$|?*+()\[\]{}\\])", r"\\\1")
 
     def rewrite(term):  # a literal in an RE2 rewrite
         return tf.strings.regex_replace(term, r"\\", r"\\\\")
@@ -223,7 +247,8 @@ def _annotate_row(line, row_sources, row_targets):
     lengths = tf.strings.length(row_sources, unit="UTF8_CHAR")
     order = tf.argsort(-lengths, stable=True)
     present = tf.reduce_any(tf.not_equal(row_sources, ""))
-    line = tf.where(present, tf.strings.regex_replace(line, "[\x01-\x03]", " "), line)
+    line = tf.where(present, tf.strings.regex_replace(line, "[\x01-\x05]", " "), line)
+    patterns = _term_pattern(row_sources)
 
     def mark(i):
         fill = tf.strings.reduce_join(tf.fill([i + 1], _FILL))
@@ -231,14 +256,13 @@ def _annotate_row(line, row_sources, row_targets):
 
     def mark_terms(k, line):
         i = order[k]
-        pattern = tf.strings.join([_BEFORE, escaped(row_sources[i]), _AFTER])
-        replacement = tf.strings.join(["\\1", mark(i), "\\2"])
+        # The match takes the boundaries around it. The mark's characters are not word
+        # characters (as in `annotate`, a term may touch a mark): both boundaries on each side.
+        both = _AFTER_WORD + _BEFORE_WORD
+        replacement = tf.strings.join([both, mark(i), both])
 
         def marked():
-            # Twice: a match takes the character after it, which may be the one before
-            # the next occurrence.
-            once = tf.strings.regex_replace(line, pattern, replacement)
-            return tf.strings.regex_replace(once, pattern, replacement)
+            return tf.strings.regex_replace(line, patterns[i], replacement)
 
         return k + 1, tf.cond(tf.equal(row_sources[i], ""), lambda: line, marked)
 
@@ -253,7 +277,9 @@ def _annotate_row(line, row_sources, row_targets):
 
         return k + 1, tf.cond(tf.equal(row_sources[i], ""), lambda: line, replaced)
 
-    _, line = tf.while_loop(lambda k, _: k < size, mark_terms, [tf.constant(0), line])
+    _, bounded = tf.while_loop(lambda k, _: k < size, mark_terms, [tf.constant(0), _bounded(line)])
+    unbounded = tf.strings.regex_replace(bounded, f"[{_BEFORE_WORD}{_AFTER_WORD}]", "")
+    line = tf.where(present, unbounded, line)
     _, line = tf.while_loop(lambda k, _: k < size, annotate_marks, [tf.constant(0), line])
     return line
 

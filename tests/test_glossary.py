@@ -119,6 +119,9 @@ GRAPH_CASES = [
     ("café in 東京 and 東京都 \x01", {"café": "Kaffee", "東京": "Tokyo"}),
     ("cat concatenate Cat cat_", {"cat": "gato"}),
     ("nothing \x02 here", {}),
+    ("a\x04cat\x05cat \x05 cat_cat-cat", {"cat": "gato", "t-c": "x"}),
+    # Terms that start or end with a character that is not a word character.
+    ("a-x b -x (C++) x- x-y ..", {"-x": "m", "x-": "n", "(C++)": "c", ".": "p"}),
 ]
 
 
@@ -137,6 +140,32 @@ def test_graph_annotation_equals_the_python_one():
     assert g.annotate_graph(tf.zeros([0], tf.string), none, none).shape == [0]
     with pytest.raises(tf.errors.InvalidArgumentError, match="annotation tag"):
         g.annotate_graph(tf.constant(["x"]), tf.constant([["x"]]), tf.constant([["<term>"]]))
+
+
+def test_graph_annotation_equals_the_python_one_on_random_texts():
+    """Random texts over letters, digits, `_`, spaces and punctuation, each with terms cut from
+    it (touching, overlapping, starting or ending with punctuation): the graph's word
+    boundaries are the Python ones."""
+    import tensorflow as tf
+
+    rng = random.Random(7)
+    alphabet = "ab1_ .-(é"
+    texts, glossaries = [], []
+    for _ in range(300):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 14)))
+        terms = {}
+        for _ in range(rng.randint(0, 3)):
+            start = rng.randint(0, max(len(text) - 1, 0))
+            term = text[start : start + rng.randint(1, 4)]
+            if term and term == term.strip():
+                terms[term] = f"t{len(terms)}"
+        texts.append(text)
+        glossaries.append(terms)
+    sources, targets = g.padded(glossaries)
+    annotate = tf.function(g.annotate_graph)  # as the signature runs it (eager map_fn is slow)
+    got = annotate(tf.constant(texts), tf.constant(sources), tf.constant(targets))
+    expected = [g.annotate(t, terms) for t, terms in zip(texts, glossaries)]
+    assert [x.decode() for x in got.numpy()] == expected
 
 
 # ---------------------------------------------------------------- prepare
