@@ -43,7 +43,7 @@ def attended_pieces(model, layer, source_ids, ids, settings):
     scores = model.attention_scores(source_ids, target_in)["decoder_cross_attention"]
     attention = tf.reduce_mean(tf.cast(scores[layer], tf.float32), axis=1)  # [r, T, S]
     source_text = _text_pieces(source_ids, settings)
-    attention = tf.where(source_text[:, None, :], attention, -1.0)
+    attention = tf.where(tf.expand_dims(source_text, 1), attention, -1.0)  # no new-axis slice
     return tf.argmax(attention, axis=-1, output_type=tf.int32)
 
 
