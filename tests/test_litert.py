@@ -210,6 +210,14 @@ def test_float32_alignments_equal_the_saved_models(aligning_translator, litert_d
         np.testing.assert_array_equal(np.asarray(got[key]), np.asarray(plain[key]), err_msg=key)
 
 
+@pytest.mark.parametrize("flag", [["--alignments"], ["--markup", "xml"]])
+def test_cli_alignments_of_an_export_without_the_graph_is_a_usage_error(litert_dirs, run_cli, flag):
+    code, out, err = run_cli("translate", "--model", litert_dirs["dynamic_int8"], *flag, "red")
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert "exported without word alignments" in err and "export it with --alignments" in err
+
+
 def test_alignments_refused_without_the_alignment_graph(litert_dirs):
     without = litert.load(litert_dirs["dynamic_int8"])  # exported without alignments
     with pytest.raises(litert.LiteRTError, match="without word alignments.*--alignments"):
@@ -447,7 +455,7 @@ def test_export_and_translate_commands(tmp_path, copy_model, toy_spm_path, run_c
     output = tmp_path / "litert"
     code, out, err = run_cli(
         "export", "--workdir", str(workdir), "--format", "litert", "--quantization",
-        "dynamic_int8", "--output", str(output), "--constraints",
+        "dynamic_int8", "--output", str(output), "--constraints", "--alignments",
     )  # fmt: skip
     assert code == 0, err
     assert str(output) in out
@@ -470,6 +478,17 @@ def test_export_and_translate_commands(tmp_path, copy_model, toy_spm_path, run_c
         ["red apple cat", "blue"], constraints=[["dog"], []]
     )
     assert out.splitlines() == expected["translation"] and "dog" in out.splitlines()[0]
+    code, out, err = run_cli(
+        "translate", "--model", str(output), "--alignments", "red apple cat", "blue"
+    )
+    assert code == 0, err
+    assert out.splitlines() == ["red apple cat\t0-0 1-1 2-2", "blue\t0-0"]
+    code, out, err = run_cli("translate", "--model", str(output), "--markup", "html",
+                             "red <b>apple</b> cat", "dog <i>fish")  # fmt: skip
+    assert code == 0, err
+    assert out.splitlines() == ["red <b>apple</b> cat", "dog fish"]
+    assert err.strip().splitlines() == ["warning: malformed markup translated as plain text: "
+                                        "<i> is never closed"]  # fmt: skip
     code, out, err = run_cli("translate", "--model", str(output), "--n-best", "2", "red apple")
     assert code == 0, err
     assert len(out.splitlines()) == 2 and all("\t" in line for line in out.splitlines())
