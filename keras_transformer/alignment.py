@@ -1,5 +1,6 @@
-"""Word alignments: their Moses text form, the alignment error rate (AER), and a set of
-synthetic sentence pairs whose true alignment is known by construction.
+"""Word alignments: the rules that map the attended pieces to words (shared by the
+SavedModel's graph and the LiteRT runtime), their Moses text form, the alignment error rate
+(AER), and a set of synthetic sentence pairs whose true alignment is known by construction.
 
 The alignments themselves come from the model (`Translator`'s `alignment` output, see
 docs/guides/alignments-markup.md). Here a word alignment is a set of `(source word, target

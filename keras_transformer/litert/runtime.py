@@ -176,8 +176,9 @@ class LiteRTTranslator:
 
     @contextlib.contextmanager
     def _borrowed(self):
-        """`[encoder, step, constrained step or None]` for one request's use alone: an idle set,
-        else a new one while fewer than `interpreters` exist, else the first one given back."""
+        """`[encoder, step, constrained step or None]` (and the alignment graph's `_Aligner`,
+        once a request needed it) for one request's use alone: an idle set, else a new one
+        while fewer than `interpreters` exist, else the first one given back."""
         try:
             engines = self._idle.get_nowait()
         except queue.Empty:
@@ -375,9 +376,11 @@ class LiteRTTranslator:
         (made on first use)."""
         from keras_transformer.alignment import numpy_word_alignment, piece_flags
 
-        if len(engines) < 4:
+        aligner = next((e for e in engines if isinstance(e, _Aligner)), None)
+        if aligner is None:  # kept with the set, after its other interpreters
             name = os.path.join(self.path, self.metadata["alignments"]["graph"])
-            engines.append(_Aligner(_interpreter(name, self.num_threads)))
+            aligner = _Aligner(_interpreter(name, self.num_threads))
+            engines.append(aligner)
         if self._piece_flags is None:
             size = self._spm.get_piece_size()
             self._piece_flags = piece_flags([self._spm.id_to_piece(i) for i in range(size)])
@@ -386,7 +389,7 @@ class LiteRTTranslator:
         for i, row in enumerate(sources):
             source[i, : len(row)] = row
         ids = np.asarray(ids, "int32")
-        pieces = engines[3](source, ids)
+        pieces = aligner(source, ids)
         return numpy_word_alignment(
             pieces, source, ids, self._piece_flags, (s["pad_id"], s["eos_id"]),
             self.max_target_length, self.max_source_length,
