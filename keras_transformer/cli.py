@@ -368,14 +368,16 @@ def _export_constraints_flag(p):
 
 
 def _export_alignment_flag(p):
-    """`export --alignments`: serving_default's alignment output (`export.alignments`)."""
+    """`export --alignments`: serving_default's alignment output, or a LiteRT export's
+    alignment graph (`export.alignments`)."""
     p.add_argument(
         "--alignments",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="serving_default also returns the word alignment (for translate --alignments and "
-        "--markup; one more forward pass per request), or not (default: the workdir's "
-        "export.alignments, off); SavedModel only",
+        help="serving_default also returns the word alignment (litert: the export also holds "
+        "the alignment graph), for translate --alignments and --markup (one more forward pass "
+        "per request), or not (default: the workdir's export.alignments, off); not with "
+        "--format ctranslate2",
     )
 
 

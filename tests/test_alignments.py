@@ -126,6 +126,47 @@ def test_pieces_map_to_the_words_of_the_detokenized_text(pieces, expected):
     assert int(tf.reduce_sum(tf.cast(starts, tf.int32))) == max(expected) + 1
 
 
+@pytest.mark.parametrize(
+    "pieces, expected",
+    [
+        (["▁red", "▁app", "le", "▁cat"], [0, 1, 1, 2]),
+        (["▁", "(", "x", "▁y"], [0, 0, 0, 1]),
+        (["a", "b", "▁c"], [0, 0, 1]),
+        (["▁a", "▁", "▁b"], [0, 0, 1]),
+    ],
+)
+def test_the_litert_runtimes_numpy_rules_map_pieces_as_the_graph(pieces, expected):
+    """`alignment.numpy_word_alignment` (the LiteRT runtime's road): the graph's words on both
+    sides, and each target word the source word most of its pieces attend to (a tie: the first
+    piece's), -1 past the words and for a word aligned to no source text."""
+    from keras_transformer.alignment import numpy_word_alignment, piece_flags
+
+    vocab = ["<pad>", "</s>", *pieces]
+    ids = np.array([list(range(2, len(vocab))) + [1, 0]])  # the pieces, EOS, padding
+    flags = piece_flags(vocab)
+    # The target is the source, each piece attending to itself: word j -> word j.
+    piece = np.arange(ids.shape[1])[None]
+    alignment, words = numpy_word_alignment(piece, ids, ids, flags, (0, 1), 8, 8)
+    n = max(expected) + 1
+    assert words.tolist() == [n]
+    assert alignment.tolist() == [list(range(n)) + [-1] * (8 - n)]
+    # Every piece attending to the last source text piece: every word aligned to its word.
+    last = np.full_like(ids, len(pieces) - 1)
+    alignment, _ = numpy_word_alignment(last, ids, ids, flags, (0, 1), 8, 8)
+    assert alignment.tolist() == [[expected[-1]] * n + [-1] * (8 - n)]
+
+
+def test_the_numpy_rules_break_ties_to_the_first_piece_and_skip_no_text():
+    from keras_transformer.alignment import numpy_word_alignment, piece_flags
+
+    flags = piece_flags(["<pad>", "</s>", "▁red", "▁app", "le", "▁cat"])
+    ids = np.array([[2, 3, 4, 5, 1, 0]])  # red app|le cat EOS pad
+    # red -> cat; app -> red, le -> cat (a tie: the first piece's); cat -> EOS (no text).
+    piece = np.array([[3, 0, 3, 4, 4, 4]])
+    alignment, words = numpy_word_alignment(piece, ids, ids, flags, (0, 1), 5, 5)
+    assert words.tolist() == [3] and alignment.tolist() == [[2, 0, -1, -1, -1]]
+
+
 # ------------------------------------------------------------------ the model's alignments
 
 
@@ -483,11 +524,11 @@ def test_export_command_takes_alignments_from_the_config_and_the_flag(
     assert code == 0 and out.splitlines() == ["red apple cat\t0-0 1-1 2-2"], err
 
 
-def test_export_alignments_are_the_saved_models(run_cli, tmp_path):
+def test_export_alignments_are_the_saved_models_and_the_litert_exports(run_cli, tmp_path):
     code, _, err = run_cli(
-        "export", "--workdir", str(tmp_path), "--format", "litert", "--alignments"
+        "export", "--workdir", str(tmp_path), "--format", "ctranslate2", "--alignments"
     )
-    assert code == 2 and "--alignments applies to the SavedModel" in err
+    assert code == 2 and "--alignments applies to --format saved_model or litert" in err
 
 
 @pytest.mark.parametrize("flags", [["--n-best", "2"], ["--prefix", "red"], ["--seed", "1"]])

@@ -46,7 +46,8 @@ def saved_model(exported_copy_model):
 def litert_dirs(copy_model, toy_spm_bytes, _shared_root):
     """The copy model exported with the SavedModel's settings, its confidence fitted on the same
     dev pairs (by the export translating them itself), the float32 one with its constrained
-    step: once per run, shared by the workers (the tests only read it)."""
+    step and its alignment graph: once per run, shared by the workers (the tests only read
+    it)."""
     from shared_runs import shared_directory
 
     from keras_transformer.config import DecodingSettings
@@ -57,7 +58,8 @@ def litert_dirs(copy_model, toy_spm_bytes, _shared_root):
     def export(base):
         for q in quantizations:
             export_litert(copy_model, toy_spm_bytes, str(base / q), q, fx.EXPORT_DATA, settings,
-                          dev_pairs=fx.dev_pairs(), constraints=q == "float32")  # fmt: skip
+                          dev_pairs=fx.dev_pairs(), constraints=q == "float32",
+                          alignments=q == "float32")  # fmt: skip
 
     base = shared_directory(_shared_root, "litert_copy_model", export)
     return {q: str(base / q) for q in quantizations}
@@ -175,6 +177,54 @@ def test_constrained_requests_hostile_and_refused(litert_dirs):
     without = litert.load(litert_dirs["dynamic_int8"])  # exported without the constrained step
     with pytest.raises(litert.LiteRTError, match="constrained step"):
         without.translate(["blue"], constraints=[["blue"]])
+
+
+@pytest.fixture(scope="module")
+def aligning_translator(copy_model, toy_spm_bytes):
+    """The SavedModel's graph with its alignment output (what `export --alignments` serves),
+    for the LiteRT export's settings."""
+    from keras_transformer.export import Translator
+
+    return Translator(copy_model, toy_spm_bytes, max_source_length=fx.MAX_SOURCE_LENGTH,
+                      alignments=True, **fx.EXPORT_DECODE)  # fmt: skip
+
+
+@pytest.mark.scenario  # the alignment graph's tracing in the Translator: about 10 s
+def test_float32_alignments_equal_the_saved_models(aligning_translator, litert_dirs):
+    """`translate(texts, alignments=True)` (the alignment graph, `alignment.word_alignment` on
+    numpy) answers as the SavedModel's `alignment` output, in `Translator.translate(texts,
+    alignments=True)`'s form (`export.texts`): several chunks, hostile inputs, an empty line;
+    the other outputs are the plain `translate`'s."""
+    request = [*REQUEST, "", "bluegreen applepear"]
+    reference = aligning_translator(tf.constant(request))  # serving_default's outputs
+    ours = litert.load(litert_dirs["float32"])
+    got = ours.translate(request, alignments=True)
+    assert got["translation"] == _texts(reference["translation"])
+    rows = reference["alignment"].numpy().tolist()
+    assert got["alignment"] == [[(i, j) for j, i in enumerate(row) if i >= 0] for row in rows]
+    assert got["alignment"][request.index("")] == []
+    assert got["alignment"][0] == [(0, 0), (1, 1), (2, 2)]  # the copy model copies
+    plain = ours.translate(request)
+    assert set(got) - set(plain) == {"alignment"}
+    for key in plain:
+        np.testing.assert_array_equal(np.asarray(got[key]), np.asarray(plain[key]), err_msg=key)
+
+
+@pytest.mark.parametrize("flag", [["--alignments"], ["--markup", "xml"]])
+def test_cli_alignments_of_an_export_without_the_graph_is_a_usage_error(litert_dirs, run_cli, flag):
+    code, out, err = run_cli("translate", "--model", litert_dirs["dynamic_int8"], *flag, "red")
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert "exported without word alignments" in err and "export it with --alignments" in err
+
+
+def test_alignments_refused_without_the_alignment_graph(litert_dirs):
+    without = litert.load(litert_dirs["dynamic_int8"])  # exported without alignments
+    with pytest.raises(litert.LiteRTError, match="without word alignments.*--alignments"):
+        without.translate(["blue"], alignments=True)
+    assert "alignment" not in without.translate(["blue"])
+    with pytest.raises(ValueError, match="not with constraints"):
+        litert.load(litert_dirs["float32"]).translate(["b"], [["b"]], alignments=True)
 
 
 @pytest.mark.parametrize("rows", [0, 1, 513])
@@ -353,7 +403,8 @@ def test_the_graphs_hold_only_builtin_ops(litert_dirs):
     from ai_edge_litert.interpreter import Interpreter
 
     for path in litert_dirs.values():
-        names = {"encoder.tflite", "decoder_step.tflite", "decoder_step_constrained.tflite"}
+        names = {"encoder.tflite", "decoder_step.tflite", "decoder_step_constrained.tflite",
+                 "alignment.tflite"}  # fmt: skip
         for name in names & set(os.listdir(path)):
             ops = {o["op_name"] for o in Interpreter(os.path.join(path, name))._get_ops_details()}
             assert not {op for op in ops if op.startswith("Flex") or op == "CUSTOM"}, ops
@@ -367,6 +418,7 @@ def test_the_runtime_translates_where_tensorflow_cannot_be_imported(litert_dirs)
         "from keras_transformer import litert\n"
         "t = litert.load(sys.argv[1])\n"
         "print(t.translate(['red apple cat', 'dog'])['translation'])\n"
+        "print(t.translate(['red apple cat'], alignments=True)['alignment'])\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", script, litert_dirs["float32"]],
@@ -374,7 +426,7 @@ def test_the_runtime_translates_where_tensorflow_cannot_be_imported(litert_dirs)
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     expected = litert.load(litert_dirs["float32"]).translate(["red apple cat", "dog"])
-    assert done.stdout.strip() == str(expected["translation"])
+    assert done.stdout.splitlines() == [str(expected["translation"]), "[[(0, 0), (1, 1), (2, 2)]]"]
 
 
 def test_an_export_appears_whole_or_not_at_all(copy_model, toy_spm_bytes, tmp_path, monkeypatch):
@@ -403,7 +455,7 @@ def test_export_and_translate_commands(tmp_path, copy_model, toy_spm_path, run_c
     output = tmp_path / "litert"
     code, out, err = run_cli(
         "export", "--workdir", str(workdir), "--format", "litert", "--quantization",
-        "dynamic_int8", "--output", str(output), "--constraints",
+        "dynamic_int8", "--output", str(output), "--constraints", "--alignments",
     )  # fmt: skip
     assert code == 0, err
     assert str(output) in out
@@ -426,6 +478,17 @@ def test_export_and_translate_commands(tmp_path, copy_model, toy_spm_path, run_c
         ["red apple cat", "blue"], constraints=[["dog"], []]
     )
     assert out.splitlines() == expected["translation"] and "dog" in out.splitlines()[0]
+    code, out, err = run_cli(
+        "translate", "--model", str(output), "--alignments", "red apple cat", "blue"
+    )
+    assert code == 0, err
+    assert out.splitlines() == ["red apple cat\t0-0 1-1 2-2", "blue\t0-0"]
+    code, out, err = run_cli("translate", "--model", str(output), "--markup", "html",
+                             "red <b>apple</b> cat", "dog <i>fish")  # fmt: skip
+    assert code == 0, err
+    assert out.splitlines() == ["red <b>apple</b> cat", "dog fish"]
+    assert err.strip().splitlines() == ["warning: malformed markup translated as plain text: "
+                                        "<i> is never closed"]  # fmt: skip
     code, out, err = run_cli("translate", "--model", str(output), "--n-best", "2", "red apple")
     assert code == 0, err
     assert len(out.splitlines()) == 2 and all("\t" in line for line in out.splitlines())

@@ -133,6 +133,8 @@ def _export_litert(args, config, final, spm_bytes, name, averaged):
         dev_pairs=dev_pairs,
         shortlist=_engine_shortlist(args, config),
         constraints=bool(getattr(args, "constraints", False)),
+        alignments=_flag_or_config(args, "alignments", config.export.alignments),
+        alignment_layer=config.export.alignment_layer,
     )
     what = averaged or f"step {final.steps[-1]}"
     print(f"converted {what} to LiteRT ({quantization}) in {path}")

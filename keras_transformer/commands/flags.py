@@ -149,8 +149,8 @@ def check_export(args):
         getattr(args, key, None) is not None for key in SAMPLING_FLAGS
     ):
         raise UsageError("a LiteRT export searches (beam or greedy): it takes no sampling flags")
-    if getattr(args, "alignments", None) and export_format(args) != "saved_model":
-        raise UsageError("--alignments applies to the SavedModel (--format saved_model)")
+    if getattr(args, "alignments", None) and export_format(args) == "ctranslate2":
+        raise UsageError("--alignments applies to --format saved_model or litert")
     if getattr(args, "constraints", False) and export_format(args) != "litert":
         raise UsageError(
             "--constraints applies to --format litert (a SavedModel always has "

@@ -115,13 +115,7 @@ def load_aligning_function(model_path, alignments=False, markup=None):
     i, target word j); with `markup` ("html" or "xml"), the texts' tags carried into the
     translations (`keras_transformer.markup.translate_markup`; a malformed text's warning is
     one line on stderr)."""
-    import sys
-    import warnings
-
     import tensorflow as tf
-
-    from keras_transformer.alignment import format_pairs
-    from keras_transformer.markup import translate_markup
 
     loaded, path, signature = load_signature(model_path)
     if "alignment" not in signature.structured_outputs:
@@ -130,19 +124,61 @@ def load_aligning_function(model_path, alignments=False, markup=None):
             "output): export it with --alignments (export.alignments: true)"
         )
 
-    def plain(texts):
+    def plain(texts, scores):
         outputs = signature(text=tf.constant(texts, dtype=tf.string))
         scores.extend(outputs["score"].numpy().tolist())
         return _decoded(outputs["translation"].numpy()), outputs["alignment"].numpy().tolist()
 
+    translate = _aligning(plain, alignments, markup)
+    translate.loaded = loaded
+    return translate
+
+
+def load_litert_aligning_function(model_path, alignments=False, markup=None):
+    """`load_aligning_function` for a LiteRT export made with its alignment graph
+    (`LiteRTTranslator.translate(texts, alignments=True)`), with no TensorFlow loaded."""
+    translator = _litert_translator(model_path)
+    if not translator.metadata.get("alignments"):
+        raise UsageError(
+            f"{model_path} was exported without word alignments (a LiteRT export without "
+            "its alignment graph): export it with --alignments (export.alignments: true)"
+        )
+
+    def plain(texts, scores):
+        out = translator.translate(texts, alignments=True)
+        scores.extend(out["score"].tolist())
+        rows = []
+        for translation, pairs in zip(out["translation"], out["alignment"]):
+            row = [-1] * max([len(translation.split())] + [j + 1 for _, j in pairs])
+            for i, j in pairs:
+                row[j] = i
+            rows.append(row)
+        return out["translation"], rows
+
+    return _aligning(plain, alignments, markup)
+
+
+def _aligning(plain, alignments, markup):
+    """`texts -> (lines, scores)` (`load_aligning_function`) from `plain(texts, scores) ->
+    (translations, alignment rows)`, which appends each translation's score to `scores`."""
+    import sys
+    import warnings
+
+    from keras_transformer.alignment import format_pairs
+    from keras_transformer.markup import translate_markup
+
+    scores = []
+
     def translate(texts):
         scores.clear()
         if markup is None:
-            translations, rows = plain(texts)
+            translations, rows = plain(texts, scores)
         else:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                translations, rows = translate_markup(plain, texts, markup)
+                translations, rows = translate_markup(
+                    lambda part: plain(part, scores), texts, markup
+                )
             for warning in caught:
                 print(f"warning: {warning.message}", file=sys.stderr)
         if alignments:
@@ -152,25 +188,28 @@ def load_aligning_function(model_path, alignments=False, markup=None):
             ]
         return translations, list(scores)
 
-    scores = []
-    translate.loaded = loaded
     return translate
+
+
+def _litert_translator(model_path):
+    """The `LiteRTTranslator` of `model_path`; `UsageError` for one that cannot load."""
+    from keras_transformer.litert import LiteRTError, load
+
+    try:
+        return load(model_path)
+    except (LiteRTError, OSError, ValueError) as e:
+        raise UsageError(
+            f"cannot load the LiteRT export in {model_path}: {first_line(e)}"
+        ) from None
 
 
 def load_litert_function(model_path, n_best=None, prefix=None, sampling=None, constraints=None):
     """`load_serving_function` for a LiteRT export (`keras_transformer.litert`): the same
     `texts -> (translations, scores)`, with no TensorFlow loaded (`constraints`: through
     `translate_constrained`, which needs an export made with its constrained step)."""
-    from keras_transformer.litert import LiteRTError, load
-
     if sampling is not None:
         raise UsageError(f"{model_path} is a LiteRT export: it searches and cannot sample")
-    try:
-        translator = load(model_path)
-    except (LiteRTError, OSError, ValueError) as e:
-        raise UsageError(
-            f"cannot load the LiteRT export in {model_path}: {first_line(e)}"
-        ) from None
+    translator = _litert_translator(model_path)
     exported = int(translator.settings["n_best"])
     if n_best is not None and n_best > exported:
         raise UsageError(

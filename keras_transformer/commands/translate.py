@@ -10,10 +10,10 @@ from keras_transformer.commands import flags, startup
 from keras_transformer.commands.lines import output_lines, output_rows
 from keras_transformer.commands.signatures import (
     load_aligning_function,
+    load_litert_aligning_function,
     load_litert_function,
     load_serving_function,
 )
-from keras_transformer.errors import UsageError
 from keras_transformer.litert.runtime import is_litert_export
 
 
@@ -110,10 +110,7 @@ def _load(args, n_best, prefix=None, sampling=None, constraints=None):
     alignments, markup = flags.alignment_request(args)
     if alignments or markup is not None:
         if is_litert_export(args.model):
-            raise UsageError(
-                f"{args.model} is a LiteRT export: --alignments and --markup need a "
-                "SavedModel (its serving_default alignment output)"
-            )
+            return load_litert_aligning_function(args.model, alignments, markup)
         startup.import_tensorflow(getattr(args, "verbose", False))
         return load_aligning_function(args.model, alignments, markup)
     if is_litert_export(args.model):

@@ -427,8 +427,9 @@ class ExportConfig:
     alignments: bool = key(
         False,
         "serving_default also returns each translation's word alignment (its 'alignment' "
-        "output, which translate --alignments and --markup need); costs one more forward pass "
-        "(encoder and decoder) per request, so off by default",
+        "output, which translate --alignments and --markup need; a LiteRT export holds the "
+        "alignment graph); costs one more forward pass (encoder and decoder) per request, so "
+        "off by default",
     )
     alignment_layer: int = key(
         -2,

@@ -17,6 +17,13 @@ The directory holds:
   `decoder_step_constrained.tflite`, the step that also gives the log-probabilities of the
   ids the runtime asks for (`litert_graphs.constrained_step_function`), with which
   `LiteRTTranslator.translate_constrained` searches; the step without it stays, unchanged;
+- for word alignments (`export_litert(alignments=True)`, `export --format litert
+  --alignments`): `alignment.tflite`, `source_ids` int32 `[B, S]` and the final hypotheses'
+  `target_ids` int32 `[B, T]` -> `pieces` int32 `[B, T]`, the source piece each target piece
+  attends to most in the chosen decoder layer's cross-attention averaged over heads
+  (`export.alignment_graph.attended_pieces`, the SavedModel's own definition), run once per
+  chunk after the search; the runtime maps pieces to words as the SavedModel does
+  (`keras_transformer.alignment.word_alignment`);
 - `keras_transformer.json`: the format, the quantization, the shapes the runtime needs, the
   decoding settings (fixed here, as in the SavedModel) and the confidence's calibration;
 - `model_card.json`, `model_card.md`.
@@ -52,6 +59,7 @@ STEP_FILE = "decoder_step.tflite"
 SHORTLIST_STEP_FILE = "decoder_step_shortlist.tflite"
 SHORTLIST_TABLE_FILE = "shortlist.npz"
 CONSTRAINED_STEP_FILE = "decoder_step_constrained.tflite"
+ALIGNMENT_FILE = "alignment.tflite"
 QUANTIZATIONS = ("float32", "float16", "dynamic_int8")
 FORMAT_VERSION = 1
 PHASE = "the LiteRT conversion"  # what `stopping.check` names
@@ -133,11 +141,14 @@ def _convert(function, quantization):
     return converter.convert(), names
 
 
-def convert_graphs(model, settings, quantization="float32", shortlist=False, constraints=False):
+def convert_graphs(
+    model, settings, quantization="float32", shortlist=False, constraints=False, alignment=None
+):
     """`({"encoder": (bytes, output names), "decoder_step": (...)}, top_k)`: `model`'s two
     LiteRT graphs for `settings`' beam size (the step's `K`, the candidates kept per row:
     `2 * beam_size`); `shortlist`: also `"decoder_step_shortlist"`; `constraints`: also
-    `"decoder_step_constrained"` (its `K`: `2 * beam_size + 1`)."""
+    `"decoder_step_constrained"` (its `K`: `2 * beam_size + 1`); `alignment` (a non-negative
+    decoder layer): also `"alignment"`, that layer's alignment graph (module docstring)."""
     import tensorflow as tf
 
     from keras_transformer.export import litert_graphs
@@ -181,7 +192,25 @@ def convert_graphs(model, settings, quantization="float32", shortlist=False, con
         )
         stopping.check(PHASE)
         graphs["decoder_step_constrained"] = _convert(step, quantization)
+    if alignment is not None:
+        stopping.check(PHASE)
+        graphs["alignment"] = _convert(
+            _alignment_function(model, alignment, settings), quantization
+        )
     return graphs, top_k
+
+
+def _alignment_function(model, layer, settings):
+    """The alignment graph (module docstring) as a `tf.function`."""
+    import tensorflow as tf
+
+    from keras_transformer.export.alignment_graph import attended_pieces
+
+    def align(source_ids, target_ids):
+        return {"pieces": attended_pieces(model, layer, source_ids, target_ids, settings)}
+
+    specs = [tf.TensorSpec([None, None], tf.int32, name=n) for n in ("source_ids", "target_ids")]
+    return tf.function(align, input_signature=specs, autograph=False)
 
 
 def _metadata(model, settings, quantization, data_config, top_k, calibration, outputs):
@@ -235,6 +264,8 @@ def export_litert(
     dev_pairs=None,
     shortlist=None,
     constraints=False,
+    alignments=False,
+    alignment_layer=-2,
 ):
     """Exports `model` as a LiteRT directory (module docstring) that
     `keras_transformer.litert.load` translates with.
@@ -260,13 +291,20 @@ def export_litert(
             with when asked (`litert.load(path, shortlist=True)`). None: neither.
         constraints: also the constrained step (module docstring), for
             `LiteRTTranslator.translate_constrained` (hard lexical constraints).
+        alignments: also the alignment graph (module docstring), for
+            `LiteRTTranslator.translate(texts, alignments=True)` (the config's
+            `export.alignments`).
+        alignment_layer: the decoder layer whose cross-attention aligns (`export.
+            alignment_layer`; -2: the second-to-last, a one-layer decoder's only one).
 
     Returns:
         `output_dir`.
     """
+    from keras_transformer.export.alignment_graph import alignment_layer as resolve_layer
     from keras_transformer.export.translator import _model_proto
 
     _check(model, quantization)
+    layer = resolve_layer(model, alignment_layer) if alignments else None
     settings = (DecodingSettings() if settings is None else settings).without_sampling()
     if os.path.isdir(output_dir) and os.listdir(output_dir):
         raise UsageError(f"{output_dir} already exists and is not empty: choose another --output")
@@ -277,7 +315,7 @@ def export_litert(
         )
     spm_bytes = _model_proto(tokenizer)
     graphs, top_k = convert_graphs(
-        model, settings, quantization, shortlist is not None, constraints
+        model, settings, quantization, shortlist is not None, constraints, layer
     )
     (encoder, encoder_outputs), (step, step_outputs) = graphs["encoder"], graphs["decoder_step"]
     outputs = {"encoder": encoder_outputs, "decoder_step": step_outputs}
@@ -285,6 +323,11 @@ def export_litert(
     files = {ENCODER_FILE: encoder, STEP_FILE: step, SPM_FILE: spm_bytes}
     files.update(_optional_graphs(graphs, shortlist, metadata))
     functions = dict(RUNTIME_FUNCTIONS, **(CONSTRAINED_FUNCTION if constraints else {}))
+    if alignments:
+        metadata["alignments"] = {"graph": ALIGNMENT_FILE, "layer": layer}
+        files[ALIGNMENT_FILE], metadata["outputs"]["alignment"] = graphs["alignment"]
+        translate = functions["translate"]
+        functions["translate"] = {**translate, "outputs": [*translate["outputs"], "alignment"]}
     card = {
         "functions": functions,
         "facts": card_facts,

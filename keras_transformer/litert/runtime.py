@@ -30,6 +30,13 @@ beam search of `keras_transformer.litert.search` (`keras_transformer.constraint_
 the graph's own), and a chunk whose constraints some input could not meet searched again
 without them, that input taking the unconstrained answer (`constraints_met` False). The
 constrained step is made the first time a request needs it (not with `shortlist=True`).
+
+Word alignments: an export made with its alignment graph (`export_litert(alignments=True)`)
+answers `translate(texts, alignments=True)` as the SavedModel's `Translator.translate(texts,
+alignments=True)` does: after each chunk's search, one pass of the alignment graph over the
+sources and their translations gives the source piece each target piece attends to most, and
+`keras_transformer.alignment.numpy_word_alignment` (the graph's own rules, on numpy) maps pieces
+to words. The alignment graph is made the first time a request needs it.
 """
 
 import contextlib
@@ -144,6 +151,7 @@ class LiteRTTranslator:
         self._idle = queue.LifoQueue()  # the sets no request holds; the last returned first
         self._made, self._making = 1, threading.Lock()
         self._idle.put(self._new_interpreters())  # the first now: a broken export fails here
+        self._piece_flags = None  # the vocabulary's word-marker flags, for alignments
 
     def _new_interpreters(self):
         meta, path = self.metadata, self.path
@@ -168,8 +176,9 @@ class LiteRTTranslator:
 
     @contextlib.contextmanager
     def _borrowed(self):
-        """`[encoder, step, constrained step or None]` for one request's use alone: an idle set,
-        else a new one while fewer than `interpreters` exist, else the first one given back."""
+        """`[encoder, step, constrained step or None]` (and the alignment graph's `_Aligner`,
+        once a request needed it) for one request's use alone: an idle set, else a new one
+        while fewer than `interpreters` exist, else the first one given back."""
         try:
             engines = self._idle.get_nowait()
         except queue.Empty:
@@ -198,19 +207,36 @@ class LiteRTTranslator:
 
     # ----------------------------------------------------------------- the signatures
 
-    def translate(self, texts, constraints=None):
+    def translate(self, texts, constraints=None, alignments=False):
         """`serving_default`: `{"translation": [n] str, "score": float32 [n], "token_scores":
         float32 [n, longest], "confidence": float32 [n]}`; with `constraints` (a list of
-        target-side terms per text), `translate_constrained`'s answer."""
+        target-side terms per text), `translate_constrained`'s answer. With `alignments`, also
+        `"alignment"`: per text, its word alignment as `Translator.translate(alignments=True)`
+        gives it, a list of `(source word, target word)` pairs (words: whitespace-separated);
+        it needs an export made with the alignment graph (module docstring)."""
+        if alignments:
+            if constraints is not None:
+                raise ValueError("alignments come from translate alone: not with constraints")
+            if not self.metadata.get("alignments"):
+                raise LiteRTError(
+                    f"{self.path} was exported without word alignments: export it with "
+                    "--alignments (export.alignments: true)"
+                )
         if constraints is not None:
             return self.translate_constrained(texts, constraints)
-        out = self._hypotheses(texts, 1)
-        return {
+        out = self._hypotheses(texts, 1, alignments=alignments)
+        answer = {
             "translation": [row[0] for row in out["text"]],
             "score": out["score"][:, 0],
             "token_scores": out["token_scores"][:, 0],
             "confidence": out["confidence"][:, 0],
         }
+        if alignments:
+            answer["alignment"] = [
+                [(i, j) for j, i in enumerate(row[: int(words)]) if i >= 0]
+                for row, words in zip(out["alignment"].tolist(), out["words"])
+            ]
+        return answer
 
     def translate_nbest(self, texts):
         """`translate_nbest`: `{"translations": [n][n_best] str, "scores", "token_scores",
@@ -294,9 +320,10 @@ class LiteRTTranslator:
                 ids[i, j, : len(term)] = term
         return ids
 
-    def _hypotheses(self, texts, keep, prefixes=None, constraints=None):
+    def _hypotheses(self, texts, keep, prefixes=None, constraints=None, alignments=False):
         """The `keep` best hypotheses of every text (`constraints`: int32 `[n, C, P]`, also
-        `constraints_met`)."""
+        `constraints_met`; `alignments`: also the best's `alignment` int32 `[n, W]` and
+        `words` `[n]`, `keras_transformer.alignment.word_alignment`'s)."""
         texts = list(texts)
         n, width = len(texts), self.max_target_length
         sources = self._source_ids(texts)
@@ -308,6 +335,7 @@ class LiteRTTranslator:
         lengths = np.zeros((n, keep), "int32")
         margins = np.zeros((n, keep), "float32")
         met = np.ones(n, bool)
+        aligned = np.full((n, width), -1, "int32"), np.zeros(n, "int32")
         chunk = int(self.settings["batch_size"])
         with self._borrowed() as engines:
             for start in range(0, n, chunk):
@@ -324,6 +352,9 @@ class LiteRTTranslator:
                 score[rows], margins[rows] = s[:, :keep], _margins(s)[:, :keep]
                 token_scores[rows, :, : t.shape[2]] = t
                 lengths[rows] = (ids != self.settings["pad_id"]).sum(-1)
+                if alignments:
+                    chosen = [sources[i] for i in rows]
+                    aligned[0][rows], aligned[1][rows] = self._align(engines, chosen, ids[:, 0])
         longest = int(lengths.max()) if n else 0
         out = {
             "text": text,
@@ -335,7 +366,34 @@ class LiteRTTranslator:
         }
         if constraints is not None:
             out["constraints_met"] = met
+        if alignments:
+            out["alignment"], out["words"] = aligned
         return out
+
+    def _align(self, engines, sources, ids):
+        """`(alignment [c, max_target_length], words [c])` of the translations `ids` `[c, T]`
+        of `sources` (module docstring), through the alignment graph of the set `engines`
+        (made on first use)."""
+        from keras_transformer.alignment import numpy_word_alignment, piece_flags
+
+        aligner = next((e for e in engines if isinstance(e, _Aligner)), None)
+        if aligner is None:  # kept with the set, after its other interpreters
+            name = os.path.join(self.path, self.metadata["alignments"]["graph"])
+            aligner = _Aligner(_interpreter(name, self.num_threads))
+            engines.append(aligner)
+        if self._piece_flags is None:
+            size = self._spm.get_piece_size()
+            self._piece_flags = piece_flags([self._spm.id_to_piece(i) for i in range(size)])
+        s = self.settings
+        source = np.full((len(sources), max(len(x) for x in sources)), s["pad_id"], "int32")
+        for i, row in enumerate(sources):
+            source[i, : len(row)] = row
+        ids = np.asarray(ids, "int32")
+        pieces = aligner(source, ids)
+        return numpy_word_alignment(
+            pieces, source, ids, self._piece_flags, (s["pad_id"], s["eos_id"]),
+            self.max_target_length, self.max_source_length,
+        )  # fmt: skip
 
     def _search_chunk(self, engines, sources, prefix, constraints=None):
         """Padded ids of one chunk through the interpreters of `engines` and the search:
@@ -463,6 +521,28 @@ class _Encoder:
         it.set_tensor(self.input, source)
         it.invoke()
         return {name: it.get_tensor(index) for name, index in self.outputs.items()}
+
+
+class _Aligner:
+    """`alignment.tflite`: source ids `[c, S]`, target ids `[c, T]` -> the attended source
+    piece of each target piece, int32 `[c, T]`."""
+
+    def __init__(self, interpreter):
+        self.interpreter = interpreter
+        self.inputs = {d["name"]: d["index"] for d in interpreter.get_input_details()}
+        self.output = interpreter.get_output_details()[0]["index"]
+        self.shapes = None
+
+    def __call__(self, source, target):
+        it, values = self.interpreter, {"source_ids": source, "target_ids": target}
+        shapes = {name: value.shape for name, value in values.items()}
+        if shapes != self.shapes:
+            _resize(it, self.inputs, shapes)
+            self.shapes = shapes
+        for name, value in values.items():
+            it.set_tensor(self.inputs[name], value)
+        it.invoke()
+        return it.get_tensor(self.output)
 
 
 class _Step:
