@@ -158,8 +158,11 @@ def test_a_test_that_trains_a_run_a_shared_fixture_provides_fails(tmp_path):
 def test_a_worker_over_its_memory_limit_is_replaced_and_no_test_is_lost():
     """With a limit every worker passes at once, each worker leaves at its first module
     boundary (tests/conftest.py): the tests it had not begun run on the workers that replace
-    it, and every test passes as in one process."""
-    modules = ["tests/test_config.py", "tests/test_api.py", "tests/test_data_synthetic.py"]
+    it, and every test passes as in one process. Three small modules of quick tests (eight in
+    all): with two workers at least one of them crosses a module boundary, and what costs the
+    time is each replacement's start (importing Keras and TensorFlow), and the 36 tests of the
+    three modules it ran before, handed out in small chunks, made dozens of them."""
+    modules = [f"tests/test_{m}.py" for m in ("repository", "distribution", "data_tagged")]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KT_TESTS_WORKER_MEMORY_GB="0.05")
     for name in [n for n in env if n.startswith("PYTEST_")]:  # an xdist worker's own, too
         env.pop(name)
