@@ -16,6 +16,14 @@ weights as XNNPACK packs them (about the size of the `.tflite` files) and runs `
 threads, so a pool of 4 costs up to 4 times the memory and threads of one; a translator used
 by one thread at a time only ever makes one.
 
+Cache length: the step's self-attention reads every position of its caches (`k * T` keys per
+hypothesis, `keras_transformer.export.litert_graphs`), written or not. So the caches start
+`cache_bucket` positions long (`CACHE_BUCKET` by default) and grow when the next position
+would not fit: to twice their length, or to the chunk's longest output (its source length plus
+`max_extra_length`, at most `max_length`) where less than a bucket would be left; each growth
+copies the written positions into the longer layout and resizes the step (about a step's
+cost). `cache_bucket=0` sizes them for the longest output at once. The answers are the same.
+
 Vocabulary shortlist: an export made with one (`export_litert(shortlist=...)`) decodes over it
 when loaded with `shortlist=True`: each chunk's shortlist is the lexical table's translations of
 its source pieces, the table's frequent pieces, the special ids and the chunk's prefix pieces
