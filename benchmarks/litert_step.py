@@ -17,6 +17,16 @@ Each runs at 32 sentences x beam rows, a 33-position cache and a 32-token source
 serve_compare shapes), 2 threads; the best of `--rounds` rounds of 3 calls, the variants taking
 turns. The differences are the parts' costs: `head = full - no_head`, `attention = no_head -
 no_attention`. One JSON line per shape (ledger `litert_step` with BENCH_LABEL set).
+
+`--cache-variants` adds the two ways of reading only the positions written so far (issue 64):
+
+- `full_t16`: the exported step with a 16-position cache (what the runtime's cache buckets,
+  `cache_bucket=16`, run for the first 16 positions);
+- `own_slots`: each hypothesis attends only its own slot's `T` keys (per-beam caches, `[B, H,
+  k, T, d]` read per query instead of `k * T` keys each), which needs the caches copied in
+  the beams' new order at every step: `reorder_copy`, numpy's time to gather every layer's
+  keys and values `[B * k, H, T, d]` by an origin permutation in place (no graph), and
+  `own_slots_with_copy` their sum.
 """
 
 import argparse
@@ -50,6 +60,51 @@ def _without_attention(graphs):
     return self_attention, cross_attention
 
 
+def _own_slots_attention(graphs):
+    """Self-attention in which each hypothesis reads only its own slot (`[B, H, k, T, d]`):
+    the per-beam caches' cost, on the exported step's inputs (its bias's first slot as the
+    hypothesis's own)."""
+    import tensorflow as tf
+    from keras import ops
+
+    def self_attention(layer, h, keys, values, bias, beams):
+        heads = layer.num_heads
+        q = graphs._heads(layer.query_dense(h), beams, heads) * (1.0 / layer.key_dim**0.5)
+        new_keys = graphs._heads(layer.key_dense(h), beams, heads)  # [B, H, k, d]
+        new_values = graphs._heads(layer.value_dense(h), beams, heads)
+        shape = tf.shape(keys)
+        own_shape = [shape[0], heads, beams, shape[2] // beams, shape[3]]
+        keys, values = tf.reshape(keys, own_shape), tf.reshape(values, own_shape)
+        bias = tf.reshape(bias, [shape[0], 1, beams, beams, shape[2] // beams])[:, :, :, 0]
+        cached = ops.sum(ops.expand_dims(q, 3) * keys, axis=-1) + bias  # [B, H, k, T]
+        own = ops.sum(q * new_keys, axis=-1, keepdims=True)
+        weights = ops.softmax(ops.concatenate([cached, own], axis=-1), axis=-1)
+        out = ops.sum(ops.expand_dims(weights[..., :-1], -1) * values, axis=-2)
+        out = out + weights[..., -1:] * new_values
+        return layer.output_dense(graphs._merge(out)), (new_keys, new_values)
+
+    return self_attention
+
+
+def reorder_copy_seconds(cfg, beams, positions, rounds):
+    """Best time of gathering every layer's per-beam keys and values `[B * k, H, T, d]` by an
+    origin permutation in place, as per-beam caches need at each step."""
+    rng = np.random.default_rng(0)
+    rows, heads = 32 * beams, cfg["heads"]
+    caches = [
+        rng.standard_normal((rows, heads, positions, cfg["d"] // heads)).astype("float32")
+        for _ in range(2 * cfg["layers"])
+    ]
+    origin = (np.arange(rows) // beams) * beams + rng.integers(0, beams, rows)
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for cache in caches:
+            cache[:] = cache[origin]
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def convert_variant(model, settings, quantization, variant):
     """The step's LiteRT flatbuffer for `variant` (module docstring)."""
     from keras import ops
@@ -59,10 +114,12 @@ def convert_variant(model, settings, quantization, variant):
     saved = (litert_graphs._self_attention, litert_graphs._cross_attention,
              litert_graphs.blocked_top_k, model.project, model.vocab_size)  # fmt: skip
     try:
+        if variant == "own_slots":
+            litert_graphs._self_attention = _own_slots_attention(litert_graphs)
         if variant == "plain_top_k":
             litert_graphs.blocked_top_k = lambda x, k: ops.top_k(x, k)
         if variant in ("no_head", "no_attention"):  # 16 outputs instead of the vocabulary
-            model.project = lambda y, kernel=None: ops.matmul(y, ops.ones((y.shape[-1], 16)))
+            model.project = lambda y, *_: ops.matmul(y, ops.ones((y.shape[-1], 16)))
             model.vocab_size = 16
         if variant == "no_attention":
             attention = _without_attention(litert_graphs)
@@ -90,12 +147,13 @@ def _convert_step(model, settings, quantization):
     return litert._convert(function, quantization)[0]
 
 
-def ready_interpreter(flatbuffer, cfg, beams):
+def ready_interpreter(flatbuffer, cfg, beams, positions=None):
     from ai_edge_litert.interpreter import Interpreter
 
     interpreter = Interpreter(model_content=flatbuffer, num_threads=2)
     inputs = {d["name"]: d["index"] for d in interpreter.get_input_details()}
-    c, positions, heads = 32, cfg["tgt"] + 1, cfg["heads"]
+    c, heads = 32, cfg["heads"]
+    positions = cfg["tgt"] + 1 if positions is None else positions
     size = cfg["d"] // heads
     shapes = {"ids": [c * beams], "position": [1], "self_bias": [c, 1, beams, beams * positions],
               "cross_bias": [c, 1, 1, cfg["src"]]}  # fmt: skip
@@ -126,6 +184,10 @@ def main():
     parser.add_argument("--beam-size", type=int, default=4)
     parser.add_argument("--quantization", default="dynamic_int8")
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument(
+        "--cache-variants", action="store_true",
+        help="also full_t16, own_slots and reorder_copy (module docstring)",
+    )  # fmt: skip
     args = parser.parse_args()
     from keras_transformer.config import DecodingSettings
 
@@ -133,27 +195,40 @@ def main():
     for name in args.shapes.split(","):
         cfg = SHAPES[name]
         model = build_model(cfg)
+        variants = VARIANTS + (("own_slots",) if args.cache_variants else ())
+        flatbuffers = {v: convert_variant(model, settings, args.quantization, v) for v in variants}
         interpreters = {
-            v: ready_interpreter(
-                convert_variant(model, settings, args.quantization, v), cfg, args.beam_size
-            )
-            for v in VARIANTS
+            v: ready_interpreter(flatbuffer, cfg, args.beam_size)
+            for v, flatbuffer in flatbuffers.items()
         }
+        extra = {}
+        if args.cache_variants:
+            interpreters["full_t16"] = ready_interpreter(
+                flatbuffers["full"], cfg, args.beam_size, positions=16
+            )
         load = os.getloadavg()[0]
-        best = dict.fromkeys(VARIANTS, float("inf"))
+        best = dict.fromkeys(interpreters, float("inf"))
         for _ in range(args.rounds):
             for v, interpreter in interpreters.items():
                 start = time.perf_counter()
                 for _ in range(3):
                     interpreter.invoke()
                 best[v] = min(best[v], (time.perf_counter() - start) / 3)
+        if args.cache_variants:
+            copy = reorder_copy_seconds(cfg, args.beam_size, cfg["tgt"] + 1, args.rounds)
+            best["reorder_copy"] = copy
+            best["own_slots_with_copy"] = best["own_slots"] + copy
+            extra = {
+                f"{v}_over_full": round(best[v] / best["full"], 3)
+                for v in ("full_t16", "own_slots", "own_slots_with_copy")
+            }
         ms = {v: round(1e3 * s, 2) for v, s in best.items()}
         emit(what="litert_step_ms", shape=name, beam=args.beam_size,
              quantization=args.quantization, rows=32 * args.beam_size, **ms,
              head=round(ms["full"] - ms["no_head"], 2),
              attention=round(ms["no_head"] - ms["no_attention"], 2),
              top_k_saved=round(ms["plain_top_k"] - ms["full"], 2),
-             load1=load, load1_end=os.getloadavg()[0])  # fmt: skip
+             **extra, load1=load, load1_end=os.getloadavg()[0])  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ Usage (from the repository root, PYTHONPATH=$PWD):
     python benchmarks/serve_compare.py --no-peer --beam-size 1  # greedy: our beam-1 export, CT2
     python benchmarks/serve_compare.py --no-peer --xla  # also the export with XLA's search
     python benchmarks/serve_compare.py --no-peer --shortlist  # also the vocabulary shortlist
+    python benchmarks/serve_compare.py --no-peer --litert dynamic_int8 --cache-buckets 0
 
 For each shape (../shared/bench/README.md: small, base) one model with random weights is
 1. exported as our SavedModel and run through its `serving_default` signature, strings in and
@@ -28,7 +29,9 @@ the best round is the least disturbed). Prints one JSON line per figure, then on
 ratios to CTranslate2 float32 and to Model Garden, and of our LiteRT exports (`--litert`, run by
 `keras_transformer.litert` without TensorFlow) to CTranslate2 float32 and int8
 (`ours_litert_int8_over_ct2_int8` for `dynamic_int8`); the machine's load (`os.getloadavg`) is in
-every line.
+every line. `--cache-buckets 0,8` also runs each LiteRT export with those `cache_bucket`
+settings (0: caches sized for the whole output; `ours_litert_<quantization>_bucket<N>`), the
+ratios line giving each over the runtime's default (`ours_litert_int8_bucket0_over_default`).
 
 `--shortlist` adds the vocabulary shortlist, one lexical table (`synthetic_table`) for all:
 the SavedModel exported with it (`ours_saved_model_shortlist`), each LiteRT export run with it
@@ -221,11 +224,15 @@ def ctranslate2_decoders(model, spm_bytes, cfg, work, compute_types, beam=4, sho
     return decoders
 
 
-def litert_decoders(model, spm_bytes, cfg, work, quantizations, beam=4, shortlist=None):
+def litert_decoders(
+    model, spm_bytes, cfg, work, quantizations, beam=4, shortlist=None, buckets=()
+):  # fmt: skip
     """`{"ours_litert_<quantization>": () -> lengths}`: our LiteRT exports run by
     `keras_transformer.litert` (no TensorFlow in the loop), 2 threads, the same settings as the
     SavedModel's; with a `shortlist` table, exported with it and also run over it
-    (`"ours_litert_<quantization>_shortlist"`; the step without it is the same graph)."""
+    (`"ours_litert_<quantization>_shortlist"`; the step without it is the same graph); each of
+    `buckets` also runs the export with that `cache_bucket`
+    (`"ours_litert_<quantization>_bucket<N>"`, 0: caches sized for the whole output)."""
     from keras_transformer import litert
     from keras_transformer.config import DecodingSettings
     from keras_transformer.export.litert import export_litert
@@ -246,6 +253,13 @@ def litert_decoders(model, spm_bytes, cfg, work, quantizations, beam=4, shortlis
 
             name = f"ours_litert_{quantization}" + ("_shortlist" if listed else "")
             decoders[name] = decode_batch
+        for bucket in buckets:
+            translator = litert.load(path, num_threads=2, cache_bucket=bucket)
+
+            def decode_bucketed(t=translator):
+                return [len(x.split()) for x in t.translate(text)["translation"]]
+
+            decoders[f"ours_litert_{quantization}_bucket{bucket}"] = decode_bucketed
     return decoders
 
 
@@ -280,9 +294,11 @@ def bench_model_garden(cfg):
     return None
 
 
-def run_shape(name, cfg, runs, rounds, peer, beam=4, xla=False, litert=(), shortlist=None):
+def run_shape(
+    name, cfg, runs, rounds, peer, beam=4, xla=False, litert=(), shortlist=None, buckets=()
+):  # fmt: skip
     """`shortlist`: `(k, m, zipf)` of the `synthetic_table` the shortlist rows decode with, or
-    None."""
+    None; `buckets`: the LiteRT runtime's `cache_bucket` settings run beside its default."""
     load = os.getloadavg()[0]
     model = build_model(cfg)
     spm_bytes = word_vocabulary(cfg["vocab"])
@@ -305,7 +321,9 @@ def run_shape(name, cfg, runs, rounds, peer, beam=4, xla=False, litert=(), short
             ctranslate2_decoders(model, spm_bytes, cfg, work, ("float32", "int8"), beam, table)
         )
         if litert:
-            decoders.update(litert_decoders(model, spm_bytes, cfg, work, litert, beam, table))
+            decoders.update(
+                litert_decoders(model, spm_bytes, cfg, work, litert, beam, table, buckets)
+            )
         figures = measure(decoders, cfg, runs, rounds)
     for system, (tokens_per_s, seconds) in figures.items():
         emit(what=what, system=system, tokens_per_s=round(tokens_per_s, 1),
@@ -330,6 +348,11 @@ def run_shape(name, cfg, runs, rounds, peer, beam=4, xla=False, litert=(), short
         short = "int8" if quantization == "dynamic_int8" else quantization  # the issue's key
         ratios[f"ours_litert_{short}_over_ct2_float32"] = round(ours_litert / ct2_float32, 3)
         ratios[f"ours_litert_{short}_over_ct2_int8"] = round(ours_litert / ct2_int8, 3)
+        for bucket in buckets:
+            bucketed = figures[f"ours_litert_{quantization}_bucket{bucket}"][0]
+            ratios[f"ours_litert_{short}_bucket{bucket}_over_default"] = round(
+                bucketed / ours_litert, 3
+            )
     if table is not None:
         ratios.update(shortlist_ratios(figures, litert))
         ratios["shortlist_width"] = shortlist_width(table, spm_bytes, cfg)
@@ -389,8 +412,14 @@ def main():
         "--shortlist-zipf", type=float, default=SHORTLIST_ZIPF,
         help="the Zipf exponent its translations are drawn with (larger: narrower shortlists)",
     )  # fmt: skip
+    parser.add_argument(
+        "--cache-buckets", default="",
+        help="comma-separated cache_bucket settings (0: off) to run each LiteRT export with "
+        "beside the runtime's default, e.g. 0,8",
+    )  # fmt: skip
     args = parser.parse_args()
     litert = tuple(q for q in args.litert.split(",") if q)
+    buckets = tuple(int(b) for b in args.cache_buckets.split(",") if b)
     shortlist = None
     if args.shortlist:
         shortlist = (args.shortlist_k, args.shortlist_m, args.shortlist_zipf)
@@ -405,6 +434,7 @@ def main():
             args.xla,
             litert,
             shortlist,
+            buckets,
         )
 
 

@@ -274,6 +274,48 @@ def test_settled_sentences_leave_the_batch_without_changing_answers(litert_dirs,
     np.testing.assert_allclose(dropping["scores"], kept["scores"], atol=1e-5)
 
 
+def test_caches_grown_bucket_by_bucket_give_the_unbucketed_answers(litert_dirs, monkeypatch):
+    """Caches that start 2 positions long and grow at each boundary (2 -> 4 -> 8 -> ...), with
+    the batch compacted between growths, give the answers of caches sized for the whole output
+    at once: n-best, prefixes, and the constrained step. A growth that lost or misplaced a
+    slot's keys would change them."""
+    from keras_transformer.litert import runtime
+
+    sentences = REQUEST[:8] + ["red apple cat dog fish plum pear white black green blue"]
+    grown = []
+    real = runtime._Step._grow
+    monkeypatch.setattr(
+        runtime._Step,
+        "_grow",
+        lambda self, index: grown.append(self.positions) or real(self, index),
+    )
+    prefixes = (["red", "", "cat dog", "blue blue blue"] * 3)[: len(sentences)]
+    rows = (CONSTRAINTS * 2)[: len(sentences)]
+    answers = {}
+    for bucket in (0, 2):
+        translator = litert.load(litert_dirs["float32"], cache_bucket=bucket)
+        translator.settings = {**translator.settings, "batch_size": 5}
+        answers[bucket] = (
+            translator.translate_nbest(sentences),
+            translator.translate_prefix(sentences, prefixes),
+            translator.translate_constrained(sentences, rows),
+        )
+        if bucket == 0:
+            assert not grown
+    assert {2, 4, 8} <= set(grown), grown  # each chunk's caches crossed several boundaries
+    (nbest, prefix, constrained), (nbest2, prefix2, constrained2) = answers[0], answers[2]
+    assert nbest2["translations"] == nbest["translations"]
+    np.testing.assert_allclose(nbest2["scores"], nbest["scores"], atol=1e-5)
+    np.testing.assert_allclose(nbest2["token_scores"], nbest["token_scores"], atol=1e-5)
+    assert prefix2["translation"] == prefix["translation"]
+    np.testing.assert_allclose(prefix2["score"], prefix["score"], atol=1e-5)
+    assert constrained2["translation"] == constrained["translation"]
+    assert list(constrained2["constraints_met"]) == list(constrained["constraints_met"])
+    np.testing.assert_allclose(constrained2["score"], constrained["score"], atol=1e-5)
+    with pytest.raises(ValueError, match="at least 0"):
+        litert.load(litert_dirs["float32"], cache_bucket=-1)
+
+
 def test_concurrent_requests_get_the_sequential_answers(litert_dirs):
     """8 threads each sending 50 requests of 1 to 7 sentences to one translator at once (a
     server's worker threads): every answer equals the one the request gets alone. With one

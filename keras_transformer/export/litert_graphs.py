@@ -11,7 +11,8 @@ slot ids in the runtime, not the caches. The cross-attention keys and values are
 per sentence by the encoder graph and shared by its beams.
 
 Shapes (`B` sentences, `k` beams, `H` heads, `d` head size, `T` the cache's positions, `S`
-source tokens, `L` decoder layers; only `B`, `T` and `S` vary):
+source tokens, `L` decoder layers; only `B`, `T` and `S` vary; the runtime grows `T` as the
+output grows, `keras_transformer.litert.runtime`):
 
 - encoder: `source_ids` int32 `[B, S]` -> `cross_keys_{l}`, `cross_values_{l}` `[B, H, S, d]`.
 - step: `ids` int32 `[B * k]` (each hypothesis's last token), `position` int32 `[1]`,

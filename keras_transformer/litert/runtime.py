@@ -16,6 +16,14 @@ weights as XNNPACK packs them (about the size of the `.tflite` files) and runs `
 threads, so a pool of 4 costs up to 4 times the memory and threads of one; a translator used
 by one thread at a time only ever makes one.
 
+Cache length: the step's self-attention reads every position of its caches (`k * T` keys per
+hypothesis, `keras_transformer.export.litert_graphs`), written or not. So the caches start
+`cache_bucket` positions long (`CACHE_BUCKET` by default) and grow when the next position
+would not fit: to twice their length, or to the chunk's longest output (its source length plus
+`max_extra_length`, at most `max_length`) where less than a bucket would be left; each growth
+copies the written positions into the longer layout and resizes the step (about a step's
+cost). `cache_bucket=0` sizes them for the longest output at once. The answers are the same.
+
 Vocabulary shortlist: an export made with one (`export_litert(shortlist=...)`) decodes over it
 when loaded with `shortlist=True`: each chunk's shortlist is the lexical table's translations of
 its source pieces, the table's frequent pieces, the special ids and the chunk's prefix pieces
@@ -52,6 +60,7 @@ from keras_transformer.special_ids import UNK_ID
 
 MIN_SCORE, MAX_MARGIN = -50.0, 20.0  # keras_transformer.export.calibration
 METADATA_FILE = "keras_transformer.json"
+CACHE_BUCKET = 16  # the self-attention caches' first length (module docstring)
 
 
 class LiteRTError(ValueError):
@@ -81,9 +90,9 @@ def _interpreter(path, num_threads):
     return Interpreter(model_path=path, num_threads=num_threads)
 
 
-def load(path, num_threads=None, interpreters=None, shortlist=False):
+def load(path, num_threads=None, interpreters=None, shortlist=False, cache_bucket=None):
     """The `LiteRTTranslator` of the export in the directory `path` (its arguments)."""
-    return LiteRTTranslator(path, num_threads, interpreters, shortlist)
+    return LiteRTTranslator(path, num_threads, interpreters, shortlist, cache_bucket)
 
 
 def default_interpreters():
@@ -118,6 +127,9 @@ class LiteRTTranslator:
             running at once (None: `default_interpreters()`); made when needed, kept once made.
         shortlist: decode over each chunk's vocabulary shortlist (module docstring); the
             export must hold one (`LiteRTError` otherwise).
+        cache_bucket: the self-attention caches' first length, grown as the output grows
+            (module docstring); 0: sized for the longest output at once. None:
+            `CACHE_BUCKET`.
 
     Example:
     ```python
@@ -127,7 +139,9 @@ class LiteRTTranslator:
     ```
     """
 
-    def __init__(self, path, num_threads=None, interpreters=None, shortlist=False):
+    def __init__(
+        self, path, num_threads=None, interpreters=None, shortlist=False, cache_bucket=None
+    ):
         import sentencepiece
 
         if not is_litert_export(path):
@@ -148,6 +162,9 @@ class LiteRTTranslator:
         self.interpreters = default_interpreters() if interpreters is None else int(interpreters)
         if self.interpreters < 1:
             raise ValueError(f"interpreters must be at least 1, got {interpreters}")
+        self.cache_bucket = CACHE_BUCKET if cache_bucket is None else int(cache_bucket)
+        if self.cache_bucket < 0:
+            raise ValueError(f"cache_bucket must be at least 0, got {cache_bucket}")
         self._idle = queue.LifoQueue()  # the sets no request holds; the last returned first
         self._made, self._making = 1, threading.Lock()
         self._idle.put(self._new_interpreters())  # the first now: a broken export fails here
@@ -159,11 +176,12 @@ class LiteRTTranslator:
         encoder = _Encoder(encoder, meta["outputs"]["encoder"])
         if self.shortlist is None:
             step = _interpreter(os.path.join(path, meta["decoder_step"]), self.num_threads)
-            return [encoder, _Step(step, meta), None]  # the constrained step: when needed
+            step = _Step(step, meta, bucket=self.cache_bucket)
+            return [encoder, step, None]  # the constrained step: when needed
         listed = meta["shortlist"]["decoder_step"]
         step = _interpreter(os.path.join(path, listed), self.num_threads)
         outputs = meta["outputs"]["decoder_step_shortlist"]
-        return [encoder, _Step(step, meta, outputs), None]
+        return [encoder, _Step(step, meta, outputs, self.cache_bucket), None]
 
     def _constrained_step(self, engines):
         """The constrained step of the borrowed set `engines`, made on first use."""
@@ -171,7 +189,8 @@ class LiteRTTranslator:
             meta = self.metadata
             name = os.path.join(self.path, meta["constraints"]["decoder_step"])
             outputs = meta["outputs"]["decoder_step_constrained"]
-            engines[2] = _Step(_interpreter(name, self.num_threads), meta, outputs)
+            step = _interpreter(name, self.num_threads)
+            engines[2] = _Step(step, meta, outputs, self.cache_bucket)
         return engines[2]
 
     @contextlib.contextmanager
@@ -553,9 +572,14 @@ class _Step:
     into them through numpy views, and `reorder` only permutes `history`, which records for
     each hypothesis the slot holding its key at each position. Nothing is copied per step but
     the step's own inputs and outputs.
+
+    With `bucket` > 0 the caches start `bucket` positions long (at most the chunk's
+    `positions`) and grow when a step's position would not fit: to twice their length, or to
+    `positions` where less than a bucket would be left, each slot's written positions copied
+    into the longer layout (`_grow`). A chunk of 33 positions and a bucket of 16 resizes once.
     """
 
-    def __init__(self, interpreter, meta, outputs=None):
+    def __init__(self, interpreter, meta, outputs=None, bucket=0):
         self.interpreter = interpreter
         self.inputs = {d["name"]: d["index"] for d in interpreter.get_input_details()}
         outputs = meta["outputs"]["decoder_step"] if outputs is None else outputs
@@ -563,19 +587,23 @@ class _Step:
         self.layers, self.heads = int(meta["num_layers"]), int(meta["num_heads"])
         self.head_dim, self.beams = int(meta["head_dim"]), int(meta["decoding"]["beam_size"])
         self.shapes, self.columns, self.wanted = None, None, None
+        self.bucket = int(bucket)
 
     def start(self, cross, source_mask, positions, columns=None, wanted=None):
         """Readies the step for a chunk: the encoder's `cross` keys/values, the source mask
-        `[c, S]` and `positions` cache positions; the caches start empty. `columns`: the
-        shortlist step's `{"output_ids", "output_mask"}` `[n]` for the chunk; `wanted`: the
-        constrained step's wanted ids per row (`W`)."""
+        `[c, S]` and `positions` cache positions at most (the first `bucket` of them, grown
+        when needed); the caches start empty. `columns`: the shortlist step's
+        `{"output_ids", "output_mask"}` `[n]` for the chunk; `wanted`: the constrained step's
+        wanted ids per row (`W`)."""
         c = source_mask.shape[0]
         bias = np.where(source_mask, 0.0, NEG_INF).astype("float32")[:, None, None, :]
         values = {**cross, "cross_bias": bias, **(columns or {})}
         self.columns = None if columns is None else len(columns["output_ids"])
         self.wanted = wanted
-        self._layout(c, source_mask.shape[1], positions, values)
-        self.history = np.zeros((c, self.beams, positions), "int32")  # the slot of each key
+        self.limit = positions
+        length = positions if self.bucket <= 0 else min(self.bucket, positions)
+        self._layout(c, source_mask.shape[1], length, values)
+        self.history = np.zeros((c, self.beams, length), "int32")  # the slot of each key
         self.live = np.arange(c)  # the sentences still searched (`keep`), in the batch
 
     def _layout(self, c, s_len, positions, values, zero_caches=True):
@@ -615,20 +643,45 @@ class _Step:
         if len(self.live) and len(self.live) <= self.rows // self.beams // 2:
             self._compact()
 
-    def _compact(self):
-        it, live = self.interpreter, self.live
+    def _held(self, sentences):
+        """The inputs that live across steps (the caches, the cross bias, the shortlist's
+        columns), the batch's at `sentences`: what a resize must set again."""
+        it = self.interpreter
         names = self._self_caches() + [
             f"cross_{n}_{i}" for i in range(self.layers) for n in ("keys", "values")
         ]
-        values = {name: it.get_tensor(self.inputs[name])[live] for name in names}
-        values["cross_bias"] = it.get_tensor(self.inputs["cross_bias"])[live]
+        values = {name: it.get_tensor(self.inputs[name])[sentences] for name in names}
+        values["cross_bias"] = it.get_tensor(self.inputs["cross_bias"])[sentences]
         if self.columns is not None:  # resized inputs lose their values
             for name in ("output_ids", "output_mask"):
                 values[name] = it.get_tensor(self.inputs[name])
+        return values
+
+    def _compact(self):
+        live = self.live
+        values = self._held(live)
         s_len = values["cross_bias"].shape[-1]
         self._layout(len(live), s_len, self.positions, values, zero_caches=False)
         self.history = self.history[live]
         self.live = np.arange(len(live))
+
+    def _grow(self, index):
+        """Longer caches, for a step at `index` (`index >= positions`): twice as long, or all
+        `limit` positions where less than a bucket would be left; each slot's positions keep
+        their keys and values, the new ones zeroed, and `history` grows alike."""
+        old = self.positions
+        length = max(2 * old, index + 1)
+        if self.limit - length < max(self.bucket, 1):
+            length = self.limit
+        c, k = self.rows // self.beams, self.beams
+        values = self._held(slice(None))
+        for name in self._self_caches():
+            cache = np.zeros((c, self.heads, k, length, self.head_dim), "float32")
+            cache[:, :, :, :old] = values[name].reshape(c, self.heads, k, old, self.head_dim)
+            values[name] = cache.reshape(c, self.heads, k * length, self.head_dim)
+        s_len = values["cross_bias"].shape[-1]
+        self._layout(c, s_len, length, values, zero_caches=False)
+        self.history = np.pad(self.history, ((0, 0), (0, 0), (0, length - old)))
 
     def _live_rows(self):
         k = self.beams
@@ -644,6 +697,8 @@ class _Step:
         return bias.reshape(-1, 1, k, k * self.positions)
 
     def __call__(self, ids, index, wanted=None):
+        if index >= self.positions:
+            self._grow(index)
         it, k = self.interpreter, self.beams
         rows = self._live_rows()
         all_ids = np.zeros(self.rows, "int32")  # settled sentences' rows: computed, ignored
