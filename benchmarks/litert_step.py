@@ -27,6 +27,10 @@ no_attention`. One JSON line per shape (ledger `litert_step` with BENCH_LABEL se
   the beams' new order at every step: `reorder_copy`, numpy's time to gather every layer's
   keys and values `[B * k, H, T, d]` by an origin permutation in place (no graph), and
   `own_slots_with_copy` their sum.
+
+`--cache-positions 16,32,64,82` adds the exported step at those cache lengths (`full_t{N}`):
+what a request pays per step with its caches grown bucket by bucket against sized at once
+(82: a 32-token source plus the default `max_extra_length` 50).
 """
 
 import argparse
@@ -188,6 +192,10 @@ def main():
         "--cache-variants", action="store_true",
         help="also full_t16, own_slots and reorder_copy (module docstring)",
     )  # fmt: skip
+    parser.add_argument(
+        "--cache-positions", default="",
+        help="comma-separated cache lengths to time the full step at (full_tN)",
+    )  # fmt: skip
     args = parser.parse_args()
     from keras_transformer.config import DecodingSettings
 
@@ -205,6 +213,10 @@ def main():
         if args.cache_variants:
             interpreters["full_t16"] = ready_interpreter(
                 flatbuffers["full"], cfg, args.beam_size, positions=16
+            )
+        for positions in (int(p) for p in args.cache_positions.split(",") if p):
+            interpreters[f"full_t{positions}"] = ready_interpreter(
+                flatbuffers["full"], cfg, args.beam_size, positions=positions
             )
         load = os.getloadavg()[0]
         best = dict.fromkeys(interpreters, float("inf"))

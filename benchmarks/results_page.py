@@ -300,7 +300,11 @@ COLUMNS = {
     ],
     "litert_step": [
         labelled("shape, beam", ("", "shape", ""), ("beam", "beam", ""), ("", "quantization", "")),
-        first("step ms", "full"),
+        labelled(
+            "step ms (at T cache positions)",
+            ("", "full", ""),
+            *((f"T {n}", f"full_t{n}", "") for n in (16, 32, 64, 82)),
+        ),
         pair("head / attention ms", "head", "attention"),
         first("one-pass top-K saves ms", "top_k_saved"),
     ],
