@@ -136,10 +136,10 @@ def test_pieces_map_to_the_words_of_the_detokenized_text(pieces, expected):
     ],
 )
 def test_the_litert_runtimes_numpy_rules_map_pieces_as_the_graph(pieces, expected):
-    """`alignment.numpy_word_alignment` (the LiteRT runtime's road): the graph's words on both
+    """`alignment_rules.numpy_word_alignment` (the LiteRT runtime's road): the graph's words on both
     sides, and each target word the source word most of its pieces attend to (a tie: the first
     piece's), -1 past the words and for a word aligned to no source text."""
-    from keras_transformer.alignment import numpy_word_alignment, piece_flags
+    from keras_transformer.alignment_rules import numpy_word_alignment, piece_flags
 
     vocab = ["<pad>", "</s>", *pieces]
     ids = np.array([list(range(2, len(vocab))) + [1, 0]])  # the pieces, EOS, padding
@@ -157,7 +157,7 @@ def test_the_litert_runtimes_numpy_rules_map_pieces_as_the_graph(pieces, expecte
 
 
 def test_the_numpy_rules_break_ties_to_the_first_piece_and_skip_no_text():
-    from keras_transformer.alignment import numpy_word_alignment, piece_flags
+    from keras_transformer.alignment_rules import numpy_word_alignment, piece_flags
 
     flags = piece_flags(["<pad>", "</s>", "▁red", "▁app", "le", "▁cat"])
     ids = np.array([[2, 3, 4, 5, 1, 0]])  # red app|le cat EOS pad

@@ -191,7 +191,7 @@ def aligning_translator(copy_model, toy_spm_bytes):
 
 @pytest.mark.scenario  # the alignment graph's tracing in the Translator: about 10 s
 def test_float32_alignments_equal_the_saved_models(aligning_translator, litert_dirs):
-    """`translate(texts, alignments=True)` (the alignment graph, `alignment.word_alignment` on
+    """`translate(texts, alignments=True)` (the alignment graph, `alignment_rules.word_alignment` on
     numpy) answers as the SavedModel's `alignment` output, in `Translator.translate(texts,
     alignments=True)`'s form (`export.texts`): several chunks, hostile inputs, an empty line;
     the other outputs are the plain `translate`'s."""

@@ -4,7 +4,7 @@
 import tensorflow as tf
 from keras import ops
 
-from keras_transformer import alignment
+from keras_transformer import alignment_rules
 from keras_transformer.models.guided_alignment import resolve_alignment_layer
 
 
@@ -17,13 +17,13 @@ def alignment_layer(model, layer):
 
 def word_indices(tokenizer, ids, is_text):
     """int32 `[r, L]` piece ids (`is_text`: the pieces that are text) -> `(word [r, L],
-    starts [r, L])`: `keras_transformer.alignment.word_indices` (the rule both engines share)
+    starts [r, L])`: `keras_transformer.alignment_rules.word_indices` (the rule both engines share)
     on the pieces' strings."""
-    marker = alignment.WORD_MARKER.encode()
+    marker = alignment_rules.WORD_MARKER.encode()
     pieces = tokenizer.id_to_string(ids)  # tf.string [r, L]
     lone = tf.equal(pieces, marker)
     marked = tf.equal(tf.strings.substr(pieces, 0, len(marker)), marker)
-    return alignment.word_indices(ops, is_text, lone, marked)
+    return alignment_rules.word_indices(ops, is_text, lone, marked)
 
 
 def _text_pieces(ids, settings):
@@ -54,7 +54,7 @@ def alignment_chunk(translator, tokenizer, source, ids):
     Each target piece is aligned to the source text piece it attends to most in the
     translator's `alignment_layer` (`attended_pieces`); pieces map to words (`word_indices`) on
     both sides, and each target word gets the source word that most of its pieces are aligned
-    to (`keras_transformer.alignment.word_alignment`). `alignment[..., j]` is target word `j`'s
+    to (`alignment_rules.word_alignment`). `alignment[..., j]` is target word `j`'s
     source word, -1 past the `words` words of the translation (`W = max_target_length`)."""
     c, k, width = tf.shape(ids)[0], tf.shape(ids)[1], tf.shape(ids)[2]
     settings = translator.settings
@@ -65,7 +65,7 @@ def alignment_chunk(translator, tokenizer, source, ids):
     source_word, _ = word_indices(tokenizer, source_ids, _text_pieces(source_ids, settings))
     target_word, starts = word_indices(tokenizer, flat, _text_pieces(flat, settings))
     words_out, words_in = translator.max_target_length, translator.max_source_length
-    aligned, words = alignment.word_alignment(
+    aligned, words = alignment_rules.word_alignment(
         ops, piece, source_word, target_word, starts, words_out, words_in
     )
     return tf.reshape(aligned, [c, k, words_out]), tf.reshape(words, [c, k])

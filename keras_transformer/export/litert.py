@@ -23,7 +23,7 @@ The directory holds:
   attends to most in the chosen decoder layer's cross-attention averaged over heads
   (`export.alignment_graph.attended_pieces`, the SavedModel's own definition), run once per
   chunk after the search; the runtime maps pieces to words as the SavedModel does
-  (`keras_transformer.alignment.word_alignment`);
+  (`keras_transformer.alignment_rules.word_alignment`);
 - `keras_transformer.json`: the format, the quantization, the shapes the runtime needs, the
   decoding settings (fixed here, as in the SavedModel) and the confidence's calibration;
 - `model_card.json`, `model_card.md`.

@@ -43,7 +43,7 @@ Word alignments: an export made with its alignment graph (`export_litert(alignme
 answers `translate(texts, alignments=True)` as the SavedModel's `Translator.translate(texts,
 alignments=True)` does: after each chunk's search, one pass of the alignment graph over the
 sources and their translations gives the source piece each target piece attends to most, and
-`keras_transformer.alignment.numpy_word_alignment` (the graph's own rules, on numpy) maps pieces
+`alignment_rules.numpy_word_alignment` (the graph's own rules, on numpy) maps pieces
 to words. The alignment graph is made the first time a request needs it.
 """
 
@@ -342,7 +342,7 @@ class LiteRTTranslator:
     def _hypotheses(self, texts, keep, prefixes=None, constraints=None, alignments=False):
         """The `keep` best hypotheses of every text (`constraints`: int32 `[n, C, P]`, also
         `constraints_met`; `alignments`: also the best's `alignment` int32 `[n, W]` and
-        `words` `[n]`, `keras_transformer.alignment.word_alignment`'s)."""
+        `words` `[n]`, `keras_transformer.alignment_rules.word_alignment`'s)."""
         texts = list(texts)
         n, width = len(texts), self.max_target_length
         sources = self._source_ids(texts)
@@ -393,7 +393,7 @@ class LiteRTTranslator:
         """`(alignment [c, max_target_length], words [c])` of the translations `ids` `[c, T]`
         of `sources` (module docstring), through the alignment graph of the set `engines`
         (made on first use)."""
-        from keras_transformer.alignment import numpy_word_alignment, piece_flags
+        from keras_transformer.alignment_rules import numpy_word_alignment, piece_flags
 
         aligner = next((e for e in engines if isinstance(e, _Aligner)), None)
         if aligner is None:  # kept with the set, after its other interpreters
