@@ -200,6 +200,8 @@ def main():
     from keras_transformer.config import DecodingSettings
 
     settings = DecodingSettings(beam_size=args.beam_size)
+    cache_positions = {int(p) for p in args.cache_positions.split(",") if p}
+    cache_positions = sorted(cache_positions | ({16} if args.cache_variants else set()))
     for name in args.shapes.split(","):
         cfg = SHAPES[name]
         model = build_model(cfg)
@@ -210,11 +212,7 @@ def main():
             for v, flatbuffer in flatbuffers.items()
         }
         extra = {}
-        if args.cache_variants:
-            interpreters["full_t16"] = ready_interpreter(
-                flatbuffers["full"], cfg, args.beam_size, positions=16
-            )
-        for positions in (int(p) for p in args.cache_positions.split(",") if p):
+        for positions in cache_positions:
             interpreters[f"full_t{positions}"] = ready_interpreter(
                 flatbuffers["full"], cfg, args.beam_size, positions=positions
             )

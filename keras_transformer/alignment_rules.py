@@ -77,3 +77,9 @@ def numpy_word_alignment(piece, source_ids, ids, flags, special, words_out, word
     target_word, starts = words(ids)
     return word_alignment(NUMPY, np.asarray(piece), source_word, target_word, starts,
                           words_out, words_in)  # fmt: skip
+
+
+def word_pairs(row):
+    """A row of `word_alignment`'s alignment (each target word's source word, -1 for none)
+    -> its `(source word, target word)` pairs."""
+    return [(i, j) for j, i in enumerate(row) if i >= 0]

@@ -165,6 +165,7 @@ def _aligning(plain, alignments, markup):
     import warnings
 
     from keras_transformer.alignment import format_pairs
+    from keras_transformer.alignment_rules import word_pairs
     from keras_transformer.markup import translate_markup
 
     scores = []
@@ -183,7 +184,7 @@ def _aligning(plain, alignments, markup):
                 print(f"warning: {warning.message}", file=sys.stderr)
         if alignments:
             translations = [
-                f"{translation}\t{format_pairs((i, j) for j, i in enumerate(row) if i >= 0)}"
+                f"{translation}\t{format_pairs(word_pairs(row))}"
                 for translation, row in zip(translations, rows)
             ]
         return translations, list(scores)

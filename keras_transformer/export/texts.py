@@ -6,6 +6,7 @@ import warnings
 import tensorflow as tf
 
 from keras_transformer import glossary as glossaries
+from keras_transformer.alignment_rules import word_pairs
 
 
 def translate(translator, texts, glossary=None, constraints=None, alignments=False, markup=None):
@@ -74,7 +75,7 @@ def _aligned(translator, texts, alignments, markup):
         translations, rows = markup_module.translate_markup(plain_translate, texts, markup)
     answer = {"translation": translations, "score": scores}
     if alignments:
-        answer["alignment"] = [[(i, j) for j, i in enumerate(row) if i >= 0] for row in rows]
+        answer["alignment"] = [word_pairs(row) for row in rows]
     return answer
 
 

@@ -55,6 +55,7 @@ import threading
 
 import numpy as np
 
+from keras_transformer.alignment_rules import numpy_word_alignment, piece_flags, word_pairs
 from keras_transformer.litert.search import NEG_INF, search
 from keras_transformer.special_ids import UNK_ID
 
@@ -251,10 +252,7 @@ class LiteRTTranslator:
             "confidence": out["confidence"][:, 0],
         }
         if alignments:
-            answer["alignment"] = [
-                [(i, j) for j, i in enumerate(row[: int(words)]) if i >= 0]
-                for row, words in zip(out["alignment"].tolist(), out["words"])
-            ]
+            answer["alignment"] = [word_pairs(row) for row in out["alignment"].tolist()]
         return answer
 
     def translate_nbest(self, texts):
@@ -341,8 +339,8 @@ class LiteRTTranslator:
 
     def _hypotheses(self, texts, keep, prefixes=None, constraints=None, alignments=False):
         """The `keep` best hypotheses of every text (`constraints`: int32 `[n, C, P]`, also
-        `constraints_met`; `alignments`: also the best's `alignment` int32 `[n, W]` and
-        `words` `[n]`, `keras_transformer.alignment_rules.word_alignment`'s)."""
+        `constraints_met`; `alignments`: also the best's `alignment` int32 `[n, W]`,
+        `keras_transformer.alignment_rules.word_alignment`'s: -1 past its words)."""
         texts = list(texts)
         n, width = len(texts), self.max_target_length
         sources = self._source_ids(texts)
@@ -354,7 +352,7 @@ class LiteRTTranslator:
         lengths = np.zeros((n, keep), "int32")
         margins = np.zeros((n, keep), "float32")
         met = np.ones(n, bool)
-        aligned = np.full((n, width), -1, "int32"), np.zeros(n, "int32")
+        aligned = np.full((n, width), -1, "int32")
         chunk = int(self.settings["batch_size"])
         with self._borrowed() as engines:
             for start in range(0, n, chunk):
@@ -373,7 +371,7 @@ class LiteRTTranslator:
                 lengths[rows] = (ids != self.settings["pad_id"]).sum(-1)
                 if alignments:
                     chosen = [sources[i] for i in rows]
-                    aligned[0][rows], aligned[1][rows] = self._align(engines, chosen, ids[:, 0])
+                    aligned[rows] = self._align(engines, chosen, ids[:, 0])
         longest = int(lengths.max()) if n else 0
         out = {
             "text": text,
@@ -386,15 +384,13 @@ class LiteRTTranslator:
         if constraints is not None:
             out["constraints_met"] = met
         if alignments:
-            out["alignment"], out["words"] = aligned
+            out["alignment"] = aligned
         return out
 
     def _align(self, engines, sources, ids):
-        """`(alignment [c, max_target_length], words [c])` of the translations `ids` `[c, T]`
+        """`alignment` int32 `[c, max_target_length]` of the translations `ids` `[c, T]`
         of `sources` (module docstring), through the alignment graph of the set `engines`
         (made on first use)."""
-        from keras_transformer.alignment_rules import numpy_word_alignment, piece_flags
-
         aligner = next((e for e in engines if isinstance(e, _Aligner)), None)
         if aligner is None:  # kept with the set, after its other interpreters
             name = os.path.join(self.path, self.metadata["alignments"]["graph"])
@@ -404,15 +400,12 @@ class LiteRTTranslator:
             size = self._spm.get_piece_size()
             self._piece_flags = piece_flags([self._spm.id_to_piece(i) for i in range(size)])
         s = self.settings
-        source = np.full((len(sources), max(len(x) for x in sources)), s["pad_id"], "int32")
-        for i, row in enumerate(sources):
-            source[i, : len(row)] = row
-        ids = np.asarray(ids, "int32")
+        source, ids = _padded(sources, s["pad_id"]), np.asarray(ids, "int32")
         pieces = aligner(source, ids)
         return numpy_word_alignment(
             pieces, source, ids, self._piece_flags, (s["pad_id"], s["eos_id"]),
             self.max_target_length, self.max_source_length,
-        )  # fmt: skip
+        )[0]  # fmt: skip
 
     def _search_chunk(self, engines, sources, prefix, constraints=None):
         """Padded ids of one chunk through the interpreters of `engines` and the search:
@@ -420,19 +413,15 @@ class LiteRTTranslator:
         `constraints` (int32 `[c, C, P]`), also `met` bool `[c]`, the unmet inputs answered by
         the unconstrained search of the chunk (as `translate_ids` answers them)."""
         s, (encoder, step) = self.settings, engines[:2]
-        c, s_len = len(sources), max(len(x) for x in sources)
-        source = np.zeros((c, s_len), "int32")
-        for i, row in enumerate(sources):
-            source[i, : len(row)] = row
+        source = _padded(sources, s["pad_id"])
+        c, s_len = source.shape
         buffer = s_len + s["max_extra_length"]
         if self.max_length is not None:
             buffer = min(buffer, int(self.max_length))
         caps = np.minimum(np.array([len(x) for x in sources]) + s["max_extra_length"], buffer)
         prefix_matrix = None
         if prefix is not None and any(prefix):
-            prefix_matrix = np.zeros((c, max(len(p) for p in prefix)), "int32")
-            for i, row in enumerate(prefix):
-                prefix_matrix[i, : len(row)] = row
+            prefix_matrix = _padded(prefix, 0)
         columns = None
         if self.shortlist is not None:
             columns = _shortlist_columns(self.shortlist, source, prefix_matrix)
@@ -515,6 +504,14 @@ def _output_indices(interpreter, names):
             f"the LiteRT model has {len(details)} outputs, its metadata names {len(names)}"
         )
     return {name: d["index"] for name, d in zip(names, details)}
+
+
+def _padded(rows, fill):
+    """int32 `[len(rows), longest]`: the id lists `rows`, each padded with `fill`."""
+    matrix = np.full((len(rows), max(len(row) for row in rows)), fill, "int32")
+    for i, row in enumerate(rows):
+        matrix[i, : len(row)] = row
+    return matrix
 
 
 def _resize(interpreter, indices, shapes):
