@@ -39,8 +39,8 @@ MUST_RUN = {
     "signature as `saved_model_cli` lists it (the tool ships with tensorflow)",
     "tests/test_training_precision.py::test_accelerators_decide_without_timing": "the "
     "accelerator precision choice (`importorskip('tensorflow')`, a core dependency)",
-    "tests/test_stopping.py::test_sigterm_during_scoring_and_the_ctranslate2_conversion_exits_"
-    "75_and_the_same_command_finishes": "SIGTERM during the CTranslate2 conversion (`ctranslate2`)",
+    "tests/test_stopping.py::test_sigterm_during_the_ctranslate2_conversion_exits_75_and_the_"
+    "same_command_finishes": "SIGTERM during the CTranslate2 conversion (`ctranslate2`)",
     "tests/test_jax_backend.py": "the model, loss, step and search on the JAX backend with "
     "TensorFlow unimportable, and the same numbers on both backends (`jax`)",
     "tests/test_repository.py": "no large file is tracked without a reason, wheels are "

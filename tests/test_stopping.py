@@ -159,7 +159,7 @@ def test_a_kept_segment_that_changed_is_not_trusted_the_shards_are_written_again
     _nothing_of_prepare_left(stopped)
 
 
-# ------------------------------------------------------------------ the dev-set choice, the export
+# ------------------------------------------------------------------ the end phases
 
 
 def _result(workdir):
@@ -203,48 +203,109 @@ def _export(workdir):
     return files, card, signatures, requests
 
 
-@pytest.mark.scenario
-def test_sigterm_during_the_dev_choice_and_the_export_exits_75_and_the_same_command_finishes(
-    tmp_path,
-):
-    """`train` stopped in the final model's choice on dev (after its first candidate), then a
-    copy of that workdir stopped again at the export's last safe point (before the version is
-    renamed into place): each exits 75 with no lock, no export version, no temporary directory
-    left; the same command then finishes, without deciding a scored candidate again, with the
-    result and the export files of the workdir that went on uninterrupted."""
-    first, second = tmp_path / "first", tmp_path / "second"
-    values = tiny_yaml(first, export=dict(average_checkpoints="auto"))
-    config = write_yaml(tmp_path / "tiny.yaml", values)
+def _train_argv(config, workdir, *extra):
+    return ["train", "--config", config, "--workdir", workdir, "--set",
+            f"export.base_dir={workdir / 'saved_models'}", *extra]  # fmt: skip
 
-    def argv(workdir):
-        base_dir = workdir / "saved_models"
-        return ["train", "--config", config, "--workdir", workdir, "--set",
-                f"export.base_dir={base_dir}"]  # fmt: skip
 
-    code, _, err = _cli(*argv(first), sigterm_at="choice:2")
-    _stopped(code, err, "the final model's choice on the dev set")
-    left = files_under(first)
-    assert "lock.json" not in left and "result.json" not in left
-    assert not [f for f in left if f.startswith("saved_models/")], left
-    kept = json.loads((first / "final.partial.json").read_text())["choice"]["figures"]
-    assert len(kept) == 1  # the first candidate's dev BLEU
-    shutil.copytree(first, second)
-
-    code, out, err = _cli(*argv(first))  # goes on, uninterrupted
-    assert code == 0, err[-3000:]
-    code, _, err = _cli(*argv(second), sigterm_at="export:3")
-    _stopped(code, err, "the export")
-    left = files_under(second)
-    assert "lock.json" not in left and "result.json" not in left
+def _nothing_of_the_end_left(workdir):
+    """No lock, no result, no export version and no temporary export directory."""
+    left = files_under(workdir)
+    assert "lock.json" not in left and "result.json" not in left, left
     assert not [f for f in left if f.startswith("saved_models/")], left  # no version, no .export-*
-    code, out, err = _cli(*argv(second))
+
+
+@pytest.fixture(scope="module")
+def end_runs(_shared_root):
+    """The end phases' SIGTERM scenarios share one tiny training (the phases follow each
+    other), once per test run whatever the number of workers (`shared_runs`): `train` is
+    stopped in the final model's choice on dev after its first candidate (exit 75, no lock, no
+    result, no export, the candidate's dev BLEU kept), then its workdir is copied: `whole` goes
+    on uninterrupted (the reference), `stopped` is where the chain of stops goes on (a test
+    copies it first). The config chooses the final model on dev (several candidates) and has
+    a test set, so that scoring decodes (it reuses the choice's dev figures).
+    `(config, whole, stopped)`."""
+    from shared_runs import shared_directory
+
+    def build(root):
+        whole = root / "whole"
+        values = tiny_yaml(
+            whole,
+            data=dict(test="synthetic:split=test,size=6,max_words=8"),
+            export=dict(average_checkpoints="auto"),
+        )
+        config = write_yaml(root / "tiny.yaml", values)
+        code, _, err = _cli(*_train_argv(config, whole), sigterm_at="choice:2")
+        _stopped(code, err, "the final model's choice on the dev set")
+        _nothing_of_the_end_left(whole)
+        kept = json.loads((whole / "final.partial.json").read_text())["choice"]["figures"]
+        assert len(kept) == 1  # the first candidate's dev BLEU
+        shutil.copytree(whole, root / "stopped")
+
+        code, _, err = _cli(*_train_argv(config, whole))  # goes on, uninterrupted
+        assert code == 0, err[-3000:]
+        left = files_under(whole)
+        assert "lock.json" not in left and "final.partial.json" not in left, left
+
+    root = shared_directory(_shared_root, "sigterm_end_runs", build)
+    return str(root / "tiny.yaml"), root / "whole", root / "stopped"
+
+
+@pytest.mark.scenario
+def test_sigterm_during_the_dev_choice_the_scoring_and_the_export_exits_75_and_the_same_command_finishes(  # noqa: E501
+    end_runs, tmp_path
+):
+    """`train` stopped in the final model's choice on dev (`end_runs`), then, on the same
+    workdir, stopped again in the final model's scoring, then at the export's last safe point
+    (before the version is renamed into place): each exits 75 with no lock, no result, no
+    export version, no temporary directory left; the same command then finishes, without
+    deciding a scored candidate again, with the result and the export files of the workdir
+    that went on uninterrupted."""
+    config, whole, shared = end_runs
+    stopped = tmp_path / "stopped"
+    shutil.copytree(shared, stopped)
+
+    code, _, err = _cli(*_train_argv(config, stopped), sigterm_at="scoring")
+    _stopped(code, err, "the final model's scoring")
+    _nothing_of_the_end_left(stopped)
+    code, _, err = _cli(*_train_argv(config, stopped), sigterm_at="export:3")
+    _stopped(code, err, "the export")
+    _nothing_of_the_end_left(stopped)
+    code, _, err = _cli(*_train_argv(config, stopped))
     assert code == 0, err[-3000:]
 
-    assert _result(first) == _result(second)
-    assert _export(first) == _export(second)
-    for workdir in (first, second):
-        left = files_under(workdir)
-        assert "lock.json" not in left and "final.partial.json" not in left, left
+    assert _result(stopped) == _result(whole)
+    assert _export(stopped) == _export(whole)
+    left = files_under(stopped)
+    assert "lock.json" not in left and "final.partial.json" not in left, left
+
+
+@pytest.mark.scenario
+def test_sigterm_during_the_ctranslate2_conversion_exits_75_and_the_same_command_finishes(
+    end_runs, tmp_path
+):
+    """`export --format ctranslate2` of a trained workdir (`end_runs`'s, copied) stopped in
+    its conversion: exit 75, no lock, no output directory and no temporary one; the same
+    command then writes the files of an uninterrupted conversion, byte for byte."""
+    pytest.importorskip("ctranslate2")
+    whole = tmp_path / "whole"
+    shutil.copytree(end_runs[1], whole)
+
+    def convert(output, **stop):
+        return _cli("export", "--workdir", whole, "--output", output,
+                    "--format", "ctranslate2", **stop)  # fmt: skip
+
+    code, _, err = convert(tmp_path / "ct2-whole")
+    assert code == 0, err[-3000:]
+    code, _, err = convert(tmp_path / "ct2-stopped", sigterm_at="CTranslate2")
+    _stopped(code, err, "the CTranslate2 conversion")
+    assert sorted(os.listdir(tmp_path)) == ["ct2-whole", "whole"]  # no output, no .ct2-*
+    assert "lock.json" not in files_under(whole)
+    code, _, err = convert(tmp_path / "ct2-stopped")
+    assert code == 0, err[-3000:]
+    ours, theirs = _read_bytes(tmp_path / "ct2-stopped"), _read_bytes(tmp_path / "ct2-whole")
+    assert "model.bin" in theirs and ours == theirs
+    assert sorted(os.listdir(tmp_path)) == ["ct2-stopped", "ct2-whole", "whole"]
 
 
 # ------------------------------------------------------------------ the lock's lease
@@ -471,57 +532,7 @@ def test_prepare_whose_lock_is_taken_over_midway_exits_75_and_leaves_the_lock(
     assert not (workdir / "prepared").exists()
 
 
-# ------------------------------------------------------------------ scoring, CTranslate2, precision
-
-
-def _train_argv(config, workdir, *extra):
-    return ["train", "--config", config, "--workdir", workdir, "--set",
-            f"export.base_dir={workdir / 'saved_models'}", *extra]  # fmt: skip
-
-
-@pytest.mark.scenario
-def test_sigterm_during_scoring_and_the_ctranslate2_conversion_exits_75_and_the_same_command_finishes(  # noqa: E501
-    tmp_path,
-):
-    """`train` stopped in the final model's scoring (dev BLEU, at the end of training): exit
-    75, no lock, no result, no export; the same command then finishes with the result and the
-    export of an uninterrupted run. `export --format ctranslate2` stopped in its conversion:
-    exit 75, no lock, no output directory and no temporary one; the same command then writes
-    the files of an uninterrupted conversion, byte for byte."""
-    pytest.importorskip("ctranslate2")
-    stopped, whole = tmp_path / "stopped", tmp_path / "whole"
-    config = write_yaml(tmp_path / "tiny.yaml", tiny_yaml(stopped))
-
-    code, _, err = _cli(*_train_argv(config, whole))
-    assert code == 0, err[-3000:]
-    code, _, err = _cli(*_train_argv(config, stopped), sigterm_at="scoring")
-    _stopped(code, err, "the final model's scoring")
-    left = files_under(stopped)
-    assert "lock.json" not in left and "result.json" not in left, left
-    assert not [f for f in left if f.startswith("saved_models/")], left
-    code, _, err = _cli(*_train_argv(config, stopped))
-    assert code == 0, err[-3000:]
-    assert _result(stopped) == _result(whole)
-    assert _export(stopped) == _export(whole)
-    assert "lock.json" not in files_under(stopped)
-
-    def convert(output, **stop):
-        return _cli("export", "--workdir", whole, "--output", output,
-                    "--format", "ctranslate2", **stop)  # fmt: skip
-
-    code, _, err = convert(tmp_path / "ct2-whole")
-    assert code == 0, err[-3000:]
-    code, _, err = convert(tmp_path / "ct2-stopped", sigterm_at="CTranslate2")
-    _stopped(code, err, "the CTranslate2 conversion")
-    assert sorted(os.listdir(tmp_path)) == ["ct2-whole", "stopped", "tiny.yaml", "whole"]
-    assert "lock.json" not in files_under(whole)
-    code, _, err = convert(tmp_path / "ct2-stopped")
-    assert code == 0, err[-3000:]
-    ours, theirs = _read_bytes(tmp_path / "ct2-stopped"), _read_bytes(tmp_path / "ct2-whole")
-    assert "model.bin" in theirs and ours == theirs
-    assert sorted(os.listdir(tmp_path)) == [
-        "ct2-stopped", "ct2-whole", "stopped", "tiny.yaml", "whole"
-    ]  # fmt: skip
+# ------------------------------------------------------------------ the precision timing
 
 
 @pytest.mark.scenario
