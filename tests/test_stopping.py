@@ -223,7 +223,8 @@ def end_runs(_shared_root):
     result, no export, the candidate's dev BLEU kept), then its workdir is copied: `whole` goes
     on uninterrupted (the reference), `stopped` is where the chain of stops goes on (a test
     copies it first). The config chooses the final model on dev (several candidates) and has
-    a test set, so that scoring decodes (it reuses the choice's dev figures).
+    a test set, so that scoring always decodes something (where the choice decoded the dev set
+    with the scoring's settings in the same process, scoring reuses those dev figures).
     `(config, whole, stopped)`."""
     from shared_runs import shared_directory
 
