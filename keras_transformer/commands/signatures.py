@@ -148,7 +148,8 @@ def load_aligning_function(model_path, alignments=False, markup=None):
 
 def load_litert_aligning_function(model_path, alignments=False, markup=None):
     """`load_aligning_function` for a LiteRT export made with its alignment graph
-    (`LiteRTTranslator.translate(texts, alignments=True)`), with no TensorFlow loaded."""
+    (`LiteRTTranslator.translate(texts, alignments=True, markup=...)`), with no TensorFlow
+    loaded."""
     translator = _litert_translator(model_path)
     if not translator.metadata.get("alignments"):
         raise UsageError(
