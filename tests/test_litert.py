@@ -534,6 +534,7 @@ def test_the_runtime_translates_where_tensorflow_cannot_be_imported(litert_dirs)
         "t = litert.load(sys.argv[1])\n"
         "print(t.translate(['red apple cat', 'dog'])['translation'])\n"
         "print(t.translate(['red apple cat'], alignments=True)['alignment'])\n"
+        "print(t.translate(['red <b>apple</b> cat'], markup='html')['translation'])\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", script, litert_dirs["float32"]],
@@ -541,7 +542,9 @@ def test_the_runtime_translates_where_tensorflow_cannot_be_imported(litert_dirs)
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     expected = litert.load(litert_dirs["float32"]).translate(["red apple cat", "dog"])
-    assert done.stdout.splitlines() == [str(expected["translation"]), "[[(0, 0), (1, 1), (2, 2)]]"]
+    assert done.stdout.splitlines() == [
+        str(expected["translation"]), "[[(0, 0), (1, 1), (2, 2)]]", "['red <b>apple</b> cat']",
+    ]  # fmt: skip
 
 
 def test_an_export_appears_whole_or_not_at_all(copy_model, toy_spm_bytes, tmp_path, monkeypatch):
