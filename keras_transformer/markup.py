@@ -387,3 +387,31 @@ def translate_markup(translate, texts, kind="html"):
         for text, translation, alignment, ok in zip(texts, translations, alignments, valid)
     ]
     return marked, alignments
+
+
+def markup_answer(translate, texts, kind="html", alignments=False):
+    """`Translator.translate(texts, markup=kind, alignments=...)`'s answer, the one road of the
+    SavedModel's `Translator` and of the LiteRT runtime's `translate(texts, markup=...)`.
+
+    Args:
+        translate: `plain texts -> {"translation": [str], "score": [float], "alignment": per
+            translation, its (source word, target word) pairs}` (one call).
+        texts: the texts with their markup.
+        kind: "html" or "xml".
+        alignments: also the `"alignment"` pairs (over the plain words).
+
+    Returns:
+        `{"translation": [the translations with their tags], "score": [float]}` and, with
+        `alignments`, `"alignment"`: `translate_markup` on `translate`'s answer.
+    """
+    answers = []
+
+    def plain(part):
+        answers.append(translate(part))
+        return answers[-1]["translation"], answers[-1]["alignment"]
+
+    translations, pairs = translate_markup(plain, texts, kind)
+    answer = {"translation": translations, "score": [float(s) for s in answers[-1]["score"]]}
+    if alignments:
+        answer["alignment"] = pairs
+    return answer

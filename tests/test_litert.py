@@ -227,6 +227,79 @@ def test_alignments_refused_without_the_alignment_graph(litert_dirs):
         litert.load(litert_dirs["float32"]).translate(["b"], [["b"]], alignments=True)
 
 
+# Markup the copy model carries through: nested tags, a void tag, an entity, a comment, XML-style
+# case, malformed markup (an element never closed), an empty line.
+MARKUP = [
+    "red <b>apple <i>cat</i></b> dog",
+    "blue<br>green <img src='x.png'> fish",
+    'red &amp; <a href="#">blue</a> &eacute;',
+    "<!-- note --><p>dog</p> cat",
+    "dog <i>fish",
+    "",
+]
+
+
+def test_markup_from_the_litert_runtime(litert_dirs):
+    """`translate(texts, markup=...)`: `Translator.translate(markup=...)`'s keys and types, the
+    tags put back by the runtime's own alignments (`markup.transfer_tags` on
+    `translate(plain texts, alignments=True)`), a malformed text translated as plain text with
+    one `MarkupWarning`; the refusals: an export without the alignment graph (the
+    `alignments=True` error), an unknown kind (the SavedModel path's error), constraints."""
+    from keras_transformer import markup
+
+    ours = litert.load(litert_dirs["float32"])
+    with pytest.warns(markup.MarkupWarning) as caught:
+        got = ours.translate(MARKUP, alignments=True, markup="html")
+    assert [str(w.message) for w in caught] == [
+        "malformed markup translated as plain text: <i> is never closed"
+    ]
+    assert set(got) == {"translation", "score", "alignment"}
+    assert all(isinstance(v, list) for v in got.values())
+    assert all(isinstance(x, float) for x in got["score"])
+    plain = [markup.plain_text(text) for text in MARKUP[:4]] + ["dog fish", ""]
+    reference = ours.translate(plain, alignments=True)
+    assert got["alignment"] == reference["alignment"]
+    np.testing.assert_allclose(got["score"], reference["score"], atol=1e-6)
+    expected = [
+        markup.transfer_tags(text, translation, pairs)
+        for text, translation, pairs in zip(
+            MARKUP[:4], reference["translation"], reference["alignment"]
+        )
+    ]
+    assert got["translation"] == expected + [
+        reference["translation"][4],
+        reference["translation"][5],
+    ]
+    assert got["translation"][0] == "red <b>apple <i>cat</i></b> dog"  # the copy model copies
+    assert got["translation"][-1] == "" and got["alignment"][-1] == []
+    assert set(ours.translate(MARKUP[:1], markup="xml")) == {"translation", "score"}
+    without = litert.load(litert_dirs["dynamic_int8"])  # exported without alignments
+    with pytest.raises(litert.LiteRTError, match="without word alignments.*--alignments"):
+        without.translate(["blue"], markup="html")
+    with pytest.raises(ValueError, match="markup kind must be one of"):
+        ours.translate(["blue"], markup="svg")
+    with pytest.raises(ValueError, match="not with constraints"):
+        ours.translate(["b"], [["b"]], markup="html")
+
+
+@pytest.mark.scenario  # the alignment graph's tracing in the Translator: about 10 s
+def test_litert_markup_equals_the_saved_models(aligning_translator, litert_dirs):
+    """`translate(texts, markup=...)` answers as the SavedModel's `Translator.translate(texts,
+    markup=...)` on the same model: the same translations with their tags, alignments, warning
+    for the malformed text, and scores within float tolerance."""
+    ours = litert.load(litert_dirs["float32"])
+    for kind in ("html", "xml"):
+        texts = MARKUP if kind == "html" else MARKUP[2:]  # XML has no void <br>
+        with pytest.warns(UserWarning) as caught:
+            want = aligning_translator.translate(texts, alignments=True, markup=kind)
+        with pytest.warns(UserWarning) as ours_caught:
+            got = ours.translate(texts, alignments=True, markup=kind)
+        assert [str(w.message) for w in ours_caught] == [str(w.message) for w in caught]
+        assert got["translation"] == want["translation"], kind
+        assert got["alignment"] == want["alignment"], kind
+        np.testing.assert_allclose(got["score"], want["score"], atol=1e-4)
+
+
 @pytest.mark.parametrize("rows", [0, 1, 513])
 def test_requests_of_any_size_are_answered_as_the_saved_model(saved_model, litert_dirs, rows):
     """Empty requests, one row, and more rows than several chunks (with a 100 kB string and a NUL
@@ -461,6 +534,7 @@ def test_the_runtime_translates_where_tensorflow_cannot_be_imported(litert_dirs)
         "t = litert.load(sys.argv[1])\n"
         "print(t.translate(['red apple cat', 'dog'])['translation'])\n"
         "print(t.translate(['red apple cat'], alignments=True)['alignment'])\n"
+        "print(t.translate(['red <b>apple</b> cat'], markup='html')['translation'])\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", script, litert_dirs["float32"]],
@@ -468,7 +542,9 @@ def test_the_runtime_translates_where_tensorflow_cannot_be_imported(litert_dirs)
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     expected = litert.load(litert_dirs["float32"]).translate(["red apple cat", "dog"])
-    assert done.stdout.splitlines() == [str(expected["translation"]), "[[(0, 0), (1, 1), (2, 2)]]"]
+    assert done.stdout.splitlines() == [
+        str(expected["translation"]), "[[(0, 0), (1, 1), (2, 2)]]", "['red <b>apple</b> cat']",
+    ]  # fmt: skip
 
 
 def test_an_export_appears_whole_or_not_at_all(copy_model, toy_spm_bytes, tmp_path, monkeypatch):

@@ -124,19 +124,32 @@ def load_aligning_function(model_path, alignments=False, markup=None):
             "output): export it with --alignments (export.alignments: true)"
         )
 
-    def plain(texts, scores):
-        outputs = signature(text=tf.constant(texts, dtype=tf.string))
-        scores.extend(outputs["score"].numpy().tolist())
-        return _decoded(outputs["translation"].numpy()), outputs["alignment"].numpy().tolist()
+    from keras_transformer.alignment_rules import word_pairs
+    from keras_transformer.markup import translate_markup
 
-    translate = _aligning(plain, alignments, markup)
+    def answer(texts):
+        scores = []
+
+        def plain(part):
+            outputs = signature(text=tf.constant(part, dtype=tf.string))
+            scores.extend(outputs["score"].numpy().tolist())
+            return _decoded(outputs["translation"].numpy()), outputs["alignment"].numpy().tolist()
+
+        if markup is None:
+            translations, rows = plain(texts)
+        else:
+            translations, rows = translate_markup(plain, texts, markup)
+        return translations, scores, [word_pairs(row) for row in rows]
+
+    translate = _aligning(answer, alignments, markup is not None)
     translate.loaded = loaded
     return translate
 
 
 def load_litert_aligning_function(model_path, alignments=False, markup=None):
     """`load_aligning_function` for a LiteRT export made with its alignment graph
-    (`LiteRTTranslator.translate(texts, alignments=True)`), with no TensorFlow loaded."""
+    (`LiteRTTranslator.translate(texts, alignments=True, markup=...)`), with no TensorFlow
+    loaded."""
     translator = _litert_translator(model_path)
     if not translator.metadata.get("alignments"):
         raise UsageError(
@@ -144,48 +157,35 @@ def load_litert_aligning_function(model_path, alignments=False, markup=None):
             "its alignment graph): export it with --alignments (export.alignments: true)"
         )
 
-    def plain(texts, scores):
-        out = translator.translate(texts, alignments=True)
-        scores.extend(out["score"].tolist())
-        rows = []
-        for translation, pairs in zip(out["translation"], out["alignment"]):
-            row = [-1] * max([len(translation.split())] + [j + 1 for _, j in pairs])
-            for i, j in pairs:
-                row[j] = i
-            rows.append(row)
-        return out["translation"], rows
+    def answer(texts):
+        out = translator.translate(texts, alignments=True, markup=markup)
+        return out["translation"], [float(score) for score in out["score"]], out["alignment"]
 
-    return _aligning(plain, alignments, markup)
+    return _aligning(answer, alignments, markup is not None)
 
 
-def _aligning(plain, alignments, markup):
-    """`texts -> (lines, scores)` (`load_aligning_function`) from `plain(texts, scores) ->
-    (translations, alignment rows)`, which appends each translation's score to `scores`."""
+def _aligning(answer, alignments, marked):
+    """`texts -> (lines, scores)` (`load_aligning_function`) from `answer(texts) ->
+    (translations, scores, alignments)` (an alignment per translation: its `(source word,
+    target word)` pairs); with `marked`, each warning of malformed markup one line on stderr."""
     import sys
     import warnings
 
     from keras_transformer.alignment import format_pairs
-    from keras_transformer.alignment_rules import word_pairs
-    from keras_transformer.markup import translate_markup
-
-    scores = []
 
     def translate(texts):
-        scores.clear()
-        if markup is None:
-            translations, rows = plain(texts, scores)
+        if not marked:
+            translations, scores, pairs = answer(texts)
         else:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                translations, rows = translate_markup(
-                    lambda part: plain(part, scores), texts, markup
-                )
+                translations, scores, pairs = answer(texts)
             for warning in caught:
                 print(f"warning: {warning.message}", file=sys.stderr)
         if alignments:
             translations = [
-                f"{translation}\t{format_pairs(word_pairs(row))}"
-                for translation, row in zip(translations, rows)
+                f"{translation}\t{format_pairs(row)}"
+                for translation, row in zip(translations, pairs)
             ]
         return translations, list(scores)
 

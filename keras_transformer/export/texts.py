@@ -54,29 +54,23 @@ def translate(translator, texts, glossary=None, constraints=None, alignments=Fal
 
 def _aligned(translator, texts, alignments, markup):
     """`translate(texts, alignments=..., markup=...)` through `serving_default`'s
-    `alignment` output (markup: `keras_transformer.markup.translate_markup`)."""
-    from keras_transformer import markup as markup_module
+    `alignment` output (markup: `keras_transformer.markup.markup_answer`)."""
+    from keras_transformer.markup import markup_answer
 
     if not translator.alignments:
         raise ValueError(
             "this Translator has no word alignments: build it with alignments=True (an "
             "export: keras-transformer export --alignments, or export.alignments: true)"
         )
-    scores = []
 
     def plain_translate(plain):
         out = _values(translator(plain), "translation", "score", "alignment")
-        scores.extend(out["score"])
-        return out["translation"], out["alignment"]
+        out["alignment"] = [word_pairs(row) for row in out["alignment"]]
+        return out
 
-    if markup is None:
-        translations, rows = plain_translate(texts)
-    else:
-        translations, rows = markup_module.translate_markup(plain_translate, texts, markup)
-    answer = {"translation": translations, "score": scores}
-    if alignments:
-        answer["alignment"] = [word_pairs(row) for row in rows]
-    return answer
+    if markup is not None:
+        return markup_answer(plain_translate, texts, markup, alignments)
+    return plain_translate(texts)  # alignments alone
 
 
 def _constrained(translator, texts, constraints):

@@ -44,10 +44,13 @@ answers `translate(texts, alignments=True)` as the SavedModel's `Translator.tran
 alignments=True)` does: after each chunk's search, one pass of the alignment graph over the
 sources and their translations gives the source piece each target piece attends to most, and
 `alignment_rules.numpy_word_alignment` (the graph's own rules, on numpy) maps pieces
-to words. The alignment graph is made the first time a request needs it.
+to words. The alignment graph is made the first time a request needs it. Markup
+(`translate(texts, markup="html"|"xml")`) is carried by those alignments as the SavedModel's
+`Translator.translate(texts, markup=...)` carries it (`keras_transformer.markup`).
 """
 
 import contextlib
+import functools
 import json
 import os
 import queue
@@ -57,6 +60,7 @@ import numpy as np
 
 from keras_transformer.alignment_rules import numpy_word_alignment, piece_flags, word_pairs
 from keras_transformer.litert.search import NEG_INF, search
+from keras_transformer.markup import markup_answer
 from keras_transformer.special_ids import UNK_ID
 
 MIN_SCORE, MAX_MARGIN = -50.0, 20.0  # keras_transformer.export.calibration
@@ -227,14 +231,18 @@ class LiteRTTranslator:
 
     # ----------------------------------------------------------------- the signatures
 
-    def translate(self, texts, constraints=None, alignments=False):
+    def translate(self, texts, constraints=None, alignments=False, markup=None):
         """`serving_default`: `{"translation": [n] str, "score": float32 [n], "token_scores":
         float32 [n, longest], "confidence": float32 [n]}`; with `constraints` (a list of
         target-side terms per text), `translate_constrained`'s answer. With `alignments`, also
         `"alignment"`: per text, its word alignment as `Translator.translate(alignments=True)`
-        gives it, a list of `(source word, target word)` pairs (words: whitespace-separated);
-        it needs an export made with the alignment graph (module docstring)."""
-        if alignments:
+        gives it, a list of `(source word, target word)` pairs (words: whitespace-separated).
+        With `markup` ("html" or "xml"), `Translator.translate(texts, markup=...)`'s answer
+        (`keras_transformer.markup.markup_answer`: lists, the tags carried into the
+        translations by the alignments, malformed markup translated as plain text with a
+        `MarkupWarning`). Alignments and markup need an export made with the alignment graph
+        (module docstring)."""
+        if alignments or markup is not None:
             if constraints is not None:
                 raise ValueError("alignments come from translate alone: not with constraints")
             if not self.metadata.get("alignments"):
@@ -242,6 +250,9 @@ class LiteRTTranslator:
                     f"{self.path} was exported without word alignments: export it with "
                     "--alignments (export.alignments: true)"
                 )
+        if markup is not None:
+            plain = functools.partial(self.translate, alignments=True)
+            return markup_answer(plain, texts, markup, alignments)
         if constraints is not None:
             return self.translate_constrained(texts, constraints)
         out = self._hypotheses(texts, 1, alignments=alignments)
