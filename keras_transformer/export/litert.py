@@ -168,45 +168,28 @@ def convert_graphs(
         input_signature=[tf.TensorSpec([None, None], tf.int32, name="source_ids")],
         autograph=False,
     )
-    banned = (settings.pad_id, settings.bos_id)
-    step = tf.function(
-        litert_graphs.step_function(model, beams, top_k, banned, settings.eos_id, quantized),
-        input_signature=_specs(model, beams),
-        autograph=False,
-    )
     graphs = {"encoder": _convert(encoder, quantization)}
-    stopping.check(PHASE)
-    graphs["decoder_step"] = _convert(step, quantization)
-    if shortlist:
+    banned = (settings.pad_id, settings.bos_id)
+    steps = {  # name: (graph function, its K); the inputs follow the name
+        "decoder_step": (litert_graphs.step_function, top_k),
+        "decoder_step_shortlist": (litert_graphs.shortlist_step_function, top_k),
+        "decoder_step_constrained": (litert_graphs.constrained_step_function, top_k + 1),
+        "decoder_step_shortlist_constrained": (
+            litert_graphs.shortlist_constrained_step_function,
+            top_k + 1,
+        ),
+    }
+    for name, (function, k) in steps.items():
+        listed, wanted = "shortlist" in name, "constrained" in name
+        if (listed and not shortlist) or (wanted and not constraints):
+            continue
         step = tf.function(
-            litert_graphs.shortlist_step_function(
-                model, beams, top_k, banned, settings.eos_id, quantized
-            ),
-            input_signature=_specs(model, beams, shortlist=True),
+            function(model, beams, k, banned, settings.eos_id, quantized),
+            input_signature=_specs(model, beams, shortlist=listed, wanted=wanted),
             autograph=False,
         )
         stopping.check(PHASE)
-        graphs["decoder_step_shortlist"] = _convert(step, quantization)
-    if constraints:
-        step = tf.function(
-            litert_graphs.constrained_step_function(
-                model, beams, top_k + 1, banned, settings.eos_id, quantized
-            ),
-            input_signature=_specs(model, beams, wanted=True),
-            autograph=False,
-        )
-        stopping.check(PHASE)
-        graphs["decoder_step_constrained"] = _convert(step, quantization)
-    if shortlist and constraints:
-        step = tf.function(
-            litert_graphs.shortlist_constrained_step_function(
-                model, beams, top_k + 1, banned, settings.eos_id, quantized
-            ),
-            input_signature=_specs(model, beams, shortlist=True, wanted=True),
-            autograph=False,
-        )
-        stopping.check(PHASE)
-        graphs["decoder_step_shortlist_constrained"] = _convert(step, quantization)
+        graphs[name] = _convert(step, quantization)
     if alignment is not None:
         stopping.check(PHASE)
         graphs["alignment"] = _convert(

@@ -193,8 +193,8 @@ class LiteRTTranslator:
         if engines[2] is None:
             meta = self.metadata
             listed = self.shortlist is not None
-            step = meta["constraints"]["shortlist_step" if listed else "decoder_step"]
-            name = os.path.join(self.path, step)
+            name = meta["constraints"]["shortlist_step" if listed else "decoder_step"]
+            name = os.path.join(self.path, name)
             outputs = meta["outputs"][f"decoder_step_{'shortlist_' if listed else ''}constrained"]
             step = _interpreter(name, self.num_threads)
             engines[2] = _Step(step, meta, outputs, self.cache_bucket)
@@ -486,8 +486,7 @@ def _shortlist_columns(table, source, *extra):
     shortlist (`lexical_table.batch_shortlist`), the padding columns masked."""
     from keras_transformer.lexical_table import batch_shortlist
 
-    extra = [np.asarray(x).reshape(-1) for x in extra if x is not None]
-    extra = np.concatenate(extra) if extra else None
+    extra = np.concatenate([np.ravel(x) for x in extra if x is not None] + [np.zeros(0, "int32")])
     ids, real = batch_shortlist(table.translations, table.frequent, source, extra_ids=extra)
     return {"output_ids": ids, "output_mask": np.where(real, 0.0, NEG_INF).astype("float32")}
 
@@ -713,9 +712,8 @@ class _Step:
         it.set_tensor(self.inputs["ids"], all_ids)
         if wanted is not None:  # the constrained step's
             all_wanted = np.zeros((self.rows, self.wanted), "int32")
-            if self.columns is not None:  # every wanted id is in the shortlist
-                wanted = np.searchsorted(self.listed, wanted)
-            all_wanted[rows] = wanted
+            listed = self.columns is not None  # every wanted id is in the shortlist
+            all_wanted[rows] = np.searchsorted(self.listed, wanted) if listed else wanted
             it.set_tensor(self.inputs["wanted_ids"], all_wanted)
         it.set_tensor(self.inputs["position"], np.array([index], "int32"))
         it.set_tensor(self.inputs["self_bias"], self._self_bias(index))
