@@ -362,7 +362,8 @@ def _export_constraints_flag(p):
         "--constraints",
         action="store_true",
         help="litert: also the constrained decoder step, for translate --constraints (hard "
-        "lexical constraints; one more copy of the step's weights); the SavedModel always "
+        "lexical constraints; one more copy of the step's weights, two with --shortlist: the "
+        "constrained shortlist step too); the SavedModel always "
         "has them (translate_constrained)",
     )
 

@@ -1,7 +1,9 @@
 """The vocabulary shortlist in the LiteRT export and runtime: the NumPy shortlist of a batch is
 the graph's, the shortlist step never lets a piece outside the batch's shortlist out, a table
 holding every piece answers as the runtime without a shortlist, EOS and the prefix pieces are
-always in, and an export without a table refuses `shortlist=True`. Skipped only when the
+always in, lexical constraints are searched over a shortlist holding their pieces (as the
+SavedModel searches them), and an export without a table refuses `shortlist=True`. Skipped only
+when the
 `litert` extra (ai-edge-litert) is missing."""
 
 import json
@@ -55,6 +57,23 @@ def test_eos_and_prefix_pieces_are_always_in():
     assert ids.shape == (16,) and not real[5:].any() and (ids[~real] == 0).all()
 
 
+def test_the_chunks_shortlist_holds_eos_prefix_and_constraint_pieces():
+    """The runtime's columns of a chunk: with a table that lists nothing, exactly the special
+    ids (EOS among them), the prefix pieces and every constraint piece, padding masked."""
+    empty = _table(np.zeros((50, 3)))
+    prefix = np.array([[41, 0], [7, 12]])
+    constraints = np.array([[[30, 31], [0, 0]], [[44, 0], [0, 0]]])  # [c, C, P]
+    columns = runtime._shortlist_columns(empty, [[7, 9], [3, 0]], prefix, constraints)
+    ids, real = columns["output_ids"], columns["output_mask"] == 0
+    assert ids[real].tolist() == sorted({*SPECIAL_IDS, 41, 7, 12, 30, 31, 44})
+    assert 3 in ids[real].tolist()  # EOS
+    assert (columns["output_mask"][~real] < -1e8).all()
+    without = runtime._shortlist_columns(empty, [[7, 9], [3, 0]], None, constraints)
+    assert without["output_ids"][without["output_mask"] == 0].tolist() == sorted(
+        {*SPECIAL_IDS, 30, 31, 44}
+    )
+
+
 def test_export_refuses_a_table_of_another_vocabulary(copy_model, toy_spm_bytes, tmp_path):
     with pytest.raises(UsageError, match="source rows"):
         export_litert(copy_model, toy_spm_bytes, str(tmp_path / "x"),
@@ -68,7 +87,7 @@ def test_export_refuses_a_table_of_another_vocabulary(copy_model, toy_spm_bytes,
 @pytest.fixture(scope="module")
 def listed_dirs(copy_model, toy_spm_bytes, _shared_root):
     """The copy model exported in float32 and int8 with a table of every piece (the tests
-    give the runtime other tables)."""
+    give the runtime other tables), the float32 one with its constrained steps too."""
     from shared_runs import shared_directory
 
     from keras_transformer.config import DecodingSettings
@@ -80,7 +99,7 @@ def listed_dirs(copy_model, toy_spm_bytes, _shared_root):
     def export(base):
         for q in quantizations:
             export_litert(copy_model, toy_spm_bytes, str(base / q), q, fx.EXPORT_DATA, settings,
-                          shortlist=table)  # fmt: skip
+                          shortlist=table, constraints=q == "float32")  # fmt: skip
 
     base = shared_directory(_shared_root, "litert_shortlist_copy_model", export)
     return {q: str(base / q) for q in quantizations}
@@ -108,6 +127,8 @@ def test_the_export_holds_the_table_and_both_steps(listed_dirs):
         with open(os.path.join(directory, "keras_transformer.json")) as f:
             meta = json.load(f)
         assert meta["shortlist"]["table"] == "shortlist.npz"
+    names = set(os.listdir(listed_dirs["float32"]))
+    assert "decoder_step_shortlist_constrained.tflite" in names
 
 
 @pytest.mark.scenario
@@ -221,3 +242,76 @@ def test_an_untied_projection_gathers_its_own_columns(toy_spm_bytes, tmp_path, m
         produced = set(np.concatenate([x.ravel() for x in found]).tolist())
         assert dropped not in produced and produced
         monkeypatch.undo()
+
+
+# --------------------------------------------------------------------------- lexical constraints
+
+CONSTRAINED_TEXTS = ["red apple cat", "blue", "dog fish", "plum pear"]
+CONSTRAINTS = [["cat"], ["dog"], [], ["white", "bird"]]
+
+
+def _string_rows(rows):
+    import tensorflow as tf
+
+    width = max(len(row) for row in rows)
+    return tf.constant([[t.encode() for t in row] + [b""] * (width - len(row)) for row in rows])
+
+
+@pytest.mark.scenario
+def test_constraints_are_searched_over_a_shortlist_without_their_pieces(
+    listed_dirs, copy_model, toy_spm_bytes, monkeypatch
+):
+    """A table without the pieces of "cat", "dog", "white" and "bird": the constrained answers
+    over the shortlist still hold them (their pieces join the chunk's shortlist, no other piece
+    outside it comes out) and equal the SavedModel's `translate_constrained` with the same
+    table; the rows without constraints answer as the unconstrained shortlisted search."""
+    import tensorflow as tf
+
+    from keras_transformer.export import Translator
+
+    spm = fx.spm_processor()
+    terms = {piece for word in ("cat", "dog", "white", "bird") for piece in spm.encode(word)}
+    table = _identity_table(copy_model.vocab_size, without=sorted(terms))
+    listed = litert.load(listed_dirs["float32"], shortlist=True)
+    listed.shortlist = table
+    found = _recording(monkeypatch)
+    got = listed.translate(CONSTRAINED_TEXTS, constraints=CONSTRAINTS)
+    assert got["constraints_met"].tolist() == [True] * 4
+    for text, row in zip(got["translation"], CONSTRAINTS):
+        assert all(term in text.split() for term in row), (text, row)
+    sources = listed._source_ids(CONSTRAINED_TEXTS)
+    matrix = np.zeros((len(sources), max(map(len, sources))), np.int32)
+    for i, row in enumerate(sources):
+        matrix[i, : len(row)] = row
+    ids, real = batch_shortlist(table.translations, table.frequent, matrix)
+    allowed = set(ids[real].tolist())
+    assert not terms & allowed  # the table alone leaves every term's pieces out
+    produced = set(np.concatenate([x.ravel() for x in found]).tolist())
+    assert terms <= produced <= allowed | terms
+    decode, data = fx.EXPORT_DECODE, fx.EXPORT_DATA
+    reference = Translator(
+        copy_model, toy_spm_bytes, max_source_length=data["max_source_length"], shortlist=table,
+        **{key: decode[key] for key in ("beam_size", "alpha", "max_extra_length", "batch_size")},
+    ).translate_constrained(tf.constant(CONSTRAINED_TEXTS), _string_rows(CONSTRAINTS))  # fmt: skip
+    assert got["translation"] == [t.decode() for t in reference["translation"].numpy()]
+    assert got["constraints_met"].tolist() == reference["constraints_met"].numpy().tolist()
+    np.testing.assert_allclose(got["score"], reference["score"].numpy(), atol=1e-4)
+    alone = listed.translate_constrained(["dog fish"], [[]])  # no term: no piece added
+    assert alone["translation"] == listed.translate(["dog fish"])["translation"]
+
+
+@pytest.mark.scenario
+def test_an_export_without_the_constrained_shortlist_step_refuses(listed_dirs, tmp_path):
+    """An export with both made before the constrained shortlist step existed: loaded with
+    `shortlist=True` it refuses constraints, saying how to export it again."""
+    directory = tmp_path / "old"
+    shutil.copytree(listed_dirs["float32"], directory)
+    with open(directory / "keras_transformer.json") as f:
+        meta = json.load(f)
+    del meta["constraints"]["shortlist_step"]
+    with open(directory / "keras_transformer.json", "w") as f:
+        json.dump(meta, f)
+    with pytest.raises(litert.LiteRTError, match="no constrained shortlist step"):
+        litert.load(str(directory), shortlist=True).translate_constrained(["blue"], [["dog"]])
+    out = litert.load(str(directory)).translate_constrained(["blue"], [["dog"]])
+    assert out["constraints_met"].tolist() == [True]

@@ -17,6 +17,9 @@ The directory holds:
   `decoder_step_constrained.tflite`, the step that also gives the log-probabilities of the
   ids the runtime asks for (`litert_graphs.constrained_step_function`), with which
   `LiteRTTranslator.translate_constrained` searches; the step without it stays, unchanged;
+  with a shortlist too, also `decoder_step_shortlist_constrained.tflite`, the same over a
+  batch's shortlist (`litert_graphs.shortlist_constrained_step_function`), with which it
+  searches when loaded with `shortlist=True`;
 - for word alignments (`export_litert(alignments=True)`, `export --format litert
   --alignments`): `alignment.tflite`, `source_ids` int32 `[B, S]` and the final hypotheses'
   `target_ids` int32 `[B, T]` -> `pieces` int32 `[B, T]`, the source piece each target piece
@@ -59,6 +62,7 @@ STEP_FILE = "decoder_step.tflite"
 SHORTLIST_STEP_FILE = "decoder_step_shortlist.tflite"
 SHORTLIST_TABLE_FILE = "shortlist.npz"
 CONSTRAINED_STEP_FILE = "decoder_step_constrained.tflite"
+SHORTLIST_CONSTRAINED_STEP_FILE = "decoder_step_shortlist_constrained.tflite"
 ALIGNMENT_FILE = "alignment.tflite"
 QUANTIZATIONS = ("float32", "float16", "dynamic_int8")
 FORMAT_VERSION = 1
@@ -147,7 +151,8 @@ def convert_graphs(
     """`({"encoder": (bytes, output names), "decoder_step": (...)}, top_k)`: `model`'s two
     LiteRT graphs for `settings`' beam size (the step's `K`, the candidates kept per row:
     `2 * beam_size`); `shortlist`: also `"decoder_step_shortlist"`; `constraints`: also
-    `"decoder_step_constrained"` (its `K`: `2 * beam_size + 1`); `alignment` (a non-negative
+    `"decoder_step_constrained"` (its `K`: `2 * beam_size + 1`); both: also
+    `"decoder_step_shortlist_constrained"` (the same `K`); `alignment` (a non-negative
     decoder layer): also `"alignment"`, that layer's alignment graph (module docstring)."""
     import tensorflow as tf
 
@@ -163,35 +168,28 @@ def convert_graphs(
         input_signature=[tf.TensorSpec([None, None], tf.int32, name="source_ids")],
         autograph=False,
     )
-    banned = (settings.pad_id, settings.bos_id)
-    step = tf.function(
-        litert_graphs.step_function(model, beams, top_k, banned, settings.eos_id, quantized),
-        input_signature=_specs(model, beams),
-        autograph=False,
-    )
     graphs = {"encoder": _convert(encoder, quantization)}
-    stopping.check(PHASE)
-    graphs["decoder_step"] = _convert(step, quantization)
-    if shortlist:
+    banned = (settings.pad_id, settings.bos_id)
+    steps = {  # name: (graph function, its K); the inputs follow the name
+        "decoder_step": (litert_graphs.step_function, top_k),
+        "decoder_step_shortlist": (litert_graphs.shortlist_step_function, top_k),
+        "decoder_step_constrained": (litert_graphs.constrained_step_function, top_k + 1),
+        "decoder_step_shortlist_constrained": (
+            litert_graphs.shortlist_constrained_step_function,
+            top_k + 1,
+        ),
+    }
+    for name, (function, k) in steps.items():
+        listed, wanted = "shortlist" in name, "constrained" in name
+        if (listed and not shortlist) or (wanted and not constraints):
+            continue
         step = tf.function(
-            litert_graphs.shortlist_step_function(
-                model, beams, top_k, banned, settings.eos_id, quantized
-            ),
-            input_signature=_specs(model, beams, shortlist=True),
+            function(model, beams, k, banned, settings.eos_id, quantized),
+            input_signature=_specs(model, beams, shortlist=listed, wanted=wanted),
             autograph=False,
         )
         stopping.check(PHASE)
-        graphs["decoder_step_shortlist"] = _convert(step, quantization)
-    if constraints:
-        step = tf.function(
-            litert_graphs.constrained_step_function(
-                model, beams, top_k + 1, banned, settings.eos_id, quantized
-            ),
-            input_signature=_specs(model, beams, wanted=True),
-            autograph=False,
-        )
-        stopping.check(PHASE)
-        graphs["decoder_step_constrained"] = _convert(step, quantization)
+        graphs[name] = _convert(step, quantization)
     if alignment is not None:
         stopping.check(PHASE)
         graphs["alignment"] = _convert(
@@ -367,6 +365,10 @@ def _optional_graphs(graphs, shortlist, metadata):
             "decoder_step": CONSTRAINED_STEP_FILE,
             "top_k": metadata["top_k"] + 1,
         }
+    if "decoder_step_shortlist_constrained" in graphs:
+        name = "decoder_step_shortlist_constrained"
+        files[SHORTLIST_CONSTRAINED_STEP_FILE], outputs[name] = graphs[name]
+        metadata["constraints"]["shortlist_step"] = SHORTLIST_CONSTRAINED_STEP_FILE
     return files
 
 

@@ -32,6 +32,10 @@ output grows, `keras_transformer.litert.runtime`):
   (0 at its real columns, NEG_INF at its padding) -> the same outputs, the projection and the
   normaliser over those `n` columns only, `top_ids` the target ids of the best columns.
 
+- constrained shortlist step (`shortlist_constrained_step_function`, an export with both): the
+  shortlist step's inputs and `wanted_ids` int32 `[B * k, W]`, each a **column** of
+  `output_ids` -> the constrained step's outputs over the shortlist's columns.
+
 The log-probabilities are the model's log-softmax with padding and BOS made impossible, as in
 `keras_transformer.decoding.search`; only the top `K` of each row leave the graph (the search
 needs no more: a sentence's best `2k` candidates are among its rows' best `2k` each).
@@ -291,13 +295,10 @@ def _shortlist_columns(model, quantized_embedding):
     return columns
 
 
-def shortlist_step_function(model, beams, top_k, banned_ids, eos_id, quantized_embedding=None):
-    """`fn(ids, position, self_bias, cross_bias, caches, output_ids, output_mask) -> outputs`:
-    `step_function`'s step over a vocabulary shortlist. `output_ids` int32 `[n]` are the
-    shortlist's target ids (`data.shortlist.batch_shortlist`), `output_mask` float32 `[n]` 0
-    at its real columns and NEG_INF at its padding ones: the projection covers these columns
-    alone, the log-softmax normalises over the real ones, padding and BOS are impossible, and
-    `top_ids` are target ids (not columns). EOS must be one of the `output_ids`."""
+def _scored_shortlist_step(model, beams, top_k, banned_ids, eos_id, quantized_embedding):
+    """`fn(ids, position, self_bias, cross_bias, caches, output_ids, output_mask) -> (outputs,
+    banned logits [B * k, n], normaliser [B * k, 1])`: `shortlist_step_function`'s step, and
+    what the log-probability of any column is made of (`banned logits - normaliser`)."""
     embed = _embedding(model, quantized_embedding)
     columns = _shortlist_columns(model, quantized_embedding)
 
@@ -311,13 +312,51 @@ def shortlist_step_function(model, beams, top_k, banned_ids, eos_id, quantized_e
         banned = ops.zeros(ops.shape(output_ids), "bool")
         for token in banned_ids:
             banned = ops.logical_or(banned, ops.equal(output_ids, token))
-        ban = ops.where(banned, NEG_INF, 0.0)
-        top_logits, top_columns = ops.top_k(logits + ban, top_k)
+        banned = logits + ops.where(banned, NEG_INF, 0.0)
+        top_logits, top_columns = ops.top_k(banned, top_k)
         normaliser = ops.logsumexp(logits, axis=-1, keepdims=True)
         outputs["top_log_probs"] = top_logits - normaliser
         outputs["top_ids"] = ops.cast(ops.take(output_ids, top_columns, axis=0), "int32")
         eos = ops.sum(ops.where(ops.equal(output_ids, eos_id), logits, 0.0), axis=-1)
         outputs["eos_log_probs"] = eos - normaliser[:, 0]
+        return outputs, banned, normaliser
+
+    return step
+
+
+def shortlist_step_function(model, beams, top_k, banned_ids, eos_id, quantized_embedding=None):
+    """`fn(ids, position, self_bias, cross_bias, caches, output_ids, output_mask) -> outputs`:
+    `step_function`'s step over a vocabulary shortlist. `output_ids` int32 `[n]` are the
+    shortlist's target ids (`data.shortlist.batch_shortlist`), `output_mask` float32 `[n]` 0
+    at its real columns and NEG_INF at its padding ones: the projection covers these columns
+    alone, the log-softmax normalises over the real ones, padding and BOS are impossible, and
+    `top_ids` are target ids (not columns). EOS must be one of the `output_ids`."""
+    scored = _scored_shortlist_step(model, beams, top_k, banned_ids, eos_id, quantized_embedding)
+
+    def step(ids, position, self_bias, cross_bias, caches, output_ids, output_mask):
+        return scored(ids, position, self_bias, cross_bias, caches, output_ids, output_mask)[0]
+
+    return step
+
+
+def shortlist_constrained_step_function(
+    model, beams, top_k, banned_ids, eos_id, quantized_embedding=None
+):
+    """`fn(ids, position, self_bias, cross_bias, caches, output_ids, output_mask, wanted_ids)
+    -> outputs`: the constrained step over a vocabulary shortlist (an export with both),
+    `shortlist_step_function`'s outputs and `wanted_log_probs` float32 `[B * k, W]`. Its
+    `wanted_ids` int32 `[B * k, W]` are **columns** of `output_ids` (the runtime maps each
+    wanted target id to its column: the batch's shortlist holds every constraint piece)."""
+    import tensorflow as tf  # the export's backend; a batched GATHER converts to one op
+
+    scored = _scored_shortlist_step(model, beams, top_k, banned_ids, eos_id, quantized_embedding)
+
+    def step(ids, position, self_bias, cross_bias, caches, output_ids, output_mask, wanted_ids):
+        outputs, banned, normaliser = scored(
+            ids, position, self_bias, cross_bias, caches, output_ids, output_mask
+        )
+        wanted = tf.gather(banned, wanted_ids, axis=1, batch_dims=1)  # [B * k, W]
+        outputs["wanted_log_probs"] = wanted - normaliser
         return outputs
 
     return step

@@ -26,8 +26,9 @@ cost). `cache_bucket=0` sizes them for the longest output at once. The answers a
 
 Vocabulary shortlist: an export made with one (`export_litert(shortlist=...)`) decodes over it
 when loaded with `shortlist=True`: each chunk's shortlist is the lexical table's translations of
-its source pieces, the table's frequent pieces, the special ids and the chunk's prefix pieces
-(`keras_transformer.lexical_table.batch_shortlist`, padded to a bucket), and the shortlist step
+its source pieces, the table's frequent pieces, the special ids and the chunk's prefix and
+constraint pieces (`keras_transformer.lexical_table.batch_shortlist`, padded to a bucket, the
+graph search's rule), and the shortlist step
 projects onto those columns alone, so no other piece can be chosen and the scores are
 log-probabilities over the shortlist (as the SavedModel's `Translator(shortlist=...)`).
 
@@ -37,7 +38,9 @@ SavedModel's signature does: the constraints tokenized as it tokenizes them, the
 beam search of `keras_transformer.litert.search` (`keras_transformer.constraint_rules`' rules,
 the graph's own), and a chunk whose constraints some input could not meet searched again
 without them, that input taking the unconstrained answer (`constraints_met` False). The
-constrained step is made the first time a request needs it (not with `shortlist=True`).
+constrained step is made the first time a request needs it. With `shortlist=True` the search runs
+over the chunk's shortlist (which holds every constraint piece) with the export's constrained
+shortlist step (made when it has both), each wanted piece given as its shortlist column.
 
 Word alignments: an export made with its alignment graph (`export_litert(alignments=True)`)
 answers `translate(texts, alignments=True)` as the SavedModel's `Translator.translate(texts,
@@ -189,11 +192,14 @@ class LiteRTTranslator:
         return [encoder, _Step(step, meta, outputs, self.cache_bucket), None]
 
     def _constrained_step(self, engines):
-        """The constrained step of the borrowed set `engines`, made on first use."""
+        """The constrained step of the borrowed set `engines` (over a shortlist with
+        `shortlist=True`), made on first use."""
         if engines[2] is None:
             meta = self.metadata
-            name = os.path.join(self.path, meta["constraints"]["decoder_step"])
-            outputs = meta["outputs"]["decoder_step_constrained"]
+            listed = self.shortlist is not None
+            name = meta["constraints"]["shortlist_step" if listed else "decoder_step"]
+            name = os.path.join(self.path, name)
+            outputs = meta["outputs"][f"decoder_step_{'shortlist_' if listed else ''}constrained"]
             step = _interpreter(name, self.num_threads)
             engines[2] = _Step(step, meta, outputs, self.cache_bucket)
         return engines[2]
@@ -305,10 +311,10 @@ class LiteRTTranslator:
                 f"{self.path} has no constrained step: export it with constraints=True to "
                 "translate with lexical constraints"
             )
-        if self.shortlist is not None:
+        if self.shortlist is not None and "shortlist_step" not in self.metadata["constraints"]:
             raise LiteRTError(
-                "lexical constraints are not searched over a shortlist: load the export "
-                "without shortlist=True"
+                f"{self.path} has no constrained shortlist step: export it again with both "
+                "constraints and a shortlist, or load it without shortlist=True"
             )
         out = self._hypotheses(texts, 1, constraints=self._constraint_ids(rows))
         return {
@@ -435,7 +441,7 @@ class LiteRTTranslator:
             prefix_matrix = _padded(prefix, 0)
         columns = None
         if self.shortlist is not None:
-            columns = _shortlist_columns(self.shortlist, source, prefix_matrix)
+            columns = _shortlist_columns(self.shortlist, source, prefix_matrix, constraints)
         cross = encoder(source)
         if constraints is None:
             step.start(cross, source != s["pad_id"], buffer, columns)
@@ -444,7 +450,7 @@ class LiteRTTranslator:
                 prefix=prefix_matrix, return_all=True,
             )  # fmt: skip
         step = self._constrained_step(engines)
-        step.start(cross, source != s["pad_id"], buffer, wanted=constraints.shape[1])
+        step.start(cross, source != s["pad_id"], buffer, columns, wanted=constraints.shape[1])
         found = search(
             step, c, s["beam_size"], buffer, caps, s["alpha"], s["eos_id"], s["bos_id"],
             return_all=True, constraints=constraints,
@@ -485,13 +491,14 @@ def _shortlist_table(path, meta):
     return read_lexical_table(os.path.join(path, listed["table"]), gfile=LocalGfile)
 
 
-def _shortlist_columns(table, source, prefix):
-    """The step's `{"output_ids", "output_mask"}` for a chunk's `source` `[c, S]` and
-    `prefix` (`[c, p]` or None): its shortlist (`lexical_table.batch_shortlist`), the padding
-    columns masked."""
+def _shortlist_columns(table, source, *extra):
+    """The step's `{"output_ids", "output_mask"}` for a chunk's `source` `[c, S]` and the ids
+    of `extra` (the prefixes `[c, p]`, the constraints `[c, C, P]`; None skipped): its
+    shortlist (`lexical_table.batch_shortlist`), the padding columns masked."""
     from keras_transformer.lexical_table import batch_shortlist
 
-    ids, real = batch_shortlist(table.translations, table.frequent, source, extra_ids=prefix)
+    extra = np.concatenate([np.ravel(x) for x in extra if x is not None] + [np.zeros(0, "int32")])
+    ids, real = batch_shortlist(table.translations, table.frequent, source, extra_ids=extra)
     return {"output_ids": ids, "output_mask": np.where(real, 0.0, NEG_INF).astype("float32")}
 
 
@@ -602,11 +609,13 @@ class _Step:
         `[c, S]` and `positions` cache positions at most (the first `bucket` of them, grown
         when needed); the caches start empty. `columns`: the shortlist step's
         `{"output_ids", "output_mask"}` `[n]` for the chunk; `wanted`: the constrained step's
-        wanted ids per row (`W`)."""
+        wanted ids per row (`W`; given to a step with `columns` as their columns)."""
         c = source_mask.shape[0]
         bias = np.where(source_mask, 0.0, NEG_INF).astype("float32")[:, None, None, :]
         values = {**cross, "cross_bias": bias, **(columns or {})}
         self.columns = None if columns is None else len(columns["output_ids"])
+        if columns is not None:  # the shortlist's real ids, increasing: a wanted id's column
+            self.listed = columns["output_ids"][columns["output_mask"] == 0]
         self.wanted = wanted
         self.limit = positions
         length = positions if self.bucket <= 0 else min(self.bucket, positions)
@@ -714,7 +723,8 @@ class _Step:
         it.set_tensor(self.inputs["ids"], all_ids)
         if wanted is not None:  # the constrained step's
             all_wanted = np.zeros((self.rows, self.wanted), "int32")
-            all_wanted[rows] = wanted
+            listed = self.columns is not None  # every wanted id is in the shortlist
+            all_wanted[rows] = np.searchsorted(self.listed, wanted) if listed else wanted
             it.set_tensor(self.inputs["wanted_ids"], all_wanted)
         it.set_tensor(self.inputs["position"], np.array([index], "int32"))
         it.set_tensor(self.inputs["self_bias"], self._self_bias(index))
