@@ -328,20 +328,21 @@ def test_smuggled_bytes_get_the_answer_of_their_bytes(litert_dirs):
 
 def test_settled_sentences_leave_the_batch_without_changing_answers(litert_dirs, monkeypatch):
     """Sentences of very different lengths in one chunk: the short ones settle first and the
-    batch is compacted (`_Step.keep`); the answers equal those of a runtime that never drops."""
-    from keras_transformer.litert import runtime
+    batch is compacted (`DecoderStep.keep`); the answers equal those of a runtime that never
+    drops."""
+    from keras_transformer.litert import graphs
 
     sentences = ["red", "blue", "cat", "dog", "red apple cat dog fish", "plum pear", "a", "b"]
     translator = litert.load(litert_dirs["float32"])
     translator.settings = {**translator.settings, "batch_size": len(sentences)}
     compacted = []
-    real = runtime._Step._compact
+    real = graphs.DecoderStep._compact
     monkeypatch.setattr(
-        runtime._Step, "_compact", lambda self: compacted.append(len(self.live)) or real(self)
+        graphs.DecoderStep, "_compact", lambda self: compacted.append(len(self.live)) or real(self)
     )
     dropping = translator.translate_nbest(sentences)
     assert compacted, "no chunk was compacted: the test does not exercise keep()"
-    monkeypatch.delattr(runtime._Step, "keep")
+    monkeypatch.delattr(graphs.DecoderStep, "keep")
     kept = translator.translate_nbest(sentences)
     assert dropping["translations"] == kept["translations"]
     np.testing.assert_allclose(dropping["scores"], kept["scores"], atol=1e-5)
@@ -352,13 +353,13 @@ def test_caches_grown_bucket_by_bucket_give_the_unbucketed_answers(litert_dirs, 
     the batch compacted between growths, give the answers of caches sized for the whole output
     at once: n-best, prefixes, and the constrained step. A growth that lost or misplaced a
     slot's keys would change them."""
-    from keras_transformer.litert import runtime
+    from keras_transformer.litert import graphs
 
     sentences = REQUEST[:8] + ["red apple cat dog fish plum pear white black green blue"]
     grown = []
-    real = runtime._Step._grow
+    real = graphs.DecoderStep._grow
     monkeypatch.setattr(
-        runtime._Step,
+        graphs.DecoderStep,
         "_grow",
         lambda self, index: grown.append(self.positions) or real(self, index),
     )

@@ -12,7 +12,7 @@ per sentence by the encoder graph and shared by its beams.
 
 Shapes (`B` sentences, `k` beams, `H` heads, `d` head size, `T` the cache's positions, `S`
 source tokens, `L` decoder layers; only `B`, `T` and `S` vary; the runtime grows `T` as the
-output grows, `keras_transformer.litert.runtime`):
+output grows, `keras_transformer.litert.graphs`):
 
 - encoder: `source_ids` int32 `[B, S]` -> `cross_keys_{l}`, `cross_values_{l}` `[B, H, S, d]`.
 - step: `ids` int32 `[B * k]` (each hypothesis's last token), `position` int32 `[1]`,

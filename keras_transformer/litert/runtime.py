@@ -62,6 +62,7 @@ import threading
 import numpy as np
 
 from keras_transformer.alignment_rules import numpy_word_alignment, piece_flags, word_pairs
+from keras_transformer.litert.graphs import Aligner, DecoderStep, Encoder, LiteRTError
 from keras_transformer.litert.search import NEG_INF, search
 from keras_transformer.markup import markup_answer
 from keras_transformer.special_ids import UNK_ID
@@ -69,10 +70,6 @@ from keras_transformer.special_ids import UNK_ID
 MIN_SCORE, MAX_MARGIN = -50.0, 20.0  # keras_transformer.export.calibration
 METADATA_FILE = "keras_transformer.json"
 CACHE_BUCKET = 16  # the self-attention caches' first length (module docstring)
-
-
-class LiteRTError(ValueError):
-    """A directory that is not a LiteRT export this version can run."""
 
 
 def is_litert_export(path):
@@ -181,15 +178,15 @@ class LiteRTTranslator:
     def _new_interpreters(self):
         meta, path = self.metadata, self.path
         encoder = _interpreter(os.path.join(path, meta["encoder"]), self.num_threads)
-        encoder = _Encoder(encoder, meta["outputs"]["encoder"])
+        encoder = Encoder(encoder, meta["outputs"]["encoder"])
         if self.shortlist is None:
             step = _interpreter(os.path.join(path, meta["decoder_step"]), self.num_threads)
-            step = _Step(step, meta, bucket=self.cache_bucket)
+            step = DecoderStep(step, meta, bucket=self.cache_bucket)
             return [encoder, step, None]  # the constrained step: when needed
         listed = meta["shortlist"]["decoder_step"]
         step = _interpreter(os.path.join(path, listed), self.num_threads)
         outputs = meta["outputs"]["decoder_step_shortlist"]
-        return [encoder, _Step(step, meta, outputs, self.cache_bucket), None]
+        return [encoder, DecoderStep(step, meta, outputs, self.cache_bucket), None]
 
     def _constrained_step(self, engines):
         """The constrained step of the borrowed set `engines` (over a shortlist with
@@ -201,12 +198,12 @@ class LiteRTTranslator:
             name = os.path.join(self.path, name)
             outputs = meta["outputs"][f"decoder_step_{'shortlist_' if listed else ''}constrained"]
             step = _interpreter(name, self.num_threads)
-            engines[2] = _Step(step, meta, outputs, self.cache_bucket)
+            engines[2] = DecoderStep(step, meta, outputs, self.cache_bucket)
         return engines[2]
 
     @contextlib.contextmanager
     def _borrowed(self):
-        """`[encoder, step, constrained step or None]` (and the alignment graph's `_Aligner`,
+        """`[encoder, step, constrained step or None]` (and the alignment graph's `Aligner`,
         once a request needed it) for one request's use alone: an idle set, else a new one
         while fewer than `interpreters` exist, else the first one given back."""
         try:
@@ -408,10 +405,10 @@ class LiteRTTranslator:
         """`alignment` int32 `[c, max_target_length]` of the translations `ids` `[c, T]`
         of `sources` (module docstring), through the alignment graph of the set `engines`
         (made on first use)."""
-        aligner = next((e for e in engines if isinstance(e, _Aligner)), None)
+        aligner = next((e for e in engines if isinstance(e, Aligner)), None)
         if aligner is None:  # kept with the set, after its other interpreters
             name = os.path.join(self.path, self.metadata["alignments"]["graph"])
-            aligner = _Aligner(_interpreter(name, self.num_threads))
+            aligner = Aligner(_interpreter(name, self.num_threads))
             engines.append(aligner)
         if self._piece_flags is None:
             size = self._spm.get_piece_size()
@@ -513,236 +510,9 @@ def _margins(scores):
     return np.clip(margin, -MAX_MARGIN, MAX_MARGIN).astype("float32")
 
 
-def _output_indices(interpreter, names):
-    """`{name: tensor index}` of the interpreter's outputs, named in order by `names` (the
-    export's metadata: the converted model keeps no output names)."""
-    details = interpreter.get_output_details()
-    if len(details) != len(names):
-        raise LiteRTError(
-            f"the LiteRT model has {len(details)} outputs, its metadata names {len(names)}"
-        )
-    return {name: d["index"] for name, d in zip(names, details)}
-
-
 def _padded(rows, fill):
     """int32 `[len(rows), longest]`: the id lists `rows`, each padded with `fill`."""
     matrix = np.full((len(rows), max(len(row) for row in rows)), fill, "int32")
     for i, row in enumerate(rows):
         matrix[i, : len(row)] = row
     return matrix
-
-
-def _resize(interpreter, indices, shapes):
-    for name, shape in shapes.items():
-        interpreter.resize_tensor_input(indices[name], shape, strict=False)
-    interpreter.allocate_tensors()
-
-
-class _Encoder:
-    """`encoder.tflite`: int32 source ids `[c, S]` -> `{cross_keys_l: [c, H, S, d], ...}`."""
-
-    def __init__(self, interpreter, names):
-        self.interpreter = interpreter
-        self.input = interpreter.get_input_details()[0]["index"]
-        self.outputs = _output_indices(interpreter, names)
-        self.shape = None
-
-    def __call__(self, source):
-        it = self.interpreter
-        if self.shape != source.shape:
-            _resize(it, {"source_ids": self.input}, {"source_ids": source.shape})
-            self.shape = source.shape
-        it.set_tensor(self.input, source)
-        it.invoke()
-        return {name: it.get_tensor(index) for name, index in self.outputs.items()}
-
-
-class _Aligner:
-    """`alignment.tflite`: source ids `[c, S]`, target ids `[c, T]` -> the attended source
-    piece of each target piece, int32 `[c, T]`."""
-
-    def __init__(self, interpreter):
-        self.interpreter = interpreter
-        self.inputs = {d["name"]: d["index"] for d in interpreter.get_input_details()}
-        self.output = interpreter.get_output_details()[0]["index"]
-        self.shapes = None
-
-    def __call__(self, source, target):
-        it, values = self.interpreter, {"source_ids": source, "target_ids": target}
-        shapes = {name: value.shape for name, value in values.items()}
-        if shapes != self.shapes:
-            _resize(it, self.inputs, shapes)
-            self.shapes = shapes
-        for name, value in values.items():
-            it.set_tensor(self.inputs[name], value)
-        it.invoke()
-        return it.get_tensor(self.output)
-
-
-class _Step:
-    """`decoder_step.tflite` as the search's step (`keras_transformer.litert.search`).
-
-    The self-attention caches are the interpreter's own input buffers, one slot per beam
-    (`keras_transformer.export.litert_graphs`): each call writes the step's new keys and values
-    into them through numpy views, and `reorder` only permutes `history`, which records for
-    each hypothesis the slot holding its key at each position. Nothing is copied per step but
-    the step's own inputs and outputs.
-
-    With `bucket` > 0 the caches start `bucket` positions long (at most the chunk's
-    `positions`) and grow when a step's position would not fit: to twice their length, or to
-    `positions` where less than a bucket would be left, each slot's written positions copied
-    into the longer layout (`_grow`). A chunk of 33 positions and a bucket of 16 resizes once.
-    """
-
-    def __init__(self, interpreter, meta, outputs=None, bucket=0):
-        self.interpreter = interpreter
-        self.inputs = {d["name"]: d["index"] for d in interpreter.get_input_details()}
-        outputs = meta["outputs"]["decoder_step"] if outputs is None else outputs
-        self.outputs = _output_indices(interpreter, outputs)
-        self.layers, self.heads = int(meta["num_layers"]), int(meta["num_heads"])
-        self.head_dim, self.beams = int(meta["head_dim"]), int(meta["decoding"]["beam_size"])
-        self.shapes, self.columns, self.wanted = None, None, None
-        self.bucket = int(bucket)
-
-    def start(self, cross, source_mask, positions, columns=None, wanted=None):
-        """Readies the step for a chunk: the encoder's `cross` keys/values, the source mask
-        `[c, S]` and `positions` cache positions at most (the first `bucket` of them, grown
-        when needed); the caches start empty. `columns`: the shortlist step's
-        `{"output_ids", "output_mask"}` `[n]` for the chunk; `wanted`: the constrained step's
-        wanted ids per row (`W`; given to a step with `columns` as their columns)."""
-        c = source_mask.shape[0]
-        bias = np.where(source_mask, 0.0, NEG_INF).astype("float32")[:, None, None, :]
-        values = {**cross, "cross_bias": bias, **(columns or {})}
-        self.columns = None if columns is None else len(columns["output_ids"])
-        if columns is not None:  # the shortlist's real ids, increasing: a wanted id's column
-            self.listed = columns["output_ids"][columns["output_mask"] == 0]
-        self.wanted = wanted
-        self.limit = positions
-        length = positions if self.bucket <= 0 else min(self.bucket, positions)
-        self._layout(c, source_mask.shape[1], length, values)
-        self.history = np.zeros((c, self.beams, length), "int32")  # the slot of each key
-        self.live = np.arange(c)  # the sentences still searched (`keep`), in the batch
-
-    def _layout(self, c, s_len, positions, values, zero_caches=True):
-        """The interpreter's inputs sized for `c` sentences, `s_len` source tokens and
-        `positions` cache positions, with the inputs in `values` set (resized only when a
-        size changed; the self-attention caches then zeroed: never read unwritten, since
-        masked, but they must be finite)."""
-        k, heads, size = self.beams, self.heads, self.head_dim
-        shapes = {"ids": [c * k], "position": [1], "self_bias": [c, 1, k, k * positions]}
-        shapes["cross_bias"] = [c, 1, 1, s_len]
-        if self.columns is not None:
-            shapes["output_ids"] = shapes["output_mask"] = [self.columns]
-        if self.wanted is not None:
-            shapes["wanted_ids"] = [c * k, self.wanted]
-        for i in range(self.layers):
-            shapes[f"self_keys_{i}"] = shapes[f"self_values_{i}"] = [c, heads, k * positions, size]
-            shapes[f"cross_keys_{i}"] = shapes[f"cross_values_{i}"] = [c, heads, s_len, size]
-        it = self.interpreter
-        if shapes != self.shapes:
-            _resize(it, self.inputs, shapes)
-            self.shapes = shapes
-            if zero_caches:
-                for name in self._self_caches():
-                    it.tensor(self.inputs[name])().fill(0.0)
-        for name, value in values.items():
-            it.set_tensor(self.inputs[name], value)
-        self.rows, self.positions = c * k, positions
-
-    def _self_caches(self):
-        return [f"self_{n}_{i}" for i in range(self.layers) for n in ("keys", "values")]
-
-    def keep(self, sentences):
-        """Only `sentences` (indices into the live ones) go on. The batch is compacted to them
-        once at most half of it is live (a resize costs about a step; until then the settled
-        sentences' rows are computed and ignored)."""
-        self.live = self.live[np.asarray(sentences, "int64")]
-        if len(self.live) and len(self.live) <= self.rows // self.beams // 2:
-            self._compact()
-
-    def _held(self, sentences):
-        """The inputs that live across steps (the caches, the cross bias, the shortlist's
-        columns), the batch's at `sentences`: what a resize must set again."""
-        it = self.interpreter
-        names = self._self_caches() + [
-            f"cross_{n}_{i}" for i in range(self.layers) for n in ("keys", "values")
-        ]
-        values = {name: it.get_tensor(self.inputs[name])[sentences] for name in names}
-        values["cross_bias"] = it.get_tensor(self.inputs["cross_bias"])[sentences]
-        if self.columns is not None:  # resized inputs lose their values
-            for name in ("output_ids", "output_mask"):
-                values[name] = it.get_tensor(self.inputs[name])
-        return values
-
-    def _compact(self):
-        live = self.live
-        values = self._held(live)
-        s_len = values["cross_bias"].shape[-1]
-        self._layout(len(live), s_len, self.positions, values, zero_caches=False)
-        self.history = self.history[live]
-        self.live = np.arange(len(live))
-
-    def _grow(self, index):
-        """Longer caches, for a step at `index` (`index >= positions`): twice as long, or all
-        `limit` positions where less than a bucket would be left; each slot's positions keep
-        their keys and values, the new ones zeroed, and `history` grows alike."""
-        old = self.positions
-        length = max(2 * old, index + 1)
-        if self.limit - length < max(self.bucket, 1):
-            length = self.limit
-        c, k = self.rows // self.beams, self.beams
-        values = self._held(slice(None))
-        for name in self._self_caches():
-            cache = np.zeros((c, self.heads, k, length, self.head_dim), "float32")
-            cache[:, :, :, :old] = values[name].reshape(c, self.heads, k, old, self.head_dim)
-            values[name] = cache.reshape(c, self.heads, k * length, self.head_dim)
-        s_len = values["cross_bias"].shape[-1]
-        self._layout(c, s_len, length, values, zero_caches=False)
-        self.history = np.pad(self.history, ((0, 0), (0, 0), (0, length - old)))
-
-    def _live_rows(self):
-        k = self.beams
-        return (self.live[:, None] * k + np.arange(k)).reshape(-1)
-
-    def _self_bias(self, index):
-        """`[c, 1, k, k * T]`: 0 where a hypothesis's own keys are (positions before `index`
-        in the slots its history names), NEG_INF elsewhere."""
-        k = self.beams
-        own = self.history[:, :, None, :] == np.arange(k)[None, None, :, None]  # [c, k, k, T]
-        own &= np.arange(self.positions) < index
-        bias = np.where(own, np.float32(0.0), np.float32(NEG_INF))
-        return bias.reshape(-1, 1, k, k * self.positions)
-
-    def __call__(self, ids, index, wanted=None):
-        if index >= self.positions:
-            self._grow(index)
-        it, k = self.interpreter, self.beams
-        rows = self._live_rows()
-        all_ids = np.zeros(self.rows, "int32")  # settled sentences' rows: computed, ignored
-        all_ids[rows] = ids
-        it.set_tensor(self.inputs["ids"], all_ids)
-        if wanted is not None:  # the constrained step's
-            all_wanted = np.zeros((self.rows, self.wanted), "int32")
-            listed = self.columns is not None  # every wanted id is in the shortlist
-            all_wanted[rows] = np.searchsorted(self.listed, wanted) if listed else wanted
-            it.set_tensor(self.inputs["wanted_ids"], all_wanted)
-        it.set_tensor(self.inputs["position"], np.array([index], "int32"))
-        it.set_tensor(self.inputs["self_bias"], self._self_bias(index))
-        it.invoke()
-        c = self.rows // k
-        for i in range(self.layers):
-            for name in ("keys", "values"):
-                new = it.get_tensor(self.outputs[f"new_{name}_{i}"])  # [c, H, k, d]
-                cache = it.tensor(self.inputs[f"self_{name}_{i}"])()
-                cache.reshape(c, self.heads, k, self.positions, self.head_dim)[:, :, :, index] = new
-                del cache  # no reference to the interpreter's buffers may outlive this
-        self.history[:, :, index] = np.arange(k)
-        names = ("top_log_probs", "top_ids", "eos_log_probs")
-        names += () if wanted is None else ("wanted_log_probs",)
-        return tuple(it.get_tensor(self.outputs[name])[rows] for name in names)
-
-    def reorder(self, origin):
-        """The live hypotheses of each sentence follow their origins (flat live rows)."""
-        rows = self._live_rows()
-        flat = self.history.reshape(self.rows, self.positions)
-        flat[rows] = flat[rows[np.asarray(origin)]]
