@@ -113,8 +113,8 @@ def load_aligning_function(model_path, alignments=False, markup=None):
     """`texts -> (lines, scores)` through `serving_default` and its `alignment` output: with
     `alignments`, each line `TRANSLATION<TAB>i-j i-j ...` (Moses' word alignment, source word
     i, target word j); with `markup` ("html" or "xml"), the texts' tags carried into the
-    translations (`keras_transformer.markup.translate_markup`; a malformed text's warning is
-    one line on stderr)."""
+    translations (`keras_transformer.markup.markup_answer`, as `Translator.translate`; a
+    malformed text's warning is one line on stderr)."""
     import tensorflow as tf
 
     loaded, path, signature = load_signature(model_path)
@@ -125,21 +125,19 @@ def load_aligning_function(model_path, alignments=False, markup=None):
         )
 
     from keras_transformer.alignment_rules import word_pairs
-    from keras_transformer.markup import translate_markup
+    from keras_transformer.markup import markup_answer
+
+    def plain(texts):
+        outputs = signature(text=tf.constant(texts, dtype=tf.string))
+        return {
+            "translation": _decoded(outputs["translation"].numpy()),
+            "score": outputs["score"].numpy().tolist(),
+            "alignment": [word_pairs(row) for row in outputs["alignment"].numpy().tolist()],
+        }
 
     def answer(texts):
-        scores = []
-
-        def plain(part):
-            outputs = signature(text=tf.constant(part, dtype=tf.string))
-            scores.extend(outputs["score"].numpy().tolist())
-            return _decoded(outputs["translation"].numpy()), outputs["alignment"].numpy().tolist()
-
-        if markup is None:
-            translations, rows = plain(texts)
-        else:
-            translations, rows = translate_markup(plain, texts, markup)
-        return translations, scores, [word_pairs(row) for row in rows]
+        out = plain(texts) if markup is None else markup_answer(plain, texts, markup, True)
+        return out["translation"], out["score"], out["alignment"]
 
     translate = _aligning(answer, alignments, markup is not None)
     translate.loaded = loaded
