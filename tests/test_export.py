@@ -349,3 +349,31 @@ def test_the_warmup_compiles_every_program_the_xla_export_runs(tmp_path, copy_mo
     result = run_fresh(_XLA_WARMUP_SCRIPT, path, json.dumps(texts), env=env, timeout=600)
     assert result["after_warmup"] > 0  # the warmup compiled the programs
     assert result["after_requests"] == result["after_warmup"], result
+
+
+def test_saving_traces_each_search_once_and_stores_it_once(tmp_path, monkeypatch, toy_spm_bytes):
+    """Saving traces the search once per input structure that a signature feeds it (plain,
+    shared by `serving_default` and `translate_nbest`; prefix; constraints) and nothing that
+    no signature runs; the saved model answers as the translator does. (The search held as an
+    object of its own was traced again per structure at save time and stored twice, and the
+    sampling signature was traced without sampling: 40% of the export's time.)"""
+    import keras_transformer.export.translator as translator_module
+
+    traces = []
+    traced = translator_module.translate_ids
+
+    def counting(*args, **kwargs):
+        traces.append((kwargs["prefix_ids"] is not None, kwargs["constraints"] is not None))
+        return traced(*args, **kwargs)
+
+    monkeypatch.setattr(translator_module, "translate_ids", counting)
+    translator = Translator(
+        _untrained_model(), toy_spm_bytes, max_source_length=DATA["max_source_length"], **DECODE
+    )
+    assert not translator.settings.sampling and not translator.reads_glossaries
+    path = str(tmp_path / "m")
+    tf.saved_model.save(translator, path, signatures=translator.signatures)
+    assert sorted(traces) == [(False, False), (False, True), (True, False)]
+    texts = tf.constant(NORMAL)
+    fx.assert_same_answers(tf.saved_model.load(path).signatures["serving_default"](text=texts),
+                           translator.serve(texts))  # fmt: skip

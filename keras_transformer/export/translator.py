@@ -241,8 +241,10 @@ class Translator(tf.Module):
         self.shortlist = None if shortlist is None else _ShortlistTable(shortlist, model)
         self.alignments = bool(alignments)
         self.alignment_layer = alignment_graph.alignment_layer(model, alignment_layer)
-        # The search alone, compiled by XLA when asked (a nested function of every signature).
-        self._search = tf.function(self._search_ids, jit_compile=self.jit_compile, autograph=False)
+        # The search alone, compiled by XLA when asked: a nested function of every signature,
+        # untracked (saving would trace it again per input structure and store those copies).
+        search = tf.function(self._search_ids, jit_compile=self.jit_compile, autograph=False)
+        self._search = _Untracked(search)
         # The confidence's map (see `set_calibration`); read as constants when a signature is
         # traced, so it must be set before the first call.
         self.calibration = dict(DEFAULT_CALIBRATION)
@@ -255,12 +257,17 @@ class Translator(tf.Module):
         strings = [tf.TensorSpec([None], tf.string, name=name) for name in ("source", "target")]
         self.score = _graph(self._score, *strings)
         self.translate_constrained = _graph(self._translate_constrained, text_spec, CONSTRAINTS)
-        self.translate_sample = _graph(
-            self._translate_sample, text_spec, tf.TensorSpec([None], tf.int64, name="seed")
+        # A signature this translator does not serve is None: saving traces every function
+        # it holds, so it holds none that no signature runs.
+        seed_spec = tf.TensorSpec([None], tf.int64, name="seed")
+        self.translate_sample = (
+            _graph(self._translate_sample, text_spec, seed_spec) if self.settings.sampling else None
         )
         # Soft glossaries: only a vocabulary trained with data.terminology keeps their tags.
         self.reads_glossaries = reads_glossaries(self._spm_proto)
-        self.translate_glossary = self._glossary_function(text_spec)
+        self.translate_glossary = (
+            self._glossary_function(text_spec) if self.reads_glossaries else None
+        )
 
     def _glossary_function(self, text_spec):
         """The `translate_glossary` tf.function (`_translate_glossary`)."""
@@ -393,7 +400,8 @@ class Translator(tf.Module):
             None if seeds is None else _fold_seeds(seeds),
             constraints,
         )
-        outputs = [tf.convert_to_tensor(x) for x in self._search(*self._shape_buckets(*inputs))]
+        found = self._search.value(*self._shape_buckets(*inputs))
+        outputs = [tf.convert_to_tensor(x) for x in found]
         if self.jit_compile:  # drop the padding rows' answers
             outputs = [x[: tf.shape(inputs[0])[0]] for x in outputs]
         ids, scores, token_scores = outputs[:3]
