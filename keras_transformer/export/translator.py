@@ -200,6 +200,8 @@ class Translator(tf.Module):
     - `translate_sample(text, seed)`, only with `settings.sampling_topk > 0`: `{"translation",
       "score"}` as `serve`, each translation sampled (top-k, top-p, temperature fixed in the
       graph) with its row's int64 `seed`: the same text and seed give the same translation.
+      None otherwise, as `translate_glossary` is where the vocabulary keeps no glossary tags
+      (`reads_glossaries`): saving traces every function the translator holds.
 
     Example:
     ```python
