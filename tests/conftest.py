@@ -61,6 +61,9 @@ def pytest_configure(config):
     from _no_silent_skips import NoSilentSkips
 
     config.pluginmanager.register(NoSilentSkips(MUST_RUN), "no-silent-skips")
+    import _tier_times
+
+    _tier_times.register(config)  # with --durations: the time by test file
     if getattr(config.option, "maxworkerrestart", "") is None:  # xdist: recycled workers
         config.option.maxworkerrestart = "1000"
     if not hasattr(config, "workerinput"):  # not an xdist worker: a controller or one process

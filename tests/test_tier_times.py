@@ -1,0 +1,57 @@
+"""The CI's time-by-file summary (tests/_tier_times.py): sums by file, the workers' busy share,
+and the section printed only where `--durations` asks for times."""
+
+import os
+import subprocess
+import sys
+import types
+
+from _tier_times import TierTimes, file_of
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _report(nodeid, duration):
+    return types.SimpleNamespace(nodeid=nodeid, duration=duration)
+
+
+def test_times_are_summed_by_file_and_ranked():
+    times = TierTimes(workers=2)
+    for nodeid, seconds in [
+        ("tests/test_a.py::test_x", 3.0), ("tests/test_a.py::test_x", 1.0),  # call, teardown
+        ("tests/test_a.py::test_y[p]", 2.0), ("tests/test_b.py::test_z", 10.0),
+        ("tests/test_c.py", 0.5),  # a module-level report (collection, setup of a fixture)
+    ]:  # fmt: skip
+        times.pytest_runtest_logreport(_report(nodeid, seconds))
+    lines = times.lines(wall=10.0, top=2)
+    # 16.5 s of tests over 2 workers x 10 s: 82% (rounded) of their time.
+    assert lines[0] == "16 s of tests in 10 s with 2 worker(s): 82% of the workers' time ran tests"
+    assert len(lines) == 3  # the two costliest files
+    assert lines[1].split()[-1] == "tests/test_b.py" and lines[1].split()[0] == "10.0"
+    assert lines[2].split()[-1] == "tests/test_a.py" and lines[2].split()[0] == "6.0"
+    assert lines[2].split()[-3] == "2"  # two tests, three reports
+    assert file_of("tests/test_a.py::test_y[a::b]") == "tests/test_a.py"
+    assert TierTimes().lines(wall=5.0) == []  # nothing ran: nothing to say
+
+
+def test_the_section_is_printed_only_with_durations(tmp_path):
+    (tmp_path / "conftest.py").write_text(
+        f"import sys\nsys.path.insert(0, {HERE!r})\nimport _tier_times\n\n"
+        "def pytest_configure(config):\n    _tier_times.register(config)\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "test_one.py").write_text("def test_one():\n    pass\n", encoding="utf-8")
+
+    def run(*flags):
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+             *flags, str(tmp_path)],
+            capture_output=True, text=True, cwd=tmp_path, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    with_times = run("--durations=5")
+    assert "time by test file" in with_times
+    assert "with 1 worker(s)" in with_times and "test_one.py" in with_times.split("time by")[1]
+    assert "time by test file" not in run()
