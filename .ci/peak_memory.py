@@ -18,6 +18,9 @@ With TESTS_DIR (where each pytest process of the run names the test it is runnin
 named by its pid: `KT_TESTS_CURRENT_DIR`, tests/conftest.py), OUT_FILE.where holds, for the
 peak, what each of those processes and its children held and which test it ran: the line CI
 prints to say where the peak came from.
+
+OUT_FILE.procs counts the Python processes the tests started (`Subprocesses`): how many, and
+the seconds they ran, summed. Each pays for its imports (TensorFlow's alone takes seconds).
 """
 
 import os
@@ -51,12 +54,13 @@ def memory_bytes(pid):
     return (rss if pss is None else pss), rss
 
 
-def tree_memory(root, labels=None):
+def tree_memory(root, labels=None, seen=None):
     """`(pss, rss, shares)`: the summed proportional and resident memory of `root` and its
     descendants, in bytes, and with `labels` ({pid: test}) each labelled process's share: its
     own and its descendants' proportional memory, as {pid: [bytes, test]} (a labelled process
-    below another is counted in its own only)."""
-    pss_total, rss_total, stack, seen, shares = 0, 0, [(root, None)], set(), {}
+    below another is counted in its own only). `seen`, a set, gets every pid of the tree."""
+    pss_total, rss_total, stack, shares = 0, 0, [(root, None)], {}
+    seen = set() if seen is None else seen
     while stack:
         pid, owner = stack.pop()
         if pid in seen:
@@ -100,6 +104,49 @@ def _alive(pid):
         return False
 
 
+# How pytest-xdist (execnet) starts its workers: they are the tier, not processes it starts.
+_WORKER = b"exec(eval(sys.stdin.readline()))"
+
+
+def _is_python(pid):
+    """Whether `pid` runs a Python interpreter (its first argument's name starts so) and is no
+    pytest-xdist worker."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            arguments = f.read()
+    except OSError:
+        return False
+    first = arguments.split(b"\0", 1)[0]
+    return os.path.basename(first).startswith(b"python") and _WORKER not in arguments
+
+
+class Subprocesses:
+    """The Python processes the tests start: every Python process of the tree but its root and
+    the pytest-xdist workers, with the time each was seen running (between its first and last
+    sample, plus one interval). Written to OUT_FILE.procs as `N SECONDS`."""
+
+    def __init__(self, interval):
+        self.interval = interval
+        self.first, self.last = {}, {}
+
+    def sample(self, root, seen, now):
+        for pid in seen:
+            if pid == root:
+                continue
+            if pid not in self.first:
+                if not _is_python(pid):
+                    self.first[pid] = None  # not Python: never looked at again
+                    continue
+                self.first[pid] = now
+            if self.first[pid] is not None:
+                self.last[pid] = now
+
+    def summary(self):
+        """`"N S"`: how many were seen and their summed seconds."""
+        seconds = sum(self.last[p] - self.first[p] + self.interval for p in self.last)
+        return f"{len(self.last)} {seconds:.0f}\n"
+
+
 def _write(path, text):
     with open(path + ".tmp", "w") as f:
         f.write(text)
@@ -110,8 +157,13 @@ def main(argv):
     root, out = int(argv[1]), argv[2]
     tests_dir = argv[3] if len(argv) > 3 else None
     peak = rss_peak = 0
+    interval, started = 0.5, time.monotonic()
+    subprocesses = Subprocesses(interval)
     while _alive(root):
-        pss, rss, shares = tree_memory(root, _labels(tests_dir) if tests_dir else None)
+        labels, seen = _labels(tests_dir) if tests_dir else {}, set()
+        pss, rss, shares = tree_memory(root, labels, seen)
+        subprocesses.sample(root, seen, time.monotonic() - started)
+        _write(out + ".procs", subprocesses.summary())
         if rss > rss_peak:
             rss_peak = rss
             _write(out + ".rss", f"{rss_peak}\n")
@@ -122,7 +174,7 @@ def main(argv):
                 # A recycled worker not yet reaped (a zombie) holds nothing: left out.
                 lines = sorted((s for s in shares.values() if s[0]), key=lambda share: -share[0])
                 _write(out + ".where", "".join(f"{b / 2**30:.1f} GB  {t}\n" for b, t in lines))
-        time.sleep(0.5)
+        time.sleep(interval)
 
 
 if __name__ == "__main__":

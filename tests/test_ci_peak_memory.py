@@ -62,3 +62,32 @@ def test_pages_two_processes_share_are_counted_once(tmp_path):
     peak, resident = int(out.read_text()), int((tmp_path / "peak.rss").read_text())
     assert resident >= 2 * 300 * 2**20  # each process's resident set holds the 300 MB
     assert 300 * 2**20 <= peak <= resident - 250 * 2**20  # the proportional sum, once
+
+
+# A tier's root that starts three Python processes (one through another) and a stand-in for a
+# pytest-xdist worker, started as execnet starts them: the worker is the tier, not one of them.
+SUBPROCESSES = """
+import subprocess, sys
+hold = "import time; time.sleep(2)"
+relay = "import subprocess, sys; subprocess.run(sys.argv[1:])"
+started = [
+    subprocess.Popen([sys.executable, "-c", hold]),
+    subprocess.Popen([sys.executable, "-c", relay, sys.executable, "-c", hold]),
+    subprocess.Popen([sys.executable, "-u", "-c", "import sys;exec(eval(sys.stdin.readline()))"],
+                     stdin=subprocess.PIPE),
+]
+started[2].stdin.write(repr(hold).encode() + b"\\n")
+started[2].stdin.close()
+for process in started:
+    process.wait()
+"""
+
+
+def test_the_python_processes_the_tests_start_are_counted_with_their_run_times(tmp_path):
+    out = tmp_path / "peak"
+    root = subprocess.Popen([sys.executable, "-c", SUBPROCESSES])
+    sampler = subprocess.run([sys.executable, SAMPLER, str(root.pid), str(out)], timeout=60)
+    assert root.wait(timeout=60) == 0 and sampler.returncode == 0
+    count, seconds = (tmp_path / "peak.procs").read_text().split()
+    assert int(count) == 3  # the two holders and the relay; not the worker, not the root
+    assert 3 <= int(seconds) <= 60  # each ran its 2 s sleep (and its start): seen over a second
