@@ -367,6 +367,15 @@ COLUMNS = {
         pair("TensorFlow / JAX tokens/s", "tf_tokens_per_s", "jax_tokens_per_s"),
         Column("JAX / TensorFlow", ("jax_over_tf",), lambda r: f"{_value(r['jax_over_tf'])}x"),
     ],
+    "export_cost": [
+        labelled("checkout, preset", ("", "checkout", ""), ("", "preset", "")),
+        labelled("export s", ("", "export_s", ""), ("first", "first_export_s", ""),
+                 ("second", "second_export_s", "")),  # fmt: skip
+        labelled("load s", ("", "load_s", ""), ("first", "first_load_s", ""),
+                 ("second", "second_load_s", "")),  # fmt: skip
+        labelled("size MB", ("", "size_mb", ""), ("first", "first_size_mb", ""),
+                 ("second", "second_size_mb", "")),  # fmt: skip
+    ],
 }
 # Each ledger's section title, and the script that writes it.
 TITLES = {
@@ -387,6 +396,10 @@ TITLES = {
     "serve_latency": (
         "Requests of 1 to 64 sentences through `serving_default`",
         "benchmarks/serve_latency.py",
+    ),
+    "export_cost": (
+        "The SavedModel export's time, size and load time, two checkouts",
+        "benchmarks/export_cost.py",
     ),
     "serve_warmup": (
         "The first request, with and without warmup records",
