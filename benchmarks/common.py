@@ -128,3 +128,15 @@ def train_system(config, work, name, settings=()):
     with open(os.path.join(work, f"{name}.log"), "a") as log:
         subprocess.run(command, check=True, stdout=log, stderr=subprocess.STDOUT, cwd=root)
     return os.path.join(base, name)
+
+
+def demo_vocabulary(directory, size=2000):
+    """A SentencePiece vocabulary of `size` pieces trained on 5,000 synthetic pairs, written to
+    `directory/spm.model` (the untrained demo exports' tokenizer); returns its path."""
+    from keras_transformer.data.synthetic import generate
+    from keras_transformer.data.tokenizer import train_sentencepiece
+
+    pairs = generate("train", size=5000, seed=1)
+    path = os.path.join(directory, "spm.model")
+    train_sentencepiece([s for pair in pairs for s in pair], path, size, verbose=False)
+    return path

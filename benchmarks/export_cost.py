@@ -14,6 +14,7 @@ the medians and their ratios (second / first).
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -23,21 +24,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from benchmarks import ledger  # noqa: E402
-from benchmarks.common import emit  # noqa: E402
+from benchmarks.common import demo_vocabulary, emit  # noqa: E402
 
 # Run with PYTHONPATH=<checkout>: that checkout's export of an untrained model.
 EXPORT = r"""
 import json, os, sys, time
 import keras
-from keras_transformer.data.synthetic import generate
-from keras_transformer.data.tokenizer import Tokenizer, train_sentencepiece
+from keras_transformer.data.tokenizer import Tokenizer
 from keras_transformer.export import export_saved_model
 from keras_transformer.models import Transformer
 
-preset, work = sys.argv[1:3]
-pairs = generate("train", size=5000, seed=1)
-spm_path = os.path.join(work, "spm.model")
-train_sentencepiece([s for pair in pairs for s in pair], spm_path, 2000, verbose=False)
+preset, work, spm_path = sys.argv[1:4]
 tokenizer = Tokenizer(spm_path)
 keras.utils.set_random_seed(0)
 model = Transformer.from_preset(preset, vocab_size=tokenizer.vocab_size)
@@ -82,10 +79,12 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     figures = {"first": [], "second": []}
+    vocabulary = tempfile.mkdtemp(prefix="kt-export-cost-spm-")
+    spm_path = demo_vocabulary(vocabulary)  # one tokenizer for every export
     for _ in range(args.rounds):
         for name, checkout in (("first", args.first), ("second", args.second)):
             with tempfile.TemporaryDirectory(prefix="kt-export-cost-") as work:
-                exported = _child(checkout, EXPORT, args.preset, work)
+                exported = _child(checkout, EXPORT, args.preset, work, spm_path)
                 loaded = _child(checkout, LOAD, exported.pop("path"))
             row = {**exported, **loaded}
             figures[name].append(row)
@@ -99,6 +98,7 @@ def main():
     for key in medians["first"]:
         summary[f"{key}_ratio"] = round(medians["second"][key] / medians["first"][key], 3)
     emit(what="export_cost_summary", preset=args.preset, rounds=args.rounds, **summary)
+    shutil.rmtree(vocabulary, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tensorflow_text  # noqa: E402,F401  (registers the SentencePiece ops of the graph)
 
-from benchmarks.common import emit  # noqa: E402
+from benchmarks.common import demo_vocabulary, emit  # noqa: E402
 
 
 def latest_version(path):
@@ -51,17 +51,13 @@ def export_demo(preset):
     """An untrained `preset` model with a SentencePiece vocabulary of the synthetic corpus."""
     import keras
 
-    from keras_transformer.data.synthetic import generate
-    from keras_transformer.data.tokenizer import Tokenizer, train_sentencepiece
+    from keras_transformer.data.tokenizer import Tokenizer
     from keras_transformer.export import export_saved_model
     from keras_transformer.models import Transformer
 
     work = tempfile.mkdtemp(prefix="kt-serve-bench-")
     atexit.register(shutil.rmtree, work, ignore_errors=True)
-    pairs = generate("train", size=5000, seed=1)
-    spm_path = os.path.join(work, "spm.model")
-    train_sentencepiece([s for pair in pairs for s in pair], spm_path, 2000, verbose=False)
-    tokenizer = Tokenizer(spm_path)
+    tokenizer = Tokenizer(demo_vocabulary(work))
     keras.utils.set_random_seed(0)
     model = Transformer.from_preset(preset, vocab_size=tokenizer.vocab_size)
     data = dict(max_source_length=64, max_target_length=64)
