@@ -42,11 +42,14 @@ def test_the_section_is_printed_only_with_durations(tmp_path):
     )
     (tmp_path / "test_one.py").write_text("def test_one():\n    pass\n", encoding="utf-8")
 
+    # Without the caller's PYTEST_ADDOPTS: .ci/run puts --durations there.
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+
     def run(*flags):
         done = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
              *flags, str(tmp_path)],
-            capture_output=True, text=True, cwd=tmp_path, timeout=120,
+            capture_output=True, text=True, cwd=tmp_path, timeout=120, env=env,
         )  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout
