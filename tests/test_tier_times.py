@@ -42,8 +42,9 @@ def test_the_section_is_printed_only_with_durations(tmp_path):
     )
     (tmp_path / "test_one.py").write_text("def test_one():\n    pass\n", encoding="utf-8")
 
-    # Without the caller's PYTEST_ADDOPTS: .ci/run puts --durations there.
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    # Without the caller's PYTEST_* variables (.ci/run puts --durations in PYTEST_ADDOPTS; an
+    # xdist worker has its own), as tests/test_tiers.py starts its pytest runs.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
 
     def run(*flags):
         done = subprocess.run(
