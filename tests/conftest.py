@@ -69,6 +69,32 @@ def pytest_configure(config):
     if not hasattr(config, "workerinput"):  # not an xdist worker: a controller or one process
         _CONTROLLER[:] = [config]
         tolerate_sends_to_a_recycled_worker()
+        ignore_the_collection_of_a_worker_sent_home()
+
+
+def ignore_the_collection_of_a_worker_sent_home():
+    """A worker that replaces a recycled one (below) near the end of a run can start while the
+    controller shuts down: xdist tells it to shut down at once and never schedules it, but it
+    still collects. If another worker is recycled meanwhile, xdist's `worker_errordown` resets
+    `shuttingdown`; the first one's collection then reached the scheduler, which asserts it
+    knows the worker (`assert node in self.node2pending`) and ended the run with an
+    INTERNALERROR. A collection from a worker the scheduler does not hold has no tests to run:
+    it is dropped (as xdist drops every collection while it shuts down)."""
+    try:
+        from xdist.dsession import DSession
+    except ImportError:
+        return
+    collectionfinish = DSession.worker_collectionfinish
+    if getattr(collectionfinish, "_ignores_workers_sent_home", False):
+        return
+
+    def worker_collectionfinish(self, node, ids):
+        if self.sched is not None and node not in self.sched.nodes:
+            return  # sent home when it became ready: it runs nothing
+        collectionfinish(self, node, ids)
+
+    worker_collectionfinish._ignores_workers_sent_home = True
+    DSession.worker_collectionfinish = worker_collectionfinish
 
 
 def tolerate_sends_to_a_recycled_worker():

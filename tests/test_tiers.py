@@ -234,3 +234,31 @@ def test_a_send_to_a_worker_that_has_just_left_loses_no_test():
     sched.pending, sched.node2pending, sched.maxschedchunk = [4, 5, 6, 7], {gone: []}, None
     sched._send_tests(gone, 2)
     assert sched.node2pending[gone] == [4, 5] and sched.pending == [6, 7]
+
+
+def test_the_collection_of_a_worker_sent_home_at_its_start_is_dropped():
+    """Near a run's end: a replacement worker becomes ready while the controller shuts down,
+    so xdist tells it to leave and never schedules it; another worker is recycled, which resets
+    the shutdown; then the first one's collection arrives. It must not end the run (it did:
+    `INTERNALERROR assert <WorkerController gw7> in {}` in `add_node_collection`), and the
+    scheduler must not take it as a worker."""
+    import xdist.scheduler.load as xdist_scheduler
+    from conftest import ignore_the_collection_of_a_worker_sent_home
+    from xdist.dsession import DSession
+
+    ignore_the_collection_of_a_worker_sent_home()  # what a controller does
+
+    class Hooks:
+        def pytest_xdist_node_collection_finished(self, node, ids):
+            pass
+
+    session = DSession.__new__(DSession)
+    session.config = type("Config", (), {"hook": Hooks()})()
+    session.shuttingdown, session.terminal = False, None
+    session._session = type("Session", (), {"testscollected": 0})()
+    sched = xdist_scheduler.LoadScheduling.__new__(xdist_scheduler.LoadScheduling)
+    sched.node2pending, sched.node2collection, sched.collection = {}, {}, None
+    session.sched = sched
+    sent_home = object()
+    session.worker_collectionfinish(sent_home, ["tests/test_a.py::test_one"])
+    assert sched.node2pending == {} and sched.node2collection == {}
