@@ -20,7 +20,9 @@ peak, what each of those processes and its children held and which test it ran: 
 prints to say where the peak came from.
 
 OUT_FILE.procs counts the Python processes the tests started (`Subprocesses`): how many, and
-the seconds they ran, summed. Each pays for its imports (TensorFlow's alone takes seconds).
+the seconds they ran, summed (its first line), then the same by what each ran (`command_kind`:
+`keras-transformer train`, `jax_runner.py quickstart_run`, `pytest`, ...), the costliest first.
+Each pays for its imports (TensorFlow's alone takes seconds).
 """
 
 import os
@@ -108,16 +110,48 @@ def _alive(pid):
 _WORKER = b"exec(eval(sys.stdin.readline()))"
 
 
-def _is_python(pid):
-    """Whether `pid` runs a Python interpreter (its first argument's name starts so) and is no
-    pytest-xdist worker."""
+def _python_arguments(pid):
+    """The arguments of `pid` where it runs a Python interpreter (its first argument's name
+    starts so) and is no pytest-xdist worker; else None."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             arguments = f.read()
     except OSError:
-        return False
+        return None
     first = arguments.split(b"\0", 1)[0]
-    return os.path.basename(first).startswith(b"python") and _WORKER not in arguments
+    if not os.path.basename(first).startswith(b"python") or _WORKER in arguments:
+        return None
+    return [a.decode("utf-8", "replace") for a in arguments.rstrip(b"\0").split(b"\0")]
+
+
+def _first_word(arguments):
+    return next((a for a in arguments if not a.startswith("-")), "")
+
+
+def command_kind(arguments):
+    """What a Python command line runs, in a few words: `keras-transformer SUBCOMMAND` (as a
+    console script or `-m keras_transformer.cli`), `pytest`, `python -c`, `-m MODULE`, or a
+    script's name and, for the test runners that take a function's name, that name."""
+    rest = list(arguments[1:])
+    while rest and rest[0].startswith("-") and rest[0] not in ("-m", "-c"):
+        option = rest.pop(0)  # the interpreter's own options (-u, -X ..., -W ...)
+        if option in ("-X", "-W") and rest:
+            rest.pop(0)  # and its value
+    if not rest:
+        return "python"
+    if rest[0] == "-c":
+        return "python -c"
+    if rest[0] == "-m":
+        module, rest = (rest[1] if len(rest) > 1 else ""), rest[2:]
+        if module == "keras_transformer.cli":
+            return f"keras-transformer {_first_word(rest)}".rstrip()
+        return module if module == "pytest" else f"-m {module}"
+    script, rest = os.path.basename(rest[0]), rest[1:]
+    if script == "keras-transformer":
+        return f"keras-transformer {_first_word(rest)}".rstrip()
+    if script.endswith("_runner.py") and rest:
+        return f"{script} {rest[0]}"
+    return script
 
 
 class Subprocesses:
@@ -127,24 +161,34 @@ class Subprocesses:
 
     def __init__(self, interval):
         self.interval = interval
-        self.first, self.last = {}, {}
+        self.first, self.last, self.kind = {}, {}, {}
 
     def sample(self, root, seen, now):
         for pid in seen:
             if pid == root:
                 continue
             if pid not in self.first:
-                if not _is_python(pid):
+                arguments = _python_arguments(pid)
+                if arguments is None:
                     self.first[pid] = None  # not Python: never looked at again
                     continue
                 self.first[pid] = now
+                self.kind[pid] = command_kind(arguments)
             if self.first[pid] is not None:
                 self.last[pid] = now
 
     def summary(self):
-        """`"N S"`: how many were seen and their summed seconds."""
-        seconds = sum(self.last[p] - self.first[p] + self.interval for p in self.last)
-        return f"{len(self.last)} {seconds:.0f}\n"
+        """`"N S"`: how many were seen and their summed seconds; then a line `S N KIND` for
+        each kind of command, the most seconds first."""
+        ran = {p: self.last[p] - self.first[p] + self.interval for p in self.last}
+        by_kind = {}
+        for pid, seconds in ran.items():
+            count, total = by_kind.get(self.kind[pid], (0, 0.0))
+            by_kind[self.kind[pid]] = (count + 1, total + seconds)
+        lines = [f"{len(ran)} {sum(ran.values()):.0f}\n"]
+        for kind, (count, total) in sorted(by_kind.items(), key=lambda item: -item[1][1]):
+            lines.append(f"{total:.0f} {count} {kind}\n")
+        return "".join(lines)
 
 
 def _write(path, text):

@@ -88,6 +88,37 @@ def test_the_python_processes_the_tests_start_are_counted_with_their_run_times(t
     root = subprocess.Popen([sys.executable, "-c", SUBPROCESSES])
     sampler = subprocess.run([sys.executable, SAMPLER, str(root.pid), str(out)], timeout=60)
     assert root.wait(timeout=60) == 0 and sampler.returncode == 0
-    count, seconds = (tmp_path / "peak.procs").read_text().split()
+    first, *kinds = (tmp_path / "peak.procs").read_text().splitlines()
+    count, seconds = first.split()
     assert int(count) == 3  # the two holders and the relay; not the worker, not the root
     assert 3 <= int(seconds) <= 60  # each ran its 2 s sleep (and its start): seen over a second
+    # By kind: all three ran `python -c`; their seconds are the total's.
+    ((kind_seconds, kind_count, kind),) = [line.split(" ", 2) for line in kinds]
+    assert (kind, int(kind_count), int(kind_seconds)) == ("python -c", 3, int(seconds))
+
+
+def test_each_command_is_put_down_to_what_it_runs():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("peak_memory", SAMPLER)
+    sampler = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sampler)
+    kind = sampler.command_kind
+    venv = "/venv/bin"
+    assert kind([f"{venv}/python", "-m", "keras_transformer.cli", "train", "--config", "c"]) == (
+        "keras-transformer train"
+    )
+    assert kind([f"{venv}/python3.11", f"{venv}/keras-transformer", "--help"]) == (
+        "keras-transformer"
+    )
+    assert kind([f"{venv}/python", f"{venv}/keras-transformer", "translate", "a"]) == (
+        "keras-transformer translate"
+    )
+    assert kind(["python3", "-u", "tests/jax_runner.py", "quickstart_run", "600"]) == (
+        "jax_runner.py quickstart_run"
+    )
+    assert kind(["python", "-X", "importtime", "-m", "pytest", "-q"]) == "pytest"
+    assert kind(["python", "-m", "benchmarks.serve_compare"]) == "-m benchmarks.serve_compare"
+    assert kind(["python", "-c", "print(1)"]) == "python -c"
+    assert kind(["python", "benchmarks/export_cost.py", "a", "b"]) == "export_cost.py"
+    assert kind(["python"]) == "python"
