@@ -149,7 +149,10 @@ def command_kind(arguments):
     script, rest = os.path.basename(rest[0]), rest[1:]
     if script == "keras-transformer":
         return f"keras-transformer {_first_word(rest)}".rstrip()
-    if script.endswith("_runner.py") and rest:
+    if script.endswith("_runner.py") and rest:  # tests/jax_runner.py FUNCTION ...; or
+        for mark in ("--call", "--"):  # tests/train_runner.py [...] --call M:F | -- COMMAND
+            if mark in rest[:-1]:
+                return f"{script} {rest[rest.index(mark) + 1]}"
         return f"{script} {rest[0]}"
     return script
 

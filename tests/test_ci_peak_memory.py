@@ -117,6 +117,9 @@ def test_each_command_is_put_down_to_what_it_runs():
     assert kind(["python3", "-u", "tests/jax_runner.py", "quickstart_run", "600"]) == (
         "jax_runner.py quickstart_run"
     )
+    runner = ["python", "tests/train_runner.py", "--logical-cpus", "2"]
+    assert kind([*runner, "--", "train", "--config", "c"]) == "train_runner.py train"
+    assert kind([*runner, "--call", "m:f", "1"]) == "train_runner.py m:f"
     assert kind(["python", "-X", "importtime", "-m", "pytest", "-q"]) == "pytest"
     assert kind(["python", "-m", "benchmarks.serve_compare"]) == "-m benchmarks.serve_compare"
     assert kind(["python", "-c", "print(1)"]) == "python -c"
