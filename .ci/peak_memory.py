@@ -164,7 +164,7 @@ class Subprocesses:
 
     def __init__(self, interval):
         self.interval = interval
-        self.first, self.last, self.kind = {}, {}, {}
+        self.first, self.last, self.kind, self.cpu = {}, {}, {}, {}
 
     def sample(self, root, seen, now):
         for pid in seen:
@@ -179,19 +179,35 @@ class Subprocesses:
                 self.kind[pid] = command_kind(arguments)
             if self.first[pid] is not None:
                 self.last[pid] = now
+                self.cpu[pid] = _cpu_seconds(pid, self.cpu.get(pid, 0.0))
 
     def summary(self):
-        """`"N S"`: how many were seen and their summed seconds; then a line `S N KIND` for
-        each kind of command, the most seconds first."""
+        """`"N S"`: how many were seen and their summed seconds; then a line `C S N KIND` for
+        each kind of command: its processes' CPU seconds (user and system, as last sampled:
+        a process that waits, a lock holder say, runs long and costs nothing), their seconds
+        run, their number; the most CPU seconds first."""
         ran = {p: self.last[p] - self.first[p] + self.interval for p in self.last}
         by_kind = {}
         for pid, seconds in ran.items():
-            count, total = by_kind.get(self.kind[pid], (0, 0.0))
-            by_kind[self.kind[pid]] = (count + 1, total + seconds)
+            count, total, cpu = by_kind.get(self.kind[pid], (0, 0.0, 0.0))
+            by_kind[self.kind[pid]] = (count + 1, total + seconds, cpu + self.cpu.get(pid, 0.0))
         lines = [f"{len(ran)} {sum(ran.values()):.0f}\n"]
-        for kind, (count, total) in sorted(by_kind.items(), key=lambda item: -item[1][1]):
-            lines.append(f"{total:.0f} {count} {kind}\n")
+        for kind, (count, total, cpu) in sorted(by_kind.items(), key=lambda item: -item[1][2]):
+            lines.append(f"{cpu:.0f} {total:.0f} {count} {kind}\n")
         return "".join(lines)
+
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_seconds(pid, last):
+    """The user and system CPU seconds `pid` has used (`last` once it has gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICKS
+    except (OSError, IndexError, ValueError):
+        return last
 
 
 def _write(path, text):

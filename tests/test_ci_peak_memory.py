@@ -92,18 +92,37 @@ def test_the_python_processes_the_tests_start_are_counted_with_their_run_times(t
     count, seconds = first.split()
     assert int(count) == 3  # the two holders and the relay; not the worker, not the root
     assert 3 <= int(seconds) <= 60  # each ran its 2 s sleep (and its start): seen over a second
-    # By kind: all three ran `python -c`; their seconds are the total's.
-    ((kind_seconds, kind_count, kind),) = [line.split(" ", 2) for line in kinds]
+    # By kind: all three ran `python -c`; their seconds are the total's; they slept, so their
+    # CPU seconds (their starts) are well under the seconds they ran.
+    ((cpu, kind_seconds, kind_count, kind),) = [line.split(" ", 3) for line in kinds]
     assert (kind, int(kind_count), int(kind_seconds)) == ("python -c", 3, int(seconds))
+    assert int(cpu) < int(seconds) / 2
 
 
-def test_each_command_is_put_down_to_what_it_runs():
+def _sampler_module():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("peak_memory", SAMPLER)
     sampler = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sampler)
-    kind = sampler.command_kind
+    return sampler
+
+
+def test_a_process_cpu_seconds_are_read_and_kept_once_it_has_gone():
+    import time
+
+    cpu_seconds = _sampler_module()._cpu_seconds
+    before, start = cpu_seconds(os.getpid(), None), time.process_time()
+    while time.process_time() - start < 0.3:  # busy for 0.3 CPU seconds
+        pass
+    assert cpu_seconds(os.getpid(), None) - before >= 0.2
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert cpu_seconds(gone.pid, 7.5) == 7.5  # no /proc entry: the last sampled value
+
+
+def test_each_command_is_put_down_to_what_it_runs():
+    kind = _sampler_module().command_kind
     venv = "/venv/bin"
     assert kind([f"{venv}/python", "-m", "keras_transformer.cli", "train", "--config", "c"]) == (
         "keras-transformer train"
