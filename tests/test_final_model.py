@@ -27,10 +27,8 @@ from keras_transformer.workdir import (
 from tests.training_helpers import tiny_config
 
 
-@pytest.fixture(scope="module")
-def chosen_run(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("select")
-    config = tiny_config(
+def _chosen_config(workdir):
+    return tiny_config(
         workdir,
         data=dict(
             dev="synthetic:split=dev,size=24,max_words=8",
@@ -48,8 +46,20 @@ def chosen_run(tmp_path_factory):
         decode=dict(beam_size=2, alpha="auto"),
         export=dict(average_checkpoints="auto", select_max_sentences=20),
     )
-    result = train(config)
-    return config, Workdir(str(workdir)), result
+
+
+@pytest.fixture(scope="module")
+def chosen_run(_shared_root):
+    """A 40-step run whose final model the dev set chose, trained once per test run (both
+    workers read it; no test changes it): its config, workdir and `result.json`."""
+    from shared_runs import shared_directory
+
+    root = shared_directory(_shared_root, "final_model_chosen_run",
+                            lambda directory: train(_chosen_config(directory)))  # fmt: skip
+    layout = Workdir(str(root))
+    with open(layout.result, encoding="utf-8") as f:
+        result = json.load(f)
+    return _chosen_config(root), layout, result
 
 
 def _plan(config):

@@ -31,18 +31,25 @@ def _events(logdir):
     return found
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("tb")
+def _tiny_run_config(workdir):
     # Two epochs of 4 steps: evaluations at steps 4 and 8.
-    config = tiny_config(workdir, train=dict(steps=8, steps_per_epoch=4))
-    result = train(config)
-    return config, result, _events(os.path.join(workdir, "logs"))
+    return tiny_config(workdir, train=dict(steps=8, steps_per_epoch=4))
+
+
+@pytest.fixture(scope="module")
+def tiny_run(_shared_root):
+    """A tiny run's config and its TensorBoard events, trained once per test run (the
+    module's tests may run on both workers; they only read it)."""
+    from shared_runs import shared_directory
+
+    workdir = shared_directory(_shared_root, "tensorboard_visuals_run",
+                               lambda directory: train(_tiny_run_config(directory)))  # fmt: skip
+    return _tiny_run_config(workdir), _events(os.path.join(workdir, "logs"))
 
 
 @pytest.mark.scenario
 def test_attention_images_at_each_evaluation(tiny_run):
-    config, _, events = tiny_run
+    config, events = tiny_run
     images = [(run, step, v) for run, step, v in events if v.tag.startswith("attention/")]
     tags = {v.tag for _, _, v in images}
     assert tags == {"attention/encoder_self_attention", "attention/decoder_cross_attention"}
@@ -67,7 +74,7 @@ def test_attention_images_at_each_evaluation(tiny_run):
 
 @pytest.mark.scenario
 def test_sample_translations_as_text(tiny_run):
-    config, _, events = tiny_run
+    config, events = tiny_run
     texts = [(run, step, v) for run, step, v in events if v.tag == "sample_translations"]
     assert texts and all(run == "dev" for run, _, _ in texts)
     samples = [s.decode() for s in tf.make_ndarray(texts[0][2].tensor).ravel()]
@@ -77,7 +84,7 @@ def test_sample_translations_as_text(tiny_run):
 
 @pytest.mark.scenario
 def test_resolved_config_in_hparams(tiny_run):
-    config, _, events = tiny_run
+    config, events = tiny_run
     hparams = [(run, v) for run, _, v in events if v.metadata.plugin_data.plugin_name == "hparams"]
     assert hparams and all(run == "." for run, _ in hparams)
     sessions, experiments = [], []
