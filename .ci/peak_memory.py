@@ -97,13 +97,20 @@ def _labels(directory):
     return found
 
 
-def _alive(pid):
-    """Whether `pid` still runs (a process that has ended but is not yet reaped is a zombie)."""
+def _stat_fields(pid):
+    """The fields of `/proc/PID/stat` after the command's name (the state first), or None
+    once `pid` has gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(pid):
+    """Whether `pid` still runs (a process that has ended but is not yet reaped is a zombie)."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] != "Z"
 
 
 # How pytest-xdist (execnet) starts its workers: they are the tier, not processes it starts.
@@ -202,11 +209,10 @@ _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 def _cpu_seconds(pid, last):
     """The user and system CPU seconds `pid` has used (`last` once it has gone)."""
+    fields = _stat_fields(pid)
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / _TICKS
-    except (OSError, IndexError, ValueError):
+    except (TypeError, IndexError, ValueError):
         return last
 
 
