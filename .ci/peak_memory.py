@@ -210,9 +210,11 @@ _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 def _cpu_seconds(pid, last):
     """The user and system CPU seconds `pid` has used (`last` once it has gone)."""
     fields = _stat_fields(pid)
+    if fields is None:
+        return last
     try:
         return (int(fields[11]) + int(fields[12])) / _TICKS
-    except (TypeError, IndexError, ValueError):
+    except (IndexError, ValueError):
         return last
 
 
