@@ -57,21 +57,78 @@ def test_eos_and_prefix_pieces_are_always_in():
     assert ids.shape == (16,) and not real[5:].any() and (ids[~real] == 0).all()
 
 
+def _rows(vocab, d_model=4, seed=0):
+    """Float32 projection rows as `shortlist_output.npz` holds them (random)."""
+    return {"rows": np.random.default_rng(seed).normal(size=(vocab, d_model)).astype("float32")}
+
+
 def test_the_chunks_shortlist_holds_eos_prefix_and_constraint_pieces():
     """The runtime's columns of a chunk: with a table that lists nothing, exactly the special
     ids (EOS among them), the prefix pieces and every constraint piece, padding masked."""
     empty = _table(np.zeros((50, 3)))
+    rows = _rows(50)
     prefix = np.array([[41, 0], [7, 12]])
     constraints = np.array([[[30, 31], [0, 0]], [[44, 0], [0, 0]]])  # [c, C, P]
-    columns = runtime._shortlist_columns(empty, [[7, 9], [3, 0]], prefix, constraints)
-    ids, real = columns["output_ids"], columns["output_mask"] == 0
+    columns = runtime._shortlist_columns(empty, rows, [[7, 9], [3, 0]], prefix, constraints)
+    ids, real = columns["output_ids"], columns["output_bias"] == 0
     assert ids[real].tolist() == sorted({*SPECIAL_IDS, 41, 7, 12, 30, 31, 44})
     assert 3 in ids[real].tolist()  # EOS
-    assert (columns["output_mask"][~real] < -1e8).all()
-    without = runtime._shortlist_columns(empty, [[7, 9], [3, 0]], None, constraints)
-    assert without["output_ids"][without["output_mask"] == 0].tolist() == sorted(
+    assert (columns["output_bias"][~real] < -1e8).all()
+    without = runtime._shortlist_columns(empty, rows, [[7, 9], [3, 0]], None, constraints)
+    assert without["output_ids"][without["output_bias"] == 0].tolist() == sorted(
         {*SPECIAL_IDS, 30, 31, 44}
     )
+
+
+def test_the_chunks_columns_are_padded_to_whole_blocks_of_at_least_k():
+    """The step's blocked top-k needs the columns in whole blocks, at least K of them: a
+    shortlist is padded with masked padding columns (id 0) to both, never cut."""
+    table = _table(np.zeros((300, 3)))
+    rows = _rows(300)
+    for block, minimum, source in ((64, 576, [[7, 9]]), (64, 0, [[7, 9]]), (8, 16, [[5]])):
+        columns = runtime._shortlist_columns(table, rows, source, block=block, minimum=minimum)
+        ids, bias = columns["output_ids"], columns["output_bias"]
+        n = len(ids)
+        assert n % block == 0 and n >= minimum and columns["output_kernel"].shape == (4, n)
+        plain, real = batch_shortlist(table.translations, table.frequent, source)
+        assert ids[bias == 0].tolist() == plain[real].tolist()
+        assert (ids[bias < -1e8] == 0).all() and (bias[len(plain[real]) :] < -1e8).all()
+
+
+@pytest.mark.parametrize("kind", ["float32", "float16", "dynamic_int8", "untied"])
+def test_the_output_columns_are_the_projections_columns(kind):
+    """`output_columns` gives, for each shortlist id, the projection's column as the export
+    holds it: float32 rows exactly, float16 rows widened, int8 rows times their fixed-point
+    scales (within one int8 step of the float row); an untied projection's biases at the real
+    columns; NEG_INF at the padding."""
+    from keras_transformer.export.litert_graphs import fixed_point_scales, quantized_rows
+
+    rng = np.random.default_rng(3)
+    matrix = rng.normal(size=(40, 6)).astype("float32")
+    matrix[5] *= 1e-3  # a row far smaller than the others keeps its own scale
+    if kind == "dynamic_int8":
+        q, scale = quantized_rows(matrix)
+        steps, unit = fixed_point_scales(scale)
+        rows = {"rows_int8": q, "scale_steps": steps, "scale_unit": np.float64(unit)}
+    else:
+        rows = {"rows": matrix.astype("float16" if kind == "float16" else "float32")}
+    if kind == "untied":
+        rows["bias"] = rng.normal(size=40).astype("float32")
+    ids = np.array([0, 3, 5, 17, 39, 0, 0], "int32")
+    real = np.array([True] * 5 + [False] * 2)
+    kernel, bias = runtime.output_columns(rows, ids, real)
+    assert kernel.shape == (6, 7) and kernel.dtype == np.float32 and kernel.flags.c_contiguous
+    expected = matrix[ids].T
+    if kind == "float16":
+        expected = matrix[ids].astype("float16").astype("float32").T
+    if kind == "dynamic_int8":
+        step = np.abs(matrix[ids]).max(axis=1) / 127.0
+        assert (np.abs(kernel - expected) <= 0.5 * step[None, :] * (1 + 1e-5)).all()
+    else:
+        np.testing.assert_array_equal(kernel, expected)
+    want = rows["bias"][ids[:5]] if kind == "untied" else np.zeros(5, "float32")
+    np.testing.assert_array_equal(bias[:5], want)
+    assert (bias[5:] < -1e8).all()
 
 
 def test_export_refuses_a_table_of_another_vocabulary(copy_model, toy_spm_bytes, tmp_path):
@@ -190,16 +247,28 @@ def test_prefix_pieces_are_in_a_shortlist_without_them(listed_dirs, monkeypatch)
 
 
 @pytest.mark.scenario
-def test_an_export_without_a_table_refuses_shortlist(listed_dirs, tmp_path):
+@pytest.mark.parametrize(
+    "drop, message",
+    [
+        (("shortlist",), "no vocabulary shortlist"),
+        (("shortlist", "column_block"), "export it again"),
+    ],
+)
+def test_an_export_without_a_table_refuses_shortlist(listed_dirs, tmp_path, drop, message):
+    """No table: refused. A table from before the step took its columns as an input (no
+    `column_block`, no `shortlist_output.npz`): refused, saying to export it again."""
     directory = tmp_path / "plain"
     directory.mkdir()
     with open(os.path.join(listed_dirs["float32"], "keras_transformer.json")) as f:
         meta = json.load(f)
-    del meta["shortlist"]
+    owner = meta
+    for key in drop[:-1]:
+        owner = owner[key]
+    del owner[drop[-1]]
     with open(directory / "keras_transformer.json", "w") as f:
         json.dump(meta, f)
     shutil.copy(os.path.join(listed_dirs["float32"], "spm.model"), directory / "spm.model")
-    with pytest.raises(litert.LiteRTError, match="no vocabulary shortlist"):
+    with pytest.raises(litert.LiteRTError, match=message):
         litert.load(str(directory), shortlist=True)
 
 

@@ -421,8 +421,8 @@ class ExportConfig:
         "(WORKDIR/shortlist.npz, built by keras-transformer shortlist, or by the export when "
         "missing), in the SavedModel's searching signatures, the LiteRT export's shortlist step "
         "and the CTranslate2 export's vmap.txt (use_vmap=True); keras-transformer export only "
-        "(not train's own export, nor with export.jit_compile); off until BLEU with it is "
-        "measured",
+        "(not train's own export, nor with export.jit_compile); off by default while train's "
+        "own export cannot hold it (its speed and BLEU: docs/results.md)",
     )
     alignments: bool = key(
         False,

@@ -10,9 +10,11 @@ The directory holds:
 - `spm.model`, the SentencePiece model;
 - with a vocabulary shortlist (`export_litert(shortlist=...)`, `export --format litert
   --shortlist`): `decoder_step_shortlist.tflite`, the step projecting onto a batch's shortlist
-  alone (`litert_graphs.shortlist_step_function`), and `shortlist.npz`, the lexical table
+  alone (`litert_graphs.shortlist_step_function`), `shortlist.npz`, the lexical table
   (`keras_transformer.data.shortlist`) the runtime makes each batch's shortlist from (with
-  `litert.load(..., shortlist=True)`); the step without it stays, unchanged;
+  `litert.load(..., shortlist=True)`), and `shortlist_output.npz`, the projection's rows the
+  runtime gathers a batch's columns from once per batch (`litert_graphs.
+  shortlist_output_rows`); the step without it stays, unchanged;
 - for hard lexical constraints (`export_litert(constraints=True)`):
   `decoder_step_constrained.tflite`, the step that also gives the log-probabilities of the
   ids the runtime asks for (`litert_graphs.constrained_step_function`), with which
@@ -61,6 +63,7 @@ ENCODER_FILE = "encoder.tflite"
 STEP_FILE = "decoder_step.tflite"
 SHORTLIST_STEP_FILE = "decoder_step_shortlist.tflite"
 SHORTLIST_TABLE_FILE = "shortlist.npz"
+SHORTLIST_OUTPUT_FILE = "shortlist_output.npz"
 CONSTRAINED_STEP_FILE = "decoder_step_constrained.tflite"
 SHORTLIST_CONSTRAINED_STEP_FILE = "decoder_step_shortlist_constrained.tflite"
 ALIGNMENT_FILE = "alignment.tflite"
@@ -99,8 +102,8 @@ def _check(model, quantization):
 
 def _specs(model, beams, shortlist=False, wanted=False):
     """The step's input signature (`litert_graphs` module docstring); `shortlist`: the
-    shortlist step's, with its `output_ids` and `output_mask`; `wanted`: the constrained
-    step's, with its `wanted_ids`."""
+    shortlist step's, with its `output_ids`, `output_kernel` and `output_bias`; `wanted`: the
+    constrained step's, with its `wanted_ids`."""
     import tensorflow as tf
 
     heads, size = model.num_heads, model.head_dim
@@ -118,7 +121,8 @@ def _specs(model, beams, shortlist=False, wanted=False):
     ]
     if shortlist:
         specs.append(tf.TensorSpec([None], tf.int32, name="output_ids"))
-        specs.append(tf.TensorSpec([None], tf.float32, name="output_mask"))
+        specs.append(tf.TensorSpec([model.d_model, None], tf.float32, name="output_kernel"))
+        specs.append(tf.TensorSpec([None], tf.float32, name="output_bias"))
     if wanted:
         specs.append(tf.TensorSpec([None, None], tf.int32, name="wanted_ids"))
     return specs
@@ -319,7 +323,7 @@ def export_litert(
     outputs = {"encoder": encoder_outputs, "decoder_step": step_outputs}
     metadata = _metadata(model, settings, quantization, data_config, top_k, calibration, outputs)
     files = {ENCODER_FILE: encoder, STEP_FILE: step, SPM_FILE: spm_bytes}
-    files.update(_optional_graphs(graphs, shortlist, metadata))
+    files.update(_optional_graphs(graphs, shortlist, metadata, model, quantization))
     functions = dict(RUNTIME_FUNCTIONS, **(CONSTRAINED_FUNCTION if constraints else {}))
     if alignments:
         metadata["alignments"] = {"graph": ALIGNMENT_FILE, "layer": layer}
@@ -345,17 +349,24 @@ def export_litert(
     return _write_directory(output_dir, files, finish)
 
 
-def _optional_graphs(graphs, shortlist, metadata):
-    """`{file name: bytes}` of the optional graphs in `graphs` (the shortlist step and its
-    table, the constrained step), named in `metadata` (its `outputs` too)."""
+def _optional_graphs(graphs, shortlist, metadata, model, quantization):
+    """`{file name: bytes}` of the optional graphs in `graphs` (the shortlist step, its table
+    and `model`'s projection rows as `quantization` holds them, the constrained step), named in
+    `metadata` (its `outputs` too)."""
+    from keras_transformer.export import litert_graphs
+
     files, outputs = {}, metadata["outputs"]
     if shortlist is not None:
         listed_step, outputs["decoder_step_shortlist"] = graphs["decoder_step_shortlist"]
         files[SHORTLIST_STEP_FILE] = listed_step
         files[SHORTLIST_TABLE_FILE] = _table_bytes(shortlist)
+        rows = litert_graphs.shortlist_output_rows(model, quantization)
+        files[SHORTLIST_OUTPUT_FILE] = _npz_bytes(rows)
         metadata["shortlist"] = {
             "decoder_step": SHORTLIST_STEP_FILE,
             "table": SHORTLIST_TABLE_FILE,
+            "output": SHORTLIST_OUTPUT_FILE,
+            "column_block": litert_graphs.TOP_K_BLOCK,
             "settings": dict(shortlist.settings),
         }
     if "decoder_step_constrained" in graphs:
@@ -383,6 +394,17 @@ def _table_bytes(table):
         save_lexical_table(table, path)
         with open(path, "rb") as f:
             return f.read()
+
+
+def _npz_bytes(arrays):
+    """`arrays` (`{name: array}`) as an uncompressed `.npz` file's bytes."""
+    import io
+
+    import numpy as np
+
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
 
 
 DEFAULT_KEYS = ("score_weight", "margin_weight", "bias")  # the confidence's map

@@ -28,9 +28,12 @@ output grows, `keras_transformer.litert.graphs`):
   its best `2k` others), and `wanted_log_probs` float32 `[B * k, W]`, their log-probabilities.
 
 - shortlist step (`shortlist_step_function`, an export with a vocabulary shortlist): the
-  step's inputs and `output_ids` int32 `[n]` (a batch's shortlist), `output_mask` float32 `[n]`
-  (0 at its real columns, NEG_INF at its padding) -> the same outputs, the projection and the
-  normaliser over those `n` columns only, `top_ids` the target ids of the best columns.
+  step's inputs and `output_ids` int32 `[n]` (a batch's shortlist), `output_kernel` float32
+  `[d_model, n]` (the projection's columns of those ids, made once per batch by the runtime
+  from the export's `shortlist_output.npz`), `output_bias` float32 `[n]` (the untied
+  projection's biases, 0 when tied, at the real columns; NEG_INF at the padding) -> the same
+  outputs, the projection and the normaliser over those `n` columns only, `top_ids` the
+  target ids of the best columns.
 
 - constrained shortlist step (`shortlist_constrained_step_function`, an export with both): the
   shortlist step's inputs and `wanted_ids` int32 `[B * k, W]`, each a **column** of
@@ -118,14 +121,27 @@ def blocked_top_k(x, k, block=TOP_K_BLOCK):
     blocks = -(-vocab // block)
     if blocks * block != vocab:  # padded with entries below any logit
         x = ops.pad(x, ((0, 0), (0, blocks * block - vocab)), constant_values=2.0 * NEG_INF)
+    return _top_k_of_blocks(ops.reshape(x, (-1, blocks, block)), k)
+
+
+def _top_k_of_blocks(x, k):
+    """`blocked_top_k`'s two passes over `x` `[rows, blocks, block]` (at least `k` blocks):
+    `(values, indices into the rows' flattened entries)`."""
     import tensorflow as tf  # the export's backend; a batched GATHER converts to one op
 
-    x = ops.reshape(x, (-1, blocks, block))
+    block = x.shape[-1]
     _, best_blocks = ops.top_k(ops.max(x, axis=-1), k)  # [rows, k]
     candidates = tf.gather(x, best_blocks, axis=1, batch_dims=1)  # [rows, k, block]
     values, positions = ops.top_k(ops.reshape(candidates, (-1, k * block)), k)
     chosen = tf.gather(best_blocks, positions // block, axis=1, batch_dims=1)
     return values, chosen * block + positions % block
+
+
+def columns_top_k(x, k, block=TOP_K_BLOCK):
+    """`blocked_top_k` over a shortlist's columns `[rows, n]`, whose number is known only at
+    run time: `n` must be a multiple of `block` of at least `k` blocks (the runtime pads a
+    batch's shortlist so: the export's `shortlist.column_block`)."""
+    return _top_k_of_blocks(ops.reshape(x, (ops.shape(x)[0], -1, block)), k)
 
 
 def quantized_rows(matrix):
@@ -262,62 +278,30 @@ def constrained_step_function(model, beams, top_k, banned_ids, eos_id, quantized
     return step
 
 
-def _shortlist_columns(model, quantized_embedding):
-    """`columns(output_ids [n]) -> (kernel [d_model, n], bias [n] or None)`: the projection's
-    columns of a shortlist's ids (`Transformer.output_kernel`). `quantized_embedding` (the
-    int8 export): the tied embedding's int8 rows (`_embedding`'s copy), or the untied kernel's,
-    are gathered and only they dequantized, each with its own scale."""
-    dense = model.output_projection
-    bias = None
-    if dense is not None and dense.use_bias:
-        bias = ops.cast(dense.bias, "float32")
-    quantized = None
-    if quantized_embedding is not None:
-        quantized = quantized_embedding
-        if dense is not None:
-            quantized = quantized_rows(np.transpose(np.asarray(dense.kernel)))
-    if quantized is None:
-
-        def columns(output_ids):
-            kernel = ops.cast(model.output_kernel(output_ids), "float32")
-            return kernel, None if bias is None else ops.take(bias, output_ids, axis=0)
-
-        return columns
-    steps, unit = fixed_point_scales(quantized[1])
-    table, steps = ops.convert_to_tensor(quantized[0]), ops.convert_to_tensor(steps)
-
-    def columns(output_ids):
-        rows = ops.cast(ops.take(table, output_ids, axis=0), "float32")  # [n, d_model]
-        scales = ops.cast(ops.take(steps, output_ids, axis=0), "float32") * unit
-        kernel = ops.transpose(rows * ops.expand_dims(scales, 1))
-        return kernel, None if bias is None else ops.take(bias, output_ids, axis=0)
-
-    return columns
-
-
 def _scored_shortlist_step(model, beams, top_k, banned_ids, eos_id, quantized_embedding):
-    """`fn(ids, position, self_bias, cross_bias, caches, output_ids, output_mask) -> (outputs,
-    banned logits [B * k, n], normaliser [B * k, 1])`: `shortlist_step_function`'s step, and
-    what the log-probability of any column is made of (`banned logits - normaliser`)."""
+    """`fn(ids, position, self_bias, cross_bias, caches, output_ids, output_kernel, output_bias)
+    -> (outputs, banned logits [B * k, n], normaliser [B * k, 1])`: `shortlist_step_function`'s
+    step, and what the log-probability of any column is made of (`banned logits -
+    normaliser`)."""
     embed = _embedding(model, quantized_embedding)
-    columns = _shortlist_columns(model, quantized_embedding)
 
-    def step(ids, position, self_bias, cross_bias, caches, output_ids, output_mask):
+    def step(ids, position, self_bias, cross_bias, caches, output_ids, output_kernel,
+             output_bias):  # fmt: skip
         attentions = _attentions(model, beams, self_bias, cross_bias, caches)
         x = embed(ids, position)  # [B * k, d_model]
-        kernel, bias = columns(output_ids)
-        logits, new = model.decoder_step(x, *attentions, kernel, bias)  # [B * k, n]
+        logits, new = model.decoder_step(x, *attentions, output_kernel)  # [B * k, n]
         outputs = _new_caches(new)
-        logits = logits + output_mask  # padding columns: out of the normaliser
+        logits = logits + output_bias  # padding columns: out of the normaliser
         banned = ops.zeros(ops.shape(output_ids), "bool")
         for token in banned_ids:
             banned = ops.logical_or(banned, ops.equal(output_ids, token))
         banned = logits + ops.where(banned, NEG_INF, 0.0)
-        top_logits, top_columns = ops.top_k(banned, top_k)
+        top_logits, top_columns = columns_top_k(banned, top_k)
         normaliser = ops.logsumexp(logits, axis=-1, keepdims=True)
         outputs["top_log_probs"] = top_logits - normaliser
         outputs["top_ids"] = ops.cast(ops.take(output_ids, top_columns, axis=0), "int32")
-        eos = ops.sum(ops.where(ops.equal(output_ids, eos_id), logits, 0.0), axis=-1)
+        eos_column = ops.argmax(ops.cast(ops.equal(output_ids, eos_id), "int32"))
+        eos = ops.take(logits, ops.expand_dims(eos_column, 0), axis=1)[:, 0]
         outputs["eos_log_probs"] = eos - normaliser[:, 0]
         return outputs, banned, normaliser
 
@@ -325,16 +309,26 @@ def _scored_shortlist_step(model, beams, top_k, banned_ids, eos_id, quantized_em
 
 
 def shortlist_step_function(model, beams, top_k, banned_ids, eos_id, quantized_embedding=None):
-    """`fn(ids, position, self_bias, cross_bias, caches, output_ids, output_mask) -> outputs`:
-    `step_function`'s step over a vocabulary shortlist. `output_ids` int32 `[n]` are the
-    shortlist's target ids (`data.shortlist.batch_shortlist`), `output_mask` float32 `[n]` 0
-    at its real columns and NEG_INF at its padding ones: the projection covers these columns
-    alone, the log-softmax normalises over the real ones, padding and BOS are impossible, and
-    `top_ids` are target ids (not columns). EOS must be one of the `output_ids`."""
+    """`fn(ids, position, self_bias, cross_bias, caches, output_ids, output_kernel, output_bias)
+    -> outputs`: `step_function`'s step over a vocabulary shortlist. `output_ids` int32 `[n]`
+    are the shortlist's target ids (`data.shortlist.batch_shortlist`), `output_kernel` float32
+    `[d_model, n]` the projection's columns of them (`shortlist_output_rows`),
+    `output_bias` float32 `[n]` the untied projection's biases (0 when tied) at the real
+    columns and NEG_INF at the padding ones: the projection covers these columns alone, the
+    log-softmax normalises over the real ones, padding and BOS are impossible, and `top_ids`
+    are target ids (not columns). EOS must be one of the `output_ids`; `n` a multiple of
+    `TOP_K_BLOCK` of at least `top_k` blocks (`columns_top_k`).
+
+    The columns are an input rather than gathered in the graph: they are the same for every
+    step of a batch, and gathering and dequantizing `n` rows at each step (LiteRT's GATHER,
+    CAST and MUL run one thread, outside XNNPACK) cost more than the projection they save."""
     scored = _scored_shortlist_step(model, beams, top_k, banned_ids, eos_id, quantized_embedding)
 
-    def step(ids, position, self_bias, cross_bias, caches, output_ids, output_mask):
-        return scored(ids, position, self_bias, cross_bias, caches, output_ids, output_mask)[0]
+    def step(ids, position, self_bias, cross_bias, caches, output_ids, output_kernel,
+             output_bias):  # fmt: skip
+        return scored(
+            ids, position, self_bias, cross_bias, caches, output_ids, output_kernel, output_bias
+        )[0]
 
     return step
 
@@ -342,21 +336,49 @@ def shortlist_step_function(model, beams, top_k, banned_ids, eos_id, quantized_e
 def shortlist_constrained_step_function(
     model, beams, top_k, banned_ids, eos_id, quantized_embedding=None
 ):
-    """`fn(ids, position, self_bias, cross_bias, caches, output_ids, output_mask, wanted_ids)
-    -> outputs`: the constrained step over a vocabulary shortlist (an export with both),
-    `shortlist_step_function`'s outputs and `wanted_log_probs` float32 `[B * k, W]`. Its
-    `wanted_ids` int32 `[B * k, W]` are **columns** of `output_ids` (the runtime maps each
-    wanted target id to its column: the batch's shortlist holds every constraint piece)."""
+    """`fn(ids, position, self_bias, cross_bias, caches, output_ids, output_kernel,
+    output_bias, wanted_ids) -> outputs`: the constrained step over a vocabulary shortlist (an
+    export with both), `shortlist_step_function`'s outputs and `wanted_log_probs` float32
+    `[B * k, W]`. Its `wanted_ids` int32 `[B * k, W]` are **columns** of `output_ids` (the
+    runtime maps each wanted target id to its column: the batch's shortlist holds every
+    constraint piece)."""
     import tensorflow as tf  # the export's backend; a batched GATHER converts to one op
 
     scored = _scored_shortlist_step(model, beams, top_k, banned_ids, eos_id, quantized_embedding)
 
-    def step(ids, position, self_bias, cross_bias, caches, output_ids, output_mask, wanted_ids):
+    def step(ids, position, self_bias, cross_bias, caches, output_ids, output_kernel,
+             output_bias, wanted_ids):  # fmt: skip
         outputs, banned, normaliser = scored(
-            ids, position, self_bias, cross_bias, caches, output_ids, output_mask
+            ids, position, self_bias, cross_bias, caches, output_ids, output_kernel, output_bias
         )
         wanted = tf.gather(banned, wanted_ids, axis=1, batch_dims=1)  # [B * k, W]
         outputs["wanted_log_probs"] = wanted - normaliser
         return outputs
 
     return step
+
+
+def shortlist_output_rows(model, quantization):
+    """`{name: array}` the runtime makes a batch's `output_kernel` and `output_bias` from
+    (`keras_transformer.litert.runtime`), written as the export's `shortlist_output.npz`: the
+    projection's rows, one per target id (the tied embedding, or the untied kernel
+    transposed), as the step without a shortlist holds them: `dynamic_int8`: `rows_int8`
+    int8 `[vocab, d_model]` with `scale_steps` int32 `[vocab]` and `scale_unit` float64 (each
+    row's scale `fixed_point_scales`, as the step's embedding lookup dequantizes them);
+    `float16`: `rows` float16; `float32`: `rows` float32. Untied: also `bias` float32
+    `[vocab]`."""
+    dense = model.output_projection
+    if dense is None:
+        matrix = np.asarray(model.target_embedding.embeddings, "float32")
+    else:
+        matrix = np.transpose(np.asarray(dense.kernel, "float32"))
+    out = {}
+    if quantization == "dynamic_int8":
+        rows, scale = quantized_rows(matrix)
+        steps, unit = fixed_point_scales(scale)
+        out.update(rows_int8=rows, scale_steps=steps, scale_unit=np.float64(unit))
+    else:
+        out["rows"] = matrix.astype("float16" if quantization == "float16" else "float32")
+    if dense is not None and dense.use_bias:
+        out["bias"] = np.asarray(dense.bias, "float32")
+    return out

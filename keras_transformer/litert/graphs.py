@@ -100,14 +100,15 @@ class DecoderStep:
         """Readies the step for a chunk: the encoder's `cross` keys/values, the source mask
         `[c, S]` and `positions` cache positions at most (the first `bucket` of them, grown
         when needed); the caches start empty. `columns`: the shortlist step's
-        `{"output_ids", "output_mask"}` `[n]` for the chunk; `wanted`: the constrained step's
-        wanted ids per row (`W`; given to a step with `columns` as their columns)."""
+        `{"output_ids", "output_kernel", "output_bias"}` for the chunk; `wanted`: the
+        constrained step's wanted ids per row (`W`; given to a step with `columns` as their
+        columns)."""
         c = source_mask.shape[0]
         bias = np.where(source_mask, 0.0, NEG_INF).astype("float32")[:, None, None, :]
         values = {**cross, "cross_bias": bias, **(columns or {})}
-        self.columns = None if columns is None else len(columns["output_ids"])
+        self.columns = None if columns is None else columns["output_kernel"].shape
         if columns is not None:  # the shortlist's real ids, increasing: a wanted id's column
-            self.listed = columns["output_ids"][columns["output_mask"] == 0]
+            self.listed = columns["output_ids"][columns["output_bias"] > NEG_INF / 2]
         self.wanted = wanted
         self.limit = positions
         length = positions if self.bucket <= 0 else min(self.bucket, positions)
@@ -124,7 +125,8 @@ class DecoderStep:
         shapes = {"ids": [c * k], "position": [1], "self_bias": [c, 1, k, k * positions]}
         shapes["cross_bias"] = [c, 1, 1, s_len]
         if self.columns is not None:
-            shapes["output_ids"] = shapes["output_mask"] = [self.columns]
+            shapes["output_ids"] = shapes["output_bias"] = [self.columns[1]]
+            shapes["output_kernel"] = list(self.columns)
         if self.wanted is not None:
             shapes["wanted_ids"] = [c * k, self.wanted]
         for i in range(self.layers):
@@ -162,7 +164,7 @@ class DecoderStep:
         values = {name: it.get_tensor(self.inputs[name])[sentences] for name in names}
         values["cross_bias"] = it.get_tensor(self.inputs["cross_bias"])[sentences]
         if self.columns is not None:  # resized inputs lose their values
-            for name in ("output_ids", "output_mask"):
+            for name in ("output_ids", "output_kernel", "output_bias"):
                 values[name] = it.get_tensor(self.inputs[name])
         return values
 

@@ -28,8 +28,9 @@ Vocabulary shortlist: an export made with one (`export_litert(shortlist=...)`) d
 when loaded with `shortlist=True`: each chunk's shortlist is the lexical table's translations of
 its source pieces, the table's frequent pieces, the special ids and the chunk's prefix and
 constraint pieces (`keras_transformer.lexical_table.batch_shortlist`, padded to a bucket, the
-graph search's rule), and the shortlist step
-projects onto those columns alone, so no other piece can be chosen and the scores are
+graph search's rule), the projection's columns of those pieces are gathered once for the chunk
+from the export's `shortlist_output.npz` (`output_columns`), and the shortlist step projects
+onto those columns alone, so no other piece can be chosen and the scores are
 log-probabilities over the shortlist (as the SavedModel's `Translator(shortlist=...)`).
 
 Lexical constraints: an export made with its constrained step (`export_litert(constraints=
@@ -161,6 +162,11 @@ class LiteRTTranslator:
         self.max_length = meta.get("max_length")
         self.calibration = meta["calibration"]
         self.shortlist = _shortlist_table(path, meta) if shortlist else None
+        self._output_rows = _output_rows(path, meta) if shortlist else None
+        if shortlist:  # the steps' blocked top-k: at least K blocks of columns
+            top_k = max(int(meta["top_k"]), int(meta.get("constraints", {}).get("top_k", 0)))
+            block = int(meta["shortlist"]["column_block"])
+            self._column_layout = {"block": block, "minimum": top_k * block}
         with open(os.path.join(path, meta["tokenizer"]), "rb") as f:
             self._spm = sentencepiece.SentencePieceProcessor(model_proto=f.read())
         self.num_threads = num_threads
@@ -438,7 +444,10 @@ class LiteRTTranslator:
             prefix_matrix = _padded(prefix, 0)
         columns = None
         if self.shortlist is not None:
-            columns = _shortlist_columns(self.shortlist, source, prefix_matrix, constraints)
+            columns = _shortlist_columns(
+                self.shortlist, self._output_rows, source, prefix_matrix, constraints,
+                **self._column_layout,
+            )  # fmt: skip
         cross = encoder(source)
         if constraints is None:
             step.start(cross, source != s["pad_id"], buffer, columns)
@@ -485,18 +494,55 @@ def _shortlist_table(path, meta):
             f"{path} holds no vocabulary shortlist: export it with one (export --format litert "
             "--shortlist) to decode with shortlist=True"
         )
+    if "column_block" not in listed:
+        raise LiteRTError(
+            f"{path} was exported with a shortlist step this version does not run (it gathers "
+            "the projection's columns at every step): export it again to decode with "
+            "shortlist=True"
+        )
     return read_lexical_table(os.path.join(path, listed["table"]), gfile=LocalGfile)
 
 
-def _shortlist_columns(table, source, *extra):
-    """The step's `{"output_ids", "output_mask"}` for a chunk's `source` `[c, S]` and the ids
-    of `extra` (the prefixes `[c, p]`, the constraints `[c, C, P]`; None skipped): its
-    shortlist (`lexical_table.batch_shortlist`), the padding columns masked."""
-    from keras_transformer.lexical_table import batch_shortlist
+def _output_rows(path, meta):
+    """`shortlist_output.npz`'s arrays (`export.litert_graphs.shortlist_output_rows`)."""
+    with np.load(os.path.join(path, meta["shortlist"]["output"]), allow_pickle=False) as f:
+        return {name: f[name] for name in f.files}
+
+
+def _shortlist_columns(table, rows, source, *extra, block=1, minimum=0):
+    """The shortlist step's `{"output_ids", "output_kernel", "output_bias"}` for a chunk's
+    `source` `[c, S]` and the ids of `extra` (the prefixes `[c, p]`, the constraints `[c, C,
+    P]`; None skipped): its shortlist (`lexical_table.batch_shortlist`), padded with masked
+    columns to a multiple of `block` and at least `minimum` columns (what the step's blocked
+    top-k needs), the projection's columns of it from `rows` (`_output_rows`), made once for the
+    chunk, and their biases, the padding columns masked (NEG_INF)."""
+    from keras_transformer.lexical_table import PAD_ID, batch_shortlist
 
     extra = np.concatenate([np.ravel(x) for x in extra if x is not None] + [np.zeros(0, "int32")])
     ids, real = batch_shortlist(table.translations, table.frequent, source, extra_ids=extra)
-    return {"output_ids": ids, "output_mask": np.where(real, 0.0, NEG_INF).astype("float32")}
+    more = max(-(-len(ids) // block) * block, minimum) - len(ids)
+    if more > 0:
+        ids = np.concatenate([ids, np.full(more, PAD_ID, ids.dtype)])
+        real = np.concatenate([real, np.zeros(more, bool)])
+    kernel, bias = output_columns(rows, ids, real)
+    return {"output_ids": ids, "output_kernel": kernel, "output_bias": bias}
+
+
+def output_columns(rows, output_ids, real):
+    """`(output_kernel float32 [d_model, n], output_bias float32 [n])`: the shortlist step's
+    inputs for the batch shortlist `output_ids` int `[n]` (`real` bool `[n]`: its columns that
+    are not padding) from the projection's rows (`_output_rows`). int8 rows are dequantized as
+    the step's own embedding lookup does (the float32 row times the float32 `steps * unit`), so
+    the columns equal those the step without a shortlist multiplies by."""
+    ids = np.asarray(output_ids, "int64")
+    if "rows_int8" in rows:
+        scales = rows["scale_steps"][ids].astype("float32") * np.float32(rows["scale_unit"])
+        columns = rows["rows_int8"][ids].astype("float32") * scales[:, None]
+    else:
+        columns = rows["rows"][ids].astype("float32")
+    bias = rows["bias"][ids] if "bias" in rows else np.zeros(len(ids), "float32")
+    bias = np.where(real, bias, np.float32(NEG_INF)).astype("float32")
+    return np.ascontiguousarray(columns.T), bias
 
 
 def _margins(scores):
