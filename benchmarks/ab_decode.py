@@ -1,11 +1,14 @@
 """In-process A/B comparison of beam-4 decoding variants (a development aid for noisy machines).
 
 Usage: python benchmarks/ab_decode.py '<shapes JSON>' '<JSON list of variants>' [rounds]
-A variant is {"fast_paths": setting or "without": [names], "xla": bool} (see ab_train.py): the
-fast paths its model is built with (the same weights for all). Calls are timed
-alternately; prints median output tokens/s and the ratio to the first variant.
+A variant is {"fast_paths": setting or "without": [names], "xla": bool, "plain_top_k": bool}
+(see ab_train.py): the fast paths its model is built with (the same weights for all), and
+`plain_top_k`: the search's top-K over `[batch, beams * vocab]` traced as `ops.top_k` instead of
+`decoding.top_k.blocked_top_k` (the same answer). Calls are timed alternately; prints median
+output tokens/s and the ratio to the first variant.
 """
 
+import contextlib
 import json
 import os
 import statistics
@@ -21,6 +24,22 @@ from benchmarks.common import alternate, parse_shapes  # noqa: E402
 from benchmarks.decode_throughput import build_model, sources  # noqa: E402
 from keras_transformer import fast_paths  # noqa: E402
 from keras_transformer.decoding import translate_ids  # noqa: E402
+
+
+@contextlib.contextmanager
+def _plain_top_k(plain):
+    """The search traced with `ops.top_k` for its candidates' top-K while `plain`."""
+    from keras import ops
+
+    from keras_transformer.decoding import search
+
+    saved = search.blocked_top_k
+    if plain:
+        search.blocked_top_k = ops.top_k
+    try:
+        yield
+    finally:
+        search.blocked_top_k = saved
 
 
 def main(argv):
@@ -40,7 +59,8 @@ def main(argv):
             result = translate_ids(model, s, beam_size=4, alpha=0.6, max_length=cfg["tgt"])
             return result.ids, result.scores
 
-        fn(src)[0].numpy()  # traced
+        with _plain_top_k(variant.get("plain_top_k", False)):
+            fn(src)[0].numpy()  # traced
         fns.append((variant, fn))
     rates = alternate([lambda fn=fn: fn(src)[0].numpy().size for _, fn in fns], rounds)
     first = statistics.median(rates[0])

@@ -50,6 +50,7 @@ from keras_transformer.decoding.beams import (
     length_penalty,
     unflatten_beams,
 )
+from keras_transformer.decoding.top_k import blocked_top_k
 from keras_transformer.search_rules import CANDIDATES_PER_BEAM, NEG_INF
 
 
@@ -91,7 +92,7 @@ def _candidates(state, progress, log_probs, constraints, token_ids):
     batch = ops.shape(log_probs)[0]
     alive = ops.expand_dims(state.alive_log_probs, 2)  # [batch, k, 1]
     flat = ops.reshape(alive + log_probs, (-1, k * vocab))
-    top_values, top_indices = ops.top_k(flat, CANDIDATES_PER_BEAM * k)  # [batch, 2k]
+    top_values, top_indices = blocked_top_k(flat, CANDIDATES_PER_BEAM * k)  # [batch, 2k]
     top_token = ops.take_along_axis(ops.reshape(log_probs, (-1, k * vocab)), top_indices, axis=1)
     top_beams = ops.cast(top_indices // vocab, "int32")
     top_columns = ops.cast(top_indices % vocab, "int32")

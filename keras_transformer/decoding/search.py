@@ -54,6 +54,7 @@ from keras_transformer.decoding.beams import (  # noqa: F401 (the beam helpers, 
 from keras_transformer.decoding.constraints import constrained_beam_search
 from keras_transformer.decoding.sampling import sampling_picker
 from keras_transformer.decoding.shortlist import shortlist_ids
+from keras_transformer.decoding.top_k import blocked_top_k
 from keras_transformer.fast_paths import Kernels
 from keras_transformer.layers.attention import OwnedCache
 from keras_transformer.search_rules import (
@@ -173,7 +174,7 @@ def _top_candidates(state, log_probs, k, length, token_ids=None):
     vocab = ops.shape(log_probs)[-1]
     candidates = ops.expand_dims(state.alive_log_probs, 2) + log_probs  # [batch, k, vocab]
     candidates = ops.reshape(candidates, (-1, k * vocab))  # [batch, k * vocab]
-    top_log_probs, top_indices = ops.top_k(candidates, CANDIDATES_PER_BEAM * k)  # [batch, 2k]
+    top_log_probs, top_indices = blocked_top_k(candidates, CANDIDATES_PER_BEAM * k)  # [b, 2k]
     top_beams = ops.cast(top_indices // vocab, "int32")  # [batch, 2k]
     top_tokens = ops.cast(top_indices % vocab, "int32")  # [batch, 2k] columns
     if token_ids is not None:

@@ -49,6 +49,8 @@ import math
 import numpy as np
 from keras import ops
 
+from keras_transformer.decoding.top_k import TOP_K_BLOCK, top_k_of_blocks
+from keras_transformer.decoding.top_k import blocked_top_k as _blocked_top_k
 from keras_transformer.search_rules import NEG_INF
 
 
@@ -101,47 +103,25 @@ def _cross_attention(layer, h, keys, values, bias, beams):
     return layer.output_dense(_merge(ops.matmul(weights, values)))
 
 
-TOP_K_BLOCK = 64  # vocabulary entries per block of `blocked_top_k`
+def _gather_rows(params, indices):
+    """`params[r, indices[r, j]]` along axis 1, as one batched GATHER once converted."""
+    import tensorflow as tf  # the export's backend
+
+    return tf.gather(params, indices, axis=1, batch_dims=1)
 
 
 def blocked_top_k(x, k, block=TOP_K_BLOCK):
-    """`ops.top_k(x, k)` over `[rows, vocab]` in two passes, `(values, indices)`: each block of
-    `block` entries' maximum, the `k` best blocks, then the best `k` of their entries.
-
-    Exact: a row's `k` best entries lie in its `k` blocks of highest maxima (a block outside them
-    has at least `k` other blocks' maxima above its own, hence above all its entries). LiteRT's
-    TOPK_V2 (not an XNNPACK op, one thread) scans every entry keeping a heap; the block maxima are
-    one vectorised pass, and the two TOPK_V2 left see `vocab / block` and `k * block` entries
-    (128 rows of 32,000, k = 8, on 2 AMD EPYC cores: 2.4 ms instead of 6.3). Equal values may
-    come out in another order than `ops.top_k`'s (lower index first).
-    """
-    vocab = x.shape[-1]
-    if vocab <= 4 * k * block:  # too few blocks to pay
-        return ops.top_k(x, k)
-    blocks = -(-vocab // block)
-    if blocks * block != vocab:  # padded with entries below any logit
-        x = ops.pad(x, ((0, 0), (0, blocks * block - vocab)), constant_values=2.0 * NEG_INF)
-    return _top_k_of_blocks(ops.reshape(x, (-1, blocks, block)), k)
-
-
-def _top_k_of_blocks(x, k):
-    """`blocked_top_k`'s two passes over `x` `[rows, blocks, block]` (at least `k` blocks):
-    `(values, indices into the rows' flattened entries)`."""
-    import tensorflow as tf  # the export's backend; a batched GATHER converts to one op
-
-    block = x.shape[-1]
-    _, best_blocks = ops.top_k(ops.max(x, axis=-1), k)  # [rows, k]
-    candidates = tf.gather(x, best_blocks, axis=1, batch_dims=1)  # [rows, k, block]
-    values, positions = ops.top_k(ops.reshape(candidates, (-1, k * block)), k)
-    chosen = tf.gather(best_blocks, positions // block, axis=1, batch_dims=1)
-    return values, chosen * block + positions % block
+    """`ops.top_k(x, k)` over `[rows, vocab]` in two passes (`decoding.top_k.blocked_top_k`:
+    the same values and indices), its gathers as LiteRT's batched GATHER."""
+    return _blocked_top_k(x, k, block, gather=_gather_rows)
 
 
 def columns_top_k(x, k, block=TOP_K_BLOCK):
     """`blocked_top_k` over a shortlist's columns `[rows, n]`, whose number is known only at
     run time: `n` must be a multiple of `block` of at least `k` blocks (the runtime pads a
     batch's shortlist so: the export's `shortlist.column_block`)."""
-    return _top_k_of_blocks(ops.reshape(x, (ops.shape(x)[0], -1, block)), k)
+    blocks = ops.reshape(x, (ops.shape(x)[0], -1, block))
+    return top_k_of_blocks(blocks, k, gather=_gather_rows)
 
 
 def quantized_rows(matrix):
