@@ -31,6 +31,8 @@ MUST_RUN = {
     "tests/test_backends.py": "the layers and the decoder-only model pass on the JAX backend "
     "(`jax`, `keras_hub`)",
     "tests/test_decoding.py::test_search_runs_on_jax": "beam search runs on the JAX backend",
+    "tests/test_top_k.py::test_the_same_on_jax_eager_and_jitted": "the two-pass top-k gives "
+    "`ops.top_k`'s answer on the JAX backend, eager and jitted (`jax`)",
     "tests/test_notebook.py": "the quickstart notebook matches its generator and runs top to "
     "bottom (`nbformat`, `nbclient`, `ipykernel`)",
     "tests/test_export.py::test_saved_model_cli_shows_the_serving_signature": "the serving "
