@@ -28,6 +28,14 @@ no_attention`. One JSON line per shape (ledger `litert_step` with BENCH_LABEL se
   keys and values `[B * k, H, T, d]` by an origin permutation in place (no graph), and
   `own_slots_with_copy` their sum.
 
+`--shortlist-width 10446` adds the vocabulary shortlist's step at that many columns (padded to a
+multiple of 64; 10,446 is `serve_compare --shortlist`'s batch shortlist of the base shapes):
+
+- `shortlist`: the exported shortlist step (`litert_graphs.shortlist_step_function`: the
+  columns' float32 kernel an input, gathered once per chunk by the runtime);
+- `shortlist_gathered_logits`: the alternative of projecting onto the whole vocabulary with
+  the step's own int8 product, then gathering the shortlist's columns of the logits.
+
 `--cache-positions 16,32,64,82` adds the exported step at those cache lengths (`full_t{N}`):
 what a request pays per step with its caches grown bucket by bucket against sized at once
 (82: a 32-token source plus the default `max_extra_length` 50).
@@ -109,11 +117,50 @@ def reorder_copy_seconds(cfg, beams, positions, rounds):
     return best
 
 
+def _gathered_logits_step(graphs):
+    """`shortlist_step_function`'s signature, its logits the whole vocabulary's (the step's
+    own product) with the shortlist's columns gathered (`shortlist_gathered_logits`)."""
+    import tensorflow as tf
+    from keras import ops
+
+    def function(model, beams, top_k, banned_ids, eos_id, quantized_embedding=None):
+        embed = graphs._embedding(model, quantized_embedding)
+
+        def step(ids, position, self_bias, cross_bias, caches, output_ids, output_kernel,
+                 output_bias):  # fmt: skip
+            attentions = graphs._attentions(model, beams, self_bias, cross_bias, caches)
+            logits, new = model.decoder_step(embed(ids, position), *attentions)
+            outputs = graphs._new_caches(new)
+            logits = tf.gather(logits, output_ids, axis=1) + output_bias
+            banned = ops.zeros(ops.shape(output_ids), "bool")
+            for token in banned_ids:
+                banned = ops.logical_or(banned, ops.equal(output_ids, token))
+            banned = logits + ops.where(banned, graphs.NEG_INF, 0.0)
+            top_logits, top_columns = graphs.columns_top_k(banned, top_k)
+            normaliser = ops.logsumexp(logits, axis=-1, keepdims=True)
+            outputs["top_log_probs"] = top_logits - normaliser
+            outputs["top_ids"] = ops.cast(ops.take(output_ids, top_columns, axis=0), "int32")
+            eos_column = ops.argmax(ops.cast(ops.equal(output_ids, eos_id), "int32"))
+            eos = ops.take(logits, ops.expand_dims(eos_column, 0), axis=1)[:, 0]
+            outputs["eos_log_probs"] = eos - normaliser[:, 0]
+            return outputs
+
+        return step
+
+    return function
+
+
 def convert_variant(model, settings, quantization, variant):
     """The step's LiteRT flatbuffer for `variant` (module docstring)."""
     from keras import ops
 
     from keras_transformer.export import litert_graphs
+
+    if variant == "shortlist":
+        return _convert_step(model, settings, quantization, litert_graphs.shortlist_step_function)
+    if variant == "shortlist_gathered_logits":
+        function = _gathered_logits_step(litert_graphs)
+        return _convert_step(model, settings, quantization, function)
 
     saved = (litert_graphs._self_attention, litert_graphs._cross_attention,
              litert_graphs.blocked_top_k, model.project, model.vocab_size)  # fmt: skip
@@ -134,8 +181,9 @@ def convert_variant(model, settings, quantization, variant):
          litert_graphs.blocked_top_k, model.project, model.vocab_size) = saved  # fmt: skip
 
 
-def _convert_step(model, settings, quantization):
-    """The step alone, as `litert.convert_graphs` converts it."""
+def _convert_step(model, settings, quantization, step_function=None):
+    """The step alone (`step_function`: another of `litert_graphs`' steps, with the shortlist
+    step's inputs), as `litert.convert_graphs` converts it."""
     import tensorflow as tf
 
     from keras_transformer.export import litert, litert_graphs
@@ -144,14 +192,17 @@ def _convert_step(model, settings, quantization):
     if quantization == "dynamic_int8":
         quantized = litert_graphs.quantized_rows(model.target_embedding.embeddings.numpy())
     beams = settings.beam_size
-    step = litert_graphs.step_function(
+    listed = step_function is not None
+    step_function = litert_graphs.step_function if step_function is None else step_function
+    step = step_function(
         model, beams, 2 * beams, (settings.pad_id, settings.bos_id), settings.eos_id, quantized
     )
-    function = tf.function(step, input_signature=litert._specs(model, beams), autograph=False)
+    specs = litert._specs(model, beams, shortlist=listed)
+    function = tf.function(step, input_signature=specs, autograph=False)
     return litert._convert(function, quantization)[0]
 
 
-def ready_interpreter(flatbuffer, cfg, beams, positions=None):
+def ready_interpreter(flatbuffer, cfg, beams, positions=None, columns=None):
     from ai_edge_litert.interpreter import Interpreter
 
     interpreter = Interpreter(model_content=flatbuffer, num_threads=2)
@@ -164,6 +215,9 @@ def ready_interpreter(flatbuffer, cfg, beams, positions=None):
     for i in range(cfg["layers"]):
         shapes[f"self_keys_{i}"] = shapes[f"self_values_{i}"] = [c, heads, beams * positions, size]
         shapes[f"cross_keys_{i}"] = shapes[f"cross_values_{i}"] = [c, heads, cfg["src"], size]
+    if columns is not None:  # the shortlist step's inputs
+        shapes.update(output_ids=[columns], output_bias=[columns])
+        shapes["output_kernel"] = [cfg["d"], columns]
     for name, shape in shapes.items():
         interpreter.resize_tensor_input(inputs[name], shape)
     interpreter.allocate_tensors()
@@ -171,6 +225,9 @@ def ready_interpreter(flatbuffer, cfg, beams, positions=None):
     for name, shape in shapes.items():
         if name == "ids":
             value = rng.integers(4, cfg["vocab"], shape).astype("int32")
+        elif name == "output_ids":  # the special ids (EOS among them), then increasing ids
+            value = np.sort(rng.choice(np.arange(4, cfg["vocab"]), shape[0] - 4, replace=False))
+            value = np.concatenate([np.arange(4), value]).astype("int32")
         elif name == "position":
             value = np.array([positions // 2], "int32")
         elif name.endswith("bias"):
@@ -193,6 +250,10 @@ def main():
         help="also full_t16, own_slots and reorder_copy (module docstring)",
     )  # fmt: skip
     parser.add_argument(
+        "--shortlist-width", type=int, default=0,
+        help="also the shortlist step and its alternative at this many columns (0: not)",
+    )  # fmt: skip
+    parser.add_argument(
         "--cache-positions", default="",
         help="comma-separated cache lengths to time the full step at (full_tN)",
     )  # fmt: skip
@@ -206,11 +267,16 @@ def main():
         cfg = SHAPES[name]
         model = build_model(cfg)
         variants = VARIANTS + (("own_slots",) if args.cache_variants else ())
-        flatbuffers = {v: convert_variant(model, settings, args.quantization, v) for v in variants}
-        interpreters = {
-            v: ready_interpreter(flatbuffer, cfg, args.beam_size)
-            for v, flatbuffer in flatbuffers.items()
+        listed = ("shortlist", "shortlist_gathered_logits") if args.shortlist_width else ()
+        flatbuffers = {
+            v: convert_variant(model, settings, args.quantization, v) for v in variants + listed
         }
+        width = -(-args.shortlist_width // 64) * 64
+        interpreters = {
+            v: ready_interpreter(flatbuffer, cfg, args.beam_size,
+                                 columns=width if v in listed else None)
+            for v, flatbuffer in flatbuffers.items()
+        }  # fmt: skip
         extra = {}
         for positions in cache_positions:
             interpreters[f"full_t{positions}"] = ready_interpreter(
@@ -232,6 +298,10 @@ def main():
                 f"{v}_over_full": round(best[v] / best["full"], 3)
                 for v in ("full_t16", "own_slots", "own_slots_with_copy")
             }
+        if listed:
+            extra.update(shortlist_width=width, **{
+                f"{v}_over_full": round(best[v] / best["full"], 3) for v in listed
+            })  # fmt: skip
         ms = {v: round(1e3 * s, 2) for v, s in best.items()}
         emit(what="litert_step_ms", shape=name, beam=args.beam_size,
              quantization=args.quantization, rows=32 * args.beam_size, **ms,
