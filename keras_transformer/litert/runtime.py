@@ -531,9 +531,9 @@ def _shortlist_columns(table, rows, source, *extra, block=1, minimum=0):
 def output_columns(rows, output_ids, real):
     """`(output_kernel float32 [d_model, n], output_bias float32 [n])`: the shortlist step's
     inputs for the batch shortlist `output_ids` int `[n]` (`real` bool `[n]`: its columns that
-    are not padding) from the projection's rows (`_output_rows`). int8 rows are dequantized as
-    the step's own embedding lookup does (the float32 row times the float32 `steps * unit`), so
-    the columns equal those the step without a shortlist multiplies by."""
+    are not padding) from the projection's rows (`_output_rows`). int8 rows (per-row
+    quantized, as the converter quantizes the plain step's projection) are dequantized as the
+    step's own embedding lookup does: the float32 row times the float32 `steps * unit`."""
     ids = np.asarray(output_ids, "int64")
     if "rows_int8" in rows:
         scales = rows["scale_steps"][ids].astype("float32") * np.float32(rows["scale_unit"])
