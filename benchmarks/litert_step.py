@@ -119,9 +119,9 @@ def reorder_copy_seconds(cfg, beams, positions, rounds):
 
 def _gathered_logits_step(graphs):
     """`shortlist_step_function`'s signature, its logits the whole vocabulary's (the step's
-    own product) with the shortlist's columns gathered (`shortlist_gathered_logits`)."""
+    own product) with the shortlist's columns gathered (`shortlist_gathered_logits`), then the
+    shortlist step's own head (`litert_graphs.shortlist_head`)."""
     import tensorflow as tf
-    from keras import ops
 
     def function(model, beams, top_k, banned_ids, eos_id, quantized_embedding=None):
         embed = graphs._embedding(model, quantized_embedding)
@@ -130,20 +130,10 @@ def _gathered_logits_step(graphs):
                  output_bias):  # fmt: skip
             attentions = graphs._attentions(model, beams, self_bias, cross_bias, caches)
             logits, new = model.decoder_step(embed(ids, position), *attentions)
-            outputs = graphs._new_caches(new)
-            logits = tf.gather(logits, output_ids, axis=1) + output_bias
-            banned = ops.zeros(ops.shape(output_ids), "bool")
-            for token in banned_ids:
-                banned = ops.logical_or(banned, ops.equal(output_ids, token))
-            banned = logits + ops.where(banned, graphs.NEG_INF, 0.0)
-            top_logits, top_columns = graphs.columns_top_k(banned, top_k)
-            normaliser = ops.logsumexp(logits, axis=-1, keepdims=True)
-            outputs["top_log_probs"] = top_logits - normaliser
-            outputs["top_ids"] = ops.cast(ops.take(output_ids, top_columns, axis=0), "int32")
-            eos_column = ops.argmax(ops.cast(ops.equal(output_ids, eos_id), "int32"))
-            eos = ops.take(logits, ops.expand_dims(eos_column, 0), axis=1)[:, 0]
-            outputs["eos_log_probs"] = eos - normaliser[:, 0]
-            return outputs
+            logits = tf.gather(logits, output_ids, axis=1)
+            head = graphs.shortlist_head(logits, output_ids, output_bias, top_k, banned_ids,
+                                         eos_id)[0]  # fmt: skip
+            return {**graphs._new_caches(new), **head}
 
         return step
 

@@ -270,22 +270,32 @@ def _scored_shortlist_step(model, beams, top_k, banned_ids, eos_id, quantized_em
         attentions = _attentions(model, beams, self_bias, cross_bias, caches)
         x = embed(ids, position)  # [B * k, d_model]
         logits, new = model.decoder_step(x, *attentions, output_kernel)  # [B * k, n]
-        outputs = _new_caches(new)
-        logits = logits + output_bias  # padding columns: out of the normaliser
-        banned = ops.zeros(ops.shape(output_ids), "bool")
-        for token in banned_ids:
-            banned = ops.logical_or(banned, ops.equal(output_ids, token))
-        banned = logits + ops.where(banned, NEG_INF, 0.0)
-        top_logits, top_columns = columns_top_k(banned, top_k)
-        normaliser = ops.logsumexp(logits, axis=-1, keepdims=True)
-        outputs["top_log_probs"] = top_logits - normaliser
-        outputs["top_ids"] = ops.cast(ops.take(output_ids, top_columns, axis=0), "int32")
-        eos_column = ops.argmax(ops.cast(ops.equal(output_ids, eos_id), "int32"))
-        eos = ops.take(logits, ops.expand_dims(eos_column, 0), axis=1)[:, 0]
-        outputs["eos_log_probs"] = eos - normaliser[:, 0]
-        return outputs, banned, normaliser
+        head, banned, normaliser = shortlist_head(
+            logits, output_ids, output_bias, top_k, banned_ids, eos_id
+        )
+        return {**_new_caches(new), **head}, banned, normaliser
 
     return step
+
+
+def shortlist_head(logits, output_ids, output_bias, top_k, banned_ids, eos_id):
+    """The shortlist step's outputs from its logits `[B * k, n]` over the columns `output_ids`:
+    `({"top_log_probs", "top_ids", "eos_log_probs"}, banned logits [B * k, n], normaliser
+    [B * k, 1])` (`shortlist_step_function`'s rules: `output_bias` added, padding out of the
+    normaliser, `banned_ids` never among the top ones, `top_ids` target ids)."""
+    logits = logits + output_bias  # padding columns: out of the normaliser
+    banned = ops.zeros(ops.shape(output_ids), "bool")
+    for token in banned_ids:
+        banned = ops.logical_or(banned, ops.equal(output_ids, token))
+    banned = logits + ops.where(banned, NEG_INF, 0.0)
+    top_logits, top_columns = columns_top_k(banned, top_k)
+    normaliser = ops.logsumexp(logits, axis=-1, keepdims=True)
+    outputs = {"top_log_probs": top_logits - normaliser}
+    outputs["top_ids"] = ops.cast(ops.take(output_ids, top_columns, axis=0), "int32")
+    eos_column = ops.argmax(ops.cast(ops.equal(output_ids, eos_id), "int32"))
+    eos = ops.take(logits, ops.expand_dims(eos_column, 0), axis=1)[:, 0]
+    outputs["eos_log_probs"] = eos - normaliser[:, 0]
+    return outputs, banned, normaliser
 
 
 def shortlist_step_function(model, beams, top_k, banned_ids, eos_id, quantized_embedding=None):
