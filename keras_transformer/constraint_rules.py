@@ -17,7 +17,8 @@ alive beams in any order (`sentences_done`).
 An array namespace holds the `keras.ops` functions the rules call (numpy's, where they share
 a name and a meaning) and three more: `cast(x, dtype)`, `top_k(x, k) -> (values, indices)`
 (ties to the lower index) and `gather_beams(x, indices)` (`x` `[batch, n, ...]` at `indices`
-`[batch, m]` -> `[batch, m, ...]`).
+`[batch, m]` -> `[batch, m, ...]`). `NUMPY` also has `keras.ops.while_loop` (a Python loop),
+for `markup_rules`.
 """
 
 import numpy as np
@@ -44,6 +45,14 @@ class _Numpy:
     def gather_beams(x, indices):
         indices = np.asarray(indices).reshape(indices.shape + (1,) * (np.ndim(x) - 2))
         return np.take_along_axis(x, indices, axis=1)
+
+    @staticmethod
+    def while_loop(cond, body, loop_vars):
+        """`keras.ops.while_loop` as a Python loop: `loop_vars` a tuple, `body` returns one."""
+        loop_vars = tuple(loop_vars)
+        while cond(*loop_vars):
+            loop_vars = tuple(body(*loop_vars))
+        return loop_vars
 
 
 NUMPY = _Numpy()

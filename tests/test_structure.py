@@ -29,7 +29,8 @@ LEVELS = {
     "keras_transformer.tf_utils": 0,
     "keras_transformer.local_files": 0,
     "keras_transformer.stopping": 0,
-    # Tags carried through a translation by its alignment: the standard library only.
+    # Tags carried through a translation by its alignment: the standard library, numpy and
+    # `markup_rules` (whose level is the package's).
     "keras_transformer.markup": 0,
     # The LiteRT runtime imports nothing of the package but itself (and no TensorFlow or Keras:
     # tests/test_litert.py runs it where they cannot be imported).
