@@ -14,6 +14,7 @@ from keras_transformer.alignment import (
     synthetic_alignment_set,
     true_alignment,
 )
+from keras_transformer.alignment_rules import word_pairs
 from keras_transformer.markup import (
     MarkupWarning,
     plain_text,
@@ -375,6 +376,65 @@ def test_translator_carries_markup_through_a_copy_model(translator):
     assert out["translation"] == ["red <b>apple</b>"] and out["alignment"] == [[(0, 0), (1, 1)]]
 
 
+MARKED = [
+    "red <b>apple</b> cat",
+    "<i>dog<br/> fish</i> bird",
+    "blue <u>green",  # never closed
+    "<p>fish &amp; <a href='x?y=1&amp;z=2'>chips</a></p> &eacute;",
+    "a <b>b <i>c</i></b> <img src=x> d",
+    "",
+    "<Term id='1'>red</Term> <x/>cat",
+]
+
+
+@pytest.mark.parametrize("kind", ["html", "xml"])
+def test_translate_markup_signature_gives_the_python_answer(translator, kind):
+    """The graph's `translate_markup` equals `markup.markup_answer` on `serving_default`'s
+    alignments (the Python road, as the LiteRT runtime runs it)."""
+    import tensorflow as tf
+
+    from keras_transformer.markup import markup_answer
+
+    def plain(texts):
+        out = translator(tf.constant(texts))
+        return {
+            "translation": [t.decode() for t in out["translation"].numpy()],
+            "score": out["score"].numpy().tolist(),
+            "alignment": [word_pairs(row) for row in out["alignment"].numpy().tolist()],
+        }
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = markup_answer(plain, MARKED, kind, alignments=True)
+    out = translator.translate_markup(tf.constant(MARKED), tf.constant([kind] * len(MARKED)))
+    assert [t.decode() for t in out["translation"].numpy()] == expected["translation"]
+    np.testing.assert_allclose(out["score"].numpy(), expected["score"], atol=1e-6)
+    pairs = [word_pairs(row) for row in out["alignment"].numpy().tolist()]
+    assert pairs == expected["alignment"]
+    # Malformed: the unclosed <u>, and in XML the <img> with no end tag.
+    malformed = {"blue <u>green"} | ({MARKED[4]} if kind == "xml" else set())
+    assert out["markup_valid"].numpy().tolist() == [t not in malformed for t in MARKED]
+
+
+def test_translate_markup_signature_answers_hostile_requests(translator):
+    import tensorflow as tf
+
+    texts = tf.constant([b"caf\xe9 <b>na\xefve", b"<b>\xff</b>", b""])  # invalid UTF-8
+    out = translator.translate_markup(texts, tf.constant(["html", "xml", "html"]))
+    assert out["markup_valid"].numpy().tolist() == [False, True, True]
+    assert all(
+        t.decode("utf-8") == t.decode("utf-8", "replace") for t in out["translation"].numpy()
+    )
+    empty = translator.translate_markup(tf.constant([], tf.string), tf.constant([], tf.string))
+    assert empty["translation"].shape == (0,) and empty["alignment"].shape[0] == 0
+    with pytest.raises(tf.errors.InvalidArgumentError, match="html"):
+        translator.translate_markup(tf.constant(["a"]), tf.constant(["sgml"]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="same"):
+        translator.translate_markup(tf.constant(["a", "b"]), tf.constant(["html"]))
+    with pytest.raises(ValueError, match="markup kind"):
+        translator.translate(["a"], markup="sgml")
+
+
 # ------------------------------------------------------------------ SavedModel and CLI
 
 
@@ -487,6 +547,28 @@ def test_cli_prints_moses_alignments_and_carries_markup(aligned_export, run_cli,
     assert target.read_text().splitlines() == [
         "red <b>apple</b> cat\t0-0 1-1 2-2", "<i>blue</i> green\t0-0 1-1",
     ]  # fmt: skip
+
+
+@pytest.mark.scenario
+def test_markup_of_an_export_made_before_translate_markup(
+    aligned_export, translator, tmp_path, capsys
+):
+    """`translate --markup` on an export with alignments but no `translate_markup` signature
+    (made before it) carries the tags in Python, with the signature's answers."""
+    import tensorflow as tf
+
+    from keras_transformer.commands.signatures import load_aligning_function
+
+    older = str(tmp_path / "1")
+    signatures = {k: v for k, v in translator.signatures.items() if k != "translate_markup"}
+    tf.saved_model.save(translator, older, signatures=signatures)
+    assert "translate_markup" not in tf.saved_model.load(older).signatures
+    texts = ["red <b>apple</b> cat", "dog <i>fish", "<i>blue</i> green<br>"]
+    answers = [load_aligning_function(p, True, "html")(texts) for p in (older, aligned_export)]
+    assert answers[0] == answers[1]
+    assert answers[0][0][0] == "red <b>apple</b> cat\t0-0 1-1 2-2"
+    warning = "warning: malformed markup translated as plain text: <i> is never closed"
+    assert capsys.readouterr().err.strip().splitlines() == [warning] * 2
 
 
 @pytest.mark.scenario

@@ -563,6 +563,23 @@ def exported_quickstart(tmp_path_factory, toy_spm_bytes):
     return base, path
 
 
+@pytest.fixture(scope="module")
+def exported_with_alignments(tmp_path_factory, toy_spm_bytes):
+    """The path of a tiny untrained model exported with alignments (its `translate_markup`
+    signature)."""
+    import _inference_fixtures as fx
+
+    from keras_transformer.export import export_saved_model
+    from keras_transformer.models import Transformer
+
+    model = Transformer(vocab_size=fx.spm_processor().get_piece_size(), **fx.MODEL_KWARGS)
+    base = tmp_path_factory.mktemp("aligned") / "saved_models"
+    decode = dict(beam_size=2, alpha=0.6, max_extra_length=4, batch_size=4)
+    lengths = dict(max_source_length=12, max_target_length=12)
+    return export_saved_model(model, toy_spm_bytes, decode, lengths, str(base), "quickstart",
+                              alignments=True)  # fmt: skip
+
+
 @pytest.mark.scenario
 def test_python_examples_run(exported_quickstart, monkeypatch, capsys):
     base, _ = exported_quickstart
@@ -623,14 +640,17 @@ def _as_json(values):
 
 
 @pytest.mark.scenario
-def test_rest_requests_match_the_signature(exported_quickstart):
+def test_rest_requests_match_the_signature(exported_quickstart, exported_with_alignments):
     """Answers the documented REST bodies as TF Serving's REST API does, on the real signatures
-    (`signature_name`, default `serving_default`)."""
+    (`signature_name`, default `serving_default`; `translate_markup`: an export with
+    alignments)."""
     import tensorflow as tf
     import tensorflow_text  # noqa: F401
 
     _, path = exported_quickstart
-    signatures = tf.saved_model.load(path).signatures
+    loaded = [tf.saved_model.load(p) for p in (path, exported_with_alignments)]
+    signatures = dict(loaded[0].signatures)
+    signatures["translate_markup"] = loaded[1].signatures["translate_markup"]
     serve = signatures["serving_default"]
     _, inputs = serve.structured_input_signature
     assert list(inputs) == ["text"]
@@ -645,6 +665,7 @@ def test_rest_requests_match_the_signature(exported_quickstart):
     named = {b.get("signature_name", "serving_default") for b in bodies}
     assert named == {
         "serving_default", "translate_nbest", "translate_prefix", "score", "translate_constrained",
+        "translate_markup",
     }  # fmt: skip
     # The serving guide's translate_prefix example shows its response.
     serving = _read(os.path.join(DOCS, "guides", "export-serving.md"))

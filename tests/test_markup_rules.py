@@ -102,3 +102,122 @@ def test_the_graph_runs_the_same_rules_as_numpy():
 )
 def test_cuts_and_moves(text, translation, alignment, expected):
     assert markup.transfer_tags(text, translation, alignment) == expected
+
+
+# ------------------------------------------------------------------ the graph's parse
+
+
+HOSTILE = [
+    "",
+    "   ",
+    "a <b",  # an unfinished tag is text
+    "a < b <3 x </> y",
+    "<b><i>x</b></i> y",  # crossed
+    "a </b> c",  # closes nothing
+    "a <b>c",  # never closed
+    "<B>x</b> <br>y</br> <img src='a>b'>z",
+    "<!DOCTYPE html><![CDATA[x]]><?pi x?><!-- c --> text",
+    "fish &amp; chips &eacute;t&eacute; &lt;3 &ampx &notit; &#x41;&#65 &#0;&#128;&#xD800;",
+    "tab\tand\u00a0nbsp\u2003em\u3000ideographic  spaces",
+    "<p>caf\u00e9 <b>na\u00efve</b></p>\u00a0",
+]
+
+
+@pytest.fixture(scope="module")
+def tables():
+    from keras_transformer.export import markup_graph
+
+    return markup_graph.Tables()
+
+
+@pytest.fixture(scope="module")
+def markup_graph_function(tables):
+    """`(text, is_html, translation, alignment) -> (plain, valid, tagged)` of
+    `markup_graph`, traced once."""
+    import tensorflow as tf
+
+    from keras_transformer.export import markup_graph
+
+    def run(text, is_html, translation, alignment):
+        plain, valid = markup_graph.plain_texts(text, is_html, tables)
+        tagged = markup_graph.tagged_texts(text, is_html, translation, alignment, valid, tables)
+        return plain, valid, tagged
+
+    strings = tf.TensorSpec([None], tf.string)
+    specs = [
+        strings,
+        tf.TensorSpec([None], tf.bool),
+        strings,
+        tf.TensorSpec([None, None], tf.int32),
+    ]
+    return tf.function(run, input_signature=specs)
+
+
+def test_whitespace_is_pythons():
+    assert set(markup.WHITESPACE) == {chr(c) for c in range(0x110000) if chr(c).isspace()}
+
+
+def test_the_graph_reads_character_references_as_html_unescape(tables):
+    import html
+    import html.entities
+
+    from keras_transformer.export import markup_graph
+
+    names = [f"&{name}" for name in html.entities.html5]
+    names += [f"&{name}x;" for name in list(html.entities.html5)[::37]]  # legacy prefixes
+    numbers = [*range(0x100), *range(0xFDD0, 0xFDF0), 0xD800, 0xDFFF, 0xFFFE, 0x10FFFF, 0x110000]
+    numbers += random.Random(0).sample(range(0x10FFFF), 300)
+    references = [f"&#{n};" for n in numbers] + [f"&#x{n:X}" for n in numbers[::3]]
+    references += ["&#0000065;", "&#x0000041;", "&#99999999999;", "&#xFFFFFFFFF;", "&", "&#;"]
+    texts = [f"a{ref}b" for ref in names + references]
+    got = markup_graph.unescape(tf_constant(texts), tables).numpy()
+    assert [g.decode("utf-8", "surrogatepass") for g in got] == [html.unescape(t) for t in texts]
+
+
+def tf_constant(texts):
+    import tensorflow as tf
+
+    return tf.constant([t.encode("utf-8", "surrogatepass") for t in texts])
+
+
+@pytest.mark.parametrize("kind", markup.KINDS)
+def test_the_graph_parses_and_puts_tags_back_as_python(markup_graph_function, kind):
+    """`markup_graph.plain_texts` and `tagged_texts` give `markup.plain_text` (and its
+    verdict) and `markup.transfer_tags` on random and hostile texts."""
+    import tensorflow as tf
+
+    rng = random.Random(7)
+    cases = [_random_case(rng) for _ in range(80)]
+    for text in HOSTILE:
+        words = len(_plain(text, kind).split())
+        cases.append((text, " ".join(f"w{j}" for j in range(words)), list(range(words))[::-1]))
+    texts = [c[0] for c in cases]
+    width = max(len(c[2]) for c in cases) + 1
+    alignment = np.full((len(cases), width), -1, np.int32)
+    for row, (_, _, aligned) in zip(alignment, cases):
+        row[: len(aligned)] = aligned
+    is_html = tf.constant([kind == "html"] * len(cases))
+    translations = tf_constant([c[1] for c in cases])
+    plain, valid, tagged = markup_graph_function(
+        tf_constant(texts), is_html, translations, tf.constant(alignment)
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for (text, translation, aligned), p, v, t in zip(cases, plain, valid, tagged):
+            assert p.numpy().decode() == _plain(text, kind), text
+            assert bool(v) == _well_formed(text, kind), text
+            assert t.numpy().decode() == markup.transfer_tags(text, translation, aligned, kind)
+
+
+def _plain(text, kind):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return markup.plain_text(text, kind)
+
+
+def _well_formed(text, kind):
+    try:
+        markup.strip_markup(text, kind)
+    except markup.MarkupError:
+        return False
+    return True

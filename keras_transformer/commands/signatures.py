@@ -113,8 +113,9 @@ def load_aligning_function(model_path, alignments=False, markup=None):
     """`texts -> (lines, scores)` through `serving_default` and its `alignment` output: with
     `alignments`, each line `TRANSLATION<TAB>i-j i-j ...` (Moses' word alignment, source word
     i, target word j); with `markup` ("html" or "xml"), the texts' tags carried into the
-    translations (`keras_transformer.markup.markup_answer`, as `Translator.translate`; a
-    malformed text's warning is one line on stderr)."""
+    translations by the `translate_markup` signature (`keras_transformer.markup.markup_answer`
+    on `serving_default` for an export made before it; a malformed text's warning is one line
+    on stderr)."""
     import tensorflow as tf
 
     loaded, path, signature = load_signature(model_path)
@@ -124,24 +125,44 @@ def load_aligning_function(model_path, alignments=False, markup=None):
             "output): export it with --alignments (export.alignments: true)"
         )
 
-    from keras_transformer.alignment_rules import word_pairs
-    from keras_transformer.markup import markup_answer
+    from keras_transformer import markup as markups
 
     def plain(texts):
-        outputs = signature(text=tf.constant(texts, dtype=tf.string))
-        return {
-            "translation": _decoded(outputs["translation"].numpy()),
-            "score": outputs["score"].numpy().tolist(),
-            "alignment": [word_pairs(row) for row in outputs["alignment"].numpy().tolist()],
-        }
+        return _aligned_values(signature(text=tf.constant(texts, dtype=tf.string)))
+
+    def marked(texts):
+        outputs = loaded.signatures["translate_markup"](
+            text=tf.constant(texts, dtype=tf.string), markup=tf.constant([markup] * len(texts))
+        )
+        for text, valid in zip(texts, outputs["markup_valid"].numpy()):
+            if not valid:
+                markups.plain_text(text, markup)  # warns why
+        return _aligned_values(outputs)
 
     def answer(texts):
-        out = plain(texts) if markup is None else markup_answer(plain, texts, markup, True)
+        if markup is None:
+            out = plain(texts)
+        elif "translate_markup" in loaded.signatures:
+            out = marked(texts)
+        else:  # exported before the signature
+            out = markups.markup_answer(plain, texts, markup, True)
         return out["translation"], out["score"], out["alignment"]
 
     translate = _aligning(answer, alignments, markup is not None)
     translate.loaded = loaded
     return translate
+
+
+def _aligned_values(outputs):
+    """`{"translation": [str], "score": [float], "alignment": [[(source word, target
+    word)]]}` of a signature's outputs."""
+    from keras_transformer.alignment_rules import word_pairs
+
+    return {
+        "translation": _decoded(outputs["translation"].numpy()),
+        "score": outputs["score"].numpy().tolist(),
+        "alignment": [word_pairs(row) for row in outputs["alignment"].numpy().tolist()],
+    }
 
 
 def load_litert_aligning_function(model_path, alignments=False, markup=None):

@@ -124,13 +124,16 @@ def export_saved_model(
 ):
     """Exports `Translator(model, tokenizer)` as the next version of `base_dir/name`.
 
-    The SavedModel has five signatures (six with sampling; see `Translator`): `serving_default`
+    The SavedModel has five signatures (more with sampling, alignments or glossary tags; see
+    `Translator`): `serving_default`
     (text -> translation, score, token_scores, confidence; and alignment with `alignments`),
     `translate_nbest` (text -> translations, scores, token_scores, confidence, `[batch, n_best,
     ...]`), `translate_prefix` (text, prefix -> translation, score), `score` (source, target
     -> log_probability, length) and
     `translate_constrained` (text, constraints `[batch, C]` padded with "" -> translation,
-    score, constraints_met); a model whose vocabulary keeps the glossary tags (prepared with
+    score, constraints_met); with `alignments`, `translate_markup` (text, markup "html" or
+    "xml" -> translation with its tags, score, alignment, markup_valid); a model whose
+    vocabulary keeps the glossary tags (prepared with
     `data.terminology`) also has `translate_glossary` (text, glossary_source, glossary_target
     -> translation, score, annotated).
     `assets.extra/` holds `keras_transformer.json` (the signatures and decoding settings),
@@ -333,6 +336,18 @@ _GLOSSARY_SIGNATURE = {
 }
 
 
+# The `translate_markup` signature (an export with alignments), as the metadata describes it.
+_MARKUP_SIGNATURE = {
+    "inputs": {"text": "string [batch]", "markup": "string [batch]"},
+    "outputs": {
+        "translation": "string [batch]",
+        "score": "float32 [batch]",
+        "alignment": "int32 [batch, words]",
+        "markup_valid": "bool [batch]",
+    },
+}
+
+
 def _serving_outputs(alignments):
     """`serving_default`'s outputs in the metadata (`alignment` with `alignments`)."""
     outputs = {
@@ -401,6 +416,8 @@ def _add_options(metadata, translator):
     if translator.reads_glossaries:  # a model prepared with data.terminology
         metadata["signatures"]["translate_glossary"] = _GLOSSARY_SIGNATURE
         metadata["glossary_tags"] = list(glossaries.TAGS)
+    if translator.alignments:
+        metadata["signatures"]["translate_markup"] = _MARKUP_SIGNATURE
     if translator.shortlist is not None:  # how its lexical table was built
         metadata["shortlist"] = translator.shortlist.settings.value
     if settings.sampling:

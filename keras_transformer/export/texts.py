@@ -54,9 +54,7 @@ def translate(translator, texts, glossary=None, constraints=None, alignments=Fal
 
 def _aligned(translator, texts, alignments, markup):
     """`translate(texts, alignments=..., markup=...)` through `serving_default`'s
-    `alignment` output (markup: `keras_transformer.markup.markup_answer`)."""
-    from keras_transformer.markup import markup_answer
-
+    `alignment` output (markup: the `translate_markup` signature)."""
     if not translator.alignments:
         raise ValueError(
             "this Translator has no word alignments: build it with alignments=True (an "
@@ -69,8 +67,26 @@ def _aligned(translator, texts, alignments, markup):
         return out
 
     if markup is not None:
-        return markup_answer(plain_translate, texts, markup, alignments)
+        return _marked(translator, texts, markup, alignments)
     return plain_translate(texts)  # alignments alone
+
+
+def _marked(translator, texts, kind, alignments):
+    """`translate(texts, markup=kind)` by the `translate_markup` signature: a
+    `MarkupWarning` for each malformed text (`markup.plain_text`'s)."""
+    from keras_transformer import markup
+
+    if kind not in markup.KINDS:
+        raise ValueError(f"markup kind must be one of {markup.KINDS}, got {kind!r}")
+    out = translator.translate_markup(
+        tf.constant(texts, tf.string), tf.constant([kind] * len(texts))
+    )
+    values = _values(out, "translation", "score", "alignment", "markup_valid")
+    for text, valid in zip(texts, values.pop("markup_valid")):
+        if not valid:
+            markup.plain_text(text, kind)  # warns why
+    pairs = [word_pairs(row) for row in values.pop("alignment")]
+    return {**values, "alignment": pairs} if alignments else values
 
 
 def _constrained(translator, texts, constraints):

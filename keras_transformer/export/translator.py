@@ -16,7 +16,7 @@ from keras_transformer import glossary as glossaries
 from keras_transformer.config import UNK_ID, DecodingSettings
 from keras_transformer.data.pipeline import encode_sources
 from keras_transformer.decoding.search import NEG_INF, translate_ids
-from keras_transformer.export import alignment_graph
+from keras_transformer.export import alignment_graph, markup_graph
 from keras_transformer.export.calibration import MAX_MARGIN, MIN_SCORE
 from keras_transformer.export.warmup import bucket_lengths
 from keras_transformer.fast_paths import Kernels
@@ -29,6 +29,8 @@ DEFAULT_CALIBRATION = {"score_weight": 2.0, "margin_weight": 0.0, "bias": 1.0}
 # `translate_constrained`'s constraints: serving signatures take no ragged input, so a row of
 # fewer terms is padded with "".
 CONSTRAINTS = tf.TensorSpec([None, None], tf.string, name="constraints")
+# `translate_markup`'s kind of markup of each text: "html" or "xml".
+MARKUP = tf.TensorSpec([None], tf.string, name="markup")
 
 
 def _graph(function, *specs):
@@ -154,8 +156,9 @@ class Translator(tf.Module):
             is the batch's: no static shape). None (the default): the whole vocabulary.
         alignments: `serving_default` also returns each translation's word `alignment`
             (`export.alignment_graph`), at the cost of one more teacher-forced forward pass
-            (encoder and decoder) per request; needed by `translate(alignments=...,
-            markup=...)`. Off by default: `serving_default` then runs the search alone.
+            (encoder and decoder) per request, and the `translate_markup` signature; needed
+            by `translate(alignments=..., markup=...)`. Off by default: `serving_default`
+            then runs the search alone.
         alignment_layer: the decoder layer whose cross-attention gives the `alignment` (an
             index, negative from the end; -2, the default, is the second-to-last layer, the
             first one in a one-layer decoder).
@@ -202,6 +205,15 @@ class Translator(tf.Module):
       graph) with its row's int64 `seed`: the same text and seed give the same translation.
       None otherwise, as `translate_glossary` is where the vocabulary keeps no glossary tags
       (`reads_glossaries`): saving traces every function the translator holds.
+    - `translate_markup(text, markup)`, only with `alignments`: `{"translation", "score",
+      "alignment", "markup_valid"}` for texts with markup (`markup` tf.string `[batch]`,
+      "html" or "xml" per text; anything else raises `InvalidArgumentError`, as sizes that
+      differ do): the plain text of each (tags out, entities decoded) translated as `serve`
+      translates it, then the tags put back around the target words aligned to the words they
+      wrapped (`export.markup_graph`: the grammar and rules of `keras_transformer.markup`,
+      whose Python answers it gives). `alignment` is over the plain words; `markup_valid` is
+      False where the markup is malformed: that text is translated as plain text, its tags
+      dropped. `translate(texts, markup=...)` calls it from Python.
 
     Example:
     ```python
@@ -259,11 +271,19 @@ class Translator(tf.Module):
         strings = [tf.TensorSpec([None], tf.string, name=name) for name in ("source", "target")]
         self.score = _graph(self._score, *strings)
         self.translate_constrained = _graph(self._translate_constrained, text_spec, CONSTRAINTS)
-        # A signature this translator does not serve is None: saving traces every function
-        # it holds, so it holds none that no signature runs.
+        self._optional_signatures(text_spec)
+
+    def _optional_signatures(self, text_spec):
+        """The signatures only some translators serve. One this translator does not serve is
+        None: saving traces every function it holds, so it holds none that no signature runs."""
         seed_spec = tf.TensorSpec([None], tf.int64, name="seed")
         self.translate_sample = (
             _graph(self._translate_sample, text_spec, seed_spec) if self.settings.sampling else None
+        )
+        # Markup rides on the alignments.
+        self.markup_tables = markup_graph.Tables() if self.alignments else None
+        self.translate_markup = (
+            _graph(self._translate_markup, text_spec, MARKUP) if self.alignments else None
         )
         # Soft glossaries: only a vocabulary trained with data.terminology keeps their tags.
         self.reads_glossaries = reads_glossaries(self._spm_proto)
@@ -297,6 +317,8 @@ class Translator(tf.Module):
             signatures["translate_sample"] = self.translate_sample
         if self.reads_glossaries:
             signatures["translate_glossary"] = self.translate_glossary
+        if self.alignments:
+            signatures["translate_markup"] = self.translate_markup
         return signatures
 
     def set_calibration(self, score_weight, margin_weight, bias):
@@ -688,6 +710,17 @@ class Translator(tf.Module):
             "score": out["score"][:, 0],
             "constraints_met": out["constraints_met"],
         }
+
+    def _translate_markup(self, text, markup):
+        """`translate_markup` (the class docstring): `markup_graph.translate_markup` around
+        `serve`'s search and alignments."""
+        text = self._same_size("translate_markup", text, markup, "markup", "kinds")
+
+        def translate(plain):
+            out = self._hypotheses(plain, 1, alignments=True)
+            return out["text"][:, 0], out["score"][:, 0], out["alignment"][:, 0]
+
+        return markup_graph.translate_markup(translate, text, markup, self.markup_tables)
 
     def _translate_sample(self, text, seed):
         text = self._same_size("translate_sample", text, seed, "seed", "seeds")

@@ -46,8 +46,8 @@ def warmup_requests(signatures, texts):
     Args:
         signatures: `{signature key: [input names]}`; inputs named `prefix` get the text's first
             word, `seed` (int64) the seed 0, `glossary_*` (`[1, 1]`) the first word as the one
-            term of a glossary, `constraints` (`[1, 1]`) its last word, the others the text
-            itself.
+            term of a glossary, `constraints` (`[1, 1]`) its last word, `markup` "html", the
+            others the text itself.
         texts: the sentences, one per length bucket.
     """
     from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
@@ -66,6 +66,8 @@ def warmup_requests(signatures, texts):
                     proto = tf.make_tensor_proto([[word]])
                 if name == "constraints":  # [batch, terms]: the last word as a term
                     proto = tf.make_tensor_proto([[text.split(" ")[-1].encode("utf-8")]])
+                if name == "markup":
+                    proto = tf.make_tensor_proto([b"html"])
                 request.inputs[name].CopyFrom(proto)
             logs.append(
                 prediction_log_pb2.PredictionLog(
