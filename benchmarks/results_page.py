@@ -367,6 +367,28 @@ COLUMNS = {
         pair("TensorFlow / JAX tokens/s", "tf_tokens_per_s", "jax_tokens_per_s"),
         Column("JAX / TensorFlow", ("jax_over_tf",), lambda r: f"{_value(r['jax_over_tf'])}x"),
     ],
+    "markup_cost": [
+        labelled("what, preset", ("", "what", ""), ("", "preset", "")),
+        labelled(
+            "seconds a call",
+            ("serving_default", "serving_default", ""),
+            ("translate_markup", "translate_markup", ""),
+            ("markup graph", "markup_graph", ""),
+            ("serving_default", "serving_default_s", ""),
+            ("translate_markup", "translate_markup_s", ""),
+            ("markup graph", "markup_graph_s", ""),
+        ),
+        labelled(
+            "ratio, ms a sentence",
+            ("translate_markup / serving_default", "translate_markup_over_serving_default", "x"),
+            ("markup graph ms a sentence", "markup_graph_ms_per_sentence", ""),
+        ),
+        labelled(
+            "export s",
+            ("without alignments", "export_s", ""),
+            ("with", "export_with_alignments_s", ""),
+        ),
+    ],
     "export_cost": [
         labelled("checkout, preset", ("", "checkout", ""), ("", "preset", "")),
         labelled("export s", ("", "export_s", ""), ("first", "first_export_s", ""),
@@ -425,6 +447,10 @@ TITLES = {
     "guided_alignment": (
         "Attention alignments with and without guided alignment",
         "benchmarks/guided_alignment.py",
+    ),
+    "markup_cost": (
+        "Markup in the SavedModel's graph: `translate_markup` against `serving_default`",
+        "benchmarks/markup_cost.py",
     ),
     "accelerator_check": (
         "One GPU: the JAX backend against PyTorch",
