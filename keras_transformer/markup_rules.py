@@ -11,6 +11,8 @@ one: `begin == finish`, where it stands). The plain text's words are the charact
 each one's source word (-1: none).
 
 The rules (the module docstring of `keras_transformer.markup` says them in words):
+0. `structure`: a text's elements from its tokens (each engine reads the tokens by
+   `markup.TAG_PATTERN`), whether they nest, and `word_spans`: its plain text's words.
 1. `source_words`: the source words `[first, stop)` each element wraps.
 2. `target_spans`: the target gaps `[a, b)` each element should wrap, from the alignment.
 3. `nest`: the spans made proper, parent by parent in document order: siblings clipped to
@@ -19,7 +21,6 @@ The rules (the module docstring of `keras_transformer.markup` says them in words
    the order they start, and a void sibling that falls inside another's words moved into it.
 4. `output_order`: where each tag and word goes in the output text, as sort keys.
 """
-
 
 from keras_transformer.constraint_rules import NUMPY
 
