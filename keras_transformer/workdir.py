@@ -20,7 +20,7 @@ WORKDIR/
   logs/                TensorBoard
   result.json          the final summary
   shortlist.npz        the vocabulary shortlist's lexical table (`keras-transformer shortlist`,
-                       data/shortlist.py), read by `export --shortlist`
+                       data/shortlist.py), read by an export with export.shortlist
   init_from.json       a fine-tuning run's parent: path, checkpoint, step (train.init_from,
                        training/run/init_from.py)
   lock.json            who runs `train` or `prepare` here now (see `keras_transformer.lock`)

@@ -262,6 +262,14 @@ def test_exported_shortlist_serves(copy_model, toy_spm_bytes, tmp_path):
 # --------------------------------------------------------------------------- the command
 
 
+def test_config_refuses_the_shortlist_with_xla():
+    from keras_transformer.config import ConfigError, from_dict
+
+    assert from_dict({"export": {"shortlist": True}}).export.shortlist  # train's export too
+    with pytest.raises(ConfigError, match="export.shortlist and export.jit_compile"):
+        from_dict({"export": {"shortlist": True, "jit_compile": True}})
+
+
 def test_shortlist_command_on_a_prepared_workdir(tmp_path, capsys):
     from training_helpers import tiny_config
 

@@ -43,11 +43,16 @@ def test_short_run_learns_logs_checkpoints_and_resumes(tmp_path, capsys):
 
     # Asking for more steps resumes from the backup at step 8, not from step 0.
     capsys.readouterr()
-    more = train(tiny_config(tmp_path, train=dict(steps=12)))
+    more = train(tiny_config(tmp_path, train=dict(steps=12), export=dict(shortlist=True)))
     assert "resuming from step 8" in capsys.readouterr().out
     assert more["step"] == 12
     new_steps = [step for step, _ in read_scalars(tmp_path / "logs")["learning_rate"]]
     assert new_steps == list(range(1, 13))  # steps 9..12 added, none repeated
+    # With export.shortlist, train's own export decodes over the workdir's shortlist, built
+    # from the prepared pairs with the default sizes.
+    assert (tmp_path / "shortlist.npz").exists()
+    with open(os.path.join(more["saved_model"], "assets.extra", "keras_transformer.json")) as f:
+        assert json.load(f)["shortlist"]["k"] == 50
 
     # A finished run is not retrained.
     capsys.readouterr()

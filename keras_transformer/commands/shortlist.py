@@ -36,17 +36,15 @@ def shortlist_command(args):
 
 
 def workdir_shortlist(workdir):
-    """The lexical table of `workdir` (a path) for an export: `WORKDIR/shortlist.npz`, built
-    with the default sizes (and written there) when missing."""
-    from keras_transformer import local_files
+    """The lexical table of `workdir` (a path) for an export:
+    `data.shortlist.read_or_build_workdir_shortlist`, its errors one line."""
     from keras_transformer.data import shortlist
 
     layout = Workdir(workdir)
     try:
-        if local_files.gfile().exists(layout.shortlist):
-            return shortlist.read_lexical_table(layout.shortlist)
-        table = shortlist.build_workdir_shortlist(layout)
+        table, built = shortlist.read_or_build_workdir_shortlist(layout)
     except DataError as e:
         raise UsageError(f"the export's shortlist: {e}") from None
-    print(f"built the vocabulary shortlist {layout.shortlist}")
+    if built:
+        print(f"built the vocabulary shortlist {layout.shortlist}")
     return table

@@ -214,6 +214,11 @@ def validate(config):
             "data.train_alignments and data.terminology cannot be combined (the annotations "
             "change the source words that the alignments index)"
         )
+    if config.export.shortlist and config.export.jit_compile:
+        raise ConfigError(
+            "export.shortlist and export.jit_compile cannot be combined: the vocabulary "
+            "shortlist does not compile with XLA yet"
+        )
     decoding_settings(config, export=True)  # the export's settings must be possible too
     return config
 

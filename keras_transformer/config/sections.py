@@ -420,9 +420,10 @@ class ExportConfig:
         "the lexical table lists for its source pieces plus the most frequent ones "
         "(WORKDIR/shortlist.npz, built by keras-transformer shortlist, or by the export when "
         "missing), in the SavedModel's searching signatures, the LiteRT export's shortlist step "
-        "and the CTranslate2 export's vmap.txt (use_vmap=True); keras-transformer export only "
-        "(not train's own export, nor with export.jit_compile); off by default while train's "
-        "own export cannot hold it (its speed and BLEU: docs/results.md)",
+        "and the CTranslate2 export's vmap.txt (use_vmap=True); train's own export and "
+        "keras-transformer export (not with export.jit_compile); off by default: its scores "
+        "are log-probabilities over the shortlist, not the whole vocabulary (its speed and "
+        "BLEU: docs/results.md)",
     )
     alignments: bool = key(
         False,

@@ -48,6 +48,7 @@ __all__ = [
     "build_lexical_table",
     "build_workdir_shortlist",
     "read_lexical_table",
+    "read_or_build_workdir_shortlist",
     "save_lexical_table",
 ]
 
@@ -130,6 +131,15 @@ def build_workdir_shortlist(workdir, k=DEFAULT_K, m=DEFAULT_M, vocab_size=None):
     table = build_lexical_table(prepared_pairs(workdir.prepared), vocab_size, k, m)
     save_lexical_table(table, workdir.shortlist)
     return table
+
+
+def read_or_build_workdir_shortlist(workdir):
+    """`(table, built)`: the lexical table of `workdir` (a `Workdir`) that an export with
+    `export.shortlist` uses: `workdir.shortlist` when it exists, else built with the default
+    sizes and written there (`built` True). `DataError` when it cannot be built."""
+    if local_files.gfile().exists(workdir.shortlist):
+        return read_lexical_table(workdir.shortlist), False
+    return build_workdir_shortlist(workdir), True
 
 
 def _piece_count(spm_path):

@@ -156,7 +156,9 @@ def export(run, model, tokenizer, result=None, alpha=None):
     JAX, where `keras-transformer export --workdir` on TensorFlow makes the same one).
 
     Its model card gets the run's (resolved) config, the manifest's counts and `result`'s
-    steps, time, precision and scores; the dev set calibrates its confidence."""
+    steps, time, precision and scores; the dev set calibrates its confidence. With
+    `export.shortlist`, it decodes over the workdir's vocabulary shortlist (`shortlist.npz`,
+    built from the prepared pairs when missing), as `keras-transformer export` does."""
     if not run.engine.exports:
         return None
     from keras_transformer.data.prepare import read_manifest
@@ -172,6 +174,11 @@ def export(run, model, tokenizer, result=None, alpha=None):
     settings = run.export_decoding
     if alpha is not None:  # chosen on dev
         settings = dataclasses.replace(settings, alpha=alpha)
+    shortlist = None
+    if config.export.shortlist:  # read, or built from the prepared pairs
+        from keras_transformer.data.shortlist import read_or_build_workdir_shortlist
+
+        shortlist, _ = read_or_build_workdir_shortlist(run.layout)
     return export_saved_model(
         model,
         tokenizer,
@@ -182,6 +189,7 @@ def export(run, model, tokenizer, result=None, alpha=None):
         card_facts=card_facts(config, manifest, result, tokenizer.vocab_size),
         dev_pairs=read_split(config.data.dev),
         jit_compile=config.export.jit_compile,
+        shortlist=shortlist,
         alignments=config.export.alignments,
         alignment_layer=config.export.alignment_layer,
     )
