@@ -433,6 +433,7 @@ def test_translate_markup_signature_answers_hostile_requests(translator):
         translator.translate_markup(tf.constant(["a", "b"]), tf.constant(["html"]))
     with pytest.raises(ValueError, match="markup kind"):
         translator.translate(["a"], markup="sgml")
+    assert translator.translate([], markup="html") == {"translation": [], "score": []}
 
 
 # ------------------------------------------------------------------ SavedModel and CLI

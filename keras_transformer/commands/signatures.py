@@ -132,7 +132,8 @@ def load_aligning_function(model_path, alignments=False, markup=None):
 
     def marked(texts):
         outputs = loaded.signatures["translate_markup"](
-            text=tf.constant(texts, dtype=tf.string), markup=tf.constant([markup] * len(texts))
+            text=tf.constant(texts, dtype=tf.string),
+            markup=tf.constant([markup] * len(texts), tf.string),
         )
         for text, valid in zip(texts, outputs["markup_valid"].numpy()):
             if not valid:

@@ -79,7 +79,7 @@ def _marked(translator, texts, kind, alignments):
     if kind not in markup.KINDS:
         raise ValueError(f"markup kind must be one of {markup.KINDS}, got {kind!r}")
     out = translator.translate_markup(
-        tf.constant(texts, tf.string), tf.constant([kind] * len(texts))
+        tf.constant(texts, tf.string), tf.constant([kind] * len(texts), tf.string)
     )
     values = _values(out, "translation", "score", "alignment", "markup_valid")
     for text, valid in zip(texts, values.pop("markup_valid")):
