@@ -91,11 +91,16 @@ def _tag_kind(tag, kind):
     return rules.START, name
 
 
+def check_kind(kind):
+    """`ValueError` unless `kind` is one of `KINDS`."""
+    if kind not in KINDS:
+        raise ValueError(f"markup kind must be one of {KINDS}, got {kind!r}")
+
+
 def tokens(text, kind):
     """`[(markup_rules kind, token as written, lower-case name, plain text it adds)]` of
     `text`: its tags and its text (decoded), in order."""
-    if kind not in KINDS:
-        raise ValueError(f"markup kind must be one of {KINDS}, got {kind!r}")
+    check_kind(kind)
     found, position = [], 0
     for match in _TAG.finditer(text):
         if match.start() > position:

@@ -126,25 +126,16 @@ def load_aligning_function(model_path, alignments=False, markup=None):
         )
 
     from keras_transformer import markup as markups
+    from keras_transformer.export.texts import aligned_values, marked_values
 
     def plain(texts):
-        return _aligned_values(signature(text=tf.constant(texts, dtype=tf.string)))
-
-    def marked(texts):
-        outputs = loaded.signatures["translate_markup"](
-            text=tf.constant(texts, dtype=tf.string),
-            markup=tf.constant([markup] * len(texts), tf.string),
-        )
-        for text, valid in zip(texts, outputs["markup_valid"].numpy()):
-            if not valid:
-                markups.plain_text(text, markup)  # warns why
-        return _aligned_values(outputs)
+        return aligned_values(signature(text=tf.constant(texts, dtype=tf.string)))
 
     def answer(texts):
         if markup is None:
             out = plain(texts)
         elif "translate_markup" in loaded.signatures:
-            out = marked(texts)
+            out = marked_values(loaded.signatures["translate_markup"], texts, markup)
         else:  # exported before the signature
             out = markups.markup_answer(plain, texts, markup, True)
         return out["translation"], out["score"], out["alignment"]
@@ -152,18 +143,6 @@ def load_aligning_function(model_path, alignments=False, markup=None):
     translate = _aligning(answer, alignments, markup is not None)
     translate.loaded = loaded
     return translate
-
-
-def _aligned_values(outputs):
-    """`{"translation": [str], "score": [float], "alignment": [[(source word, target
-    word)]]}` of a signature's outputs."""
-    from keras_transformer.alignment_rules import word_pairs
-
-    return {
-        "translation": _decoded(outputs["translation"].numpy()),
-        "score": outputs["score"].numpy().tolist(),
-        "alignment": [word_pairs(row) for row in outputs["alignment"].numpy().tolist()],
-    }
 
 
 def load_litert_aligning_function(model_path, alignments=False, markup=None):

@@ -61,32 +61,42 @@ def _aligned(translator, texts, alignments, markup):
             "export: keras-transformer export --alignments, or export.alignments: true)"
         )
 
-    def plain_translate(plain):
-        out = _values(translator(plain), "translation", "score", "alignment")
-        out["alignment"] = [word_pairs(row) for row in out["alignment"]]
-        return out
-
     if markup is not None:
         return _marked(translator, texts, markup, alignments)
-    return plain_translate(texts)  # alignments alone
+    return aligned_values(translator(texts))  # alignments alone
 
 
 def _marked(translator, texts, kind, alignments):
-    """`translate(texts, markup=kind)` by the `translate_markup` signature: a
-    `MarkupWarning` for each malformed text (`markup.plain_text`'s)."""
+    """`translate(texts, markup=kind)` by the `translate_markup` signature."""
+    from keras_transformer.markup import check_kind
+
+    check_kind(kind)
+    values = marked_values(translator.translate_markup, texts, kind)
+    return values if alignments else {k: values[k] for k in ("translation", "score")}
+
+
+def marked_values(translate_markup, texts, kind):
+    """`{"translation", "score", "alignment"}` (Python values; the alignments as `(source
+    word, target word)` pairs) of the `translate_markup` function or signature for `texts`
+    with markup of `kind`, and a `MarkupWarning` for each malformed text
+    (`markup.plain_text`'s): `Translator.translate(markup=...)` and `translate --markup`."""
     from keras_transformer import markup
 
-    if kind not in markup.KINDS:
-        raise ValueError(f"markup kind must be one of {markup.KINDS}, got {kind!r}")
-    out = translator.translate_markup(
-        tf.constant(texts, tf.string), tf.constant([kind] * len(texts), tf.string)
+    out = translate_markup(
+        text=tf.constant(texts, tf.string), markup=tf.constant([kind] * len(texts), tf.string)
     )
-    values = _values(out, "translation", "score", "alignment", "markup_valid")
-    for text, valid in zip(texts, values.pop("markup_valid")):
+    for text, valid in zip(texts, out["markup_valid"].numpy()):
         if not valid:
             markup.plain_text(text, kind)  # warns why
-    pairs = [word_pairs(row) for row in values.pop("alignment")]
-    return {**values, "alignment": pairs} if alignments else values
+    return aligned_values(out)
+
+
+def aligned_values(outputs):
+    """`{"translation", "score", "alignment"}` of a signature's outputs as Python values, the
+    alignments as `(source word, target word)` pairs (`alignment_rules.word_pairs`)."""
+    values = _values(outputs, "translation", "score", "alignment")
+    values["alignment"] = [word_pairs(row) for row in values["alignment"]]
+    return values
 
 
 def _constrained(translator, texts, constraints):
