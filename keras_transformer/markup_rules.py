@@ -128,7 +128,8 @@ def structure(xp, kind, name, length):
     earlier = xp.less(_row(xp, index), _column(xp, index))
     at_depth = xp.equal(_row(xp, after), _column(xp, before))
     opener = _last_index(xp, xp.logical_and(xp.logical_and(_row(xp, start), earlier), at_depth))
-    opener_name = xp.take(_append(xp, name, -1), xp.where(opener < 0, count, opener))
+    opened = xp.where(opener < 0, count, opener)  # index `count`: the appended value
+    opener_name = xp.take(_append(xp, name, -1), opened)
     stray = xp.logical_and(end, xp.less_equal(before, 0))
     crossed = xp.logical_and(
         xp.logical_and(end, xp.greater(before, 0)), xp.not_equal(opener_name, name)
@@ -152,9 +153,7 @@ def structure(xp, kind, name, length):
         xp, xp.logical_and(later, xp.equal(_row(xp, before), _column(xp, after))), count
     )
     finish = xp.where(start, xp.take(_append(xp, offset, xp.sum(length)), closer), offset)
-    parent = xp.where(
-        opener < 0, -1, xp.take(_append(xp, position, -1), xp.where(opener < 0, count, opener))
-    )
+    parent = xp.take(_append(xp, position, -1), opened)
     elements = tuple(xp.take(x, tokens) for x in (xp.logical_not(start), parent, offset, finish))
     return verdict, at, partner, (tokens, *elements)
 
