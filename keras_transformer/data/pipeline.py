@@ -61,6 +61,23 @@ def bucket_batch_sizes(boundaries, tokens_per_batch, batch_multiple=1):
     return sizes
 
 
+def valid_utf8(strings):
+    """tf.string tensor -> the same strings with every invalid UTF-8 sequence replaced by U+FFFD
+    (as Python's `bytes.decode("utf-8", errors="replace")` reads them): what every signature
+    does to its text inputs first, so that a request of random bytes gets an answer.
+
+    Example:
+    ```python
+    valid_utf8(tf.constant([b"ein \\xff Haus"]))  # [b"ein \\xef\\xbf\\xbd Haus"]
+    ```
+    """
+    import tensorflow as tf
+
+    return tf.strings.unicode_transcode(
+        strings, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
+    )
+
+
 def encode_source(tokenizer, text, max_source_length, eos_id=EOS_ID):
     """One source string -> its ids as the model saw them in training (pieces truncated to
     `max_source_length - 1`, then EOS): `encode_sources`' convention in plain Python (the

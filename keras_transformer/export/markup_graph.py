@@ -19,6 +19,7 @@ from keras import ops
 
 from keras_transformer import markup
 from keras_transformer import markup_rules as rules
+from keras_transformer.data.pipeline import valid_utf8
 
 # `html.unescape`'s character references.
 CHARREF_PATTERN = r"&(?:#[0-9]+;?|#[xX][0-9a-fA-F]+;?|[^\t\n\f <&#;]{1,32};?)"
@@ -241,9 +242,7 @@ def translate_markup(translate, text, markup, tables):
         ['translate_markup: markup must be "html" or "xml" for every text'],
     )
     with tf.control_dependencies([known]):
-        text = tf.strings.unicode_transcode(
-            text, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
-        )
+        text = valid_utf8(text)
     is_html = tf.equal(markup, "html")
     plain, well_formed = plain_texts(text, is_html, tables)
     translation, score, alignment = translate(plain)

@@ -14,7 +14,7 @@ import tensorflow_text as tf_text
 
 from keras_transformer import glossary as glossaries
 from keras_transformer.config import UNK_ID, DecodingSettings
-from keras_transformer.data.pipeline import encode_sources
+from keras_transformer.data.pipeline import encode_sources, valid_utf8
 from keras_transformer.decoding.search import NEG_INF, translate_ids
 from keras_transformer.export import alignment_graph, markup_graph
 from keras_transformer.export.calibration import MAX_MARGIN, MIN_SCORE
@@ -402,9 +402,7 @@ class Translator(tf.Module):
 
     def _source_ids(self, tokenizer, text):
         """tf.string `[n]` -> int32 ragged `[n, (tokens)]`, each ending in EOS."""
-        text = tf.strings.unicode_transcode(
-            text, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
-        )
+        text = valid_utf8(text)
         return encode_sources(
             tokenizer, text, self.max_source_length, ragged=True, eos_id=self.settings.eos_id
         )
@@ -651,9 +649,7 @@ class Translator(tf.Module):
 
     def _prefix_ids(self, tokenizer, prefix):
         """tf.string `[n]` -> int32 ragged `[n, (pieces)]`, cut so that EOS still fits."""
-        prefix = tf.strings.unicode_transcode(
-            prefix, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
-        )
+        prefix = valid_utf8(prefix)
         room = self.settings.max_extra_length
         if self.max_length is not None:
             room = min(room, self.max_length - 1)
@@ -664,9 +660,7 @@ class Translator(tf.Module):
         `P` at least 1). Invalid UTF-8 becomes U+FFFD; a constraint with a piece unknown to the
         vocabulary is unmeetable; "" is no constraint. A constraint is cut to
         `max_target_length` pieces: one that long is unmeetable all the same (EOS must fit)."""
-        constraints = tf.strings.unicode_transcode(
-            constraints, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
-        )
+        constraints = valid_utf8(constraints)
         shape = tf.shape(constraints)  # [n, C]
         pieces = tokenizer.tokenize(tf.reshape(constraints, [-1]))  # [n * C, (pieces)]
         # A piece the vocabulary lacks never appears in an output: BOS, which is never
@@ -738,14 +732,11 @@ class Translator(tf.Module):
             message="translate_glossary: glossary_source and glossary_target differ in shape",
         )  # fmt: skip
 
-        def valid(strings):
-            return tf.strings.unicode_transcode(
-                strings, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
-            )
-
         with tf.control_dependencies([sizes_match]):
-            text = valid(text)
-        annotated = glossaries.annotate_graph(text, valid(glossary_source), valid(glossary_target))
+            text = valid_utf8(text)
+        annotated = glossaries.annotate_graph(
+            text, valid_utf8(glossary_source), valid_utf8(glossary_target)
+        )
         # An annotation the source length limit would cut: the text as it is (flag false).
         pieces = self._tokenizer().tokenize(annotated).row_lengths()
         fits = pieces <= self.max_source_length - 1
@@ -762,9 +753,7 @@ class Translator(tf.Module):
     def _target_ids(self, tokenizer, text):
         """tf.string `[n]` -> (decoder inputs BOS + pieces, labels pieces + EOS), int32 ragged
         `[n, (tokens)]`: the training layout, pieces truncated to `max_target_length - 1`."""
-        text = tf.strings.unicode_transcode(
-            text, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
-        )
+        text = valid_utf8(text)
         pieces = tokenizer.tokenize(text)[:, : self.max_target_length - 1]
         column = tf.ones([pieces.nrows(), 1], tf.int32)
         bos = tf.RaggedTensor.from_tensor(column * self.settings.bos_id)
