@@ -211,7 +211,7 @@ def annotate_graph(text, sources, targets):
 
 
 def _bounded(strings):
-    """`strings` with word boundaries written in: at each position (between two characters, and
+    r"""`strings` with word boundaries written in: at each position (between two characters, and
     at both ends) `_AFTER_WORD` when the character after it is not a word character (or it is
     the end), then `_BEFORE_WORD` when the character before it is not one (or it is the start).
     A term occurs whole (as `annotate`'s `(?<!\w)` and `(?!\w)` ask) exactly where
