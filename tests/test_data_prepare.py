@@ -103,6 +103,36 @@ def test_prepare_text_counts_skips_by_reason_and_reads_back_the_same_ids(tmp_pat
     assert prepare(config, verbose=False) == manifest
 
 
+def test_the_shards_read_without_tensorflow_are_tf_datas_records_on_any_filesystem(tmp_path):
+    """`data.records` (the JAX engine's and the vocabulary shortlist's reader) reads each shard
+    as `tf.data.TFRecordDataset` does, through `tf.io.gfile` (a `ram://` copy gives the same
+    pairs), and refuses a torn shard."""
+    from keras_transformer.data.records import prepared_pairs, read_tfrecords
+
+    config = _config(tmp_path / "work", train="synthetic:size=200,max_words=8")
+    prepare(config, verbose=False)
+    local = Workdir.of(config).prepared
+    shards = [os.path.join(local, s["file"]) for s in read_manifest(local)["shards"]]
+    for path in shards:
+        expected = [r.numpy() for r in tf.data.TFRecordDataset(path)]
+        assert list(read_tfrecords(path)) == expected and expected, path
+    remote = "ram://records_test/prepared"
+    tf.io.gfile.makedirs(remote)
+    for name in tf.io.gfile.listdir(local):
+        tf.io.gfile.copy(os.path.join(local, name), f"{remote}/{name}", overwrite=True)
+    pairs, copied = prepared_pairs(local), prepared_pairs(remote)
+    assert len(pairs) == len(copied) == read_manifest(local)["counts"]["written"]
+    assert all(np.array_equal(a, b) for p, q in zip(pairs, copied) for a, b in zip(p, q))
+    with open(shards[0], "rb") as f:
+        whole = f.read()
+    for cut in (5, len(whole) - 2):  # in a header, in a record's checksum
+        torn = str(tmp_path / f"torn{cut}.tfrecord")
+        with open(torn, "wb") as f:
+            f.write(whole[:cut])
+        with pytest.raises(DataError, match="truncated TFRecord"):
+            list(read_tfrecords(torn))
+
+
 def test_word_cached_encoding_equals_whole_sentence_encoding(tmp_path):
     import sentencepiece as spm
 

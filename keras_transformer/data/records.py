@@ -16,6 +16,7 @@ import struct
 
 import numpy as np
 
+from keras_transformer import local_files
 from keras_transformer.data.alignments import has_links
 from keras_transformer.data.manifest import read_manifest
 from keras_transformer.data.pipeline import _resolve_boundaries, bucket_batch_sizes
@@ -24,21 +25,22 @@ from keras_transformer.errors import DataError
 
 
 def read_tfrecords(path):
-    """The records (bytes) of the TFRecord file at `path`: each is a little-endian uint64
-    length, its masked CRC32C, the data and the data's masked CRC32C (the checksums are not
-    checked here: `prepare`'s manifest records each shard's sha256)."""
-    with open(path, "rb") as f:
-        while True:
-            header = f.read(12)
-            if not header:
-                return
-            if len(header) < 12:
-                raise DataError(f"{path}: truncated TFRecord header")
-            (length,) = struct.unpack("<Q", header[:8])
-            data = f.read(length)
-            if len(data) < length or len(f.read(4)) < 4:
-                raise DataError(f"{path}: truncated TFRecord")
-            yield data
+    """The records (bytes) of the TFRecord file at `path` (any filesystem `tf.io.gfile` reads;
+    local files where TensorFlow is not installed): each is a little-endian uint64 length, its
+    masked CRC32C, the data and the data's masked CRC32C (the checksums are not checked here:
+    `prepare`'s manifest records each shard's sha256). The file is read whole, in one call."""
+    with local_files.gfile().GFile(path, "rb") as f:
+        content = f.read()
+    offset, end = 0, len(content)
+    while offset < end:
+        if end - offset < 12:
+            raise DataError(f"{path}: truncated TFRecord header")
+        (length,) = struct.unpack_from("<Q", content, offset)
+        start = offset + 12
+        offset = start + length + 4
+        if offset > end:
+            raise DataError(f"{path}: truncated TFRecord")
+        yield content[start : start + length]
 
 
 def prepared_pairs(directory):
