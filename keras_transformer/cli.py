@@ -336,9 +336,10 @@ def _add_export_command(sub, common):
         action=argparse.BooleanOptionalAction,
         default=None,
         help="decode over a vocabulary shortlist (WORKDIR/shortlist.npz, built when missing; see "
-        "the shortlist command), or not (default: the workdir's export.shortlist); litert and "
+        "the shortlist command), or not (default: the workdir's export.shortlist; when null, "
+        "a SavedModel without --jit-compile decodes over it where it can be built); litert and "
         "ctranslate2 hold it for their runtimes to use when asked (shortlist=True, use_vmap; "
-        "default: when the workdir has one)",
+        "default with export.shortlist null: ctranslate2 when the workdir has one, litert not)",
     )
     _export_constraints_flag(p)
     _export_alignment_flag(p)

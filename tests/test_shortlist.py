@@ -270,6 +270,37 @@ def test_config_refuses_the_shortlist_with_xla():
         from_dict({"export": {"shortlist": True, "jit_compile": True}})
 
 
+def test_the_saved_model_decodes_over_the_shortlist_by_default_where_it_can_be_built(
+    tmp_path, capsys
+):
+    from keras_transformer.config import from_dict, saved_model_shortlist
+    from keras_transformer.data.shortlist import export_shortlist
+    from keras_transformer.errors import DataError
+    from keras_transformer.workdir import Workdir
+
+    default = from_dict({}).export
+    assert default.shortlist is None
+    # (use, required): null uses it unless the search compiles with XLA; asked for (the flag or
+    # export.shortlist: true), a table that cannot be built is an error.
+    assert saved_model_shortlist(default) == (True, False)
+    assert saved_model_shortlist(default, jit_compile=True) == (False, False)
+    assert saved_model_shortlist(default, asked=True) == (True, True)
+    assert saved_model_shortlist(default, asked=False) == (False, False)
+    assert saved_model_shortlist(from_dict({"export": {"shortlist": True}}).export) == (True, True)
+    off = from_dict({"export": {"shortlist": False}}).export
+    assert saved_model_shortlist(off) == (False, False)
+    assert saved_model_shortlist(off, asked=True) == (True, True)
+    # A workdir without a SentencePiece model or prepared pairs: by default the whole
+    # vocabulary, said in one line; asked for, an error.
+    empty = Workdir(str(tmp_path))
+    assert export_shortlist(empty, required=False) is None
+    err = capsys.readouterr().err
+    assert err.startswith("no vocabulary shortlist (") and err.count("\n") == 1, err
+    with pytest.raises(DataError, match="SentencePiece"):
+        export_shortlist(empty, required=True)
+    assert not (tmp_path / "shortlist.npz").exists()
+
+
 def test_shortlist_command_on_a_prepared_workdir(tmp_path, capsys):
     from training_helpers import tiny_config
 

@@ -24,6 +24,10 @@ def test_short_run_learns_logs_checkpoints_and_resumes(tmp_path, capsys):
     # The SavedModel: version 1 of export.base_dir/<name>.
     assert result["saved_model"] == str(tmp_path / "saved_models" / "tiny" / "1")
     assert os.path.exists(os.path.join(result["saved_model"], "saved_model.pb"))
+    # By default (export.shortlist null) the export decodes over the workdir's vocabulary
+    # shortlist, built from the prepared pairs with the default sizes, and says so.
+    assert f"built the vocabulary shortlist {tmp_path / 'shortlist.npz'}" in capsys.readouterr().out
+    assert _export_metadata(result)["shortlist"]["k"] == 50
 
     # The workdir layout.
     for name in ("config.yaml", "spm.model", "result.json", "backup"):
@@ -43,22 +47,23 @@ def test_short_run_learns_logs_checkpoints_and_resumes(tmp_path, capsys):
 
     # Asking for more steps resumes from the backup at step 8, not from step 0.
     capsys.readouterr()
-    more = train(tiny_config(tmp_path, train=dict(steps=12), export=dict(shortlist=True)))
+    more = train(tiny_config(tmp_path, train=dict(steps=12), export=dict(shortlist=False)))
     assert "resuming from step 8" in capsys.readouterr().out
     assert more["step"] == 12
     new_steps = [step for step, _ in read_scalars(tmp_path / "logs")["learning_rate"]]
     assert new_steps == list(range(1, 13))  # steps 9..12 added, none repeated
-    # With export.shortlist, train's own export decodes over the workdir's shortlist, built
-    # from the prepared pairs with the default sizes.
-    assert (tmp_path / "shortlist.npz").exists()
-    with open(os.path.join(more["saved_model"], "assets.extra", "keras_transformer.json")) as f:
-        assert json.load(f)["shortlist"]["k"] == 50
+    assert "shortlist" not in _export_metadata(more)  # export.shortlist: false
 
     # A finished run is not retrained.
     capsys.readouterr()
     again = train(tiny_config(tmp_path, train=dict(steps=12)))
     assert again["step"] == 12
     assert "already holds a finished run" in capsys.readouterr().out
+
+
+def _export_metadata(result):
+    with open(os.path.join(result["saved_model"], "assets.extra", "keras_transformer.json")) as f:
+        return json.load(f)
 
 
 def _batches(vocab=50, batch=4, seed=0):

@@ -8,7 +8,7 @@ import os
 
 from keras_transformer.commands import flags, startup
 from keras_transformer.commands.shortlist import workdir_shortlist
-from keras_transformer.config import export_name
+from keras_transformer.config import export_name, saved_model_shortlist
 from keras_transformer.errors import KerasTransformerError, UsageError, first_line
 from keras_transformer.workdir import Workdir, read_json
 
@@ -131,7 +131,9 @@ def _export_litert(args, config, final, spm_bytes, name, averaged):
         flags.export_settings(config, args, final.alpha),
         facts,
         dev_pairs=dev_pairs,
-        shortlist=_engine_shortlist(args, config),
+        # Not by default: its shortlist step is a second copy of the step's weights, and
+        # not faster there (docs/guides/on-device.md).
+        shortlist=_engine_shortlist(args, config, workdir_default=False),
         constraints=bool(getattr(args, "constraints", False)),
         alignments=_flag_or_config(args, "alignments", config.export.alignments),
         alignment_layer=config.export.alignment_layer,
@@ -140,32 +142,34 @@ def _export_litert(args, config, final, spm_bytes, name, averaged):
     print(f"converted {what} to LiteRT ({quantization}) in {path}")
 
 
-def _engine_shortlist(args, config):
+def _engine_shortlist(args, config, workdir_default):
     """The lexical table a LiteRT or CTranslate2 export holds (it decodes with it only when
     asked: `litert.load(shortlist=True)`, CTranslate2's `use_vmap`), or None: `--shortlist`
-    reads or builds it, `--no-shortlist` leaves it out; by default it is in when the workdir
-    has one (`WORKDIR/shortlist.npz`) or `export.shortlist` is set."""
+    and `export.shortlist: true` read or build it, `--no-shortlist` and `export.shortlist:
+    false` leave it out; with neither (`export.shortlist` null) it is in when
+    `workdir_default` and the workdir has one (`WORKDIR/shortlist.npz`)."""
     from keras_transformer import local_files
 
-    use = getattr(args, "shortlist", None)
+    use = _flag_or_config(args, "shortlist", config.export.shortlist)
     if use is None:
-        exists = local_files.gfile().exists(Workdir(args.workdir).shortlist)
-        use = exists or config.export.shortlist
+        use = workdir_default and local_files.gfile().exists(Workdir(args.workdir).shortlist)
     return workdir_shortlist(args.workdir) if use else None
 
 
 def _search_options(args, config):
     """`(jit_compile, shortlist)` of a SavedModel export: the flags win over the workdir's
-    `export.jit_compile` and `export.shortlist`; the lexical table is read (or built)."""
-    use_shortlist = getattr(args, "shortlist", None)
-    use_shortlist = config.export.shortlist if use_shortlist is None else use_shortlist
+    `export.jit_compile` and `export.shortlist` (`config.saved_model_shortlist`: by default
+    the shortlist where it can be built, not with XLA); the lexical table is read (or
+    built)."""
     jit_compile = config.export.jit_compile if args.jit_compile is None else args.jit_compile
-    if use_shortlist and jit_compile:
+    asked = getattr(args, "shortlist", None)
+    use, required = saved_model_shortlist(config.export, asked, jit_compile)
+    if use and jit_compile:
         raise UsageError(
             "the vocabulary shortlist does not compile with XLA yet: not both --shortlist "
             "(export.shortlist) and --jit-compile (export.jit_compile)"
         )
-    return jit_compile, workdir_shortlist(args.workdir) if use_shortlist else None
+    return jit_compile, workdir_shortlist(args.workdir, required) if use else None
 
 
 def _flag_or_config(args, name, configured):
@@ -204,7 +208,7 @@ def export_command(args):
             getattr(args, "quantization", None),
             config.data,
             flags.export_settings(config, args, final.alpha),
-            shortlist=_engine_shortlist(args, config),
+            shortlist=_engine_shortlist(args, config, workdir_default=True),
         )
         print(f"converted {averaged or f'step {steps[-1]}'} to CTranslate2 in {path}")
         return

@@ -35,16 +35,12 @@ def shortlist_command(args):
     )
 
 
-def workdir_shortlist(workdir):
-    """The lexical table of `workdir` (a path) for an export:
-    `data.shortlist.read_or_build_workdir_shortlist`, its errors one line."""
+def workdir_shortlist(workdir, required=True):
+    """The lexical table of `workdir` (a path) for an export: `data.shortlist.export_shortlist`
+    (None where it cannot be built and is not `required`), its errors one line."""
     from keras_transformer.data import shortlist
 
-    layout = Workdir(workdir)
     try:
-        table, built = shortlist.read_or_build_workdir_shortlist(layout)
+        return shortlist.export_shortlist(Workdir(workdir), required)
     except DataError as e:
         raise UsageError(f"the export's shortlist: {e}") from None
-    if built:
-        print(f"built the vocabulary shortlist {layout.shortlist}")
-    return table

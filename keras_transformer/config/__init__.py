@@ -223,6 +223,21 @@ def validate(config):
     return config
 
 
+def saved_model_shortlist(export, asked=None, jit_compile=None):
+    """`(use, required)`: whether a SavedModel export (an `ExportConfig`) decodes over the
+    vocabulary shortlist, and whether one that cannot be built is an error.
+
+    `asked`: a command's `--shortlist` / `--no-shortlist` (None: `export.shortlist`);
+    `jit_compile`: the export's XLA setting (None: `export.jit_compile`). `export.shortlist`
+    null (the default) uses it where it can be built and the search is not compiled with XLA
+    (which it does not compile with yet); true and false are kept to."""
+    use = export.shortlist if asked is None else asked
+    jit_compile = export.jit_compile if jit_compile is None else jit_compile
+    if use is None:
+        return not jit_compile, False
+    return bool(use), bool(use)
+
+
 def budget_seconds(train):
     """`(training seconds, end seconds)` of a `TrainConfig`'s `max_minutes` budget: training
     (and its learning-rate decay) stops `end_minutes` (default a tenth of the budget) before the

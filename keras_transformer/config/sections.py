@@ -414,16 +414,17 @@ class ExportConfig:
         "compile the SavedModel's search with XLA: faster decoding on CPUs, one compile per new "
         "input shape; TF Serving needs --xla_cpu_compilation_enabled=true on a CPU",
     )
-    shortlist: bool = key(
-        False,
+    shortlist: Optional[bool] = key(
+        None,
         "decode over a vocabulary shortlist: each batch's outputs use only the target pieces "
         "the lexical table lists for its source pieces plus the most frequent ones "
         "(WORKDIR/shortlist.npz, built by keras-transformer shortlist, or by the export when "
-        "missing), in the SavedModel's searching signatures, the LiteRT export's shortlist step "
-        "and the CTranslate2 export's vmap.txt (use_vmap=True); train's own export and "
-        "keras-transformer export (not with export.jit_compile); off by default: its scores "
-        "are log-probabilities over the shortlist, not the whole vocabulary (its speed and "
-        "BLEU: docs/results.md)",
+        "missing); its scores are log-probabilities over the shortlist, not the whole "
+        "vocabulary. null (default): the SavedModel's searching signatures decode over it, "
+        "where it is faster at the same BLEU, unless export.jit_compile or it cannot be built; "
+        "the LiteRT export leaves it out. true: also the LiteRT export's shortlist step and "
+        "the CTranslate2 export's vmap.txt (use_vmap=True), an error where it cannot be "
+        "built; false: nowhere (speed and BLEU: docs/results.md)",
     )
     alignments: bool = key(
         False,

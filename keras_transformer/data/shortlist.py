@@ -47,6 +47,7 @@ __all__ = [
     "batch_shortlist",
     "build_lexical_table",
     "build_workdir_shortlist",
+    "export_shortlist",
     "read_lexical_table",
     "read_or_build_workdir_shortlist",
     "save_lexical_table",
@@ -140,6 +141,26 @@ def read_or_build_workdir_shortlist(workdir):
     if local_files.gfile().exists(workdir.shortlist):
         return read_lexical_table(workdir.shortlist), False
     return build_workdir_shortlist(workdir), True
+
+
+def export_shortlist(workdir, required=True):
+    """The lexical table an export of `workdir` (a `Workdir`) decodes over
+    (`read_or_build_workdir_shortlist`), saying on stdout when it was built. Where it cannot be
+    built: `DataError` when `required` (`export.shortlist: true`, `--shortlist`), else None,
+    said in one line on stderr (`export.shortlist` null: the export decodes over the whole
+    vocabulary)."""
+    import sys
+
+    try:
+        table, built = read_or_build_workdir_shortlist(workdir)
+    except DataError as e:
+        if required:
+            raise
+        print(f"no vocabulary shortlist ({e}): decoding over the whole vocabulary", file=sys.stderr)
+        return None
+    if built:
+        print(f"built the vocabulary shortlist {workdir.shortlist}")
+    return table
 
 
 def _piece_count(spm_path):

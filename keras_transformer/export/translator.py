@@ -83,8 +83,11 @@ class _ShortlistTable(tf.Module):
         self.frequent = tf.Variable(
             np.asarray(table.frequent, np.int32), trainable=False, name="frequent"
         )
-        self.settings = _Untracked(dict(getattr(table, "settings", {}) or {}))
-        self.settings.value.update(k=int(translations.shape[1]), m=int(table.frequent.size))
+        settings = dict(getattr(table, "settings", {}) or {})
+        settings.update(k=int(translations.shape[1]), m=int(table.frequent.size))
+        # In key order: a table built in this process and one read from its file (written
+        # with sorted keys) give the same metadata.
+        self.settings = _Untracked(dict(sorted(settings.items())))
 
 
 class _Untracked:

@@ -156,11 +156,13 @@ def export(run, model, tokenizer, result=None, alpha=None):
     JAX, where `keras-transformer export --workdir` on TensorFlow makes the same one).
 
     Its model card gets the run's (resolved) config, the manifest's counts and `result`'s
-    steps, time, precision and scores; the dev set calibrates its confidence. With
-    `export.shortlist`, it decodes over the workdir's vocabulary shortlist (`shortlist.npz`,
-    built from the prepared pairs when missing), as `keras-transformer export` does."""
+    steps, time, precision and scores; the dev set calibrates its confidence. It decodes over
+    the workdir's vocabulary shortlist (`shortlist.npz`, built from the prepared pairs when
+    missing) as `keras-transformer export` does (`config.saved_model_shortlist`: by default
+    where it can be built)."""
     if not run.engine.exports:
         return None
+    from keras_transformer.config import saved_model_shortlist
     from keras_transformer.data.prepare import read_manifest
     from keras_transformer.export import export_saved_model
     from keras_transformer.export.card import card_facts
@@ -174,11 +176,11 @@ def export(run, model, tokenizer, result=None, alpha=None):
     settings = run.export_decoding
     if alpha is not None:  # chosen on dev
         settings = dataclasses.replace(settings, alpha=alpha)
-    shortlist = None
-    if config.export.shortlist:  # read, or built from the prepared pairs
-        from keras_transformer.data.shortlist import read_or_build_workdir_shortlist
+    shortlist, (use, required) = None, saved_model_shortlist(config.export)
+    if use:  # read, or built from the prepared pairs
+        from keras_transformer.data.shortlist import export_shortlist
 
-        shortlist, _ = read_or_build_workdir_shortlist(run.layout)
+        shortlist = export_shortlist(run.layout, required)
     return export_saved_model(
         model,
         tokenizer,
