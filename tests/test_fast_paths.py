@@ -721,15 +721,41 @@ def test_tracked_token_scores_equal_forced_decoding(
 # ----------------------------------------------------------------------- shared beam caches
 
 
-def _loop_gathers(concrete):
-    """GatherV2 ops inside the while loop's body functions of a traced graph."""
+def _loop_gathers(concrete, op="GatherV2"):
+    """`op` ops (GatherV2) inside the while loop's body functions of a traced graph."""
     graph_def = concrete.graph.as_graph_def()
     return sum(
-        node.op == "GatherV2"
+        node.op == op
         for function in graph_def.library.function
         if "body" in function.signature.name
         for node in function.node_def
     )
+
+
+def test_beam_search_concatenates_the_fused_projections_once_not_at_every_step():
+    """With shared beam caches the self-attentions' query/key/value kernels are concatenated
+    once per call, outside the search's loop: its body has no more concatenations with fused
+    projections than without them, and the answers are the same."""
+    keras.utils.set_random_seed(5)
+    model = tiny_model()
+    src = np.array([[5, 6, 7, 3, 0], [8, 9, 3, 0, 0]], "int32")
+
+    built = model.decoder.blocks[0].self_attention.kernels
+
+    def run(fused):
+        for block in model.decoder.blocks:  # the layers' own choice (made when built)
+            kernels = built if fused else built.without("fused_projections")
+            block.self_attention.kernels = kernels
+        fn = tf.function(lambda s: translate_ids(model, s, beam_size=4, max_extra_length=4))
+        ids, scores = (np.asarray(x) for x in fn(src)[:2])
+        return ids, scores, _loop_gathers(fn.get_concrete_function(tf.constant(src)), "ConcatV2")
+
+    assert model.kernels.uses("fused_projections") and model.kernels.uses("shared_beam_caches")
+    ref_ids, ref_scores, ref_concats = run(fused=False)
+    ids, scores, concats = run(fused=True)
+    assert concats == ref_concats
+    np.testing.assert_array_equal(ids, ref_ids)
+    np.testing.assert_allclose(scores, ref_scores, atol=1e-5)
 
 
 @pytest.mark.scenario

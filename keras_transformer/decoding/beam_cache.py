@@ -96,12 +96,13 @@ def _attend(projections, dropout_fn, cache, cache_update_index, kernels, in_plac
     return _ungroup_beams(out), weights, cache
 
 
-def beam_attention(layer, query, cache, cache_update_index=None, in_place=False):
+def beam_attention(layer, query, cache, cache_update_index=None, in_place=False, fused=None):
     """`(output [batch * beams, 1, dim], weights, cache)` of the `MultiHeadAttention` `layer`
     for `query` `[batch * beams, 1, dim]` on a `BeamCache`: self-attention (with
-    `cache_update_index`) projects the query, key and value and writes the step's keys/values
-    into the cache (`in_place`: into its buffers, which the caller gives up); cross-attention
-    projects the query only."""
+    `cache_update_index`) projects the query, key and value (`fused`: the layer's
+    `fused_weights()`, computed once for all steps) and writes the step's keys/values into the
+    cache (`in_place`: into its buffers, which the caller gives up); cross-attention projects
+    the query only."""
     self_attention = cache_update_index is not None
     attend = functools.partial(
         _attend,
@@ -110,17 +111,18 @@ def beam_attention(layer, query, cache, cache_update_index=None, in_place=False)
         kernels=layer.kernels,
         in_place=in_place,
     )
-    return layer.attend_with(attend, query, keys_values=self_attention)
+    return layer.attend_with(attend, query, keys_values=self_attention, fused=fused)
 
 
-def _decode_step(model, target_ids, cache_index, cache, in_place):
+def _decode_step(model, target_ids, cache_index, cache, in_place, fused):
     """`model.decode_step` on per-layer `BeamCache`s (`cache["self_attention"]`,
     `cache["cross_attention"]`): `target_ids` has `batch * beams` rows; the caches' masks stand
-    for the source mask. Returns `(logits, per-layer self-attention BeamCaches)`."""
+    for the source mask; `fused` the self-attentions' `fused_weights()`. Returns `(logits,
+    per-layer self-attention BeamCaches)`."""
     self_attentions, cross_attentions = [], []
-    caches = zip(model.decoder.blocks, cache["self_attention"], cache["cross_attention"])
-    for block, self_cache, cross_cache in caches:
-        attention = _on_beam_cache(block.self_attention, self_cache, cache_index, in_place)
+    caches = zip(model.decoder.blocks, cache["self_attention"], cache["cross_attention"], fused)
+    for block, self_cache, cross_cache, weights in caches:
+        attention = _on_beam_cache(block.self_attention, self_cache, cache_index, in_place, weights)
         self_attentions.append(attention)
         cross_attentions.append(_on_beam_cache(block.cross_attention, cross_cache))
     y = model.embed_target(target_ids, False, start_index=cache_index)
@@ -129,13 +131,13 @@ def _decode_step(model, target_ids, cache_index, cache, in_place):
     )
 
 
-def _on_beam_cache(layer, cache, cache_update_index=None, in_place=False):
+def _on_beam_cache(layer, cache, cache_update_index=None, in_place=False, fused=None):
     """An attention function of `Transformer.decoder_step`'s protocol: `beam_attention` of
     `layer` on the `BeamCache` `cache`, `(output, weights, cache)` for self-attention (with
     `cache_update_index`), `(output, weights)` for cross-attention."""
     if cache_update_index is None:
         return lambda h: beam_attention(layer, h, cache)[:2]
-    return lambda h: beam_attention(layer, h, cache, cache_update_index, in_place)
+    return lambda h: beam_attention(layer, h, cache, cache_update_index, in_place, fused)
 
 
 def shared_beam_decoder(
@@ -164,6 +166,8 @@ def shared_beam_decoder(
     ]  # per layer, keys/values [batch, h, s_len, d]
     positions = ops.arange(max_length, dtype="int32")  # [buffer]
     slot_ids = ops.reshape(ops.arange(beams, dtype="int32"), (1, 1, beams, 1))
+    # The self-attentions' query/key/value kernels concatenated once, not at every step.
+    fused = [block.self_attention.fused_weights() for block in model.decoder.blocks]
 
     def decode(target_ids, index, history, self_attention):
         own = ops.equal(ops.reshape(history, (-1, beams, 1, max_length)), slot_ids)
@@ -171,7 +175,7 @@ def shared_beam_decoder(
         mask = ops.reshape(own, (-1, 1, beams, beams * max_length))  # [batch, 1, k, k * buffer]
         layers = [BeamCache(keys, values, mask) for keys, values in self_attention]
         step_cache = {**cache, "self_attention": layers}
-        logits, new = _decode_step(model, target_ids, index, step_cache, in_place)
+        logits, new = _decode_step(model, target_ids, index, step_cache, in_place, fused)
         return logits, [(c.keys, c.values) for c in new]
 
     return decode, self_attention

@@ -16,13 +16,11 @@ from keras_transformer.tf_utils import in_xla_context
 # ------------------------------------------------------------------------ attention projections
 
 
-def fused_projection(kernels, x, denses, compute_dtype, split_heads, training=None):
-    """`x` through the Dense layers `denses` with one (wider) matmul over their concatenated
-    kernels; returns one `split_heads(...)` result per layer, or None where it does not apply.
-
-    The weights stay separate Dense layers, so checkpoints and configs are unchanged. The product
-    is split on its last axis, whose gradient is a cheap concatenation.
-    """
+def fused_weights(kernels, denses, compute_dtype):
+    """`(kernel, bias)`: the Dense layers `denses`' kernels (and biases, else None)
+    concatenated on their output axis, what `fused_projection` multiplies by; None where that
+    path does not apply (fewer than two layers, not chosen, unequal widths or bias settings,
+    LoRA or quantized weights). A decoding loop computes them once, outside its steps."""
     if len(denses) < 2 or not kernels.uses("fused_projections"):
         return None
     units = {d.units for d in denses}
@@ -35,6 +33,23 @@ def fused_projection(kernels, x, denses, compute_dtype, split_heads, training=No
     bias = None
     if denses[0].use_bias:
         bias = ops.concatenate([ops.cast(d.bias, compute_dtype) for d in denses], axis=-1)
+    return kernel, bias
+
+
+def fused_projection(
+    kernels, x, denses, compute_dtype, split_heads, training=None, weights=None
+):  # fmt: skip
+    """`x` through the Dense layers `denses` with one (wider) matmul over their concatenated
+    kernels; returns one `split_heads(...)` result per layer, or None where it does not apply.
+    `weights`: their `fused_weights`, computed once by the caller (None: here).
+
+    The weights stay separate Dense layers, so checkpoints and configs are unchanged. The product
+    is split on its last axis, whose gradient is a cheap concatenation.
+    """
+    weights = weights or fused_weights(kernels, denses, compute_dtype)
+    if weights is None:
+        return None
+    kernel, bias = weights
     if _projection_gradients_apply(kernels, training):
         y = _tf_dense(x, kernel, bias, relu=False)
     else:

@@ -263,10 +263,11 @@ class MultiHeadAttention(CallTracedSpec, keras.layers.Layer):
         x = ops.reshape(x, (shape[0], shape[1], self.num_heads, x.shape[-1] // self.num_heads))
         return ops.transpose(x, (0, 2, 1, 3))
 
-    def _project(self, x, denses, training=None):
-        """`x` through each Dense of `denses`, split into heads: one `[b, h, len, d]` each."""
+    def _project(self, x, denses, training=None, fused=None):
+        """`x` through each Dense of `denses`, split into heads: one `[b, h, len, d]` each
+        (`fused`: their `fused_weights`, computed before)."""
         fast = _fast_paths.fused_projection(
-            self.kernels, x, denses, self.compute_dtype, self._split_heads, training
+            self.kernels, x, denses, self.compute_dtype, self._split_heads, training, fused
         )
         if fast is not None:
             return fast
@@ -330,7 +331,15 @@ class MultiHeadAttention(CallTracedSpec, keras.layers.Layer):
         out = self._merge_heads(out, training)
         return call_outputs(out, weights if return_attention_scores else None, cache)
 
-    def attend_with(self, attend, query, keys_values=True, training=None):
+    def fused_weights(self):
+        """The query, key and value projections' weights as one matmul's `(kernel, bias)`
+        (fast path `fused_projections`), or None where that path does not apply. A decoding
+        loop computes them once and passes them to `attend_with`, so that its steps do not
+        concatenate the kernels again."""
+        denses = (self.query_dense, self.key_dense, self.value_dense)
+        return _fast_paths.fused_weights(self.kernels, denses, self.compute_dtype)
+
+    def attend_with(self, attend, query, keys_values=True, training=None, fused=None):
         """This layer's attention with the attending done by `attend`, for caches the layer
         does not know (decoding's caches shared by the beams of an input,
         `keras_transformer.decoding.beam_cache`).
@@ -340,9 +349,11 @@ class MultiHeadAttention(CallTracedSpec, keras.layers.Layer):
         returns `(out [b, h, q_len, d_v], weights, cache)` (`dropout_fn`: this layer's
         attention dropout, for the weights). Returns `(output [b, q_len, output_dim], weights,
         cache)`, `out`'s heads merged and projected. No masks and no checks: `attend` owns
-        them."""
+        them. `fused`: this layer's `fused_weights()`, computed before (with `keys_values`)."""
         denses = (self.query_dense, self.key_dense, self.value_dense)
-        projections = self._project(query, denses if keys_values else denses[:1])
+        if not keys_values:
+            denses, fused = denses[:1], None
+        projections = self._project(query, denses, fused=fused)
         out, weights, cache = attend(projections, self._dropout_fn(training))
         return self._merge_heads(out, training), weights, cache
 
