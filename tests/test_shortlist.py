@@ -2,6 +2,8 @@
 shortlist in the graph, and the search restricted to it (never a piece outside it; with every
 piece in it, the unrestricted search's answers)."""
 
+import os
+
 import _inference_fixtures as fx
 import numpy as np
 import pytest
@@ -299,6 +301,21 @@ def test_the_saved_model_decodes_over_the_shortlist_by_default_where_it_can_be_b
     with pytest.raises(DataError, match="SentencePiece"):
         export_shortlist(empty, required=True)
     assert not (tmp_path / "shortlist.npz").exists()
+    # A prepared workdir whose shard is gone: the same (the end of a run is not lost to it).
+    from training_helpers import tiny_config
+
+    from keras_transformer.data.prepare import prepare, read_manifest
+
+    config = tiny_config(tmp_path / "work", data={"train": "synthetic:size=100,max_words=6"})
+    prepare(config, verbose=False)
+    layout = Workdir.of(config)
+    os.remove(os.path.join(layout.prepared, read_manifest(layout.prepared)["shards"][0]["file"]))
+    capsys.readouterr()
+    assert export_shortlist(layout, required=False) is None
+    assert capsys.readouterr().err.startswith("no vocabulary shortlist (")
+    with pytest.raises(DataError):
+        export_shortlist(layout, required=True)
+    assert not os.path.exists(layout.shortlist)
 
 
 def test_shortlist_command_on_a_prepared_workdir(tmp_path, capsys):

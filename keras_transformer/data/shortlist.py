@@ -27,7 +27,7 @@ import numpy as np
 
 from keras_transformer import local_files
 from keras_transformer.data.records import prepared_pairs
-from keras_transformer.errors import DataError
+from keras_transformer.errors import DataError, first_line
 from keras_transformer.lexical_table import (  # the table's file and a batch's union
     SHORTLIST_BUCKET,
     SPECIAL_IDS,
@@ -146,17 +146,21 @@ def read_or_build_workdir_shortlist(workdir):
 def export_shortlist(workdir, required=True):
     """The lexical table an export of `workdir` (a `Workdir`) decodes over
     (`read_or_build_workdir_shortlist`), saying on stdout when it was built. Where it cannot be
-    built: `DataError` when `required` (`export.shortlist: true`, `--shortlist`), else None,
-    said in one line on stderr (`export.shortlist` null: the export decodes over the whole
-    vocabulary)."""
+    built (no prepared pairs, a shard missing or unreadable): `DataError` when `required`
+    (`export.shortlist: true`, `--shortlist`), else None, said in one line on stderr
+    (`export.shortlist` null: the export decodes over the whole vocabulary, and the end of a
+    training run is not lost to it)."""
     import sys
 
     try:
         table, built = read_or_build_workdir_shortlist(workdir)
-    except DataError as e:
+    except (DataError, OSError, *local_files.not_found_errors()) as e:
         if required:
-            raise
-        print(f"no vocabulary shortlist ({e}): decoding over the whole vocabulary", file=sys.stderr)
+            raise DataError(first_line(e)) from None
+        print(
+            f"no vocabulary shortlist ({first_line(e)}): decoding over the whole vocabulary",
+            file=sys.stderr,
+        )
         return None
     if built:
         print(f"built the vocabulary shortlist {workdir.shortlist}")
