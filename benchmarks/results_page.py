@@ -336,6 +336,11 @@ COLUMNS = {
             ("LiteRT int8", "litert_int8_same", ""),
         ),
     ],
+    "shortlist_build": [
+        first("pairs", "pairs"),
+        first("pairs per second", "pairs_per_second"),
+        first("seconds", "seconds"),
+    ],
     "glossary": [
         labelled("system", ("", "system", ""), ("fraction", "fraction", "")),
         labelled(
@@ -442,6 +447,10 @@ TITLES = {
     "shortlist_quality": (
         "BLEU with and without the vocabulary shortlist",
         "benchmarks/shortlist_quality.py",
+    ),
+    "shortlist_build": (
+        "Building the vocabulary shortlist's lexical table",
+        "benchmarks/shortlist_build.py",
     ),
     "glossary": ("Glossaries: term use and BLEU", "benchmarks/glossary.py"),
     "guided_alignment": (
