@@ -1,7 +1,7 @@
 """The two-pass top-k (`keras_transformer.decoding.top_k`) gives `ops.top_k`'s answer exactly:
 the same values, the same indices, equal values in the same order (the lower index first),
-however many entries tie, in eager mode, in a graph with an unknown number of rows, and with
-the batched gather the LiteRT export converts."""
+however many entries tie, in eager mode, in a graph with an unknown number of rows or columns
+(a vocabulary shortlist's width), and with the batched gather the LiteRT export converts."""
 
 import numpy as np
 import pytest
@@ -59,6 +59,27 @@ def test_in_a_graph_with_unknown_rows_and_blocks():
         input_signature=[tf.TensorSpec([None, None], tf.float32)],
     )
     _assert_same(columns(x), ops.top_k(x, 9))
+
+
+@pytest.mark.parametrize("width", [40, 3 * TOP_K_BLOCK, 6400, 8193, 41784])
+def test_widths_known_only_when_the_graph_runs(width):
+    """A width unknown when traced (beam search's `[batch, beams * n]` over a shortlist of `n`
+    ids) is padded at run time and takes the two passes: the same answer as `ops.top_k`, even
+    for rows narrower than `k` blocks, and the graph's last TopKV2 sees `k` blocks only."""
+    fn = tf.function(
+        lambda x: blocked_top_k(x, 8), input_signature=[tf.TensorSpec([None, None], tf.float32)]
+    )
+    for levels in (2, 1_000_000):
+        x = _rows(width + levels, 5, width, levels)
+        _assert_same(fn(x), ops.top_k(x, 8))
+    graph = fn.get_concrete_function().graph
+    widths = [op.inputs[0].shape[-1] for op in graph.get_operations() if op.type == "TopKV2"]
+    assert 8 * TOP_K_BLOCK in widths, widths
+    # A known number of rows stays known (a search's loop keeps its variables' shapes).
+    rows_known = tf.function(lambda x: blocked_top_k(x, 8)).get_concrete_function(
+        tf.TensorSpec([5, None], tf.float32)
+    )
+    assert [tuple(x.shape) for x in rows_known.outputs] == [(5, 8), (5, 8)]
 
 
 JAX_CHECK = """

@@ -29,16 +29,24 @@ def length_penalty(length, alpha):
     return ops.power((LENGTH_PENALTY_OFFSET + length) / LENGTH_PENALTY_DIVISOR, alpha)
 
 
+def static_rows(x):
+    """`x`'s leading dimension where it is known when traced, else -1: a reshape that also
+    computes another dimension keeps it (a search's loop keeps its variables' shapes)."""
+    return -1 if x.shape[0] is None else x.shape[0]
+
+
 def flatten_beams(x):
     """`[batch, beams, ...]` -> `[batch * beams, ...]`."""
     shape = ops.shape(x)
-    return ops.reshape(x, (-1,) + tuple(shape[2:]))
+    rows = -1 if None in x.shape[:2] else x.shape[0] * x.shape[1]
+    return ops.reshape(x, (rows,) + tuple(shape[2:]))
 
 
 def unflatten_beams(x, beam_size):
     """`[batch * beams, ...]` -> `[batch, beams, ...]`."""
     shape = ops.shape(x)
-    return ops.reshape(x, (-1, beam_size) + tuple(shape[1:]))
+    batch = -1 if x.shape[0] is None else x.shape[0] // beam_size
+    return ops.reshape(x, (batch, beam_size) + tuple(shape[1:]))
 
 
 def expand_to_beams(x, beam_size):

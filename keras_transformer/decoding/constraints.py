@@ -48,6 +48,7 @@ from keras_transformer.decoding.beams import (
     gather_beams,
     gather_flat_beams,
     length_penalty,
+    static_rows,
     unflatten_beams,
 )
 from keras_transformer.decoding.top_k import blocked_top_k
@@ -91,9 +92,10 @@ def _candidates(state, progress, log_probs, constraints, token_ids):
     k, vocab = _dim(log_probs, 1), _dim(log_probs, 2)
     batch = ops.shape(log_probs)[0]
     alive = ops.expand_dims(state.alive_log_probs, 2)  # [batch, k, 1]
-    flat = ops.reshape(alive + log_probs, (-1, k * vocab))
+    flat = ops.reshape(alive + log_probs, (static_rows(log_probs), k * vocab))
     top_values, top_indices = blocked_top_k(flat, CANDIDATES_PER_BEAM * k)  # [batch, 2k]
-    top_token = ops.take_along_axis(ops.reshape(log_probs, (-1, k * vocab)), top_indices, axis=1)
+    flat_log_probs = ops.reshape(log_probs, (static_rows(log_probs), k * vocab))
+    top_token = ops.take_along_axis(flat_log_probs, top_indices, axis=1)
     top_beams = ops.cast(top_indices // vocab, "int32")
     top_columns = ops.cast(top_indices % vocab, "int32")
     # Each beam's best token.

@@ -49,6 +49,7 @@ from keras_transformer.decoding.beams import (  # noqa: F401 (the beam helpers, 
     gather_beams,
     gather_flat_beams,
     length_penalty,
+    static_rows,
     unflatten_beams,
 )
 from keras_transformer.decoding.constraints import constrained_beam_search
@@ -173,14 +174,14 @@ def _top_candidates(state, log_probs, k, length, token_ids=None):
     """
     vocab = ops.shape(log_probs)[-1]
     candidates = ops.expand_dims(state.alive_log_probs, 2) + log_probs  # [batch, k, vocab]
-    candidates = ops.reshape(candidates, (-1, k * vocab))  # [batch, k * vocab]
+    candidates = ops.reshape(candidates, (static_rows(log_probs), k * vocab))  # [b, k * vocab]
     top_log_probs, top_indices = blocked_top_k(candidates, CANDIDATES_PER_BEAM * k)  # [b, 2k]
     top_beams = ops.cast(top_indices // vocab, "int32")  # [batch, 2k]
     top_tokens = ops.cast(top_indices % vocab, "int32")  # [batch, 2k] columns
     if token_ids is not None:
         top_tokens = ops.take(token_ids, top_tokens, axis=0)  # [batch, 2k] their ids
     # log p of each candidate's new token alone (not a difference of sums: no rounding).
-    flat_log_probs = ops.reshape(log_probs, (-1, k * vocab))  # [batch, k * vocab]
+    flat_log_probs = ops.reshape(log_probs, (static_rows(log_probs), k * vocab))
     top_token_log_probs = ops.take_along_axis(flat_log_probs, top_indices, axis=1)  # [batch, 2k]
     top_seqs = gather_beams(state.alive_seqs, top_beams)  # [batch, 2k, L]
     top_seqs = _write_column(top_seqs, length, top_tokens)
