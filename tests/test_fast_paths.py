@@ -758,6 +758,100 @@ def test_beam_search_concatenates_the_fused_projections_once_not_at_every_step()
     np.testing.assert_allclose(scores, ref_scores, atol=1e-5)
 
 
+def test_beam_caches_attend_without_zeroing_empty_rows(monkeypatch):
+    """On shared beam caches every attention row has a key (a hypothesis sees its own position,
+    an input its own EOS), so each of the search's attentions skips the pass that zeroes rows
+    without one: every call asks for none; the answers equal those of per-beam caches, whose
+    plain attention keeps the pass (to 1e-5)."""
+    from keras_transformer.decoding import beam_cache
+
+    keras.utils.set_random_seed(5)
+    model = tiny_model()
+    src = np.array([[5, 6, 7, 3, 0], [8, 9, 3, 0, 0]], "int32")
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("zero_empty_rows", True))
+        return scaled_dot_product_attention(*args, **kwargs)
+
+    monkeypatch.setattr(beam_cache, "scaled_dot_product_attention", spy)
+
+    def run(kernels):
+        fn = tf.function(
+            lambda s: translate_ids(model, s, beam_size=4, max_extra_length=4, kernels=kernels)
+        )
+        return [np.asarray(x) for x in fn(src)[:2]]
+
+    ids, scores = run(model.kernels)
+    assert model.kernels.uses("shared_beam_caches")
+    assert calls == [False] * (2 * len(model.decoder.blocks))  # traced once: one per attention
+    ref_ids, ref_scores = run(model.kernels.without("shared_beam_caches"))
+    assert len(calls) == 2 * len(model.decoder.blocks)  # the per-beam caches' own attention
+    np.testing.assert_array_equal(ids, ref_ids)
+    np.testing.assert_allclose(scores, ref_scores, atol=1e-5)
+
+
+def test_growing_caches_double_when_full_and_keep_what_was_written():
+    """In a TF graph a growing cache starts `min(16, buffer)` long (a length unknown when
+    traced); at a position past its end it doubles, at most to the buffer, the old positions
+    kept and zeros after them; inside it, it is the same buffer."""
+    from keras_transformer.layers import _fast_paths as kernels_module
+
+    start = kernels_module.GROWING_CACHE_START
+    assert kernels_module.growing_cache_length(40) is None  # eager: fixed shapes
+
+    @tf.function
+    def lengths(buffer):
+        first = kernels_module.growing_cache_length(buffer)
+        assert first.shape == [] and tf.get_static_value(first) is None
+        keys = tf.reshape(tf.range(2 * 3 * first * 2, dtype=tf.float32), [2, 3, first, 2])
+        caches, seen = [(keys, keys + 1.0)], []
+        for index in range(buffer):  # the search's positions
+            caches = kernels_module.grown_caches(caches, index, buffer)
+            seen.append(tf.shape(caches[0][0])[2])
+        return first, tf.stack(seen), keys, caches
+
+    first, seen, keys, caches = lengths(40)
+    assert int(first) == start
+    assert list(np.asarray(seen)) == [16] * 16 + [32] * 16 + [40] * 8
+    grown = np.asarray(caches[0][1])
+    np.testing.assert_array_equal(grown[:, :, :start], np.asarray(keys) + 1.0)
+    assert not grown[:, :, start:].any()
+    assert int(lengths(5)[0]) == 5  # a buffer shorter than the start
+
+
+def test_beam_search_on_growing_caches_equals_full_length_caches(monkeypatch):
+    """Beam search over outputs longer than the caches' start (they grow 16 -> 32 -> 40, their
+    buffer) finds what it finds with caches of the whole buffer from the first step: the same
+    ids, scores to 1e-5; over a shortlist too."""
+    from keras_transformer.layers import _fast_paths as kernels_module
+
+    keras.utils.set_random_seed(5)
+    model = tiny_model(dropout=0.0)
+    model({"source_ids": np.ones((1, 2), "int32"), "target_ids": np.ones((1, 2), "int32")})
+    embeddings = model.target_embedding.embeddings
+    embeddings.assign(tf.tensor_scatter_nd_update(embeddings, [[3]], tf.zeros([1, 32])))
+    src = np.array([[5, 6, 7, 8, 9, 3], [8, 9, 3, 0, 0, 0]], "int32")  # buffer 6 + 34 = 40
+
+    class Table:  # a shortlist of half the vocabulary
+        translations = np.tile(np.arange(4, 24, dtype="int32"), (40, 1))
+        frequent = np.arange(4, 8, dtype="int32")
+
+    def run(shortlist):
+        fn = tf.function(
+            lambda s: translate_ids(model, s, beam_size=4, max_extra_length=34, shortlist=shortlist)
+        )
+        return [np.asarray(x) for x in fn(src)[:2]]
+
+    results = {shortlist: run(shortlist) for shortlist in (None, Table)}
+    monkeypatch.setattr(kernels_module, "growing_cache_length", lambda max_length: None)
+    for shortlist, (ids, scores) in results.items():
+        ref_ids, ref_scores = run(shortlist)
+        assert (ref_ids > 0).sum(axis=1).max() > 2 * kernels_module.GROWING_CACHE_START
+        np.testing.assert_array_equal(ids, ref_ids)
+        np.testing.assert_allclose(scores, ref_scores, atol=1e-5)
+
+
 @pytest.mark.scenario
 @pytest.mark.parametrize("trained", [True, False])
 def test_shared_beam_caches_equal_reordered_caches(copy_model, trained):

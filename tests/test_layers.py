@@ -65,6 +65,13 @@ def test_fully_masked_rows_give_zeros_not_nan():
     np.testing.assert_array_equal(w[0, 2], 0.0)
     np.testing.assert_array_equal(out[0, 2], 0.0)
     np.testing.assert_allclose(w[0, [0, 1, 3]].sum(-1), 1.0, atol=1e-6)
+    # Without the zeroing pass (for callers whose rows all have a key): the same rows that have
+    # keys, and the empty row's weights spread evenly over its keys.
+    out2, w2 = (np_(x) for x in scaled_dot_product_attention(q, k, v, mask, zero_empty_rows=False))
+    rows = [0, 1, 3]
+    np.testing.assert_array_equal(w2[0, rows], w[0, rows])
+    np.testing.assert_array_equal(out2[0, rows], out[0, rows])
+    np.testing.assert_allclose(w2[0, 2], 0.25, atol=1e-6)
 
 
 # ---------------------------------------------------------------- positional encoding

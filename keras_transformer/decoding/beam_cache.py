@@ -7,6 +7,11 @@ cache has one slot per beam: each step writes each hypothesis's keys/values into
 beam, and a mask lets every hypothesis attend only to the keys its own history wrote (its
 ancestors' slots at earlier positions). The encoder keys/values are held once per input. So no
 cache is repeated per beam or reordered (`SharedByBeams` keeps the search's hands off them).
+In a TensorFlow graph outside XLA the self-attention caches also start short (16 positions) and
+double whenever a step reaches their end, up to the output buffer: each step's attention reads the
+positions written so far, rounded up, not the whole buffer (sized for the longest output the
+request allows). Every attention row here has an allowed key (a hypothesis sees its own
+position, an input its own EOS), so the attention skips zeroing rows without one.
 
 The public layers keep their one cache form, `(keys, values)`: this module runs the model's
 decoder step protocol (`Transformer.embed_target`, `Transformer.decoder_step`) with attentions of
@@ -19,7 +24,12 @@ from typing import Any, NamedTuple
 
 from keras import ops
 
-from keras_transformer.layers.attention import scaled_dot_product_attention, write_cache
+from keras_transformer.layers.attention import (
+    growing_cache_length,
+    grown_caches,
+    scaled_dot_product_attention,
+    write_cache,
+)
 
 
 class SharedByBeams(NamedTuple):
@@ -90,8 +100,9 @@ def _attend(projections, dropout_fn, cache, cache_update_index, kernels, in_plac
             writes.append(write_cache(buffer, x, cache_update_index, kernels, in_place))
         cache = BeamCache(*writes, cache.mask)
     keys, values = _per_head(cache.keys, heads), _per_head(cache.values, heads)
+    # Every row has a key: a hypothesis sees its own position, an input its own EOS at least.
     out, weights = scaled_dot_product_attention(
-        _group_beams(q, beams), keys, values, mask=cache.mask, dropout_fn=dropout_fn
+        _group_beams(q, beams), keys, values, cache.mask, dropout_fn, zero_empty_rows=False
     )  # [batch, heads, beams, d_v]
     return _ungroup_beams(out), weights, cache
 
@@ -146,7 +157,9 @@ def shared_beam_decoder(
     """The decoding caches of `model` for `beams` beams per input, held once per input.
 
     Returns `(decode, self_attention)`: `self_attention` the initial self-attention caches, per
-    layer `(keys, values)` `[batch, heads * beams, max_length, d]` zeros; `decode(target_ids,
+    layer `(keys, values)` `[batch, heads * beams, max_length, d]` zeros (in a TensorFlow graph
+    outside XLA `layers.attention.growing_cache_length(max_length)` long: `decode` doubles them
+    when full, so each step reads the positions written so far, rounded up); `decode(target_ids,
     index, history, self_attention) -> (logits, self_attention)` decodes `target_ids`
     `[batch * beams, 1]` at position `index`, where `history` int32 `[batch * beams,
     max_length]` holds for each hypothesis the beam slot of its key/value at each position (its
@@ -156,8 +169,10 @@ def shared_beam_decoder(
     values into the caches' own buffers: the caller must not read a cache it passed again.
     `output_ids` (a vocabulary shortlist, `init_cache`'s): the logits cover only those ids.
     """
-    cache = model.init_cache(encoder_output, max_length, model.num_heads * beams, output_ids)
-    self_attention = cache.pop("self_attention")  # per layer ([batch, h * k, buffer, d], same)
+    start = growing_cache_length(max_length)  # None: one length throughout
+    length = max_length if start is None else start
+    cache = model.init_cache(encoder_output, length, model.num_heads * beams, output_ids)
+    self_attention = cache.pop("self_attention")  # per layer ([batch, h * k, length, d], same)
     batch, s_len = ops.shape(source_mask)[0], ops.shape(source_mask)[1]
     source_mask = ops.reshape(ops.cast(source_mask, "bool"), (-1, 1, 1, s_len))
     source_mask = ops.broadcast_to(source_mask, (batch, 1, beams, s_len))  # [batch, 1, k, s_len]
@@ -170,9 +185,16 @@ def shared_beam_decoder(
     fused = [block.self_attention.fused_weights() for block in model.decoder.blocks]
 
     def decode(target_ids, index, history, self_attention):
-        own = ops.equal(ops.reshape(history, (-1, beams, 1, max_length)), slot_ids)
-        own = ops.logical_and(own, ops.less_equal(positions, index))  # written so far
-        mask = ops.reshape(own, (-1, 1, beams, beams * max_length))  # [batch, 1, k, k * buffer]
+        if start is not None:  # growing caches: long enough for position `index`
+            self_attention = grown_caches(self_attention, index, max_length)
+            length = ops.shape(self_attention[0][0])[2]
+            history, written = history[:, :length], positions[:length]
+        else:
+            length, written = max_length, positions
+        batch = -1 if history.shape[0] is None else history.shape[0] // beams  # kept if known
+        own = ops.equal(ops.reshape(history, (batch, beams, 1, length)), slot_ids)
+        own = ops.logical_and(own, ops.less_equal(written, index))  # written so far
+        mask = ops.reshape(own, (batch, 1, beams, beams * length))  # [batch, 1, k, k * length]
         layers = [BeamCache(keys, values, mask) for keys, values in self_attention]
         step_cache = {**cache, "self_attention": layers}
         logits, new = _decode_step(model, target_ids, index, step_cache, in_place, fused)

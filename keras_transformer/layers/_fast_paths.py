@@ -182,6 +182,41 @@ def _tf_write_in_place(cache, update, index):
     return tf.reshape(out, shape)
 
 
+# Beam search's shared caches (`decoding.beam_cache`) in a TensorFlow graph outside XLA start
+# this many positions long and double when full: each step's attention reads the positions
+# written so far, rounded up, instead of the whole output buffer.
+GROWING_CACHE_START = 16
+
+
+def growing_cache_length(max_length):
+    """The first length of beam search's growing caches (an int32 scalar at most `max_length`),
+    or None where caches keep one length (other backends, eager, XLA: fixed shapes)."""
+    if not _inplace_writes_allowed():
+        return None
+    import tensorflow as tf
+
+    start = tf.minimum(GROWING_CACHE_START, tf.cast(max_length, tf.int32))
+    # A length unknown when traced, so that the search's loop accepts caches whose length
+    # changes (tf.while_loop keeps the shapes its variables enter with).
+    return tf.raw_ops.PlaceholderWithDefault(input=start, shape=[])
+
+
+def grown_caches(caches, index, max_length):
+    """`caches` (per layer `(keys, values)` `[b, rows, length, d]`) as they are while position
+    `index` is inside them, else twice as long (at most `max_length`), zeros after the old
+    positions: a fresh buffer, which the search may write in place."""
+    import tensorflow as tf
+
+    length = tf.shape(caches[0][0])[2]
+
+    def grow():
+        longer = tf.minimum(2 * length, tf.cast(max_length, tf.int32))
+        padding = [[0, 0], [0, 0], [0, longer - length], [0, 0]]
+        return [tuple(tf.pad(x, padding) for x in pair) for pair in caches]
+
+    return tf.cond(index < length, lambda: [tuple(pair) for pair in caches], grow)
+
+
 def fresh_zeros(shape, dtype):
     """Zeros in a buffer of their own that graph optimizers never turn into a constant (TF's
     `Empty` op is marked do-not-optimize), so in-place cache writes may change it; `ops.zeros` on
@@ -202,8 +237,8 @@ def layer_norm(kernels, layer, inputs):
     where it does not apply (other backends, other axes, `rms_scaling`, no center or scale).
 
     Differentiated automatically, Keras's arithmetic keeps several activation-sized tensors per
-    layer for the backward pass; here only the normalized input and `1 / sqrt(var + epsilon)`
-    are kept, and the backward pass is the closed form
+    layer for the backward pass; here only the centred input `x - mean` and
+    `1 / sqrt(var + epsilon)` are kept, and the backward pass is the closed form
     `dx = (g - mean(g) - x_hat * mean(g * x_hat)) / sqrt(var + epsilon)` with `g = dy * gamma`.
     """
     last_axis = (-1, [-1], len(inputs.shape) - 1, [len(inputs.shape) - 1])
@@ -230,12 +265,19 @@ def _tf_layer_norm(x, gamma, beta, epsilon):
 
     @tf.custom_gradient
     def layer_norm(x, gamma, beta):
-        mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
+        # Five passes over x: the mean, x - mean, its square, their mean, the output (with
+        # gamma folded into 1 / sqrt(var + epsilon), a row vector). tf.nn.moments and
+        # normalising before scaling take two more (18 normalisations of a [128, 1, 512] decoder
+        # step: 0.63 against 0.88 ms on 2 AMD EPYC cores). The backward pass's x_hat is
+        # computed only when a gradient is asked for.
+        mean = tf.reduce_mean(x, axis=-1, keepdims=True)
+        centered = x - mean
+        variance = tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True)
         inv_std = tf.math.rsqrt(variance + epsilon)
-        x_hat = (x - mean) * inv_std
-        outputs = x_hat * gamma + beta
+        outputs = beta + centered * (inv_std * gamma)
 
         def grad(d_outputs):
+            x_hat = centered * inv_std
             batch_axes = list(range(len(x.shape) - 1))
             d_beta = tf.reduce_sum(d_outputs, axis=batch_axes)
             d_gamma = tf.reduce_sum(d_outputs * x_hat, axis=batch_axes)

@@ -23,7 +23,9 @@ def head_size(d_model, num_heads):
     return d_model // num_heads
 
 
-def scaled_dot_product_attention(query, key, value, mask=None, dropout_fn=None):
+def scaled_dot_product_attention(
+    query, key, value, mask=None, dropout_fn=None, zero_empty_rows=True
+):  # fmt: skip
     """softmax(Q K^T / sqrt(d_k)) V, the paper's equation (1).
 
     Args:
@@ -33,6 +35,10 @@ def scaled_dot_product_attention(query, key, value, mask=None, dropout_fn=None):
         mask: optional boolean tensor broadcastable to `[..., q_len, k_len]`; True means the query
             may attend to the key. Rows with no allowed key give all-zero weights (never NaN).
         dropout_fn: optional callable applied to the attention weights (attention dropout).
+        zero_empty_rows: give rows with no allowed key all-zero weights (a pass over the
+            weights). False where the caller knows every row has an allowed key (beam search's
+            caches: each hypothesis sees its own position); a row without one then spreads its
+            weights evenly over its keys.
 
     Returns:
         `(output, attention_weights)` with shapes `[..., q_len, d_v]` and `[..., q_len, k_len]`.
@@ -60,7 +66,7 @@ def scaled_dot_product_attention(query, key, value, mask=None, dropout_fn=None):
         mask = ops.cast(mask, "bool")
         logits = ops.where(mask, logits, NEG_INF)
     weights = ops.softmax(logits, axis=-1)
-    if mask is not None:
+    if mask is not None and zero_empty_rows:
         # A fully masked row softmaxes to uniform weights over forbidden keys; zero it instead.
         weights = ops.where(mask, weights, ops.zeros_like(weights))
     weights = ops.cast(weights, compute_dtype)
@@ -88,6 +94,20 @@ def cache_zeros(shape, dtype):
     in TensorFlow graphs a buffer of its own, which graph optimizers never fold into a constant,
     so in-place writes may change it; `ops.zeros` elsewhere."""
     return _fast_paths.fresh_zeros(shape, dtype)
+
+
+def growing_cache_length(max_length):
+    """The first length of caches that grow as decoding goes (beam search's shared caches,
+    `decoding.beam_cache`): an int32 scalar, at most `max_length`, in a TensorFlow graph
+    outside XLA; None elsewhere, where caches keep one length (fixed shapes)."""
+    return _fast_paths.growing_cache_length(max_length)
+
+
+def grown_caches(caches, index, max_length):
+    """Growing caches (per layer `(keys, values)` `[batch, rows, length, d]`) long enough for
+    position `index`: as they are while it is inside them, else twice as long (at most
+    `max_length`), the old positions kept and zeros after them."""
+    return _fast_paths.grown_caches(caches, index, max_length)
 
 
 class OwnedCache(NamedTuple):
