@@ -20,6 +20,7 @@ LiteRT export's decoder steps (`keras_transformer.export.litert_graphs`), which 
 
 from keras import ops
 
+from keras_transformer.decoding.beams import static_rows
 from keras_transformer.search_rules import NEG_INF
 
 TOP_K_BLOCK = 64  # entries per block
@@ -61,15 +62,14 @@ def blocked_top_k(x, k, block=TOP_K_BLOCK, gather=None):
     A width known only when the graph runs (a vocabulary shortlist's, in a traced
     TensorFlow graph) is padded so: to a multiple of `block`, and to `k` blocks at least."""
     width = x.shape[-1]
-    if width is None:  # a tensor: padded at run time
-        width = ops.shape(x)[-1]
-        blocks = ops.maximum((width + block - 1) // block, k)
-        x = ops.pad(x, ((0, 0), (0, blocks * block - width)), constant_values=2.0 * NEG_INF)
-        rows = -1 if x.shape[0] is None else x.shape[0]  # kept where known
-        return top_k_of_blocks(ops.reshape(x, (rows, blocks, block)), k, gather)
-    if width <= 4 * k * block:
+    if width is not None and width <= 4 * k * block:
         return ops.top_k(x, k)
-    blocks = -(-width // block)
-    if blocks * block != width:
-        x = ops.pad(x, ((0, 0), (0, blocks * block - width)), constant_values=2.0 * NEG_INF)
-    return top_k_of_blocks(ops.reshape(x, (-1, blocks, block)), k, gather)
+    if width is None:  # a tensor: blocks counted, and the rows padded, at run time
+        width = ops.shape(x)[-1]
+        blocks = ops.maximum(-(-width // block), k)
+    else:
+        blocks = -(-width // block)
+    padding = blocks * block - width
+    if not isinstance(padding, int) or padding:
+        x = ops.pad(x, ((0, 0), (0, padding)), constant_values=2.0 * NEG_INF)
+    return top_k_of_blocks(ops.reshape(x, (static_rows(x), blocks, block)), k, gather)
