@@ -42,6 +42,7 @@ what a request pays per step with its caches grown bucket by bucket against size
 """
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -54,6 +55,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks.common import emit  # noqa: E402
 from benchmarks.serve_compare import SHAPES, build_model  # noqa: E402
+from keras_transformer.search_rules import NEG_INF  # noqa: E402
 
 VARIANTS = ("full", "plain_top_k", "no_head", "no_attention")
 
@@ -148,6 +150,9 @@ def convert_variant(model, settings, quantization, variant):
 
     if variant == "shortlist":
         return _convert_step(model, settings, quantization, litert_graphs.shortlist_step_function)
+    if variant == "shortlist_mask":
+        masked = functools.partial(litert_graphs.step_function, masked=True)
+        return _convert_step(model, settings, quantization, masked, "mask")
     if variant == "shortlist_gathered_logits":
         function = _gathered_logits_step(litert_graphs)
         return _convert_step(model, settings, quantization, function)
@@ -171,8 +176,8 @@ def convert_variant(model, settings, quantization, variant):
          litert_graphs.blocked_top_k, model.project, model.vocab_size) = saved  # fmt: skip
 
 
-def _convert_step(model, settings, quantization, step_function=None):
-    """The step alone (`step_function`: another of `litert_graphs`' steps, with the shortlist
+def _convert_step(model, settings, quantization, step_function=None, shortlist="columns"):
+    """The step alone (`step_function`: another of `litert_graphs`' steps, with the `shortlist`
     step's inputs), as `litert.convert_graphs` converts it."""
     import tensorflow as tf
 
@@ -187,7 +192,7 @@ def _convert_step(model, settings, quantization, step_function=None):
     step = step_function(
         model, beams, 2 * beams, (settings.pad_id, settings.bos_id), settings.eos_id, quantized
     )
-    specs = litert._specs(model, beams, shortlist=listed)
+    specs = litert._specs(model, beams, shortlist=listed and shortlist)
     function = tf.function(step, input_signature=specs, autograph=False)
     return litert._convert(function, quantization)[0]
 
@@ -205,7 +210,9 @@ def ready_interpreter(flatbuffer, cfg, beams, positions=None, columns=None):
     for i in range(cfg["layers"]):
         shapes[f"self_keys_{i}"] = shapes[f"self_values_{i}"] = [c, heads, beams * positions, size]
         shapes[f"cross_keys_{i}"] = shapes[f"cross_values_{i}"] = [c, heads, cfg["src"], size]
-    if columns is not None:  # the shortlist step's inputs
+    if columns is not None and "output_mask" in inputs:  # the masked shortlist step's
+        shapes["output_mask"] = [cfg["vocab"]]
+    elif columns is not None:  # the shortlist step's inputs
         shapes.update(output_ids=[columns], output_bias=[columns])
         shapes["output_kernel"] = [cfg["d"], columns]
     for name, shape in shapes.items():
@@ -218,6 +225,10 @@ def ready_interpreter(flatbuffer, cfg, beams, positions=None, columns=None):
         elif name == "output_ids":  # the special ids (EOS among them), then increasing ids
             value = np.sort(rng.choice(np.arange(4, cfg["vocab"]), shape[0] - 4, replace=False))
             value = np.concatenate([np.arange(4), value]).astype("int32")
+        elif name == "output_mask":  # the special ids, then `columns` ids at random
+            listed = rng.choice(np.arange(4, cfg["vocab"]), columns - 4, replace=False)
+            value = np.full(shape, NEG_INF, "float32")
+            value[np.concatenate([np.arange(4), listed])] = 0.0
         elif name == "position":
             value = np.array([positions // 2], "int32")
         elif name.endswith("bias"):
@@ -257,7 +268,8 @@ def main():
         cfg = SHAPES[name]
         model = build_model(cfg)
         variants = VARIANTS + (("own_slots",) if args.cache_variants else ())
-        listed = ("shortlist", "shortlist_gathered_logits") if args.shortlist_width else ()
+        listed = ("shortlist", "shortlist_gathered_logits", "shortlist_mask")
+        listed = listed if args.shortlist_width else ()
         flatbuffers = {
             v: convert_variant(model, settings, args.quantization, v) for v in variants + listed
         }

@@ -80,6 +80,95 @@ def test_the_chunks_shortlist_holds_eos_prefix_and_constraint_pieces():
     )
 
 
+def test_the_chunks_mask_is_its_shortlist():
+    """The masked step's `output_mask` of a chunk: 0 at exactly its shortlist's ids (the
+    special ids, EOS among them, the table's pieces, the prefix and constraint pieces), NEG_INF
+    at every other id of the vocabulary."""
+    table = _table(np.array([[i % 9 + 20] for i in range(50)]), frequent=[11])
+    prefix = np.array([[41, 0], [7, 12]])
+    constraints = np.array([[[30, 31], [0, 0]], [[44, 0], [0, 0]]])
+    source = np.array([[7, 9], [3, 0]])
+    mask = runtime._shortlist_mask(table, 60, source, prefix, constraints)["output_mask"]
+    assert mask.shape == (60,) and mask.dtype == np.float32
+    ids, real = batch_shortlist(
+        table.translations,
+        table.frequent,
+        source,
+        extra_ids=np.concatenate([prefix.ravel(), constraints.ravel()]),
+    )
+    assert np.flatnonzero(mask == 0).tolist() == ids[real].tolist()
+    assert {3, 11, 20, 23, 27, 41, 7, 12, 30, 31, 44} <= set(ids[real].tolist())
+    assert (mask[mask != 0] <= -1e9).all()
+
+
+def _masked_and_plain_steps(model, beams, mask, top_k=4, seed=0):
+    """The LiteRT graphs' constrained step, masked by `mask` and not, run eagerly on random
+    caches with every id of the vocabulary wanted: `(masked outputs, plain outputs)`."""
+    from keras_transformer.export import litert_graphs
+
+    rng = np.random.default_rng(seed)
+    batch, heads, size, positions, source = 2, model.num_heads, model.head_dim, 3, 4
+    caches = {}
+    for i in range(len(model.decoder.blocks)):
+        for kind in ("keys", "values"):
+            shape = (batch, heads, beams * positions, size)
+            caches[f"self_{kind}_{i}"] = rng.normal(size=shape).astype("float32")
+            shape = (batch, heads, source, size)
+            caches[f"cross_{kind}_{i}"] = rng.normal(size=shape).astype("float32")
+    inputs = (
+        rng.integers(4, model.vocab_size, batch * beams).astype("int32"),
+        np.array([positions - 1], "int32"),
+        np.zeros((batch, 1, beams, beams * positions), "float32"),
+        np.zeros((batch, 1, 1, source), "float32"),
+        caches,
+    )
+    wanted = np.tile(np.arange(model.vocab_size, dtype="int32"), (batch * beams, 1))
+    out = []
+    for masked in (True, False):
+        step = litert_graphs.constrained_step_function(
+            model, beams, top_k, banned_ids=(0, 2), eos_id=3, masked=masked
+        )
+        more = (mask, wanted) if masked else (wanted,)
+        out.append({k: np.asarray(v) for k, v in step(*inputs, *more).items()})
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_masked_step_is_the_log_softmax_over_the_shortlist(copy_model, seed):
+    """The masked step's log-probabilities are the plain step's renormalised over the mask's
+    ids: the same differences between any two listed ids, probabilities summing to one over
+    the listed ids (padding and BOS among them), every other id impossible, the top ones the
+    best listed ids, EOS's its own; the new keys and values are the plain step's."""
+    rng = np.random.default_rng(seed)
+    vocab = copy_model.vocab_size
+    listed = np.zeros(vocab, bool)
+    listed[rng.choice(np.arange(4, vocab), vocab // 3, replace=False)] = True
+    listed[:4] = True  # the special ids are in every shortlist
+    mask = np.where(listed, 0.0, -1e9).astype("float32")
+    masked, plain = _masked_and_plain_steps(copy_model, 2, mask, seed=seed)
+    for name in plain:
+        if name.startswith("new_"):
+            np.testing.assert_array_equal(masked[name], plain[name])
+    a, b = masked["wanted_log_probs"], plain["wanted_log_probs"]  # [rows, vocab]
+    ok = listed.copy()
+    ok[[0, 2]] = False  # padding and BOS: banned, though in the normaliser
+    shift = a[:, ok] - b[:, ok]  # log of the listed ids' share of the probability
+    np.testing.assert_allclose(shift, shift[:, :1] * np.ones_like(shift), atol=1e-4)
+    assert (shift > -1e-5).all()
+    assert (a[:, ~listed] < -1e8).all() and (a[:, [0, 2]] < -1e8).all()
+    # renormalised over fewer ids: more probability each, never more than one in all
+    assert (np.exp(a[:, ok]).sum(1) >= np.exp(b[:, ok]).sum(1) - 1e-6).all()
+    assert (np.exp(a[:, ok]).sum(1) <= 1 + 1e-5).all()
+    best = np.sort(np.where(ok, a, -np.inf), axis=1)[:, ::-1][:, :4]
+    np.testing.assert_allclose(masked["top_log_probs"], best, atol=1e-5)
+    assert listed[masked["top_ids"]].all()
+    np.testing.assert_allclose(masked["eos_log_probs"], a[:, 3], atol=1e-5)
+    # no mask at all: the plain step's answers
+    masked, plain = _masked_and_plain_steps(copy_model, 2, np.zeros(vocab, "float32"), seed=seed)
+    for name in plain:
+        np.testing.assert_array_equal(masked[name], plain[name])
+
+
 def test_the_chunks_columns_are_padded_to_whole_blocks_of_at_least_k():
     """The step's blocked top-k needs the columns in whole blocks, at least K of them: a
     shortlist is padded with masked padding columns (id 0) to both, never cut."""
@@ -95,23 +184,14 @@ def test_the_chunks_columns_are_padded_to_whole_blocks_of_at_least_k():
         assert (ids[bias < -1e8] == 0).all() and (bias[len(plain[real]) :] < -1e8).all()
 
 
-@pytest.mark.parametrize("kind", ["float32", "float16", "dynamic_int8", "untied"])
+@pytest.mark.parametrize("kind", ["float32", "float16", "untied"])
 def test_the_output_columns_are_the_projections_columns(kind):
     """`output_columns` gives, for each shortlist id, the projection's column as the export
-    holds it: float32 rows exactly, float16 rows widened, int8 rows times their fixed-point
-    scales (within one int8 step of the float row); an untied projection's biases at the real
-    columns; NEG_INF at the padding."""
-    from keras_transformer.export.litert_graphs import fixed_point_scales, quantized_rows
-
+    holds it: float32 rows exactly, float16 rows widened; an untied projection's biases at the
+    real columns; NEG_INF at the padding."""
     rng = np.random.default_rng(3)
     matrix = rng.normal(size=(40, 6)).astype("float32")
-    matrix[5] *= 1e-3  # a row far smaller than the others keeps its own scale
-    if kind == "dynamic_int8":
-        q, scale = quantized_rows(matrix)
-        steps, unit = fixed_point_scales(scale)
-        rows = {"rows_int8": q, "scale_steps": steps, "scale_unit": np.float64(unit)}
-    else:
-        rows = {"rows": matrix.astype("float16" if kind == "float16" else "float32")}
+    rows = {"rows": matrix.astype("float16" if kind == "float16" else "float32")}
     if kind == "untied":
         rows["bias"] = rng.normal(size=40).astype("float32")
     ids = np.array([0, 3, 5, 17, 39, 0, 0], "int32")
@@ -121,11 +201,7 @@ def test_the_output_columns_are_the_projections_columns(kind):
     expected = matrix[ids].T
     if kind == "float16":
         expected = matrix[ids].astype("float16").astype("float32").T
-    if kind == "dynamic_int8":
-        step = np.abs(matrix[ids]).max(axis=1) / 127.0
-        assert (np.abs(kernel - expected) <= 0.5 * step[None, :] * (1 + 1e-5)).all()
-    else:
-        np.testing.assert_array_equal(kernel, expected)
+    np.testing.assert_array_equal(kernel, expected)
     want = rows["bias"][ids[:5]] if kind == "untied" else np.zeros(5, "float32")
     np.testing.assert_array_equal(bias[:5], want)
     assert (bias[5:] < -1e8).all()
@@ -144,7 +220,7 @@ def test_export_refuses_a_table_of_another_vocabulary(copy_model, toy_spm_bytes,
 @pytest.fixture(scope="module")
 def listed_dirs(copy_model, toy_spm_bytes, _shared_root):
     """The copy model exported in float32 and int8 with a table of every piece (the tests
-    give the runtime other tables), the float32 one with its constrained steps too."""
+    give the runtime other tables) and its constrained steps."""
     from shared_runs import shared_directory
 
     from keras_transformer.config import DecodingSettings
@@ -156,7 +232,7 @@ def listed_dirs(copy_model, toy_spm_bytes, _shared_root):
     def export(base):
         for q in quantizations:
             export_litert(copy_model, toy_spm_bytes, str(base / q), q, fx.EXPORT_DATA, settings,
-                          shortlist=table, constraints=q == "float32")  # fmt: skip
+                          shortlist=table, constraints=True)  # fmt: skip
 
     base = shared_directory(_shared_root, "litert_shortlist_copy_model", export)
     return {q: str(base / q) for q in quantizations}
@@ -184,14 +260,18 @@ def test_the_export_holds_the_table_and_both_steps(listed_dirs):
         with open(os.path.join(directory, "keras_transformer.json")) as f:
             meta = json.load(f)
         assert meta["shortlist"]["table"] == "shortlist.npz"
-    names = set(os.listdir(listed_dirs["float32"]))
-    assert "decoder_step_shortlist_constrained.tflite" in names
+        assert "decoder_step_shortlist_constrained.tflite" in names
+        # int8: the step's own product masked; float: the shortlist's columns, from their rows
+        masked = meta["quantization"] == "dynamic_int8"
+        assert meta["shortlist"]["head"] == ("mask" if masked else "columns")
+        assert ("shortlist_output.npz" in names) is not masked
 
 
 @pytest.mark.scenario
-def test_a_table_of_every_piece_answers_as_without(listed_dirs):
-    plain = litert.load(listed_dirs["float32"])
-    listed = litert.load(listed_dirs["float32"], shortlist=True)
+@pytest.mark.parametrize("quantization", ["float32", "dynamic_int8"])
+def test_a_table_of_every_piece_answers_as_without(listed_dirs, quantization):
+    plain = litert.load(listed_dirs[quantization])
+    listed = litert.load(listed_dirs[quantization], shortlist=True)
     assert plain.shortlist is None and listed.shortlist is not None
     a, b = plain.translate_nbest(REQUEST), listed.translate_nbest(REQUEST)
     assert a["translations"] == b["translations"]
@@ -248,18 +328,22 @@ def test_prefix_pieces_are_in_a_shortlist_without_them(listed_dirs, monkeypatch)
 
 @pytest.mark.scenario
 @pytest.mark.parametrize(
-    "drop, message",
+    "quantization, drop, message",
     [
-        (("shortlist",), "no vocabulary shortlist"),
-        (("shortlist", "column_block"), "export it again"),
+        ("float32", ("shortlist",), "no vocabulary shortlist"),
+        ("float32", ("shortlist", "column_block"), "export it again"),
+        ("dynamic_int8", ("shortlist", "head"), "export it again"),
     ],
 )
-def test_an_export_without_a_table_refuses_shortlist(listed_dirs, tmp_path, drop, message):
+def test_an_export_without_a_table_refuses_shortlist(
+    listed_dirs, tmp_path, quantization, drop, message
+):
     """No table: refused. A table from before the step took its columns as an input (no
-    `column_block`, no `shortlist_output.npz`): refused, saying to export it again."""
+    `column_block`, no `shortlist_output.npz`), or an int8 export from before its step was
+    masked (no `head`: its step took float32 columns): refused, saying to export it again."""
     directory = tmp_path / "plain"
     directory.mkdir()
-    with open(os.path.join(listed_dirs["float32"], "keras_transformer.json")) as f:
+    with open(os.path.join(listed_dirs[quantization], "keras_transformer.json")) as f:
         meta = json.load(f)
     owner = meta
     for key in drop[:-1]:
@@ -267,7 +351,7 @@ def test_an_export_without_a_table_refuses_shortlist(listed_dirs, tmp_path, drop
     del owner[drop[-1]]
     with open(directory / "keras_transformer.json", "w") as f:
         json.dump(meta, f)
-    shutil.copy(os.path.join(listed_dirs["float32"], "spm.model"), directory / "spm.model")
+    shutil.copy(os.path.join(listed_dirs[quantization], "spm.model"), directory / "spm.model")
     with pytest.raises(litert.LiteRTError, match=message):
         litert.load(str(directory), shortlist=True)
 
@@ -327,13 +411,15 @@ def _string_rows(rows):
 
 
 @pytest.mark.scenario
+@pytest.mark.parametrize("quantization", ["float32", "dynamic_int8"])
 def test_constraints_are_searched_over_a_shortlist_without_their_pieces(
-    listed_dirs, copy_model, toy_spm_bytes, monkeypatch
+    listed_dirs, copy_model, toy_spm_bytes, monkeypatch, quantization
 ):
     """A table without the pieces of "cat", "dog", "white" and "bird": the constrained answers
     over the shortlist still hold them (their pieces join the chunk's shortlist, no other piece
-    outside it comes out) and equal the SavedModel's `translate_constrained` with the same
-    table; the rows without constraints answer as the unconstrained shortlisted search."""
+    outside it comes out) and, in float32, equal the SavedModel's `translate_constrained` with
+    the same table; the rows without constraints answer as the unconstrained shortlisted
+    search."""
     import tensorflow as tf
 
     from keras_transformer.export import Translator
@@ -341,7 +427,7 @@ def test_constraints_are_searched_over_a_shortlist_without_their_pieces(
     spm = fx.spm_processor()
     terms = {piece for word in ("cat", "dog", "white", "bird") for piece in spm.encode(word)}
     table = _identity_table(copy_model.vocab_size, without=sorted(terms))
-    listed = litert.load(listed_dirs["float32"], shortlist=True)
+    listed = litert.load(listed_dirs[quantization], shortlist=True)
     listed.shortlist = table
     found = _recording(monkeypatch)
     got = listed.translate(CONSTRAINED_TEXTS, constraints=CONSTRAINTS)
@@ -357,6 +443,10 @@ def test_constraints_are_searched_over_a_shortlist_without_their_pieces(
     assert not terms & allowed  # the table alone leaves every term's pieces out
     produced = set(np.concatenate([x.ravel() for x in found]).tolist())
     assert terms <= produced <= allowed | terms
+    alone = listed.translate_constrained(["dog fish"], [[]])  # no term: no piece added
+    assert alone["translation"] == listed.translate(["dog fish"])["translation"]
+    if quantization != "float32":
+        return
     decode, data = fx.EXPORT_DECODE, fx.EXPORT_DATA
     reference = Translator(
         copy_model, toy_spm_bytes, max_source_length=data["max_source_length"], shortlist=table,
@@ -365,8 +455,6 @@ def test_constraints_are_searched_over_a_shortlist_without_their_pieces(
     assert got["translation"] == [t.decode() for t in reference["translation"].numpy()]
     assert got["constraints_met"].tolist() == reference["constraints_met"].numpy().tolist()
     np.testing.assert_allclose(got["score"], reference["score"].numpy(), atol=1e-4)
-    alone = listed.translate_constrained(["dog fish"], [[]])  # no term: no piece added
-    assert alone["translation"] == listed.translate(["dog fish"])["translation"]
 
 
 @pytest.mark.scenario

@@ -9,12 +9,15 @@ The directory holds:
   (`keras_transformer.export.litert_graphs` has the contract);
 - `spm.model`, the SentencePiece model;
 - with a vocabulary shortlist (`export_litert(shortlist=...)`, `export --format litert
-  --shortlist`): `decoder_step_shortlist.tflite`, the step projecting onto a batch's shortlist
-  alone (`litert_graphs.shortlist_step_function`), `shortlist.npz`, the lexical table
-  (`keras_transformer.data.shortlist`) the runtime makes each batch's shortlist from (with
-  `litert.load(..., shortlist=True)`), and `shortlist_output.npz`, the projection's rows the
-  runtime gathers a batch's columns from once per batch (`litert_graphs.
-  shortlist_output_rows`); the step without it stays, unchanged;
+  --shortlist`): `decoder_step_shortlist.tflite`, the step over a batch's shortlist alone, and
+  `shortlist.npz`, the lexical table (`keras_transformer.data.shortlist`) the runtime makes
+  each batch's shortlist from (with `litert.load(..., shortlist=True)`). How the step keeps to
+  the shortlist (`shortlist_head`): in `dynamic_int8` it is the step with an `output_mask`
+  input over the vocabulary (`litert_graphs.step_function(..., masked=True)`); in float32 and
+  float16 it projects onto the shortlist's columns alone (`litert_graphs.
+  shortlist_step_function`), which the runtime gathers once per batch from
+  `shortlist_output.npz`, the projection's rows (`litert_graphs.shortlist_output_rows`). The
+  step without it stays, unchanged;
 - for hard lexical constraints (`export_litert(constraints=True)`):
   `decoder_step_constrained.tflite`, the step that also gives the log-probabilities of the
   ids the runtime asks for (`litert_graphs.constrained_step_function`), with which
@@ -48,6 +51,7 @@ The directory is written next to its destination and renamed into place: it appe
 not at all, and an existing non-empty directory is never overwritten.
 """
 
+import functools
 import json
 import os
 import shutil
@@ -102,8 +106,9 @@ def _check(model, quantization):
 
 def _specs(model, beams, shortlist=False, wanted=False):
     """The step's input signature (`litert_graphs` module docstring); `shortlist`: the
-    shortlist step's, with its `output_ids`, `output_kernel` and `output_bias`; `wanted`: the
-    constrained step's, with its `wanted_ids`."""
+    shortlist step's, `"columns"` (or True) with its `output_ids`, `output_kernel` and
+    `output_bias`, `"mask"` with its `output_mask`; `wanted`: the constrained step's, with its
+    `wanted_ids`."""
     import tensorflow as tf
 
     heads, size = model.num_heads, model.head_dim
@@ -119,7 +124,9 @@ def _specs(model, beams, shortlist=False, wanted=False):
         tf.TensorSpec([None, 1, 1, None], tf.float32, name="cross_bias"),
         caches,
     ]
-    if shortlist:
+    if shortlist == "mask":
+        specs.append(tf.TensorSpec([model.vocab_size], tf.float32, name="output_mask"))
+    elif shortlist:
         specs.append(tf.TensorSpec([None], tf.int32, name="output_ids"))
         specs.append(tf.TensorSpec([model.d_model, None], tf.float32, name="output_kernel"))
         specs.append(tf.TensorSpec([None], tf.float32, name="output_bias"))
@@ -149,6 +156,16 @@ def _convert(function, quantization):
     return converter.convert(), names
 
 
+def shortlist_head(quantization):
+    """How an export of `quantization` decodes over a shortlist: `"mask"` (`dynamic_int8`: the
+    step's own int8 product of the whole vocabulary, an `output_mask` input keeping the
+    shortlist's ids) or `"columns"` (float: a float32 product of the shortlist's columns, an
+    input the runtime makes once per batch). At a served batch's row counts the int8 product
+    of the whole vocabulary costs about what the float32 one of a third of it does, and the
+    columns cost a gather per batch besides (`benchmarks/litert_step.py --shortlist-width`)."""
+    return "mask" if quantization == "dynamic_int8" else "columns"
+
+
 def convert_graphs(
     model, settings, quantization="float32", shortlist=False, constraints=False, alignment=None
 ):
@@ -164,6 +181,7 @@ def convert_graphs(
 
     beams = settings.beam_size
     top_k = 2 * beams
+    head = shortlist_head(quantization)
     quantized = None
     if quantization == "dynamic_int8":
         quantized = litert_graphs.quantized_rows(model.target_embedding.embeddings.numpy())
@@ -174,14 +192,17 @@ def convert_graphs(
     )
     graphs = {"encoder": _convert(encoder, quantization)}
     banned = (settings.pad_id, settings.bos_id)
+    if head == "mask":  # the steps' own product, the shortlist an additive mask
+        listed_step = functools.partial(litert_graphs.step_function, masked=True)
+        listed_constrained = functools.partial(litert_graphs.constrained_step_function, masked=True)
+    else:
+        listed_step = litert_graphs.shortlist_step_function
+        listed_constrained = litert_graphs.shortlist_constrained_step_function
     steps = {  # name: (graph function, its K); the inputs follow the name
         "decoder_step": (litert_graphs.step_function, top_k),
-        "decoder_step_shortlist": (litert_graphs.shortlist_step_function, top_k),
+        "decoder_step_shortlist": (listed_step, top_k),
         "decoder_step_constrained": (litert_graphs.constrained_step_function, top_k + 1),
-        "decoder_step_shortlist_constrained": (
-            litert_graphs.shortlist_constrained_step_function,
-            top_k + 1,
-        ),
+        "decoder_step_shortlist_constrained": (listed_constrained, top_k + 1),
     }
     for name, (function, k) in steps.items():
         listed, wanted = "shortlist" in name, "constrained" in name
@@ -189,7 +210,7 @@ def convert_graphs(
             continue
         step = tf.function(
             function(model, beams, k, banned, settings.eos_id, quantized),
-            input_signature=_specs(model, beams, shortlist=listed, wanted=wanted),
+            input_signature=_specs(model, beams, shortlist=listed and head, wanted=wanted),
             autograph=False,
         )
         stopping.check(PHASE)
@@ -360,15 +381,18 @@ def _optional_graphs(graphs, shortlist, metadata, model, quantization):
         listed_step, outputs["decoder_step_shortlist"] = graphs["decoder_step_shortlist"]
         files[SHORTLIST_STEP_FILE] = listed_step
         files[SHORTLIST_TABLE_FILE] = _table_bytes(shortlist)
-        rows = litert_graphs.shortlist_output_rows(model, quantization)
-        files[SHORTLIST_OUTPUT_FILE] = _npz_bytes(rows)
+        head = shortlist_head(quantization)
         metadata["shortlist"] = {
             "decoder_step": SHORTLIST_STEP_FILE,
             "table": SHORTLIST_TABLE_FILE,
-            "output": SHORTLIST_OUTPUT_FILE,
-            "column_block": litert_graphs.TOP_K_BLOCK,
+            "head": head,
             "settings": dict(shortlist.settings),
         }
+        if head == "columns":
+            rows = litert_graphs.shortlist_output_rows(model, quantization)
+            files[SHORTLIST_OUTPUT_FILE] = _npz_bytes(rows)
+            metadata["shortlist"]["output"] = SHORTLIST_OUTPUT_FILE
+            metadata["shortlist"]["column_block"] = litert_graphs.TOP_K_BLOCK
     if "decoder_step_constrained" in graphs:
         constrained_step, outputs["decoder_step_constrained"] = graphs["decoder_step_constrained"]
         files[CONSTRAINED_STEP_FILE] = constrained_step

@@ -27,7 +27,13 @@ output grows, `keras_transformer.litert.graphs`):
   its constraints) -> the step's outputs, `K = 2 * k + 1` (a hypothesis refused EOS still has
   its best `2k` others), and `wanted_log_probs` float32 `[B * k, W]`, their log-probabilities.
 
-- shortlist step (`shortlist_step_function`, an export with a vocabulary shortlist): the
+- masked shortlist step (`step_function(..., masked=True)`, a `dynamic_int8` export with a
+  vocabulary shortlist): the step's inputs and `output_mask` float32 `[vocab]` (0 at a batch's
+  shortlist, NEG_INF elsewhere, added to the logits) -> the same outputs, the log-softmax and
+  the top ones over the shortlist alone; constrained (`constrained_step_function(...,
+  masked=True)`, an export with both): also `wanted_ids`, target ids, after `output_mask`.
+
+- shortlist step (`shortlist_step_function`, a float export with a vocabulary shortlist): the
   step's inputs and `output_ids` int32 `[n]` (a batch's shortlist), `output_kernel` float32
   `[d_model, n]` (the projection's columns of those ids, made once per batch by the runtime
   from the export's `shortlist_output.npz`), `output_bias` float32 `[n]` (the untied
@@ -206,17 +212,20 @@ def _new_caches(new):
 
 
 def _scored_step(model, beams, top_k, banned_ids, eos_id, quantized_embedding):
-    """`fn(ids, position, self_bias, cross_bias, caches) -> (outputs, banned logits
-    [B * k, vocab], normaliser [B * k, 1])`: `step_function`'s step, and what the log-probability
-    of any id is made of (`banned logits - normaliser`)."""
+    """`fn(ids, position, self_bias, cross_bias, caches, output_mask=None) -> (outputs, banned
+    logits [B * k, vocab], normaliser [B * k, 1])`: `step_function`'s step (`output_mask`: the
+    masked shortlist step's), and what the log-probability of any id is made of (`banned
+    logits - normaliser`)."""
     vocab = model.vocab_size
     ban = [NEG_INF if i in banned_ids else 0.0 for i in range(vocab)]
     embed = _embedding(model, quantized_embedding)
 
-    def step(ids, position, self_bias, cross_bias, caches):
+    def step(ids, position, self_bias, cross_bias, caches, output_mask=None):
         attentions = _attentions(model, beams, self_bias, cross_bias, caches)
         x = embed(ids, position)  # [B * k, d_model]
         logits, new = model.decoder_step(x, *attentions)  # [B * k, vocab]
+        if output_mask is not None:  # ids outside the shortlist: out of the normaliser too
+            logits = logits + output_mask
         outputs = _new_caches(new)
         banned = logits + ops.convert_to_tensor(ban)
         top_logits, top_ids = blocked_top_k(banned, top_k)
@@ -229,33 +238,48 @@ def _scored_step(model, beams, top_k, banned_ids, eos_id, quantized_embedding):
     return step
 
 
-def step_function(model, beams, top_k, banned_ids, eos_id, quantized_embedding=None):
+def step_function(model, beams, top_k, banned_ids, eos_id, quantized_embedding=None, masked=False):
     """`fn(ids, position, self_bias, cross_bias, caches) -> outputs` (module docstring) for
-    `model` with `beams` hypotheses per sentence (`quantized_embedding`: see `_embedding`)."""
+    `model` with `beams` hypotheses per sentence (`quantized_embedding`: see `_embedding`);
+    `masked`: the masked shortlist step, `fn(..., caches, output_mask)`."""
     scored = _scored_step(model, beams, top_k, banned_ids, eos_id, quantized_embedding)
 
     def step(ids, position, self_bias, cross_bias, caches):
         return scored(ids, position, self_bias, cross_bias, caches)[0]
 
-    return step
+    def masked_step(ids, position, self_bias, cross_bias, caches, output_mask):
+        return scored(ids, position, self_bias, cross_bias, caches, output_mask)[0]
+
+    return masked_step if masked else step
 
 
-def constrained_step_function(model, beams, top_k, banned_ids, eos_id, quantized_embedding=None):
+def constrained_step_function(
+    model, beams, top_k, banned_ids, eos_id, quantized_embedding=None, masked=False
+):
     """`fn(ids, position, self_bias, cross_bias, caches, wanted_ids) -> outputs`: the
     constrained step (module docstring), `step_function`'s outputs and `wanted_log_probs`
     float32 `[B * k, W]`, the log-probabilities of `wanted_ids` int32 `[B * k, W]` (each row's
-    next constraint pieces), computed as the top ones are (padding and BOS impossible)."""
+    next constraint pieces), computed as the top ones are (padding and BOS impossible);
+    `masked`: over a masked shortlist, `fn(..., caches, output_mask, wanted_ids)`, the wanted
+    ids target ids (the batch's shortlist holds every constraint piece)."""
     import tensorflow as tf  # the export's backend; a batched GATHER converts to one op
 
     scored = _scored_step(model, beams, top_k, banned_ids, eos_id, quantized_embedding)
 
-    def step(ids, position, self_bias, cross_bias, caches, wanted_ids):
-        outputs, banned, normaliser = scored(ids, position, self_bias, cross_bias, caches)
+    def wanted_step(scored_step, wanted_ids):
+        outputs, banned, normaliser = scored_step
         wanted = tf.gather(banned, wanted_ids, axis=1, batch_dims=1)  # [B * k, W]
         outputs["wanted_log_probs"] = wanted - normaliser
         return outputs
 
-    return step
+    def step(ids, position, self_bias, cross_bias, caches, wanted_ids):
+        return wanted_step(scored(ids, position, self_bias, cross_bias, caches), wanted_ids)
+
+    def masked_step(ids, position, self_bias, cross_bias, caches, output_mask, wanted_ids):
+        found = scored(ids, position, self_bias, cross_bias, caches, output_mask)
+        return wanted_step(found, wanted_ids)
+
+    return masked_step if masked else step
 
 
 def _scored_shortlist_step(model, beams, top_k, banned_ids, eos_id, quantized_embedding):
@@ -350,25 +374,19 @@ def shortlist_constrained_step_function(
 
 def shortlist_output_rows(model, quantization):
     """`{name: array}` the runtime makes a batch's `output_kernel` and `output_bias` from
-    (`keras_transformer.litert.runtime`), written as the export's `shortlist_output.npz`: the
-    projection's rows, one per target id (the tied embedding, or the untied kernel
-    transposed), as the step without a shortlist holds them: `dynamic_int8`: `rows_int8`
-    int8 `[vocab, d_model]` with `scale_steps` int32 `[vocab]` and `scale_unit` float64 (each
-    row's scale `fixed_point_scales`, as the step's embedding lookup dequantizes them);
-    `float16`: `rows` float16; `float32`: `rows` float32. Untied: also `bias` float32
-    `[vocab]`."""
+    (`keras_transformer.litert.runtime`), written as a float export's `shortlist_output.npz`
+    (a `dynamic_int8` export masks its own product instead: `export.litert.shortlist_head`):
+    the projection's rows, one per target id (the tied embedding, or the untied kernel
+    transposed), `rows` float16 or float32 as `quantization` stores the weights. Untied: also
+    `bias` float32 `[vocab]`."""
+    if quantization not in ("float16", "float32"):
+        raise ValueError(f"a {quantization} export takes no projection rows: it masks its own")
     dense = model.output_projection
     if dense is None:
         matrix = np.asarray(model.target_embedding.embeddings, "float32")
     else:
         matrix = np.transpose(np.asarray(dense.kernel, "float32"))
-    out = {}
-    if quantization == "dynamic_int8":
-        rows, scale = quantized_rows(matrix)
-        steps, unit = fixed_point_scales(scale)
-        out.update(rows_int8=rows, scale_steps=steps, scale_unit=np.float64(unit))
-    else:
-        out["rows"] = matrix.astype("float16" if quantization == "float16" else "float32")
+    out = {"rows": matrix.astype(quantization)}
     if dense is not None and dense.use_bias:
         out["bias"] = np.asarray(dense.bias, "float32")
     return out

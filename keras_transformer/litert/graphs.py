@@ -93,21 +93,22 @@ class DecoderStep:
         self.outputs = output_indices(interpreter, outputs)
         self.layers, self.heads = int(meta["num_layers"]), int(meta["num_heads"])
         self.head_dim, self.beams = int(meta["head_dim"]), int(meta["decoding"]["beam_size"])
-        self.shapes, self.columns, self.wanted = None, None, None
+        self.shapes, self.columns, self.wanted, self.listed = None, {}, None, None
         self.bucket = int(bucket)
 
     def start(self, cross, source_mask, positions, columns=None, wanted=None):
         """Readies the step for a chunk: the encoder's `cross` keys/values, the source mask
         `[c, S]` and `positions` cache positions at most (the first `bucket` of them, grown
-        when needed); the caches start empty. `columns`: the shortlist step's
-        `{"output_ids", "output_kernel", "output_bias"}` for the chunk; `wanted`: the
-        constrained step's wanted ids per row (`W`; given to a step with `columns` as their
-        columns)."""
+        when needed); the caches start empty. `columns`: the shortlist step's inputs for the
+        chunk, `{"output_ids", "output_kernel", "output_bias"}` or the masked step's
+        `{"output_mask"}`; `wanted`: the constrained step's wanted ids per row (`W`; given to
+        a step with `output_ids` as their columns)."""
         c = source_mask.shape[0]
         bias = np.where(source_mask, 0.0, NEG_INF).astype("float32")[:, None, None, :]
         values = {**cross, "cross_bias": bias, **(columns or {})}
-        self.columns = None if columns is None else columns["output_kernel"].shape
-        if columns is not None:  # the shortlist's real ids, increasing: a wanted id's column
+        self.columns = {name: list(np.shape(value)) for name, value in (columns or {}).items()}
+        self.listed = None
+        if "output_ids" in self.columns:  # the shortlist's real ids, increasing: an id's column
             self.listed = columns["output_ids"][columns["output_bias"] > NEG_INF / 2]
         self.wanted = wanted
         self.limit = positions
@@ -124,9 +125,7 @@ class DecoderStep:
         k, heads, size = self.beams, self.heads, self.head_dim
         shapes = {"ids": [c * k], "position": [1], "self_bias": [c, 1, k, k * positions]}
         shapes["cross_bias"] = [c, 1, 1, s_len]
-        if self.columns is not None:
-            shapes["output_ids"] = shapes["output_bias"] = [self.columns[1]]
-            shapes["output_kernel"] = list(self.columns)
+        shapes.update(self.columns)
         if self.wanted is not None:
             shapes["wanted_ids"] = [c * k, self.wanted]
         for i in range(self.layers):
@@ -156,16 +155,15 @@ class DecoderStep:
 
     def _held(self, sentences):
         """The inputs that live across steps (the caches, the cross bias, the shortlist's
-        columns), the batch's at `sentences`: what a resize must set again."""
+        inputs), the batch's at `sentences`: what a resize must set again."""
         it = self.interpreter
         names = self._self_caches() + [
             f"cross_{n}_{i}" for i in range(self.layers) for n in ("keys", "values")
         ]
         values = {name: it.get_tensor(self.inputs[name])[sentences] for name in names}
         values["cross_bias"] = it.get_tensor(self.inputs["cross_bias"])[sentences]
-        if self.columns is not None:  # resized inputs lose their values
-            for name in ("output_ids", "output_kernel", "output_bias"):
-                values[name] = it.get_tensor(self.inputs[name])
+        for name in self.columns:  # resized inputs lose their values
+            values[name] = it.get_tensor(self.inputs[name])
         return values
 
     def _compact(self):
@@ -217,7 +215,7 @@ class DecoderStep:
         it.set_tensor(self.inputs["ids"], all_ids)
         if wanted is not None:  # the constrained step's
             all_wanted = np.zeros((self.rows, self.wanted), "int32")
-            listed = self.columns is not None  # every wanted id is in the shortlist
+            listed = self.listed is not None  # every wanted id is in the shortlist
             all_wanted[rows] = np.searchsorted(self.listed, wanted) if listed else wanted
             it.set_tensor(self.inputs["wanted_ids"], all_wanted)
         it.set_tensor(self.inputs["position"], np.array([index], "int32"))

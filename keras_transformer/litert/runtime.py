@@ -27,11 +27,14 @@ cost). `cache_bucket=0` sizes them for the longest output at once. The answers a
 Vocabulary shortlist: an export made with one (`export_litert(shortlist=...)`) decodes over it
 when loaded with `shortlist=True`: each chunk's shortlist is the lexical table's translations of
 its source pieces, the table's frequent pieces, the special ids and the chunk's prefix and
-constraint pieces (`keras_transformer.lexical_table.batch_shortlist`, padded to a bucket, the
-graph search's rule), the projection's columns of those pieces are gathered once for the chunk
-from the export's `shortlist_output.npz` (`output_columns`), and the shortlist step projects
-onto those columns alone, so no other piece can be chosen and the scores are
-log-probabilities over the shortlist (as the SavedModel's `Translator(shortlist=...)`).
+constraint pieces (`keras_transformer.lexical_table.batch_shortlist`), and no other piece can be
+chosen: the scores are log-probabilities over the shortlist (as the SavedModel's
+`Translator(shortlist=...)`). How the step keeps to it depends on the export
+(`export.litert.shortlist_head`): a `dynamic_int8` export's step takes an `output_mask` over
+the vocabulary (0 at the shortlist's pieces, NEG_INF elsewhere) added to its own int8 product's
+logits; a float export's step projects onto the shortlist's columns alone, gathered once for
+the chunk from the export's `shortlist_output.npz` (`output_columns`, the shortlist padded to a
+bucket, the graph search's rule).
 
 Lexical constraints: an export made with its constrained step (`export_litert(constraints=
 True)`) answers `translate_constrained` (and `translate(texts, constraints=...)`) as the
@@ -41,7 +44,8 @@ the graph's own), and a chunk whose constraints some input could not meet search
 without them, that input taking the unconstrained answer (`constraints_met` False). The
 constrained step is made the first time a request needs it. With `shortlist=True` the search runs
 over the chunk's shortlist (which holds every constraint piece) with the export's constrained
-shortlist step (made when it has both), each wanted piece given as its shortlist column.
+shortlist step (made when it has both), each wanted piece given as its shortlist column (as
+itself over a mask).
 
 Word alignments: an export made with its alignment graph (`export_litert(alignments=True)`)
 answers `translate(texts, alignments=True)` as the SavedModel's `Translator.translate(texts,
@@ -162,8 +166,10 @@ class LiteRTTranslator:
         self.max_length = meta.get("max_length")
         self.calibration = meta["calibration"]
         self.shortlist = _shortlist_table(path, meta) if shortlist else None
-        self._output_rows = _output_rows(path, meta) if shortlist else None
-        if shortlist:  # the steps' blocked top-k: at least K blocks of columns
+        self._output_rows = None  # a float export's projection rows (its step takes columns)
+        if shortlist and meta["shortlist"].get("head", "columns") == "columns":
+            self._output_rows = _output_rows(path, meta)
+            # the steps' blocked top-k: at least K blocks of columns
             top_k = max(int(meta["top_k"]), int(meta.get("constraints", {}).get("top_k", 0)))
             block = int(meta["shortlist"]["column_block"])
             self._column_layout = {"block": block, "minimum": top_k * block}
@@ -443,7 +449,10 @@ class LiteRTTranslator:
         if prefix is not None and any(prefix):
             prefix_matrix = _padded(prefix, 0)
         columns = None
-        if self.shortlist is not None:
+        if self.shortlist is not None and self._output_rows is None:
+            vocab = int(self.metadata["vocab_size"])
+            columns = _shortlist_mask(self.shortlist, vocab, source, prefix_matrix, constraints)
+        elif self.shortlist is not None:
             columns = _shortlist_columns(
                 self.shortlist, self._output_rows, source, prefix_matrix, constraints,
                 **self._column_layout,
@@ -494,11 +503,12 @@ def _shortlist_table(path, meta):
             f"{path} holds no vocabulary shortlist: export it with one (export --format litert "
             "--shortlist) to decode with shortlist=True"
         )
-    if "column_block" not in listed:
+    head = listed.get("head", "columns")
+    columns_of_int8 = head == "columns" and meta["quantization"] == "dynamic_int8"
+    if (head == "columns" and "column_block" not in listed) or columns_of_int8:
         raise LiteRTError(
-            f"{path} was exported with a shortlist step this version does not run (it gathers "
-            "the projection's columns at every step): export it again to decode with "
-            "shortlist=True"
+            f"{path} was exported with a shortlist step this version does not run: export it "
+            "again to decode with shortlist=True"
         )
     return read_lexical_table(os.path.join(path, listed["table"]), gfile=LocalGfile)
 
@@ -509,6 +519,25 @@ def _output_rows(path, meta):
         return {name: f[name] for name in f.files}
 
 
+def _listed_ids(table, source, extra):
+    """`(ids, real)` of `lexical_table.batch_shortlist` for a chunk's `source` and the ids of
+    `extra` (None skipped)."""
+    from keras_transformer.lexical_table import batch_shortlist
+
+    extra = np.concatenate([np.ravel(x) for x in extra if x is not None] + [np.zeros(0, "int32")])
+    return batch_shortlist(table.translations, table.frequent, source, extra_ids=extra)
+
+
+def _shortlist_mask(table, vocab, source, *extra):
+    """The masked shortlist step's `{"output_mask"}` float32 `[vocab]` for a chunk's `source`
+    `[c, S]` and the ids of `extra` (the prefixes, the constraints; None skipped): 0 at its
+    shortlist's ids (`lexical_table.batch_shortlist`), NEG_INF elsewhere."""
+    ids, real = _listed_ids(table, source, extra)
+    mask = np.full(vocab, np.float32(NEG_INF), "float32")
+    mask[ids[real]] = 0.0
+    return {"output_mask": mask}
+
+
 def _shortlist_columns(table, rows, source, *extra, block=1, minimum=0):
     """The shortlist step's `{"output_ids", "output_kernel", "output_bias"}` for a chunk's
     `source` `[c, S]` and the ids of `extra` (the prefixes `[c, p]`, the constraints `[c, C,
@@ -516,10 +545,9 @@ def _shortlist_columns(table, rows, source, *extra, block=1, minimum=0):
     columns to a multiple of `block` and at least `minimum` columns (what the step's blocked
     top-k needs), the projection's columns of it from `rows` (`_output_rows`), made once for the
     chunk, and their biases, the padding columns masked (NEG_INF)."""
-    from keras_transformer.lexical_table import PAD_ID, batch_shortlist
+    from keras_transformer.lexical_table import PAD_ID
 
-    extra = np.concatenate([np.ravel(x) for x in extra if x is not None] + [np.zeros(0, "int32")])
-    ids, real = batch_shortlist(table.translations, table.frequent, source, extra_ids=extra)
+    ids, real = _listed_ids(table, source, extra)
     more = max(-(-len(ids) // block) * block, minimum) - len(ids)
     if more > 0:
         ids = np.concatenate([ids, np.full(more, PAD_ID, ids.dtype)])
@@ -531,15 +559,9 @@ def _shortlist_columns(table, rows, source, *extra, block=1, minimum=0):
 def output_columns(rows, output_ids, real):
     """`(output_kernel float32 [d_model, n], output_bias float32 [n])`: the shortlist step's
     inputs for the batch shortlist `output_ids` int `[n]` (`real` bool `[n]`: its columns that
-    are not padding) from the projection's rows (`_output_rows`). int8 rows (per-row
-    quantized, as the converter quantizes the plain step's projection) are dequantized as the
-    step's own embedding lookup does: the float32 row times the float32 `steps * unit`."""
+    are not padding) from the projection's rows (`_output_rows`, float16 or float32)."""
     ids = np.asarray(output_ids, "int64")
-    if "rows_int8" in rows:
-        scales = rows["scale_steps"][ids].astype("float32") * np.float32(rows["scale_unit"])
-        columns = rows["rows_int8"][ids].astype("float32") * scales[:, None]
-    else:
-        columns = rows["rows"][ids].astype("float32")
+    columns = rows["rows"][ids].astype("float32")
     bias = rows["bias"][ids] if "bias" in rows else np.zeros(len(ids), "float32")
     bias = np.where(real, bias, np.float32(NEG_INF)).astype("float32")
     return np.ascontiguousarray(columns.T), bias
