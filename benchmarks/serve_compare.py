@@ -60,6 +60,7 @@ sys.path.insert(0, ROOT)
 import numpy as np  # noqa: E402
 
 from benchmarks.common import BASE, SMALL, emit  # noqa: E402
+from keras_transformer.data.shortlist import DEFAULT_K, DEFAULT_M  # noqa: E402
 
 SHAPES = {"small": SMALL, "base": BASE}
 PEER_PYTHON = "/tmp/peers/mg/bin/python"
@@ -125,8 +126,9 @@ def synthetic_table(vocab, k, m, zipf=SHORTLIST_ZIPF, seed=2):
     translations are drawn without repeats from the target pieces by a Zipf law (rank `r` of
     the pieces after the special ids with weight `1 / r ** zipf`, the ranks shuffled once), so
     rows share their common pieces as a real table's do: a larger `zipf` makes the batch's
-    shortlist narrower (base shapes, k 50, m 100: 10,446 of 32,000 pieces at 1.1, 4,319 at
-    1.5). EOS is never a translation (it is in every shortlist anyway)."""
+    shortlist narrower (base shapes, m 100: 10,446 of 32,000 pieces at k 50 and zipf 1.1,
+    16,419 at k 100, the default; 4,319 at k 50 and 1.5). EOS is never a translation (it is in
+    every shortlist anyway)."""
     from keras_transformer.data.shortlist import LexicalTable
 
     rng = np.random.default_rng(seed)
@@ -406,8 +408,10 @@ def main():
         help="also the vocabulary shortlist: the SavedModel, the LiteRT exports and "
         "CTranslate2 int8 (its vmap) with one random lexical table",
     )  # fmt: skip
-    parser.add_argument("--shortlist-k", type=int, default=50, help="the table's translations")
-    parser.add_argument("--shortlist-m", type=int, default=100, help="its frequent pieces")
+    parser.add_argument(
+        "--shortlist-k", type=int, default=DEFAULT_K, help="the table's translations"
+    )
+    parser.add_argument("--shortlist-m", type=int, default=DEFAULT_M, help="its frequent pieces")
     parser.add_argument(
         "--shortlist-zipf", type=float, default=SHORTLIST_ZIPF,
         help="the Zipf exponent its translations are drawn with (larger: narrower shortlists)",

@@ -4,7 +4,7 @@ exported with and without `--shortlist`, and the LiteRT `dynamic_int8` export ru
 
 Usage (from the repository root, PYTHONPATH=$PWD; a trained workdir, e.g. on Tatoeba with
 `configs/small.yaml`):
-    python benchmarks/shortlist_quality.py --workdir workdirs/tatoeba [--k 50 --m 100]
+    python benchmarks/shortlist_quality.py --workdir workdirs/tatoeba [--k 100 --m 100]
 
 The workdir's lexical table (`keras-transformer shortlist`, `WORKDIR/shortlist.npz`) is built
 when missing, with `--k` and `--m`. The final model (the last `--average N` checkpoints
@@ -29,6 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.common import emit  # noqa: E402
+from keras_transformer.data.shortlist import DEFAULT_K, DEFAULT_M  # noqa: E402
 
 
 def _cli(*argv):
@@ -73,8 +74,10 @@ def main():
     parser.add_argument(
         "--alpha", type=float, default=None, help="length penalty (default: config)"
     )
-    parser.add_argument("--k", type=int, default=50, help="the table's translations per piece")
-    parser.add_argument("--m", type=int, default=100, help="its most frequent pieces")
+    parser.add_argument(
+        "--k", type=int, default=DEFAULT_K, help="the table's translations per piece"
+    )
+    parser.add_argument("--m", type=int, default=DEFAULT_M, help="its most frequent pieces")
     parser.add_argument("--batch-size", type=int, default=32)
     args = parser.parse_args()
     import sacrebleu

@@ -396,7 +396,7 @@ def _add_shortlist_command(sub, common):
         "decodes each batch over their union.",
     )
     p.add_argument("--workdir", required=True, help="a prepared training workdir")
-    p.add_argument("--k", type=int, help="target pieces kept per source piece (default 50)")
+    p.add_argument("--k", type=int, help="target pieces kept per source piece (default 100)")
     p.add_argument("--m", type=int, help="most frequent target pieces always kept (default 100)")
     p.set_defaults(func=commands.shortlist_command)
 
