@@ -9,6 +9,7 @@ import pytest
 from training_helpers import read_scalars, tiny_config
 
 from keras_transformer.config import from_dict
+from keras_transformer.data.shortlist import DEFAULT_K
 from keras_transformer.models import build_transformer
 from keras_transformer.training import compile_model, train
 from keras_transformer.workdir import list_checkpoints
@@ -27,7 +28,7 @@ def test_short_run_learns_logs_checkpoints_and_resumes(tmp_path, capsys):
     # By default (export.shortlist null) the export decodes over the workdir's vocabulary
     # shortlist, built from the prepared pairs with the default sizes, and says so.
     assert f"built the vocabulary shortlist {tmp_path / 'shortlist.npz'}" in capsys.readouterr().out
-    assert _export_metadata(result)["shortlist"]["k"] == 50
+    assert _export_metadata(result)["shortlist"]["k"] == DEFAULT_K
 
     # The workdir layout.
     for name in ("config.yaml", "spm.model", "result.json", "backup"):
