@@ -266,8 +266,8 @@ def constrained_step_function(
 
     scored = _scored_step(model, beams, top_k, banned_ids, eos_id, quantized_embedding)
 
-    def wanted_step(scored_step, wanted_ids):
-        outputs, banned, normaliser = scored_step
+    def wanted_step(found, wanted_ids):
+        outputs, banned, normaliser = found
         wanted = tf.gather(banned, wanted_ids, axis=1, batch_dims=1)  # [B * k, W]
         outputs["wanted_log_probs"] = wanted - normaliser
         return outputs

@@ -503,9 +503,8 @@ def _shortlist_table(path, meta):
             f"{path} holds no vocabulary shortlist: export it with one (export --format litert "
             "--shortlist) to decode with shortlist=True"
         )
-    head = listed.get("head", "columns")
-    columns_of_int8 = head == "columns" and meta["quantization"] == "dynamic_int8"
-    if (head == "columns" and "column_block" not in listed) or columns_of_int8:
+    old_columns = "column_block" not in listed or meta["quantization"] == "dynamic_int8"
+    if listed.get("head", "columns") == "columns" and old_columns:
         raise LiteRTError(
             f"{path} was exported with a shortlist step this version does not run: export it "
             "again to decode with shortlist=True"
