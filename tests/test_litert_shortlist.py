@@ -312,6 +312,41 @@ def test_a_piece_outside_the_shortlist_never_occurs(listed_dirs, quantization, m
 
 
 @pytest.mark.scenario
+@pytest.mark.parametrize("quantization", ["float32", "dynamic_int8"])
+def test_grown_and_compacted_caches_keep_the_shortlist(listed_dirs, quantization, monkeypatch):
+    """Over a narrow shortlist (the int8 step's mask, the float step's columns), caches that
+    start 2 positions long and grow, in batches compacted as their sentences settle, give the
+    answers of caches sized for the whole output in batches never compacted: each resize sets
+    the chunk's fixed inputs (cross-attention, shortlist) again, and only the caches and the
+    cross-attention inputs follow the live sentences."""
+    from keras_transformer.litert import graphs
+
+    sentences = REQUEST[:8] + ["red apple cat dog fish plum pear white black green blue"]
+    events = []
+    for name in ("_grow", "_compact"):
+        real = getattr(graphs.DecoderStep, name)
+
+        def recorded(self, *args, real=real, name=name):
+            events.append(name)
+            return real(self, *args)
+
+        monkeypatch.setattr(graphs.DecoderStep, name, recorded)
+    answers = []
+    for bucket in (2, 0):
+        translator = litert.load(listed_dirs[quantization], shortlist=True, cache_bucket=bucket)
+        translator.shortlist = _identity_table(translator.shortlist.vocab_size)
+        translator.settings = {**translator.settings, "batch_size": 5}
+        answers.append(translator.translate_nbest(sentences))
+        if bucket == 2:
+            assert {"_grow", "_compact"} <= set(events), events
+            monkeypatch.delattr(graphs.DecoderStep, "keep")
+    grown, whole = answers
+    assert grown["translations"] == whole["translations"]
+    np.testing.assert_allclose(grown["scores"], whole["scores"], atol=1e-5)
+    np.testing.assert_allclose(grown["token_scores"], whole["token_scores"], atol=1e-5)
+
+
+@pytest.mark.scenario
 def test_prefix_pieces_are_in_a_shortlist_without_them(listed_dirs, monkeypatch):
     """A table that lists nothing: the answers hold only the special ids and the prefix's
     pieces, which are forced as without a shortlist."""

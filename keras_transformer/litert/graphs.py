@@ -106,6 +106,9 @@ class DecoderStep:
         c = source_mask.shape[0]
         bias = np.where(source_mask, 0.0, NEG_INF).astype("float32")[:, None, None, :]
         values = {**cross, "cross_bias": bias, **(columns or {})}
+        # The inputs fixed for the chunk, kept here: a resize sets them again from these
+        # arrays, not from copies read back out of the interpreter.
+        self.fixed = values
         self.columns = {name: list(np.shape(value)) for name, value in (columns or {}).items()}
         self.listed = None
         if "output_ids" in self.columns:  # the shortlist's real ids, increasing: an id's column
@@ -153,43 +156,42 @@ class DecoderStep:
         if len(self.live) and len(self.live) <= self.rows // self.beams // 2:
             self._compact()
 
-    def _held(self, sentences):
-        """The inputs that live across steps (the caches, the cross bias, the shortlist's
-        inputs), the batch's at `sentences`: what a resize must set again."""
-        it = self.interpreter
-        names = self._self_caches() + [
-            f"cross_{n}_{i}" for i in range(self.layers) for n in ("keys", "values")
-        ]
-        values = {name: it.get_tensor(self.inputs[name])[sentences] for name in names}
-        values["cross_bias"] = it.get_tensor(self.inputs["cross_bias"])[sentences]
-        for name in self.columns:  # resized inputs lose their values
-            values[name] = it.get_tensor(self.inputs[name])
-        return values
-
     def _compact(self):
-        live = self.live
-        values = self._held(live)
-        s_len = values["cross_bias"].shape[-1]
-        self._layout(len(live), s_len, self.positions, values, zero_caches=False)
+        """The interpreter's inputs resized to the live sentences alone."""
+        live, it = self.live, self.interpreter
+        caches = {name: it.get_tensor(self.inputs[name])[live] for name in self._self_caches()}
+        self.fixed = {
+            name: value if name in self.columns else value[live]
+            for name, value in self.fixed.items()
+        }  # the shortlist's inputs are the chunk's, not per sentence
+        s_len = self.fixed["cross_bias"].shape[-1]
+        self._layout(len(live), s_len, self.positions, {**self.fixed, **caches}, zero_caches=False)
         self.history = self.history[live]
         self.live = np.arange(len(live))
 
     def _grow(self, index):
         """Longer caches, for a step at `index` (`index >= positions`): twice as long, or all
         `limit` positions where less than a bucket would be left; each slot's positions keep
-        their keys and values, the new ones zeroed, and `history` grows alike."""
+        their keys and values, the new ones zeroed, and `history` grows alike. The written
+        positions are read out once and written straight into the resized interpreter's
+        buffers; the chunk's fixed inputs are set again from `self.fixed`."""
         old = self.positions
         length = max(2 * old, index + 1)
         if self.limit - length < max(self.bucket, 1):
             length = self.limit
-        c, k = self.rows // self.beams, self.beams
-        values = self._held(slice(None))
-        for name in self._self_caches():
-            cache = np.zeros((c, self.heads, k, length, self.head_dim), "float32")
-            cache[:, :, :, :old] = values[name].reshape(c, self.heads, k, old, self.head_dim)
-            values[name] = cache.reshape(c, self.heads, k * length, self.head_dim)
-        s_len = values["cross_bias"].shape[-1]
-        self._layout(c, s_len, length, values, zero_caches=False)
+        c, k, it = self.rows // self.beams, self.beams, self.interpreter
+        shape = (c, self.heads, k, old, self.head_dim)
+        written = {
+            name: it.get_tensor(self.inputs[name]).reshape(shape) for name in self._self_caches()
+        }
+        s_len = self.fixed["cross_bias"].shape[-1]
+        self._layout(c, s_len, length, self.fixed, zero_caches=False)
+        for name, value in written.items():
+            cache = it.tensor(self.inputs[name])()
+            slots = cache.reshape(c, self.heads, k, length, self.head_dim)
+            slots[:, :, :, :old] = value
+            slots[:, :, :, old:] = 0.0  # never read unwritten (masked), but finite
+            del cache, slots  # no reference to the interpreter's buffers may outlive this
         self.history = np.pad(self.history, ((0, 0), (0, 0), (0, length - old)))
 
     def _live_rows(self):
@@ -224,10 +226,10 @@ class DecoderStep:
         c = self.rows // k
         for i in range(self.layers):
             for name in ("keys", "values"):
-                new = it.get_tensor(self.outputs[f"new_{name}_{i}"])  # [c, H, k, d]
+                new = it.tensor(self.outputs[f"new_{name}_{i}"])()  # [c, H, k, d], a view
                 cache = it.tensor(self.inputs[f"self_{name}_{i}"])()
                 cache.reshape(c, self.heads, k, self.positions, self.head_dim)[:, :, :, index] = new
-                del cache  # no reference to the interpreter's buffers may outlive this
+                del cache, new  # no reference to the interpreter's buffers may outlive this
         self.history[:, :, index] = np.arange(k)
         names = ("top_log_probs", "top_ids", "eos_log_probs")
         names += () if wanted is None else ("wanted_log_probs",)
