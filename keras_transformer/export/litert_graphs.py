@@ -218,24 +218,40 @@ def _scored_step(model, beams, top_k, banned_ids, eos_id, quantized_embedding):
     logits - normaliser`)."""
     vocab = model.vocab_size
     ban = [NEG_INF if i in banned_ids else 0.0 for i in range(vocab)]
+    banned_columns = sorted(set(int(i) for i in banned_ids))
     embed = _embedding(model, quantized_embedding)
 
     def step(ids, position, self_bias, cross_bias, caches, output_mask=None):
         attentions = _attentions(model, beams, self_bias, cross_bias, caches)
         x = embed(ids, position)  # [B * k, d_model]
         logits, new = model.decoder_step(x, *attentions)  # [B * k, vocab]
-        if output_mask is not None:  # ids outside the shortlist: out of the normaliser too
-            logits = logits + output_mask
         outputs = _new_caches(new)
-        banned = logits + ops.convert_to_tensor(ban)
+        if output_mask is None:
+            banned = logits + ops.convert_to_tensor(ban)
+            normaliser = ops.logsumexp(logits, axis=-1, keepdims=True)  # log-softmax's, over all
+        else:  # ids outside the shortlist: out of the normaliser too
+            banned, normaliser = _masked_scores(logits, output_mask, ban, banned_columns)
+            logits = banned  # at EOS, never banned, the masked logit
         top_logits, top_ids = blocked_top_k(banned, top_k)
-        normaliser = ops.logsumexp(logits, axis=-1, keepdims=True)  # log-softmax's, over all
         outputs["top_log_probs"] = top_logits - normaliser
         outputs["top_ids"] = ops.cast(top_ids, "int32")
         outputs["eos_log_probs"] = logits[:, eos_id] - normaliser[:, 0]
         return outputs, banned, normaliser
 
     return step
+
+
+def _masked_scores(logits, output_mask, ban, banned_columns):
+    """`(banned logits, normaliser)` of the masked shortlist step with one vocabulary-wide add
+    (not two): the mask and the ban summed first (`[vocab]`) and added to the logits at once;
+    the normaliser, the log-sum-exp of the masked logits with the banned ids in (as in the step
+    without a mask), is made of the banned logits' and the banned ids' own masked logits
+    (`[B * k, len(banned_columns)]`)."""
+    banned = logits + (output_mask + ops.convert_to_tensor(ban))  # [B * k, vocab]
+    columns = ops.convert_to_tensor(banned_columns, dtype="int32")
+    special = ops.take(logits, columns, axis=1) + ops.take(output_mask, columns, axis=0)
+    parts = ops.concatenate([ops.logsumexp(banned, axis=-1, keepdims=True), special], axis=-1)
+    return banned, ops.logsumexp(parts, axis=-1, keepdims=True)
 
 
 def step_function(model, beams, top_k, banned_ids, eos_id, quantized_embedding=None, masked=False):
