@@ -5,7 +5,8 @@ Usage: python benchmarks/ab_serve.py '<shapes JSON>' '<JSON list of variants>' [
 The shapes override the small ones (benchmarks/common.py), e.g. '{"vocab": 32000, "d": 512,
 "layers": 6, "heads": 8, "ff": 2048}' for base. A variant is {"fast_paths": setting} or
 {"without": [names]} (see ab_train.py): the fast paths its model is built with (same weights);
-`"jit_compile": true` compiles its search with XLA (`Translator(jit_compile=True)`).
+`"jit_compile": true` compiles its search with XLA (`Translator(jit_compile=True)`); `"shortlist":
+k` decodes over serve_compare.py's synthetic lexical table of that k (`Translator(shortlist=...)`).
 Model and inputs as in serve_compare.py (32 random sources of `src` words, outputs pinned to
 `tgt` tokens), beam 4 unless given. The variants' calls alternate, one call each per round;
 prints each variant's median output tokens/s, its ratio to the first one and how many of its
@@ -24,8 +25,15 @@ import tensorflow as tf  # noqa: E402
 
 from benchmarks.ab_train import variant_fast_paths  # noqa: E402
 from benchmarks.common import alternate, parse_shapes  # noqa: E402
-from benchmarks.serve_compare import SENTENCES, build_model, sources, word_vocabulary  # noqa: E402
+from benchmarks.serve_compare import (  # noqa: E402
+    SENTENCES,
+    build_model,
+    sources,
+    synthetic_table,
+    word_vocabulary,
+)
 from keras_transformer import fast_paths  # noqa: E402
+from keras_transformer.data.shortlist import DEFAULT_M  # noqa: E402
 from keras_transformer.export import Translator  # noqa: E402
 
 
@@ -41,10 +49,13 @@ def main(argv):
         with fast_paths.fast_paths(variant_fast_paths(variant)):
             model = build_model(cfg)  # built with the variant's fast paths (model.kernels)
         model.set_weights(weights)
+        shortlist = variant.get("shortlist")
+        table = synthetic_table(cfg["vocab"], shortlist, DEFAULT_M) if shortlist else None
         translator = Translator(
             model, spm_bytes, beam_size=beam, alpha=0.6, batch_size=SENTENCES,
             max_extra_length=cfg["tgt"] - cfg["src"], max_source_length=cfg["src"] + 1,
             max_length=cfg["tgt"] + 1, jit_compile=bool(variant.get("jit_compile")),
+            shortlist=table,
         )  # fmt: skip
         out = translator(text)  # traced
         translations.append(out["translation"].numpy().tolist())

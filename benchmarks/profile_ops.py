@@ -2,8 +2,11 @@
 
 Usage: python benchmarks/profile_ops.py '{"xla": false}' [top_n]
        python benchmarks/profile_ops.py '{"decode": true, ...shapes}' [top_n]
+       python benchmarks/profile_ops.py '{"export": true, "shortlist": 100, "beam": 4, ...}' [top_n]
 Prints the `top_n` TensorFlow op types by total self time, per training step or per decoding call
-(a development aid, not a benchmark).
+(a development aid, not a benchmark). `"export": true` profiles one call of the exported
+SavedModel's `serving_default` on `serve_compare`'s batch (strings in and out, as TF Serving runs
+it; `"shortlist": k` exported over `serve_compare`'s synthetic lexical table of that k).
 
 Op times overlap: TensorFlow runs independent ops side by side, so their sum exceeds the wall time
 and an op that shares the cores looks slower than it is. The second table divides the wall time
@@ -71,7 +74,24 @@ def main(argv):
     cfg = parse_shapes(argv)
     top_n = int(argv[2]) if len(argv) > 2 else 30
     logdir = tempfile.mkdtemp()
-    if cfg.get("decode"):
+    if cfg.get("export"):  # the exported SavedModel's serving_default, as TF Serving runs it
+        from benchmarks import serve_compare
+
+        cfg["steps"], work = 1, tempfile.mkdtemp()
+        table = None
+        if cfg.get("shortlist"):  # the table of `serve_compare --shortlist` with k this
+            table = serve_compare.synthetic_table(cfg["vocab"], cfg["shortlist"], 100)
+        model = serve_compare.build_model(cfg)
+        spm_bytes = serve_compare.word_vocabulary(cfg["vocab"])
+        decode = serve_compare.saved_model_decoder(
+            model, spm_bytes, cfg, work, beam=cfg.get("beam", 4), shortlist=table
+        )
+        decode(), decode()
+        tf.profiler.experimental.start(logdir)
+        decode()
+        tf.profiler.experimental.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    elif cfg.get("decode"):
         from benchmarks.decode_throughput import build_model, sources
         from keras_transformer.decoding import translate_ids
 
@@ -144,7 +164,7 @@ def main(argv):
         print(f"{t:9.1f} ms {100 * t / wall:5.1f}%  {k}")
     fields = dict(
         what="wall_breakdown",
-        mode="decode" if cfg.get("decode") else "train",
+        mode="export" if cfg.get("export") else "decode" if cfg.get("decode") else "train",
         step_ms=round(wall, 1),
         matmul_ms=round(matmul, 1),
         other_ms=round(wall - matmul - idle, 1),
@@ -153,7 +173,7 @@ def main(argv):
         top_other_ms={k: round(t, 1) for t, k in others[:8]},
         cfg=cfg,
     )
-    if not cfg.get("decode"):
+    if not (cfg.get("decode") or cfg.get("export")):
         flops = train_flops_per_token(cfg) * cfg["batch"] * cfg["tgt"]  # per step
         fields["model_gflops_per_s_in_matmul_time"] = round(flops / (matmul / 1e3) / 1e9, 1)
     emit(**fields)
