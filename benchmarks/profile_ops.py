@@ -76,11 +76,12 @@ def main(argv):
     logdir = tempfile.mkdtemp()
     if cfg.get("export"):  # the exported SavedModel's serving_default, as TF Serving runs it
         from benchmarks import serve_compare
+        from keras_transformer.data.shortlist import DEFAULT_M
 
         cfg["steps"], work = 1, tempfile.mkdtemp()
         table = None
         if cfg.get("shortlist"):  # the table of `serve_compare --shortlist` with k this
-            table = serve_compare.synthetic_table(cfg["vocab"], cfg["shortlist"], 100)
+            table = serve_compare.synthetic_table(cfg["vocab"], cfg["shortlist"], DEFAULT_M)
         model = serve_compare.build_model(cfg)
         spm_bytes = serve_compare.word_vocabulary(cfg["vocab"])
         decode = serve_compare.saved_model_decoder(
