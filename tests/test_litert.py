@@ -390,6 +390,31 @@ def test_caches_grown_bucket_by_bucket_give_the_unbucketed_answers(litert_dirs, 
         litert.load(litert_dirs["float32"], cache_bucket=-1)
 
 
+def test_growing_caches_reuse_their_buffers_from_request_to_request(litert_dirs, monkeypatch):
+    """The written positions of growing caches are read out into buffers the step keeps: the
+    same request twice grows through the buffers the first one left (no fresh array of cache
+    size per growth, whose pages the system would fault in anew) and answers alike."""
+    from keras_transformer.litert import graphs
+
+    buffers = []
+    real = graphs.DecoderStep._grow
+
+    def grow(self, index):
+        real(self, index)
+        buffers[-1].extend(self.scratch.values())  # held here: no address is reused
+
+    monkeypatch.setattr(graphs.DecoderStep, "_grow", grow)
+    translator = litert.load(litert_dirs["float32"], cache_bucket=2)
+    answers = []
+    for _ in range(2):
+        buffers.append([])
+        answers.append(translator.translate_nbest(REQUEST[:6]))
+    assert buffers[0] and buffers[1], "no cache grew: the test does not exercise _grow()"
+    assert all(any(b is a for a in buffers[0]) for b in buffers[1])
+    assert answers[1]["translations"] == answers[0]["translations"]
+    np.testing.assert_array_equal(answers[1]["scores"], answers[0]["scores"])
+
+
 def test_concurrent_requests_get_the_sequential_answers(litert_dirs):
     """8 threads each sending 50 requests of 1 to 7 sentences to one translator at once (a
     server's worker threads): every answer equals the one the request gets alone. With one

@@ -95,6 +95,7 @@ class DecoderStep:
         self.head_dim, self.beams = int(meta["head_dim"]), int(meta["decoding"]["beam_size"])
         self.shapes, self.columns, self.wanted, self.listed = None, {}, None, None
         self.bucket = int(bucket)
+        self.scratch = {}  # `_scratch`'s buffers
 
     def start(self, cross, source_mask, positions, columns=None, wanted=None):
         """Readies the step for a chunk: the encoder's `cross` keys/values, the source mask
@@ -159,7 +160,11 @@ class DecoderStep:
     def _compact(self):
         """The interpreter's inputs resized to the live sentences alone."""
         live, it = self.live, self.interpreter
-        caches = {name: it.get_tensor(self.inputs[name])[live] for name in self._self_caches()}
+        caches = {}
+        for name in self._self_caches():
+            cache = it.tensor(self.inputs[name])()
+            caches[name] = cache[live]  # a copy of the live rows alone
+            del cache  # no reference to the interpreter's buffers may outlive this
         self.fixed = {
             name: value if name in self.columns else value[live]
             for name, value in self.fixed.items()
@@ -181,9 +186,12 @@ class DecoderStep:
             length = self.limit
         c, k, it = self.rows // self.beams, self.beams, self.interpreter
         shape = (c, self.heads, k, old, self.head_dim)
-        written = {
-            name: it.get_tensor(self.inputs[name]).reshape(shape) for name in self._self_caches()
-        }
+        written = {}
+        for name in self._self_caches():
+            cache = it.tensor(self.inputs[name])()
+            written[name] = self._scratch(name, shape, cache.dtype)
+            np.copyto(written[name], cache.reshape(shape))
+            del cache  # no reference to the interpreter's buffers may outlive this
         s_len = self.fixed["cross_bias"].shape[-1]
         self._layout(c, s_len, length, self.fixed, zero_caches=False)
         for name, value in written.items():
@@ -193,6 +201,17 @@ class DecoderStep:
             slots[:, :, :, old:] = 0.0  # never read unwritten (masked), but finite
             del cache, slots  # no reference to the interpreter's buffers may outlive this
         self.history = np.pad(self.history, ((0, 0), (0, 0), (0, length - old)))
+
+    def _scratch(self, name, shape, dtype):
+        """A buffer of `shape` for `name`'s written positions while the caches grow, kept for
+        the next growth (of this chunk or the next): a fresh array of this size (megabytes at
+        a served batch's shapes) costs a page fault per 4 KiB at each growth, more than the
+        copy itself."""
+        size = int(np.prod(shape))
+        held = self.scratch.get(name)
+        if held is None or held.size < size or held.dtype != dtype:
+            held = self.scratch[name] = np.empty(size, dtype)
+        return held[:size].reshape(shape)
 
     def _live_rows(self):
         k = self.beams
