@@ -60,11 +60,22 @@ def batch_shortlist(translations, frequent, source_ids, extra_ids=None, bucket=S
     ]
     if extra_ids is not None:
         parts.append(np.asarray(extra_ids).reshape(-1))
-    union = np.unique(np.concatenate(parts).astype(np.int32))
+    union = _sorted_union(np.concatenate(parts).astype(np.int32))
     n = -(-union.size // int(bucket)) * int(bucket)
     ids = np.full(n, PAD_ID, np.int32)
     ids[: union.size] = union
     return ids, np.arange(n) < union.size
+
+
+def _sorted_union(values):
+    """`np.unique(values)` (int32), for ids by marking each in a table as long as the largest:
+    linear, where `np.unique`'s sort or hash costs about 2.7 ms on a served batch's 100,000 ids
+    (32 sentences of 32 pieces, 100 translations each)."""
+    if values.size == 0 or values.min() < 0:
+        return np.unique(values)
+    present = np.zeros(int(values.max()) + 1, bool)
+    present[values] = True
+    return np.flatnonzero(present).astype(np.int32)
 
 
 def save_lexical_table(table, path):

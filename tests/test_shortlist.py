@@ -13,6 +13,7 @@ from _shortlist_tables import identity_table as _identity_table
 
 from keras_transformer.data import synthetic
 from keras_transformer.data.shortlist import (
+    batch_shortlist,
     build_lexical_table,
     read_lexical_table,
     save_lexical_table,
@@ -91,6 +92,26 @@ def test_shortlist_is_the_sorted_union_padded_to_the_bucket():
     assert ids.shape == (16,) and real.sum() == len(expected)
     assert ids[real].tolist() == expected  # EOS, PAD, BOS, UNK, the prefix's 40 included
     assert not real[len(expected) :].any() and (ids[~real] == 0).all()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_numpy_shortlist_is_the_sorted_union_of_its_parts(seed):
+    """The runtimes' NumPy shortlist (`batch_shortlist`, marking ids in a table) is `np.unique`
+    of the table's rows of the source pieces, the frequent and special ids and the extra ids:
+    also for target ids beyond the source vocabulary, a batch of padding alone, and no ids."""
+    rng = np.random.default_rng(seed)
+    translations = rng.integers(0, 5000, size=(300, 7))
+    frequent = rng.integers(0, 5000, size=9)
+    for source, extra in (
+        (rng.integers(0, 300, size=(4, 11)), rng.integers(0, 5000, size=(4, 3))),
+        (np.zeros((2, 5), np.int64), None),
+        (np.zeros((0, 5), np.int64), np.zeros((0, 2), np.int64)),
+    ):
+        ids, real = batch_shortlist(translations, frequent, source, extra_ids=extra, bucket=16)
+        parts = [translations[source].ravel(), frequent, SPECIAL_IDS]
+        parts += [] if extra is None else [np.ravel(extra)]
+        assert ids.dtype == np.int32 and ids.size % 16 == 0
+        np.testing.assert_array_equal(ids[real], np.unique(np.concatenate(parts)))
 
 
 def test_shortlist_has_a_static_width_per_bucket_in_a_graph():
