@@ -177,16 +177,15 @@ class Subprocesses:
         for pid in seen:
             if pid == root:
                 continue
-            if pid not in self.first:
-                arguments = _python_arguments(pid)
-                if arguments is None:
-                    self.first[pid] = None  # not Python: never looked at again
-                    continue
-                self.first[pid] = now
-                self.kind[pid] = command_kind(arguments)
-            if self.first[pid] is not None:
-                self.last[pid] = now
-                self.cpu[pid] = _cpu_seconds(pid, self.cpu.get(pid, 0.0))
+            # Read at every sample, not once: a child caught between its fork and its exec
+            # shows its parent's command line (a pytest-xdist worker's, say) until the exec.
+            arguments = _python_arguments(pid)
+            if arguments is None:
+                continue
+            self.first.setdefault(pid, now)
+            self.kind[pid] = command_kind(arguments)
+            self.last[pid] = now
+            self.cpu[pid] = _cpu_seconds(pid, self.cpu.get(pid, 0.0))
 
     def summary(self):
         """`"N S"`: how many were seen and their summed seconds; then a line `C S N KIND` for

@@ -99,6 +99,29 @@ def test_the_python_processes_the_tests_start_are_counted_with_their_run_times(t
     assert int(cpu) < int(seconds) / 2
 
 
+# A root whose child waits between its fork and its exec: the child shows the root's command
+# line meanwhile, and that line holds what marks a pytest-xdist worker (this comment, below).
+FORK_THEN_EXEC = """
+import os, sys, time
+# exec(eval(sys.stdin.readline()))
+pid = os.fork()
+if pid == 0:
+    time.sleep(1.2)
+    os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(2)"])
+os.waitpid(pid, 0)
+"""
+
+
+def test_a_process_seen_before_its_exec_is_counted_as_what_it_runs_after(tmp_path):
+    out = tmp_path / "peak"
+    root = subprocess.Popen([sys.executable, "-c", FORK_THEN_EXEC])
+    sampler = subprocess.run([sys.executable, SAMPLER, str(root.pid), str(out)], timeout=60)
+    assert root.wait(timeout=60) == 0 and sampler.returncode == 0
+    first, *kinds = (tmp_path / "peak.procs").read_text().splitlines()
+    assert int(first.split()[0]) == 1  # the child, once it ran its own command
+    assert [line.split(" ", 3)[2:] for line in kinds] == [["1", "python -c"]]
+
+
 def _sampler_module():
     import importlib.util
 
