@@ -69,11 +69,14 @@ def batch_shortlist(translations, frequent, source_ids, extra_ids=None, bucket=S
 
 def _sorted_union(values):
     """`np.unique(values)` (int32), for ids by marking each in a table as long as the largest:
-    linear, where `np.unique`'s sort or hash costs about 2.7 ms on a served batch's 100,000 ids
+    linear, where `np.unique`'s sort or hash costs 2.7-4.0 ms on a served batch's 100,000 ids
     (32 sentences of 32 pieces, 100 translations each)."""
-    if values.size == 0 or values.min() < 0 or values.max() >= 2**24:  # not a vocabulary's ids
+    if values.size == 0:
         return np.unique(values)
-    present = np.zeros(int(values.max()) + 1, bool)
+    largest = int(values.max())
+    if values.min() < 0 or largest >= 2**24:  # not a vocabulary's ids
+        return np.unique(values)
+    present = np.zeros(largest + 1, bool)
     present[values] = True
     return np.flatnonzero(present).astype(np.int32)
 
