@@ -83,12 +83,18 @@ for process in started:
 """
 
 
-def test_the_python_processes_the_tests_start_are_counted_with_their_run_times(tmp_path):
+def _sampled_processes(tmp_path, script):
+    """The sampler's `peak.procs` lines for a root running `script`: `(first line, kinds)`."""
     out = tmp_path / "peak"
-    root = subprocess.Popen([sys.executable, "-c", SUBPROCESSES])
+    root = subprocess.Popen([sys.executable, "-c", script])
     sampler = subprocess.run([sys.executable, SAMPLER, str(root.pid), str(out)], timeout=60)
     assert root.wait(timeout=60) == 0 and sampler.returncode == 0
     first, *kinds = (tmp_path / "peak.procs").read_text().splitlines()
+    return first, kinds
+
+
+def test_the_python_processes_the_tests_start_are_counted_with_their_run_times(tmp_path):
+    first, kinds = _sampled_processes(tmp_path, SUBPROCESSES)
     count, seconds = first.split()
     assert int(count) == 3  # the two holders and the relay; not the worker, not the root
     assert 3 <= int(seconds) <= 60  # each ran its 2 s sleep (and its start): seen over a second
@@ -113,11 +119,7 @@ os.waitpid(pid, 0)
 
 
 def test_a_process_seen_before_its_exec_is_counted_as_what_it_runs_after(tmp_path):
-    out = tmp_path / "peak"
-    root = subprocess.Popen([sys.executable, "-c", FORK_THEN_EXEC])
-    sampler = subprocess.run([sys.executable, SAMPLER, str(root.pid), str(out)], timeout=60)
-    assert root.wait(timeout=60) == 0 and sampler.returncode == 0
-    first, *kinds = (tmp_path / "peak.procs").read_text().splitlines()
+    first, kinds = _sampled_processes(tmp_path, FORK_THEN_EXEC)
     assert int(first.split()[0]) == 1  # the child, once it ran its own command
     assert [line.split(" ", 3)[2:] for line in kinds] == [["1", "python -c"]]
 
