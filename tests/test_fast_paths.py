@@ -193,16 +193,122 @@ def test_projection_gradients_equal_keras_dense(activation, use_bias):
 
 
 def test_projection_gradients_apply_only_in_training():
-    """Outside training (decoding steps, evaluation) the Dense layers run as Keras runs them."""
+    """Outside training (decoding steps, evaluation) the Dense layers' gradient path is off:
+    without `flat_dense` they run as Keras runs them."""
     from keras_transformer.layers import _fast_paths as layer_paths
 
     layer = keras.layers.Dense(8, activation="relu")
-    layer.build((3, 4))
-    x = rand((3, 4))
-    kernels = Kernels.get("all")
+    layer.build((3, 2, 4))
+    x = rand((3, 2, 4))
+    kernels = Kernels.get("all").without("flat_dense")
     for training in (None, False):
         assert layer_paths.dense(kernels, layer, x, training) is None
+    assert layer_paths.dense(kernels, layer, x, True) is not None
     assert layer_paths.dense(kernels, keras.layers.Dense(8, activation="gelu"), x, True) is None
+
+
+# ----------------------------------------------------------------------- flat Dense products
+
+
+def _dense_graph(kernels, layer, x, training=False):
+    from keras_transformer.layers import _fast_paths as layer_paths
+
+    run = tf.function(lambda x: layer_paths.call_dense(kernels, layer, x, training=training))
+    spec = tf.TensorSpec([None, *x.shape[1:]], tf.float32)  # a batch known at run time only
+    concrete = run.get_concrete_function(spec)
+    return np.asarray(concrete(tf.constant(x))), concrete.graph.as_graph_def().node
+
+
+@pytest.mark.parametrize("activation", ["relu", None])
+@pytest.mark.parametrize("use_bias", [True, False])
+@pytest.mark.parametrize("shape", [(2, 5, 16), (6, 1, 16)])
+def test_flat_dense_equals_keras_dense_in_fewer_ops(activation, use_bias, shape):
+    """Outside training, `flat_dense` gives the Dense layer's output (to 1e-5) as one 2-D MatMul
+    followed directly by its BiasAdd and Relu (the chain TensorFlow's remapper fuses into one
+    kernel), in fewer ops than Keras's tensordot, whose BiasAdd follows a Reshape."""
+    layer = keras.layers.Dense(24, activation=activation, use_bias=use_bias)
+    layer.build(shape)
+    x = rand(shape, 1)
+    fast, fast_nodes = _dense_graph(Kernels.get("all"), layer, x)
+    plain, plain_nodes = _dense_graph(Kernels.get("all").without("flat_dense"), layer, x)
+    np.testing.assert_allclose(fast, plain, atol=ATOL)
+    np.testing.assert_allclose(fast, np.asarray(layer(x)), atol=ATOL)
+    assert fast.shape == (*shape[:-1], 24)
+
+    def work(nodes):  # what runs: not the constants, placeholders and the result's identity
+        return [n for n in nodes if n.op not in ("Const", "Placeholder", "Identity", "NoOp")]
+
+    assert len(work(fast_nodes)) < len(work(plain_nodes)), (
+        [n.op for n in work(fast_nodes)], [n.op for n in work(plain_nodes)])  # fmt: skip
+    by_name = {n.name: n for n in fast_nodes}
+    (matmul,) = [n for n in fast_nodes if n.op == "MatMul"]
+    chain = [n.op for n in fast_nodes if n.input and n.input[0].split(":")[0] == matmul.name]
+    if use_bias:
+        assert chain == ["BiasAdd"], chain
+        plain_bias = [n for n in plain_nodes if n.op == "BiasAdd"]
+        plain_by_name = {n.name: n for n in plain_nodes}
+        assert [plain_by_name[n.input[0]].op for n in plain_bias] == ["Reshape"]
+    elif activation:
+        assert chain == ["Relu"], chain
+    assert by_name[matmul.input[0].split(":")[0]].op == "Reshape"
+
+
+def test_flat_dense_stays_out_of_training():
+    """In training the Dense layers take `projection_gradients` or Keras's own product, never the
+    inference-only flat product (whose gradient is TensorFlow's own)."""
+    from keras_transformer.layers import _fast_paths as layer_paths
+
+    layer = keras.layers.Dense(8)
+    layer.build((3, 2, 4))
+    x = rand((3, 2, 4))
+    only_flat = Kernels.get("flat_dense")
+    assert layer_paths.dense(only_flat, layer, x, training=True) is None
+    assert layer_paths.dense(only_flat, layer, x, training=False) is not None
+    assert layer_paths.dense(only_flat, layer, x[:, 0], training=False) is None  # rank 2
+
+
+def test_projection_onto_a_width_known_at_run_time_is_flat():
+    """The pre-softmax product over a shortlist's columns (a width known only at run time)
+    equals numpy's and keeps the known dimensions of its shape."""
+    from keras_transformer.layers.embedding import project_with
+
+    y, kernel = rand((6, 1, 16), 1), rand((16, 11), 2)
+    for kernels in (Kernels.get("all"), Kernels.get("none")):
+        run = tf.function(
+            lambda y, k, kernels=kernels: project_with(y, k, kernels),
+            input_signature=[tf.TensorSpec([None, 1, 16]), tf.TensorSpec([16, None])],
+        )
+        concrete = run.get_concrete_function()
+        assert concrete.output_shapes.as_list() == [None, 1, None]
+        np.testing.assert_allclose(np.asarray(run(y, kernel)), y @ kernel, atol=ATOL)
+        ops_run = _graph_op_types(concrete)
+        assert ("GatherV2" in ops_run) != kernels.uses("flat_dense"), ops_run  # tensordot's
+
+
+def test_one_position_attention_moves_no_data_between_layouts():
+    """A decoding step's attention (one query position on a cache) splits and merges its heads
+    with reshapes: its graph has no Transpose, and it equals the full causal pass's row."""
+    layer = MultiHeadAttention(num_heads=4, key_dim=8)
+    x = rand((2, 5, 32), 1)
+    full = np.asarray(layer(x, x, use_causal_mask=True))
+    keys = tf.Variable(np.zeros((2, 4, 5, 8), "float32"))
+    values = tf.Variable(np.zeros((2, 4, 5, 8), "float32"))
+
+    @tf.function
+    def step(x, index):
+        out, cache = layer(x, x, cache=(keys, values), cache_update_index=index)
+        keys.assign(cache[0])
+        values.assign(cache[1])
+        return out
+
+    for index in range(5):
+        out = step(tf.constant(x[:, index : index + 1]), tf.constant(index))
+        np.testing.assert_allclose(np.asarray(out)[:, 0], full[:, index], atol=ATOL)
+    concrete = step.get_concrete_function(tf.TensorSpec([2, 1, 32]), tf.TensorSpec([], tf.int32))
+    assert "Transpose" not in _graph_op_types(concrete)
+    assert "Transpose" in _graph_op_types(
+        tf.function(lambda x: layer(x, x, use_causal_mask=True)).get_concrete_function(x)
+    )
 
 
 @pytest.mark.scenario

@@ -52,6 +52,8 @@ def fused_projection(
     kernel, bias = weights
     if _projection_gradients_apply(kernels, training):
         y = _tf_dense(x, kernel, bias, relu=False)
+    elif _flat_dense_applies(kernels, training, x, kernel):
+        y = _tf_flat_dense(x, kernel, bias, relu=False)
     else:
         y = ops.matmul(x, kernel)  # [batch, len, n * units]
         if bias is not None:
@@ -63,21 +65,32 @@ def fused_projection(
 
 
 def dense(kernels, layer, x, training=None):
-    """`layer(x)` for a Keras `Dense` layer (linear or ReLU) with its input gradient computed as
-    an einsum over the kernel, or None where this does not apply (switched off, not training,
-    another backend, XLA, another activation, LoRA or quantized weights)."""
-    if (
-        not _projection_gradients_apply(kernels, training)
-        or layer.lora_enabled
-        or layer.quantization_mode
-    ):
+    """`layer(x)` for a Keras `Dense` layer (linear or ReLU): in training with its input
+    gradient computed as an einsum over the kernel (`projection_gradients`), outside training
+    as one 2-D matmul fused with its bias and ReLU (`flat_dense`); None where neither applies
+    (switched off, another backend, XLA, another activation, LoRA or quantized weights)."""
+    if layer.lora_enabled or layer.quantization_mode:
         return None
     relu = layer.activation is keras.activations.relu
     if not relu and layer.activation is not keras.activations.linear:
         return None
+    if _projection_gradients_apply(kernels, training):
+        project = _tf_dense
+    elif _flat_dense_applies(kernels, training, x, layer.kernel):
+        project = _tf_flat_dense
+    else:
+        return None
     kernel = ops.cast(layer.kernel, layer.compute_dtype)
     bias = ops.cast(layer.bias, layer.compute_dtype) if layer.use_bias else None
-    return _tf_dense(ops.cast(x, layer.compute_dtype), kernel, bias, relu)
+    return project(ops.cast(x, layer.compute_dtype), kernel, bias, relu)
+
+
+def matmul(kernels, x, kernel, training=None):
+    """`x @ kernel` for `x` `[..., d]` and `kernel` `[d, n]` as one 2-D matmul
+    (`flat_dense`), or None where that does not apply."""
+    if not _flat_dense_applies(kernels, training, x, kernel):
+        return None
+    return _tf_flat_dense(x, kernel, None, relu=False)
 
 
 def call_dense(kernels, layer, x, training=None):
@@ -94,6 +107,47 @@ def _projection_gradients_apply(kernels, training):
         and keras.backend.backend() == "tensorflow"
         and not in_xla_context()
     )
+
+
+def _flat_dense_applies(kernels, training, x, kernel):
+    # Outside training, in TF graphs outside XLA (which folds the shape arithmetic itself), for
+    # inputs of rank 3 or more whose last axis is known (rank 2 is a plain MatMul already).
+    return (
+        training is not True
+        and kernels.uses("flat_dense")
+        and keras.backend.backend() == "tensorflow"
+        and not in_xla_context()
+        and len(x.shape) >= 3
+        and len(kernel.shape) == 2
+        and x.shape[-1] is not None
+        and x.shape[-1] == kernel.shape[0]
+    )
+
+
+def _tf_flat_dense(x, kernel, bias, relu):
+    """`relu?(x @ kernel + bias)` over the last axis of `x` as `x` reshaped to 2-D, one MatMul
+    (which TensorFlow's remapper fuses with the BiasAdd and the Relu into one oneDNN kernel)
+    and a reshape back. Keras's matmul of a rank-3 `x` is a `tensordot`: a dozen shape ops
+    around the same MatMul (Shape, GatherV2, Prod, Pack, ConcatV2...) and the BiasAdd after
+    its reshape, unfused; a base decoder step has 38 such products."""
+    import tensorflow as tf
+
+    x, kernel = tf.convert_to_tensor(x), tf.convert_to_tensor(kernel)
+    units_in, units_out = kernel.shape
+    y = tf.matmul(tf.reshape(x, [-1, units_in]), kernel)
+    if bias is not None:
+        y = tf.nn.bias_add(y, bias)
+    if relu:
+        y = tf.nn.relu(y)
+    inner = x.shape[1:-1]
+    width = tf.shape(kernel)[1] if units_out is None else units_out  # a shortlist's: at run time
+    if inner.is_fully_defined():  # a constant shape where the width is known: no shape ops
+        shape = [-1, *inner.as_list(), width]
+    else:
+        shape = tf.concat([tf.shape(x)[:-1], [width]], 0)
+    out = tf.reshape(y, shape)
+    out.set_shape(x.shape[:-1].concatenate([units_out]))
+    return out
 
 
 def _tf_dense(x, kernel, bias, relu):

@@ -280,7 +280,10 @@ class MultiHeadAttention(CallTracedSpec, keras.layers.Layer):
     def _split_heads(self, x):
         # [batch, len, heads * head_dim] -> [batch, heads, len, head_dim]
         shape = ops.shape(x)
-        x = ops.reshape(x, (shape[0], shape[1], self.num_heads, x.shape[-1] // self.num_heads))
+        head_dim = x.shape[-1] // self.num_heads
+        if x.shape[1] == 1:  # one position (a decoding step): the move is a reshape, no copy
+            return ops.reshape(x, (shape[0], self.num_heads, 1, head_dim))
+        x = ops.reshape(x, (shape[0], shape[1], self.num_heads, head_dim))
         return ops.transpose(x, (0, 2, 1, 3))
 
     def _project(self, x, denses, training=None, fused=None):
@@ -382,9 +385,13 @@ class MultiHeadAttention(CallTracedSpec, keras.layers.Layer):
 
     def _merge_heads(self, out, training):
         """`[b, h, q_len, d_v]` -> `[b, q_len, output_dim]`: the heads concatenated, projected."""
-        out = ops.transpose(out, (0, 2, 1, 3))
-        shape = ops.shape(out)
-        out = ops.reshape(out, (shape[0], shape[1], self.num_heads * self.value_dim))
+        width = self.num_heads * self.value_dim
+        if out.shape[2] == 1:  # one position (a decoding step): the move is a reshape, no copy
+            out = ops.reshape(out, (ops.shape(out)[0], 1, width))
+        else:
+            out = ops.transpose(out, (0, 2, 1, 3))
+            shape = ops.shape(out)
+            out = ops.reshape(out, (shape[0], shape[1], width))
         return _fast_paths.call_dense(self.kernels, self.output_dense, out, training)
 
     def _compute_mask(self, q, k, attention_mask, use_causal_mask, cache, cache_update_index):

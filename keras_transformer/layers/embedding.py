@@ -5,7 +5,16 @@ import math
 import keras
 from keras import ops
 
+from keras_transformer.layers import _fast_paths
 from keras_transformer.layers._specs import CallTracedSpec
+
+
+def project_with(x, kernel, kernels):
+    """`x @ kernel`: hidden states `x` `[..., d_model]` by a pre-softmax kernel `[d_model, n]`
+    (the tied embedding transposed, or a vocabulary shortlist's columns of it), with the
+    `Kernels` `kernels` of the caller (fast path `flat_dense`)."""
+    fast = _fast_paths.matmul(kernels, x, kernel)
+    return ops.matmul(x, kernel) if fast is None else fast
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

@@ -7,7 +7,11 @@ from keras_transformer import hyper_parameters
 from keras_transformer.fast_paths import Kernels
 from keras_transformer.layers.attention import cache_zeros, head_size
 from keras_transformer.layers.decoder import TransformerDecoder
-from keras_transformer.layers.embedding import SinusoidalPositionalEncoding, TokenEmbedding
+from keras_transformer.layers.embedding import (
+    SinusoidalPositionalEncoding,
+    TokenEmbedding,
+    project_with,
+)
 from keras_transformer.layers.encoder import TransformerEncoder
 from keras_transformer.layers.masks import padding_mask
 from keras_transformer.models._hyper_parameters import HyperParameters, take
@@ -395,7 +399,7 @@ class Transformer(HyperParameters, TrainStep, keras.Model):
         transposed it, or the untied Dense). A shortlist's `output_kernel` `[d_model, n]` (and,
         untied, its `output_bias` `[n]`) gives the logits of its `n` ids only, `[..., n]`."""
         if output_kernel is not None:  # the tied embedding transposed, or a shortlist's columns
-            logits = ops.matmul(y, output_kernel)
+            logits = project_with(y, output_kernel, self.kernels)
             if output_bias is not None:
                 logits = logits + output_bias
         elif self.output_projection is None:
