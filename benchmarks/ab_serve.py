@@ -9,14 +9,17 @@ The shapes override the small ones (benchmarks/common.py), e.g. '{"vocab": 32000
 k` decodes over serve_compare.py's synthetic lexical table of that k (`Translator(shortlist=...)`).
 Model and inputs as in serve_compare.py (32 random sources of `src` words, outputs pinned to
 `tgt` tokens), beam 4 unless given. The variants' calls alternate, one call each per round;
-prints each variant's median output tokens/s, its ratio to the first one and how many of its
-translations differ from the first variant's.
+prints each variant's median output tokens/s, its ratio to the first one, its median CPU
+seconds per call (all threads: the work done, which another process's load on the cores changes
+less than the wall time) and their ratio to the first one's, and how many of its translations
+differ from the first variant's.
 """
 
 import json
 import os
 import statistics
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -69,12 +72,25 @@ def main(argv):
 
         return translate
 
-    rates = alternate([call(translator) for _, translator in runs], rounds)
-    first = statistics.median(rates[0])
-    for (variant, _), times, differs in zip(runs, rates, differing):
+    cpu = [[] for _ in runs]
+
+    def timed(translate, seconds):
+        def run():
+            start = time.process_time()
+            tokens = translate()
+            seconds.append(time.process_time() - start)
+            return tokens
+
+        return run
+
+    rates = alternate([timed(call(t), s) for (_, t), s in zip(runs, cpu)], rounds)
+    first, first_cpu = statistics.median(rates[0]), statistics.median(cpu[0])
+    for (variant, _), times, seconds, differs in zip(runs, rates, cpu, differing):
         median = statistics.median(times)
         line = dict(variant=variant, beam=beam, median_tokens_per_s=round(median, 1),
                     ratio=round(median / first, 3), all=[round(t) for t in times],
+                    median_cpu_seconds=round(statistics.median(seconds), 3),
+                    cpu_ratio=round(statistics.median(seconds) / first_cpu, 3),
                     translations_unlike_the_first_variant=differs)  # fmt: skip
         print(json.dumps(line))
 
