@@ -1,8 +1,10 @@
 """The results ledger: one append-only JSON-lines file per benchmark, `results/<benchmark>.jsonl`.
 
 Every line is one measured figure with where and how it was taken: `date` (UTC, ISO 8601),
-`machine` (the CPU's model name and core count), `cpu_flags` (the instruction-set flags that
-move the figures: AVX-512, bfloat16, AMX, VNNI), `label` (what the run tried), `command` (the
+`machine` (the CPU's model name and core count), `cpu` (its family and model numbers, where
+the name does not tell two generations apart: an "AMD EPYC" is a Zen 4 or a Zen 5, whose fp32
+matrix products differ 2.3x), `cpu_flags` (the instruction-set flags that move the figures:
+AVX-512, bfloat16, AMX, VNNI), `label` (what the run tried), `command` (the
 command line that reproduces it, as run from the repository root), then the benchmark's own
 fields. No line holds a path of the machine that measured it: a path inside the repository is
 written relative to its root, a temporary one as `$TMPDIR/...`, one in the home directory as
@@ -52,6 +54,24 @@ def cpu_info(path="/proc/cpuinfo"):
     return name, flags
 
 
+def cpu_generation(path="/proc/cpuinfo"):
+    """`"family F, model M"` of this machine's first CPU (x86 Linux), or None."""
+    found = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("cpu family", "model") and key.strip() not in found:
+                    found[key.strip()] = value.strip()
+                if not line.strip() and found:  # the end of the first CPU's block
+                    break
+    except OSError:
+        return None
+    if len(found) < 2:
+        return None
+    return f"family {found['cpu family']}, model {found['model']}"
+
+
 def ledger_path(benchmark):
     """The ledger file of `benchmark` (a script's name without `.py`)."""
     return os.path.join(RESULTS, f"{benchmark}.jsonl")
@@ -97,6 +117,7 @@ def record(benchmark, fields, label=None, command=None):
     line = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": f"{name}, {os.cpu_count()} cores",
+        "cpu": cpu_generation(),
         "cpu_flags": flags,
         "label": label,
         "command": portable(command or shlex.join(["python", *sys.argv])),

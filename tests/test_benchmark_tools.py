@@ -89,6 +89,29 @@ def test_request_size_figures_reject_an_answer_per_sentence_missing(monkeypatch)
         serve_latency.request_size_figures(_FakeSignature(clock, short=True), ["a"] * 8, 4, 2)
 
 
+def test_ledger_lines_tell_two_generations_of_one_cpu_name_apart(tmp_path):
+    """Two CPUs both named "AMD EPYC" (a Zen 4 and a Zen 5, whose fp32 products differ 2.3x)
+    get different `cpu` fields; a machine without the numbers gets None."""
+    from benchmarks import ledger
+
+    def cpuinfo(family, model):
+        block = (
+            f"processor\t: {{n}}\nvendor_id\t: AuthenticAMD\ncpu family\t: {family}\n"
+            f"model\t\t: {model}\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx512f\n\n"
+        )
+        path = tmp_path / f"cpuinfo-{family}-{model}"
+        path.write_text(block.format(n=0) + block.replace(str(model), "99").format(n=1))
+        return str(path)
+
+    zen4, zen5 = cpuinfo(25, 17), cpuinfo(26, 2)
+    assert ledger.cpu_info(zen4) == ledger.cpu_info(zen5) == ("AMD EPYC", ["avx512f"])
+    assert ledger.cpu_generation(zen4) == "family 25, model 17"
+    assert ledger.cpu_generation(zen5) == "family 26, model 2"
+    (tmp_path / "bare").write_text("processor\t: 0\nmodel name\t: Apple M2\n\n")
+    assert ledger.cpu_generation(str(tmp_path / "bare")) is None
+    assert ledger.cpu_generation(str(tmp_path / "missing")) is None
+
+
 def test_ledger_lines_hold_no_path_of_the_measuring_machine(tmp_path, monkeypatch):
     """A ledger line's command and fields are written as a user runs them from the repository
     root (lines held /work/..., /tmp/... and ../shared/... paths of the machine that measured
