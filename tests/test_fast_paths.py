@@ -285,6 +285,22 @@ def test_projection_onto_a_width_known_at_run_time_is_flat():
         assert ("GatherV2" in ops_run) != kernels.uses("flat_dense"), ops_run  # tensordot's
 
 
+def test_flat_products_promote_mixed_dtypes_as_keras_does():
+    """A bfloat16 step by a float32 kernel (or the reverse) gives Keras's matmul's dtype and
+    numbers."""
+    from keras_transformer.layers.embedding import project_with
+
+    y, kernel = rand((6, 1, 16), 1), rand((16, 11), 2)
+    for a, b in (("bfloat16", "float32"), ("float32", "bfloat16"), ("bfloat16", "bfloat16")):
+        args = ops.cast(y, a), ops.cast(kernel, b)
+        fast = project_with(*args, Kernels.get("all"))
+        plain = ops.matmul(*args)
+        assert fast.dtype == plain.dtype
+        np.testing.assert_allclose(
+            np.asarray(ops.cast(fast, "float32")), np.asarray(ops.cast(plain, "float32")),
+            rtol=2e-2, atol=5e-2)  # fmt: skip
+
+
 def test_one_position_attention_moves_no_data_between_layouts():
     """A decoding step's attention (one query position on a cache) splits and merges its heads
     with reshapes: its graph has no Transpose, and it equals the full causal pass's row."""

@@ -133,10 +133,12 @@ def _tf_flat_dense(x, kernel, bias, relu):
     import tensorflow as tf
 
     x, kernel = tf.convert_to_tensor(x), tf.convert_to_tensor(kernel)
+    dtype = keras.backend.result_type(x.dtype.name, kernel.dtype.name)  # as Keras's matmul
+    x, kernel = tf.cast(x, dtype), tf.cast(kernel, dtype)
     units_in, units_out = kernel.shape
     y = tf.matmul(tf.reshape(x, [-1, units_in]), kernel)
     if bias is not None:
-        y = tf.nn.bias_add(y, bias)
+        y = tf.nn.bias_add(y, tf.cast(bias, dtype))
     if relu:
         y = tf.nn.relu(y)
     inner = x.shape[1:-1]
