@@ -85,10 +85,10 @@ def dense(kernels, layer, x, training=None):
     return project(ops.cast(x, layer.compute_dtype), kernel, bias, relu)
 
 
-def matmul(kernels, x, kernel, training=None):
-    """`x @ kernel` for `x` `[..., d]` and `kernel` `[d, n]` as one 2-D matmul
-    (`flat_dense`), or None where that does not apply."""
-    if not _flat_dense_applies(kernels, training, x, kernel):
+def matmul(kernels, x, kernel):
+    """`x @ kernel` for `x` `[..., d]` and `kernel` `[d, n]` (outside training) as one 2-D
+    matmul (`flat_dense`), or None where that does not apply."""
+    if not _flat_dense_applies(kernels, None, x, kernel):
         return None
     return _tf_flat_dense(x, kernel, None, relu=False)
 
@@ -124,6 +124,17 @@ def _flat_dense_applies(kernels, training, x, kernel):
     )
 
 
+def _fused_product(flat, kernel, bias, relu):
+    """`relu?(flat @ kernel + bias)` of a 2-D `flat`: the MatMul -> BiasAdd -> Relu chain that
+    TensorFlow's remapper fuses into one oneDNN kernel."""
+    import tensorflow as tf
+
+    y = tf.matmul(flat, kernel)
+    if bias is not None:
+        y = tf.nn.bias_add(y, bias)
+    return tf.nn.relu(y) if relu else y
+
+
 def _tf_flat_dense(x, kernel, bias, relu):
     """`relu?(x @ kernel + bias)` over the last axis of `x` as `x` reshaped to 2-D, one MatMul
     (which TensorFlow's remapper fuses with the BiasAdd and the Relu into one oneDNN kernel)
@@ -136,11 +147,8 @@ def _tf_flat_dense(x, kernel, bias, relu):
     dtype = keras.backend.result_type(x.dtype.name, kernel.dtype.name)  # as Keras's matmul
     x, kernel = tf.cast(x, dtype), tf.cast(kernel, dtype)
     units_in, units_out = kernel.shape
-    y = tf.matmul(tf.reshape(x, [-1, units_in]), kernel)
-    if bias is not None:
-        y = tf.nn.bias_add(y, tf.cast(bias, dtype))
-    if relu:
-        y = tf.nn.relu(y)
+    bias = None if bias is None else tf.cast(bias, dtype)
+    y = _fused_product(tf.reshape(x, [-1, units_in]), kernel, bias, relu)
     inner = x.shape[1:-1]
     width = tf.shape(kernel)[1] if units_out is None else units_out  # a shortlist's: at run time
     if inner.is_fully_defined():  # a constant shape where the width is known: no shape ops
@@ -167,11 +175,7 @@ def _tf_dense(x, kernel, bias, relu):
     @tf.custom_gradient
     def project(x, kernel, *bias):
         flat = tf.reshape(x, [-1, units_in])
-        y = tf.matmul(flat, kernel)
-        if bias:
-            y = tf.nn.bias_add(y, bias[0])
-        if relu:
-            y = tf.nn.relu(y)
+        y = _fused_product(flat, kernel, bias[0] if bias else None, relu)
 
         def grad(upstream):
             g = tf.reshape(upstream, [-1, units_out])
