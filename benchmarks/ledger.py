@@ -36,40 +36,38 @@ FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", 
          "amx_bf16", "amx_tile", "amx_int8")
 
 
-def cpu_info(path="/proc/cpuinfo"):
-    """`(model name, relevant flags)` of this machine's CPU (`platform.processor()` elsewhere)."""
-    name, flags = platform.processor() or platform.machine(), []
+def _first_cpu(path):
+    """`{field: value}` of the first processor's block of `/proc/cpuinfo` at `path` ({} where
+    it cannot be read)."""
+    fields = {}
     try:
         with open(path, encoding="utf-8") as f:
             for line in f:
+                if not line.strip():
+                    if fields:  # the end of the first processor's block
+                        break
+                    continue
                 key, _, value = line.partition(":")
-                if key.strip() == "model name":
-                    name = value.strip()
-                elif key.strip() == "flags":
-                    present = set(value.split())
-                    flags = [flag for flag in FLAGS if flag in present]
-                    break
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return name, flags
+    return fields
+
+
+def cpu_info(path="/proc/cpuinfo"):
+    """`(model name, relevant flags)` of this machine's CPU (`platform.processor()` elsewhere)."""
+    fields = _first_cpu(path)
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    present = set(fields.get("flags", "").split())
+    return name, [flag for flag in FLAGS if flag in present]
 
 
 def cpu_generation(path="/proc/cpuinfo"):
     """`"family F, model M"` of this machine's first CPU (x86 Linux), or None."""
-    found = {}
-    try:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() in ("cpu family", "model") and key.strip() not in found:
-                    found[key.strip()] = value.strip()
-                if not line.strip() and found:  # the end of the first CPU's block
-                    break
-    except OSError:
+    fields = _first_cpu(path)
+    if "cpu family" not in fields or "model" not in fields:
         return None
-    if len(found) < 2:
-        return None
-    return f"family {found['cpu family']}, model {found['model']}"
+    return f"family {fields['cpu family']}, model {fields['model']}"
 
 
 def ledger_path(benchmark):
