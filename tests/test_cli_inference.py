@@ -117,7 +117,18 @@ def test_export_from_workdir(tmp_path, copy_model, toy_spm_path, run_cli):
     assert code == 0, err
     with open(metadata.format(2)) as f:
         assert json.load(f)["jit_compile"] is False
-    for exported in (model_dir, output / "toy" / "1"):  # the graph search, then XLA's
+    # export.precision: bfloat16 in the config, and --precision float32 winning over it.
+    config = load_config(str(workdir / "config.yaml"), overrides=["export.precision=bfloat16"])
+    save_config(config, str(workdir / "config.yaml"))
+    for version, flags in ((3, ()), (4, ("--precision", "float32"))):
+        code, out, err = run_cli(
+            "export", "--workdir", str(workdir), "--output", str(output), "--name", "toy", *flags
+        )
+        assert code == 0, err
+        with open(metadata.format(version)) as f:
+            assert json.load(f)["precision"] == ("float32" if flags else "bfloat16")
+    for exported in (model_dir, output / "toy" / "1", output / "toy" / "3"):
+        # the graph search, XLA's, and the graph search in bfloat16
         code, out, err = run_cli("translate", "--model", str(exported), *SENTENCES)
         assert code == 0, err
         assert out.splitlines() == SENTENCES
@@ -143,6 +154,11 @@ def test_export_from_workdir(tmp_path, copy_model, toy_spm_path, run_cli):
         ),
         (lambda d: ["export", "--workdir", str(d / "missing")], "workdir not found"),
         (lambda d: ["export", "--workdir", str(d)], "not a training workdir"),
+        (
+            lambda d: ["export", "--workdir", str(d), "--format", "litert", "--precision",
+                       "bfloat16"],
+            "--precision applies to --format saved_model",
+        ),  # fmt: skip
     ],
 )
 def test_usage_errors_exit_2(tmp_path, argv_factory, message, run_cli):

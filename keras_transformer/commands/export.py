@@ -182,7 +182,7 @@ def export_command(args):
     """`keras-transformer export --workdir DIR [--average N] [--output DIR] [--beam-size K]
     [--alpha A] [--n-best N] [--max-extra-length L] [--sampling-topk K [--temperature T]
     [--top-p P]] [--format saved_model|ctranslate2|litert] [--quantization TYPE]
-    [--shortlist] [--alignments] [--constraints]`."""
+    [--shortlist] [--alignments] [--constraints] [--precision float32|bfloat16]`."""
     export_format = flags.export_format(args)
     if export_format == "ctranslate2":
         from keras_transformer.export.ct2 import require_ctranslate2
@@ -234,6 +234,7 @@ def export_command(args):
         shortlist=shortlist,
         alignments=_flag_or_config(args, "alignments", config.export.alignments),
         alignment_layer=config.export.alignment_layer,
+        precision=_flag_or_config(args, "precision", config.export.precision),
     )
     if final.selection:
         _record_export(args.workdir, path, final)

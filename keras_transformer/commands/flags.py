@@ -151,6 +151,11 @@ def check_export(args):
         raise UsageError("a LiteRT export searches (beam or greedy): it takes no sampling flags")
     if getattr(args, "alignments", None) and export_format(args) == "ctranslate2":
         raise UsageError("--alignments applies to --format saved_model or litert")
+    if getattr(args, "precision", None) and export_format(args) != "saved_model":
+        raise UsageError(
+            "--precision applies to --format saved_model (litert and ctranslate2 take "
+            "--quantization)"
+        )
     if getattr(args, "constraints", False) and export_format(args) != "litert":
         raise UsageError(
             "--constraints applies to --format litert (a SavedModel always has "

@@ -426,6 +426,14 @@ class ExportConfig:
         "the CTranslate2 export's vmap.txt (use_vmap=True), an error where it cannot be "
         "built; false: nowhere (speed and BLEU: docs/results.md)",
     )
+    precision: str = key(
+        "float32",
+        "the dtype the SavedModel holds and runs the model in: float32, or bfloat16 (weights "
+        "cast once: half the bytes, faster decoding on CPUs with AVX512-BF16 or AMX, slower "
+        "on others, answers within bfloat16's rounding; speed and BLEU: "
+        "docs/guides/export-serving.md); the LiteRT and CTranslate2 exports take --quantization",
+        valid=("float32", "bfloat16"),
+    )
     alignments: bool = key(
         False,
         "serving_default also returns each translation's word alignment (its 'alignment' "

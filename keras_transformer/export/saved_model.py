@@ -80,11 +80,12 @@ def export_translator(
     shortlist=None,
     alignments=False,
     alignment_layer=-2,
+    precision="float32",
 ):
     """The `Translator` that `export_saved_model` saves, with the same decoding settings.
 
-    `settings`, `data_config`, `jit_compile`, `shortlist` and `alignments`, `alignment_layer`
-    are as in `export_saved_model`;
+    `settings`, `data_config`, `jit_compile`, `shortlist`, `alignments`, `alignment_layer` and
+    `precision` are as in `export_saved_model`;
     use it to decode with exactly the graph an export would serve (e.g.
     `benchmarks/decode_sweep.py`).
     """
@@ -101,6 +102,7 @@ def export_translator(
         shortlist=shortlist,
         alignments=alignments,
         alignment_layer=alignment_layer,
+        precision=precision,
     )
 
 
@@ -121,6 +123,7 @@ def export_saved_model(
     shortlist=None,
     alignments=False,
     alignment_layer=-2,
+    precision="float32",
 ):
     """Exports `Translator(model, tokenizer)` as the next version of `base_dir/name`.
 
@@ -173,6 +176,9 @@ def export_saved_model(
             per request. Off: `serving_default` runs the search alone.
         alignment_layer: the decoder layer whose cross-attention aligns (`export.
             alignment_layer`; -2: the second-to-last).
+        precision: "float32" (the default: the model as given) or "bfloat16" (the config's
+            `export.precision`; `Translator`'s `precision`): weights held and multiplied in
+            bfloat16, faster on CPUs with AVX512-BF16 or AMX, answers within its rounding.
 
     Returns:
         The path of the new version directory, e.g. `saved_models/quickstart/3`.
@@ -187,7 +193,15 @@ def export_saved_model(
     if not name or os.sep in str(name) or str(name) in (".", ".."):
         raise ValueError(f"invalid model name {name!r}")
     translator = export_translator(
-        model, tokenizer, settings, data_config, jit_compile, shortlist, alignments, alignment_layer
+        model,
+        tokenizer,
+        settings,
+        data_config,
+        jit_compile,
+        shortlist,
+        alignments,
+        alignment_layer,
+        precision,
     )
     stopping.check(PHASE)
     calibration, speed = _calibrate(translator, dev_pairs)
@@ -225,7 +239,7 @@ def export_saved_model(
 
 DECODING_KEYS = (
     "beam_size", "alpha", "n_best", "max_extra_length", "batch_size", "max_source_length",
-    "max_length",
+    "max_length", "precision",
 )  # fmt: skip
 
 
@@ -402,6 +416,7 @@ def _write_metadata(export_dir, translator, name):
         "max_length": translator.max_length,
         "vocab_size": translator.model.vocab_size,
         "jit_compile": translator.jit_compile,
+        "precision": translator.precision,
         "fast_paths": translator.kernels.to_config(),
     }
     metadata["alignments"] = translator.alignments  # serving_default's alignment output

@@ -52,6 +52,10 @@ def _bucket(boundaries, value):
     return tf.maximum(boundaries[index], value)
 
 
+# `Translator`'s `precision`s: the dtype its model's weights are kept and multiplied in.
+PRECISIONS = ("float32", "bfloat16")
+
+
 def _check_arguments(max_source_length, compiled_shortlist=False):
     """`Translator`'s refusals: another backend than TensorFlow, no source length, a shortlist
     under XLA (its width depends on the batch's words: no static shape)."""
@@ -165,6 +169,14 @@ class Translator(tf.Module):
         alignment_layer: the decoder layer whose cross-attention gives the `alignment` (an
             index, negative from the end; -2, the default, is the second-to-last layer, the
             first one in a one-layer decoder).
+        precision: the dtype the model is held and run in, one of `PRECISIONS`: "float32"
+            (the default) runs the model as given, with its own dtype policy; "bfloat16"
+            decodes with `model.with_dtype("bfloat16")`, a copy whose weights are cast once to
+            bfloat16 (half the bytes in the SavedModel and read at each step) and whose matrix
+            products run in bfloat16: faster on CPUs with AVX512-BF16 or AMX, slower on
+            others, and every signature's answers differ from float32's by bfloat16's
+            rounding (scores and log-probabilities are still float32 tensors). Speed and BLEU
+            on both: `docs/guides/export-serving.md`.
         **changes: fields of `settings` to replace (e.g. `beam_size=1`).
 
     Call arguments:
@@ -239,10 +251,16 @@ class Translator(tf.Module):
         shortlist=None,
         alignments=False,
         alignment_layer=-2,
+        precision="float32",
         **changes,
     ):
         super().__init__(name=name)
         _check_arguments(max_source_length, jit_compile and shortlist is not None)
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        self.precision = precision
+        if precision != "float32":
+            model = model.with_dtype(precision)
         self._model = _Untracked(model)
         # Tracked so that the SavedModel holds them; the graph reads them through the model.
         self.model_variables = list(model.variables)

@@ -194,6 +194,7 @@ def export(run, model, tokenizer, result=None, alpha=None):
         shortlist=shortlist,
         alignments=config.export.alignments,
         alignment_layer=config.export.alignment_layer,
+        precision=config.export.precision,
     )
 
 
