@@ -6,7 +6,8 @@ The shapes override the small ones (benchmarks/common.py), e.g. '{"vocab": 32000
 "layers": 6, "heads": 8, "ff": 2048}' for base. A variant is {"fast_paths": setting} or
 {"without": [names]} (see ab_train.py): the fast paths its model is built with (same weights);
 `"jit_compile": true` compiles its search with XLA (`Translator(jit_compile=True)`); `"shortlist":
-k` decodes over serve_compare.py's synthetic lexical table of that k (`Translator(shortlist=...)`).
+k` decodes over serve_compare.py's synthetic lexical table of that k (`Translator(shortlist=...)`);
+`"precision": "bfloat16"` decodes in bfloat16 (`Translator(precision=...)`).
 Model and inputs as in serve_compare.py (32 random sources of `src` words, outputs pinned to
 `tgt` tokens), beam 4 unless given. The variants' calls alternate, one call each per round;
 prints each variant's median output tokens/s, its ratio to the first one, its median CPU
@@ -58,7 +59,7 @@ def main(argv):
             model, spm_bytes, beam_size=beam, alpha=0.6, batch_size=SENTENCES,
             max_extra_length=cfg["tgt"] - cfg["src"], max_source_length=cfg["src"] + 1,
             max_length=cfg["tgt"] + 1, jit_compile=bool(variant.get("jit_compile")),
-            shortlist=table,
+            shortlist=table, precision=variant.get("precision", "float32"),
         )  # fmt: skip
         out = translator(text)  # traced
         translations.append(out["translation"].numpy().tolist())

@@ -326,14 +326,16 @@ COLUMNS = {
         labelled("system", ("", "system", ""), ("", "what", "")),
         pair("test BLEU / chrF", "bleu", "chrf"),
         labelled(
-            "with minus without",
+            "with minus without (bfloat16_bleu_deltas: bfloat16 minus float32)",
             ("SavedModel", "saved_model_delta", ""),
             ("LiteRT int8", "litert_int8_delta", ""),
+            ("SavedModel with the shortlist", "saved_model_shortlist_delta", ""),
         ),
         labelled(
             "same translations",
             ("SavedModel", "saved_model_same", ""),
             ("LiteRT int8", "litert_int8_same", ""),
+            ("SavedModel with the shortlist", "saved_model_shortlist_same", ""),
         ),
     ],
     "shortlist_build": [

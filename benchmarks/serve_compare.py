@@ -7,6 +7,7 @@ Usage (from the repository root, PYTHONPATH=$PWD):
     python benchmarks/serve_compare.py --no-peer --beam-size 1  # greedy: our beam-1 export, CT2
     python benchmarks/serve_compare.py --no-peer --xla  # also the export with XLA's search
     python benchmarks/serve_compare.py --no-peer --shortlist  # also the vocabulary shortlist
+    python benchmarks/serve_compare.py --no-peer --bfloat16  # also the bfloat16 SavedModel
     python benchmarks/serve_compare.py --no-peer --litert dynamic_int8 --cache-buckets 0
 
 For each shape (../shared/bench/README.md: small, base) one model with random weights is
@@ -43,6 +44,11 @@ pieces (the frequent ones shared by many rows, as in a real table), so the batch
 width (`shortlist_width`, in the ratios line) is what the speed depends on; the ratios line
 adds `ours_litert_int8_shortlist_over_ct2_int8_vmap` (the issue's target), the SavedModel with
 it over CTranslate2 float32 and int8, and each engine with it over itself without.
+
+`--bfloat16` adds the SavedModel exported with `precision="bfloat16"` (`export.precision`:
+weights and products in bfloat16; `ours_saved_model_bfloat16`, and with `--shortlist` also
+`ours_saved_model_shortlist_bfloat16`), the ratios line giving each over CTranslate2 float32
+and int8 and over the float32 export (`ours_bfloat16_over_ct2_int8`, ...).
 """
 
 import argparse
@@ -164,10 +170,13 @@ def time_calls(fn, runs):
     return time.perf_counter() - start, result
 
 
-def saved_model_decoder(model, spm_bytes, cfg, work, beam=4, jit_compile=False, shortlist=None):
+def saved_model_decoder(
+    model, spm_bytes, cfg, work, beam=4, jit_compile=False, shortlist=None, precision="float32"
+):
     """Our SavedModel's `serving_default`, loaded as TF Serving loads it: `() -> lengths`
     (`jit_compile`: the export's search compiled with XLA, `export.jit_compile`; `shortlist`:
-    a lexical table the export decodes over, `export.shortlist`)."""
+    a lexical table the export decodes over, `export.shortlist`; `precision`:
+    `export.precision`)."""
     import tensorflow as tf
     import tensorflow_text  # noqa: F401
 
@@ -177,9 +186,10 @@ def saved_model_decoder(model, spm_bytes, cfg, work, beam=4, jit_compile=False, 
               "max_extra_length": cfg["tgt"] - cfg["src"]}  # fmt: skip
     data = {"max_source_length": cfg["src"] + 1, "max_target_length": cfg["tgt"] + 1}
     name = "bench_xla" if jit_compile else "bench"
-    name += "" if shortlist is None else "_shortlist"
+    name += ("" if shortlist is None else "_shortlist") + f"_{precision}"
     path = export_saved_model(model, spm_bytes, decode, data, work, name,
-                              jit_compile=jit_compile, shortlist=shortlist)  # fmt: skip
+                              jit_compile=jit_compile, shortlist=shortlist,
+                              precision=precision)  # fmt: skip
     serve = tf.saved_model.load(path).signatures["serving_default"]
     text = tf.constant(sources(cfg))
 
@@ -297,10 +307,12 @@ def bench_model_garden(cfg):
 
 
 def run_shape(
-    name, cfg, runs, rounds, peer, beam=4, xla=False, litert=(), shortlist=None, buckets=()
+    name, cfg, runs, rounds, peer, beam=4, xla=False, litert=(), shortlist=None, buckets=(),
+    bfloat16=False,
 ):  # fmt: skip
     """`shortlist`: `(k, m, zipf)` of the `synthetic_table` the shortlist rows decode with, or
-    None; `buckets`: the LiteRT runtime's `cache_bucket` settings run beside its default."""
+    None; `buckets`: the LiteRT runtime's `cache_bucket` settings run beside its default;
+    `bfloat16`: also the SavedModel rows in bfloat16."""
     load = os.getloadavg()[0]
     model = build_model(cfg)
     spm_bytes = word_vocabulary(cfg["vocab"])
@@ -315,6 +327,13 @@ def run_shape(
             decoders["ours_saved_model_shortlist"] = saved_model_decoder(
                 model, spm_bytes, cfg, work, beam, shortlist=table
             )
+        if bfloat16:
+            for listed, suffix in ((None, ""), (table, "_shortlist")):
+                if suffix and table is None:
+                    continue
+                decoders[f"ours_saved_model{suffix}_bfloat16"] = saved_model_decoder(
+                    model, spm_bytes, cfg, work, beam, shortlist=listed, precision="bfloat16"
+                )
         if xla:
             decoders["ours_saved_model_xla"] = saved_model_decoder(
                 model, spm_bytes, cfg, work, beam, jit_compile=True
@@ -355,6 +374,8 @@ def run_shape(
             ratios[f"ours_litert_{short}_bucket{bucket}_over_default"] = round(
                 bucketed / ours_litert, 3
             )
+    if bfloat16:
+        ratios.update(bfloat16_ratios(figures))
     if table is not None:
         ratios.update(shortlist_ratios(figures, litert))
         ratios["shortlist_width"] = shortlist_width(table, spm_bytes, cfg)
@@ -363,6 +384,21 @@ def run_shape(
         ratios["ours_over_model_garden"] = round(ours / mg, 3)
         ratios["ct2_float32_over_model_garden"] = round(ct2_float32 / mg, 3)
     emit(what=what + "_ratios", load1_end=os.getloadavg()[0], **ratios, **common)
+
+
+def bfloat16_ratios(figures):
+    """The bfloat16 rows' ratios (module docstring) from `{system: (tokens/s, seconds)}`."""
+    ratios = {}
+    for suffix in ("", "_shortlist"):
+        half = figures.get(f"ours_saved_model{suffix}_bfloat16")
+        if half is None:
+            continue
+        full = figures[f"ours_saved_model{suffix}" if suffix else "ours_saved_model_signature"]
+        key = f"ours{suffix}_bfloat16"
+        ratios[f"{key}_over_ct2_float32"] = half[0] / figures["ctranslate2_float32"][0]
+        ratios[f"{key}_over_ct2_int8"] = half[0] / figures["ctranslate2_int8"][0]
+        ratios[f"{key}_over_float32"] = half[0] / full[0]
+    return {key: round(value, 3) for key, value in ratios.items()}
 
 
 def shortlist_ratios(figures, litert):
@@ -417,6 +453,11 @@ def main():
         help="the Zipf exponent its translations are drawn with (larger: narrower shortlists)",
     )  # fmt: skip
     parser.add_argument(
+        "--bfloat16", action="store_true",
+        help="also our SavedModel exported in bfloat16 (export.precision), with the shortlist "
+        "too under --shortlist",
+    )  # fmt: skip
+    parser.add_argument(
         "--cache-buckets", default="",
         help="comma-separated cache_bucket settings (0: off) to run each LiteRT export with "
         "beside the runtime's default, e.g. 0,8",
@@ -439,6 +480,7 @@ def main():
             litert,
             shortlist,
             buckets,
+            args.bfloat16,
         )
 
 

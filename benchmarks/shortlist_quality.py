@@ -1,6 +1,7 @@
 """Test BLEU with and without the vocabulary shortlist, on a trained workdir: the SavedModel
 exported with and without `--shortlist`, and the LiteRT `dynamic_int8` export run with
-`shortlist=False` and `shortlist=True` (one export holds both).
+`shortlist=False` and `shortlist=True` (one export holds both); with `--bfloat16`, also the
+SavedModel exported with `--precision bfloat16`, without and with the shortlist.
 
 Usage (from the repository root, PYTHONPATH=$PWD; a trained workdir, e.g. on Tatoeba with
 `configs/small.yaml`):
@@ -13,8 +14,9 @@ directory; each translates the test set (`data.test` of the workdir's config) in
 `--batch-size` and sacreBLEU scores it against the references. One JSON line per system
 (`bleu`, `chrf`, `seconds`: a speed figure only when the machine ran nothing else), then one
 with the differences with minus without (`saved_model_delta`, `litert_int8_delta`: the issue's
-"within 0.2") and the share of test sentences translated identically. Ledger
-`shortlist_quality` with BENCH_LABEL set.
+"within 0.2") and the share of test sentences translated identically; with `--bfloat16`, one
+more (`bfloat16_bleu_deltas`: bfloat16 minus float32, without and with the shortlist, and the
+shares translated identically). Ledger `shortlist_quality` with BENCH_LABEL set.
 """
 
 import argparse
@@ -48,10 +50,14 @@ def _exports(args, work):
     common = ["--workdir", args.workdir, "--average", str(args.average)]
     common += [] if args.alpha is None else ["--alpha", str(args.alpha)]
     systems = {}
-    for name, flag in (("saved_model", "--no-shortlist"), ("saved_model_shortlist", "--shortlist")):
-        _cli("export", *common, flag, "--output", work, "--name", name)
-        serve = load_serving_function(os.path.join(work, name))
-        systems[name] = lambda texts, serve=serve: serve(texts)[0]
+    exports = (("saved_model", "--no-shortlist"), ("saved_model_shortlist", "--shortlist"))
+    for precision in ("float32", "bfloat16") if args.bfloat16 else ("float32",):
+        for name, flag in exports:
+            name += "" if precision == "float32" else f"_{precision}"
+            flags = (flag, "--precision", precision, "--output", work, "--name", name)
+            _cli("export", *common, *flags)
+            serve = load_serving_function(os.path.join(work, name))
+            systems[name] = lambda texts, serve=serve: serve(texts)[0]
     path = os.path.join(work, "litert-int8")
     _cli("export", *common, "--format", "litert", "--quantization", "dynamic_int8",
          "--shortlist", "--output", path)  # fmt: skip
@@ -79,6 +85,9 @@ def main():
     )
     parser.add_argument("--m", type=int, default=DEFAULT_M, help="its most frequent pieces")
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument(
+        "--bfloat16", action="store_true", help="also the SavedModel in bfloat16 (export.precision)"
+    )
     args = parser.parse_args()
     import sacrebleu
 
@@ -113,6 +122,15 @@ def main():
          litert_int8_delta=round(bleu["litert_int8_shortlist"] - bleu["litert_int8"], 2),
          saved_model_same=same("saved_model", "saved_model_shortlist"),
          litert_int8_same=same("litert_int8", "litert_int8_shortlist"), **common)  # fmt: skip
+    if args.bfloat16:
+        emit(what="bfloat16_bleu_deltas",
+             saved_model_delta=round(bleu["saved_model_bfloat16"] - bleu["saved_model"], 2),
+             saved_model_shortlist_delta=round(
+                 bleu["saved_model_shortlist_bfloat16"] - bleu["saved_model_shortlist"], 2),
+             saved_model_same=same("saved_model", "saved_model_bfloat16"),
+             saved_model_shortlist_same=same("saved_model_shortlist",
+                                             "saved_model_shortlist_bfloat16"),
+             **common)  # fmt: skip
 
 
 if __name__ == "__main__":

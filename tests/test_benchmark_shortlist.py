@@ -45,3 +45,27 @@ def test_shortlist_ratios():
         "ours_litert_int8_shortlist_over_ct2_int8_vmap": 1.2,
         "ours_litert_int8_shortlist_over_ours_litert_int8": 1.25,
     })  # fmt: skip
+
+
+def test_bfloat16_ratios():
+    figures = {
+        "ours_saved_model_signature": (100.0, 1.0),
+        "ours_saved_model_shortlist": (150.0, 1.0),
+        "ours_saved_model_bfloat16": (140.0, 1.0),
+        "ours_saved_model_shortlist_bfloat16": (210.0, 1.0),
+        "ctranslate2_float32": (120.0, 1.0),
+        "ctranslate2_int8": (200.0, 1.0),
+    }
+    assert sc.bfloat16_ratios(figures) == pytest.approx({
+        "ours_bfloat16_over_ct2_float32": 140 / 120,
+        "ours_bfloat16_over_ct2_int8": 0.7,
+        "ours_bfloat16_over_float32": 1.4,
+        "ours_shortlist_bfloat16_over_ct2_float32": 1.75,
+        "ours_shortlist_bfloat16_over_ct2_int8": 1.05,
+        "ours_shortlist_bfloat16_over_float32": 1.4,
+    }, abs=1e-3)  # fmt: skip
+    del figures["ours_saved_model_shortlist_bfloat16"]  # --bfloat16 without --shortlist
+    assert set(sc.bfloat16_ratios(figures)) == {
+        "ours_bfloat16_over_ct2_float32", "ours_bfloat16_over_ct2_int8",
+        "ours_bfloat16_over_float32",
+    }  # fmt: skip
