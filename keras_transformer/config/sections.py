@@ -429,8 +429,8 @@ class ExportConfig:
     precision: str = key(
         "float32",
         "the dtype the SavedModel holds and runs the model in: float32, or bfloat16 (weights "
-        "cast once: half the bytes, faster decoding on CPUs with AVX512-BF16 or AMX, slower "
-        "on others, answers within bfloat16's rounding; speed and BLEU: "
+        "cast once: half the bytes, faster decoding on CPUs with AVX512-BF16 or AMX, emulated "
+        "elsewhere, answers within bfloat16's rounding; speed and BLEU: "
         "docs/guides/export-serving.md); the LiteRT and CTranslate2 exports take --quantization",
         valid=("float32", "bfloat16"),
     )

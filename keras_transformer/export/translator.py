@@ -173,10 +173,11 @@ class Translator(tf.Module):
             (the default) runs the model as given, with its own dtype policy; "bfloat16"
             decodes with `model.with_dtype("bfloat16")`, a copy whose weights are cast once to
             bfloat16 (half the bytes in the SavedModel and read at each step) and whose matrix
-            products run in bfloat16: faster on CPUs with AVX512-BF16 or AMX, slower on
-            others, and every signature's answers differ from float32's by bfloat16's
-            rounding (scores and log-probabilities are still float32 tensors). Speed and BLEU
-            on both: `docs/guides/export-serving.md`.
+            products run in bfloat16: faster on CPUs with AVX512-BF16 or AMX (elsewhere
+            TensorFlow emulates them: not measured, likely slower), and every signature's
+            answers differ from float32's by bfloat16's rounding (scores and
+            log-probabilities are still float32 tensors). Speed and BLEU:
+            `docs/guides/export-serving.md`.
         **changes: fields of `settings` to replace (e.g. `beam_size=1`).
 
     Call arguments:
