@@ -15,6 +15,7 @@ import sys
 
 from keras_transformer import commands, stopping
 from keras_transformer.commands import startup
+from keras_transformer.config import PRECISIONS
 from keras_transformer.errors import (
     PREEMPTED_EXIT_CODE,
     KerasTransformerError,
@@ -389,7 +390,7 @@ def _export_precision_flag(p):
     (`export.precision`)."""
     p.add_argument(
         "--precision",
-        choices=("float32", "bfloat16"),
+        choices=PRECISIONS,
         default=None,
         help="the dtype the SavedModel holds and runs the model in (default: the workdir's "
         "export.precision, float32); bfloat16 decodes faster on CPUs with AVX512-BF16 or AMX, "

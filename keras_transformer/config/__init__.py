@@ -28,6 +28,7 @@ from keras_transformer.config.sections import (  # noqa: F401
     BOS_ID,
     EOS_ID,
     PAD_ID,
+    PRECISIONS,
     SECTIONS,
     UNK_ID,
     DataConfig,

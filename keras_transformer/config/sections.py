@@ -356,6 +356,11 @@ class RuntimeConfig:
     )
 
 
+# `export.precision` (`Translator`'s `precision`, `export --precision`): the dtype the
+# SavedModel's weights are kept and multiplied in.
+PRECISIONS = ("float32", "bfloat16")
+
+
 @dataclasses.dataclass(frozen=True)
 class ExportConfig:
     """SavedModel export."""
@@ -432,7 +437,7 @@ class ExportConfig:
         "cast once: half the bytes, faster decoding on CPUs with AVX512-BF16 or AMX, emulated "
         "elsewhere, answers within bfloat16's rounding; speed and BLEU: "
         "docs/guides/export-serving.md); the LiteRT and CTranslate2 exports take --quantization",
-        valid=("float32", "bfloat16"),
+        valid=PRECISIONS,
     )
     alignments: bool = key(
         False,

@@ -13,7 +13,7 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from keras_transformer import glossary as glossaries
-from keras_transformer.config import UNK_ID, DecodingSettings
+from keras_transformer.config import PRECISIONS, UNK_ID, DecodingSettings
 from keras_transformer.data.pipeline import encode_sources, valid_utf8
 from keras_transformer.decoding.search import NEG_INF, translate_ids
 from keras_transformer.export import alignment_graph, markup_graph
@@ -50,10 +50,6 @@ def _bucket(boundaries, value):
     boundaries = tf.constant(boundaries, tf.int32)
     index = tf.minimum(tf.searchsorted(boundaries, [value])[0], tf.size(boundaries) - 1)
     return tf.maximum(boundaries[index], value)
-
-
-# `Translator`'s `precision`s: the dtype its model's weights are kept and multiplied in.
-PRECISIONS = ("float32", "bfloat16")
 
 
 def _check_arguments(max_source_length, compiled_shortlist=False):
