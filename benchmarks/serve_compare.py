@@ -328,12 +328,13 @@ def run_shape(
                 model, spm_bytes, cfg, work, beam, shortlist=table
             )
         if bfloat16:
-            for listed, suffix in ((None, ""), (table, "_shortlist")):
-                if suffix and table is None:
-                    continue
-                decoders[f"ours_saved_model{suffix}_bfloat16"] = saved_model_decoder(
-                    model, spm_bytes, cfg, work, beam, shortlist=listed, precision="bfloat16"
-                )
+            decoders["ours_saved_model_bfloat16"] = saved_model_decoder(
+                model, spm_bytes, cfg, work, beam, precision="bfloat16"
+            )
+        if bfloat16 and table is not None:
+            decoders["ours_saved_model_shortlist_bfloat16"] = saved_model_decoder(
+                model, spm_bytes, cfg, work, beam, shortlist=table, precision="bfloat16"
+            )
         if xla:
             decoders["ours_saved_model_xla"] = saved_model_decoder(
                 model, spm_bytes, cfg, work, beam, jit_compile=True
