@@ -102,8 +102,9 @@ setup(
         # `keras-transformer export --format ctranslate2` (imported only by that command).
         "ctranslate2": ["ctranslate2>=4.5,<5"],
         # Translation with a LiteRT export (`keras_transformer.litert`): the LiteRT interpreter,
-        # without TensorFlow (`export --format litert` itself uses TensorFlow's converter).
-        "litert": ["ai-edge-litert>=2.0,<3"],
+        # without TensorFlow (`export --format litert` itself uses TensorFlow's converter);
+        # flatbuffers (a dependency of ai-edge-litert) writes the shortlist's projection model.
+        "litert": ["ai-edge-litert>=2.0,<3", "flatbuffers>=23"],
         # Training on Keras's JAX backend (`KERAS_BACKEND=jax keras-transformer train`); on NVIDIA
         # GPUs add `jax[cuda12]` (docs/guides/jax.md).
         "jax": ["jax>=0.4.30"],
@@ -123,6 +124,7 @@ setup(
             "ctranslate2>=4.5,<5",
             # The LiteRT export's tests run its runtime.
             "ai-edge-litert>=2.0,<3",
+            "flatbuffers>=23",
             # Our layers pass KerasHub's own layer test (its TestCase imports grain).
             "keras-hub>=0.32",
             "grain>=0.2",

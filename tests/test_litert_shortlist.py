@@ -265,10 +265,15 @@ def test_the_export_holds_the_table_and_both_steps(listed_dirs):
             meta = json.load(f)
         assert meta["shortlist"]["table"] == "shortlist.npz"
         assert "decoder_step_shortlist_constrained.tflite" in names
-        # int8: the step's own product masked; float: the shortlist's columns, from their rows
-        masked = meta["quantization"] == "dynamic_int8"
-        assert meta["shortlist"]["head"] == ("mask" if masked else "columns")
-        assert ("shortlist_output.npz" in names) is not masked
+        # int8: the stack alone, its output projected by the runtime's int8 model of the
+        # columns; float: the step projects onto the columns, an input; both from their rows
+        gathered = meta["quantization"] == "dynamic_int8"
+        assert meta["shortlist"]["head"] == ("gathered" if gathered else "columns")
+        assert "shortlist_output.npz" in names
+        assert ("shortlist_head.tflite" in names) is gathered
+        with np.load(os.path.join(directory, "shortlist_output.npz")) as rows:
+            assert rows["rows"].dtype == (np.int8 if gathered else np.float32)
+            assert ("scales" in rows.files) is gathered
 
 
 @pytest.mark.scenario
@@ -348,6 +353,43 @@ def test_grown_and_compacted_caches_keep_the_shortlist(listed_dirs, quantization
     assert grown["translations"] == whole["translations"]
     np.testing.assert_allclose(grown["scores"], whole["scores"], atol=1e-5)
     np.testing.assert_allclose(grown["token_scores"], whole["token_scores"], atol=1e-5)
+
+
+@pytest.mark.scenario
+def test_an_int8_export_with_the_older_masked_step_still_answers(copy_model, listed_dirs, tmp_path):
+    """An int8 export made before the gathered head (`"head": "mask"`: its shortlist step the
+    plain step with an `output_mask` input) still decodes with `shortlist=True`, answering as
+    the gathered head does (both the int8 step's scores over the shortlist)."""
+    import tensorflow as tf
+
+    from keras_transformer.export import litert as export
+    from keras_transformer.export import litert_graphs
+
+    directory = tmp_path / "masked"
+    shutil.copytree(listed_dirs["dynamic_int8"], directory)
+    with open(directory / "keras_transformer.json") as f:
+        meta = json.load(f)
+    beams, top_k = meta["decoding"]["beam_size"], meta["top_k"]
+    quantized = litert_graphs.quantized_rows(copy_model.target_embedding.embeddings.numpy())
+    step = litert_graphs.step_function(copy_model, beams, top_k, (0, 2), 3, quantized, masked=True)
+    specs = export._specs(copy_model, beams, shortlist="mask")
+    flatbuffer, names = export._convert(
+        tf.function(step, input_signature=specs, autograph=False), "dynamic_int8"
+    )
+    (directory / "decoder_step_shortlist.tflite").write_bytes(flatbuffer)
+    meta["outputs"]["decoder_step_shortlist"] = names
+    meta["shortlist"]["head"] = "mask"
+    for key in ("head_graph", "output", "column_block"):
+        del meta["shortlist"][key]
+    with open(directory / "keras_transformer.json", "w") as f:
+        json.dump(meta, f)
+    gathered = litert.load(listed_dirs["dynamic_int8"], shortlist=True)
+    masked = litert.load(str(directory), shortlist=True)
+    for translator in (gathered, masked):  # a narrow table: the shortlist matters
+        translator.shortlist = _identity_table(translator.shortlist.vocab_size, without=[5, 6])
+    a, b = gathered.translate_nbest(REQUEST), masked.translate_nbest(REQUEST)
+    assert a["translations"] == b["translations"]
+    np.testing.assert_allclose(a["scores"], b["scores"], atol=1e-4)
 
 
 @pytest.mark.scenario

@@ -11,20 +11,24 @@ The directory holds:
 - with a vocabulary shortlist (`export_litert(shortlist=...)`, `export --format litert
   --shortlist`): `decoder_step_shortlist.tflite`, the step over a batch's shortlist alone, and
   `shortlist.npz`, the lexical table (`keras_transformer.data.shortlist`) the runtime makes
-  each batch's shortlist from (with `litert.load(..., shortlist=True)`). How the step keeps to
-  the shortlist (`shortlist_head`): in `dynamic_int8` it is the step with an `output_mask`
-  input over the vocabulary (`litert_graphs.step_function(..., masked=True)`); in float32 and
-  float16 it projects onto the shortlist's columns alone (`litert_graphs.
-  shortlist_step_function`), which the runtime gathers once per batch from
-  `shortlist_output.npz`, the projection's rows (`litert_graphs.shortlist_output_rows`). The
-  step without it stays, unchanged;
+  each batch's shortlist from (with `litert.load(..., shortlist=True)`), and
+  `shortlist_output.npz`, the projection's rows (`litert_graphs.shortlist_output_rows`), from
+  which the runtime gathers the shortlist's columns once per batch. How the step keeps to the
+  shortlist (`shortlist_head`): in float32 and float16 the step projects onto those columns
+  alone (`litert_graphs.shortlist_step_function`); in `dynamic_int8` the step is the decoder
+  stack alone (`litert_graphs.hidden_step_function`), the runtime projects its output with an
+  int8 model of the columns it writes once per batch (`keras_transformer.litert.projection`),
+  and `shortlist_head.tflite` (`litert_graphs.gathered_head_function`) gives the scores.
+  The step without it stays, unchanged;
 - for hard lexical constraints (`export_litert(constraints=True)`):
   `decoder_step_constrained.tflite`, the step that also gives the log-probabilities of the
   ids the runtime asks for (`litert_graphs.constrained_step_function`), with which
   `LiteRTTranslator.translate_constrained` searches; the step without it stays, unchanged;
   with a shortlist too, also `decoder_step_shortlist_constrained.tflite`, the same over a
-  batch's shortlist (`litert_graphs.shortlist_constrained_step_function`), with which it
-  searches when loaded with `shortlist=True`;
+  batch's shortlist (`litert_graphs.shortlist_constrained_step_function`; in `dynamic_int8`
+  the constrained step with an `output_mask` over its own product,
+  `litert_graphs.constrained_step_function(..., masked=True)`), with which it searches when
+  loaded with `shortlist=True`;
 - for word alignments (`export_litert(alignments=True)`, `export --format litert
   --alignments`): `alignment.tflite`, `source_ids` int32 `[B, S]` and the final hypotheses'
   `target_ids` int32 `[B, T]` -> `pieces` int32 `[B, T]`, the source piece each target piece
@@ -68,6 +72,7 @@ STEP_FILE = "decoder_step.tflite"
 SHORTLIST_STEP_FILE = "decoder_step_shortlist.tflite"
 SHORTLIST_TABLE_FILE = "shortlist.npz"
 SHORTLIST_OUTPUT_FILE = "shortlist_output.npz"
+SHORTLIST_HEAD_FILE = "shortlist_head.tflite"
 CONSTRAINED_STEP_FILE = "decoder_step_constrained.tflite"
 SHORTLIST_CONSTRAINED_STEP_FILE = "decoder_step_shortlist_constrained.tflite"
 ALIGNMENT_FILE = "alignment.tflite"
@@ -157,13 +162,18 @@ def _convert(function, quantization):
 
 
 def shortlist_head(quantization):
-    """How an export of `quantization` decodes over a shortlist: `"mask"` (`dynamic_int8`: the
-    step's own int8 product of the whole vocabulary, an `output_mask` input keeping the
-    shortlist's ids) or `"columns"` (float: a float32 product of the shortlist's columns, an
-    input the runtime makes once per batch). At a served batch's row counts the int8 product
-    of the whole vocabulary costs about what the float32 one of a third of it does, and the
-    columns cost a gather per batch besides (`benchmarks/litert_step.py --shortlist-width`)."""
-    return "mask" if quantization == "dynamic_int8" else "columns"
+    """How an export of `quantization` decodes over a shortlist: `"gathered"` (`dynamic_int8`:
+    the step's decoder stack alone, `litert_graphs.hidden_step_function`; the runtime projects
+    its output with an int8 product of the shortlist's columns, a model it makes once per
+    batch, `keras_transformer.litert.projection`, then runs the shortlist step's head,
+    `litert_graphs.gathered_head_function`) or `"columns"` (float: a float32 product of the
+    shortlist's columns, an input the runtime makes once per batch). A float32 input could
+    not take the int8 product's place: at a served batch's row counts the int8 product of the
+    whole vocabulary costs about what the float32 one of a third of it does
+    (`benchmarks/litert_step.py --shortlist-width`). Exports made before the gathered head
+    masked the step's whole product (`"mask"`, which the runtime still reads); the
+    constrained shortlist step of a `dynamic_int8` export still does."""
+    return "gathered" if quantization == "dynamic_int8" else "columns"
 
 
 def convert_graphs(
@@ -192,35 +202,65 @@ def convert_graphs(
     )
     graphs = {"encoder": _convert(encoder, quantization)}
     banned = (settings.pad_id, settings.bos_id)
-    if head == "mask":  # the steps' own product, the shortlist an additive mask
-        listed_step = functools.partial(litert_graphs.step_function, masked=True)
+    if head == "gathered":  # the stack alone; the constrained step's own product masked
+        listed_step = _hidden_step
         listed_constrained = functools.partial(litert_graphs.constrained_step_function, masked=True)
     else:
         listed_step = litert_graphs.shortlist_step_function
         listed_constrained = litert_graphs.shortlist_constrained_step_function
-    steps = {  # name: (graph function, its K); the inputs follow the name
-        "decoder_step": (litert_graphs.step_function, top_k),
-        "decoder_step_shortlist": (listed_step, top_k),
-        "decoder_step_constrained": (litert_graphs.constrained_step_function, top_k + 1),
-        "decoder_step_shortlist_constrained": (listed_constrained, top_k + 1),
+    listed_inputs = "columns" if head == "columns" else "mask"  # the constrained step's
+    steps = {  # name: (graph function, its K, its shortlist inputs)
+        "decoder_step": (litert_graphs.step_function, top_k, False),
+        "decoder_step_shortlist": (listed_step, top_k, head == "columns"),
+        "decoder_step_constrained": (litert_graphs.constrained_step_function, top_k + 1, False),
+        "decoder_step_shortlist_constrained": (listed_constrained, top_k + 1, listed_inputs),
     }
-    for name, (function, k) in steps.items():
+    for name, (function, k, inputs) in steps.items():
         listed, wanted = "shortlist" in name, "constrained" in name
         if (listed and not shortlist) or (wanted and not constraints):
             continue
         step = tf.function(
             function(model, beams, k, banned, settings.eos_id, quantized),
-            input_signature=_specs(model, beams, shortlist=listed and head, wanted=wanted),
+            input_signature=_specs(model, beams, shortlist=inputs, wanted=wanted),
             autograph=False,
         )
         stopping.check(PHASE)
         graphs[name] = _convert(step, quantization)
+    if shortlist and head == "gathered":
+        stopping.check(PHASE)
+        head_graph = _gathered_head(top_k, settings.eos_id)
+        graphs["shortlist_head"] = _convert(head_graph, "float32")  # no weights
     if alignment is not None:
         stopping.check(PHASE)
         graphs["alignment"] = _convert(
             _alignment_function(model, alignment, settings), quantization
         )
     return graphs, top_k
+
+
+def _hidden_step(model, beams, top_k, banned_ids, eos_id, quantized_embedding=None):
+    """`litert_graphs.hidden_step_function` called as the other steps are (no head: no
+    `top_k`, banned or EOS id)."""
+    from keras_transformer.export import litert_graphs
+
+    del top_k, banned_ids, eos_id
+    return litert_graphs.hidden_step_function(model, beams, quantized_embedding)
+
+
+def _gathered_head(top_k, eos_id):
+    """The gathered shortlist head's graph (`litert_graphs.gathered_head_function`) as a
+    `tf.function`: `banned [rows, n]`, `special [rows, s]`, `output_ids [n]`."""
+    import tensorflow as tf
+
+    from keras_transformer.export import litert_graphs
+
+    head = litert_graphs.gathered_head_function(top_k, eos_id)
+    specs = [
+        tf.TensorSpec([None, None], tf.float32, name="banned"),
+        tf.TensorSpec([None, None], tf.float32, name="special"),
+        tf.TensorSpec([None], tf.int32, name="output_ids"),
+    ]
+    return tf.function(head, input_signature=specs, autograph=False)
 
 
 def _alignment_function(model, layer, settings):
@@ -388,11 +428,13 @@ def _optional_graphs(graphs, shortlist, metadata, model, quantization):
             "head": head,
             "settings": dict(shortlist.settings),
         }
-        if head == "columns":
-            rows = litert_graphs.shortlist_output_rows(model, quantization)
-            files[SHORTLIST_OUTPUT_FILE] = _npz_bytes(rows)
-            metadata["shortlist"]["output"] = SHORTLIST_OUTPUT_FILE
-            metadata["shortlist"]["column_block"] = litert_graphs.TOP_K_BLOCK
+        rows = litert_graphs.shortlist_output_rows(model, quantization)
+        files[SHORTLIST_OUTPUT_FILE] = _npz_bytes(rows)
+        metadata["shortlist"]["output"] = SHORTLIST_OUTPUT_FILE
+        metadata["shortlist"]["column_block"] = litert_graphs.TOP_K_BLOCK
+        if head == "gathered":
+            files[SHORTLIST_HEAD_FILE], outputs["shortlist_head"] = graphs["shortlist_head"]
+            metadata["shortlist"]["head_graph"] = SHORTLIST_HEAD_FILE
     if "decoder_step_constrained" in graphs:
         constrained_step, outputs["decoder_step_constrained"] = graphs["decoder_step_constrained"]
         files[CONSTRAINED_STEP_FILE] = constrained_step

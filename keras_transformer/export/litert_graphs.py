@@ -338,6 +338,49 @@ def shortlist_head(logits, output_ids, output_bias, top_k, banned_ids, eos_id):
     return outputs, banned, normaliser
 
 
+def hidden_step_function(model, beams, quantized_embedding=None):
+    """`fn(ids, position, self_bias, cross_bias, caches) -> outputs`: the step's decoder stack
+    alone, for a `dynamic_int8` export's gathered shortlist head (`export.litert.
+    shortlist_head`): the new keys and values and `hidden` float32 `[B * k, d_model]`, the
+    decoder's output before the projection (`Transformer.decoder.step`), which the runtime
+    projects onto a batch's shortlist and gives to `gathered_head_function`'s graph."""
+    embed = _embedding(model, quantized_embedding)
+
+    def step(ids, position, self_bias, cross_bias, caches):
+        attentions = _attentions(model, beams, self_bias, cross_bias, caches)
+        hidden, _, new = model.decoder.step(embed(ids, position), *attentions, training=False)
+        return {**_new_caches(new), "hidden": hidden}
+
+    return step
+
+
+def gathered_head_function(top_k, eos_id):
+    """`fn(banned [B * k, n], special [B * k, s], output_ids [n]) -> outputs`: the shortlist
+    step's outputs (`shortlist_head`'s `top_log_probs`, `top_ids`, `eos_log_probs`) from
+    logits projected elsewhere (the runtime's int8 product of a batch's shortlist columns,
+    `keras_transformer.litert.projection`): `banned` are the columns' logits with their biases
+    and the ban added (NEG_INF at the padding and at the banned pieces), `special` the banned
+    pieces' own logits (padding and BOS, in every shortlist: out of the top ones, in the
+    normaliser, as `shortlist_head` keeps them). The normaliser takes the best column's logit
+    (the top-k's first) as its shift, so the head reads the columns three times (the block
+    maxima, the shifted exponentials, their sum) where `shortlist_head` reads them seven."""
+
+    def head(banned, special, output_ids):
+        top_logits, top_columns = columns_top_k(banned, top_k)
+        shift = ops.maximum(top_logits[:, :1], ops.max(special, axis=-1, keepdims=True))
+        total = ops.sum(ops.exp(banned - shift), axis=-1, keepdims=True)
+        total = total + ops.sum(ops.exp(special - shift), axis=-1, keepdims=True)
+        normaliser = shift + ops.log(total)
+        outputs = {"top_log_probs": top_logits - normaliser}
+        outputs["top_ids"] = ops.cast(ops.take(output_ids, top_columns, axis=0), "int32")
+        eos_column = ops.argmax(ops.cast(ops.equal(output_ids, eos_id), "int32"))
+        eos = ops.take(banned, ops.expand_dims(eos_column, 0), axis=1)[:, 0]
+        outputs["eos_log_probs"] = eos - normaliser[:, 0]
+        return outputs
+
+    return head
+
+
 def shortlist_step_function(model, beams, top_k, banned_ids, eos_id, quantized_embedding=None):
     """`fn(ids, position, self_bias, cross_bias, caches, output_ids, output_kernel, output_bias)
     -> outputs`: `step_function`'s step over a vocabulary shortlist. `output_ids` int32 `[n]`
@@ -389,20 +432,24 @@ def shortlist_constrained_step_function(
 
 
 def shortlist_output_rows(model, quantization):
-    """`{name: array}` the runtime makes a batch's `output_kernel` and `output_bias` from
-    (`keras_transformer.litert.runtime`), written as a float export's `shortlist_output.npz`
-    (a `dynamic_int8` export masks its own product instead: `export.litert.shortlist_head`):
-    the projection's rows, one per target id (the tied embedding, or the untied kernel
-    transposed), `rows` float16 or float32 as `quantization` stores the weights. Untied: also
-    `bias` float32 `[vocab]`."""
-    if quantization not in ("float16", "float32"):
-        raise ValueError(f"a {quantization} export takes no projection rows: it masks its own")
+    """`{name: array}` the runtime makes a batch's shortlist columns from
+    (`keras_transformer.litert.runtime`), written as `shortlist_output.npz`: the projection's
+    rows, one per target id (the tied embedding, or the untied kernel transposed), `rows`
+    float16 or float32 as `quantization` stores the weights (the shortlist step's
+    `output_kernel`), or, `dynamic_int8`, int8 with their float32 `scales`, per row, as the
+    converter quantizes the step's own projection (`quantized_rows`; the runtime's int8
+    product of the columns, `keras_transformer.litert.projection`). Untied: also `bias`
+    float32 `[vocab]`."""
     dense = model.output_projection
     if dense is None:
         matrix = np.asarray(model.target_embedding.embeddings, "float32")
     else:
         matrix = np.transpose(np.asarray(dense.kernel, "float32"))
-    out = {"rows": matrix.astype(quantization)}
+    if quantization == "dynamic_int8":  # as the converter quantizes the step's projection
+        rows, scales = quantized_rows(matrix)
+        out = {"rows": rows, "scales": scales}
+    else:
+        out = {"rows": matrix.astype(quantization)}
     if dense is not None and dense.use_bias:
         out["bias"] = np.asarray(dense.bias, "float32")
     return out

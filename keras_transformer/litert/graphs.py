@@ -71,6 +71,50 @@ class Aligner:
         return it.get_tensor(self.output)
 
 
+class GatheredHead:
+    """A `dynamic_int8` export's shortlist head (`export.litert.shortlist_head` `"gathered"`):
+    the step's `hidden` output projected onto a chunk's shortlist columns and scored, by one
+    LiteRT model made for the chunk (`keras_transformer.litert.projection`): the int8 product
+    of the columns' rows (their `banned` logits) and of the banned pieces' (their `special`
+    ones) in front of `shortlist_head.tflite`'s graph
+    (`export.litert_graphs.gathered_head_function`).
+
+    `head`: that graph's bytes, its outputs (`top_log_probs`, `top_ids`, `eos_log_probs`)
+    named by `names`; `make_interpreter(bytes)` makes the chunk's interpreter (`start`)."""
+
+    def __init__(self, head, names, make_interpreter):
+        self.head, self.names = head, names
+        self.make_interpreter = make_interpreter
+        self.interpreter, self.rows = None, None
+
+    def start(self, columns):
+        """Readies the head for a chunk's `columns` (`runtime.gathered_columns`): `{"output_ids"
+        [n], "products": [the columns' (rows, scales, biases), the banned pieces']}`."""
+        from keras_transformer.litert.projection import projection_model
+
+        self.interpreter = None  # the last chunk's, freed before the next is made
+        model = projection_model(columns["products"], head=self.head)
+        it = self.interpreter = self.make_interpreter(model)
+        self.inputs = {d["name"]: d["index"] for d in it.get_input_details()}
+        self.outputs = output_indices(it, self.names)
+        self.output_ids = columns["output_ids"]
+        self.rows = None  # the shapes are set at the first call
+
+    def __call__(self, hidden):
+        """`(top_log_probs, top_ids, eos_log_probs)` of the rows of `hidden` `[rows,
+        d_model]`."""
+        it = self.interpreter
+        if hidden.shape[0] != self.rows:
+            shapes = {"hidden": list(hidden.shape), "output_ids": [len(self.output_ids)]}
+            resize(it, self.inputs, shapes)
+            it.set_tensor(self.inputs["output_ids"], self.output_ids)
+            self.rows = hidden.shape[0]
+        it.set_tensor(self.inputs["hidden"], hidden)
+        it.invoke()
+        names = ("top_log_probs", "top_ids", "eos_log_probs")
+        return tuple(it.get_tensor(self.outputs[name]) for name in names)
+
+
 class DecoderStep:
     """`decoder_step.tflite` as the search's step (`keras_transformer.litert.search`).
 
@@ -86,7 +130,7 @@ class DecoderStep:
     into the longer layout (`_grow`). A chunk of 33 positions and a bucket of 16 resizes once.
     """
 
-    def __init__(self, interpreter, meta, outputs=None, bucket=0):
+    def __init__(self, interpreter, meta, outputs=None, bucket=0, head=None):
         self.interpreter = interpreter
         self.inputs = {d["name"]: d["index"] for d in interpreter.get_input_details()}
         outputs = meta["outputs"]["decoder_step"] if outputs is None else outputs
@@ -96,15 +140,20 @@ class DecoderStep:
         self.shapes, self.columns, self.wanted, self.listed = None, {}, None, None
         self.bucket = int(bucket)
         self.scratch = {}  # `_scratch`'s buffers
+        self.head = head  # a `GatheredHead`: the step gives its `hidden` output
 
     def start(self, cross, source_mask, positions, columns=None, wanted=None):
         """Readies the step for a chunk: the encoder's `cross` keys/values, the source mask
         `[c, S]` and `positions` cache positions at most (the first `bucket` of them, grown
         when needed); the caches start empty. `columns`: the shortlist step's inputs for the
         chunk, `{"output_ids", "output_kernel", "output_bias"}` or the masked step's
-        `{"output_mask"}`; `wanted`: the constrained step's wanted ids per row (`W`; given to
-        a step with `output_ids` as their columns)."""
+        `{"output_mask"}`, or a step with a `head`'s (`GatheredHead.start`); `wanted`: the
+        constrained step's wanted ids per row (`W`; given to a step with `output_ids` as their
+        columns)."""
         c = source_mask.shape[0]
+        if self.head is not None:  # the columns are the head's, not the step's inputs
+            self.head.start(columns)
+            columns = None
         bias = np.where(source_mask, 0.0, NEG_INF).astype("float32")[:, None, None, :]
         values = {**cross, "cross_bias": bias, **(columns or {})}
         # The inputs fixed for the chunk, kept here: a resize sets them again from these
@@ -250,6 +299,9 @@ class DecoderStep:
                 cache.reshape(c, self.heads, k, self.positions, self.head_dim)[:, :, :, index] = new
                 del cache, new  # no reference to the interpreter's buffers may outlive this
         self.history[:, :, index] = np.arange(k)
+        if self.head is not None:
+            hidden = it.get_tensor(self.outputs["hidden"])
+            return tuple(output[rows] for output in self.head(hidden))
         names = ("top_log_probs", "top_ids", "eos_log_probs")
         names += () if wanted is None else ("wanted_log_probs",)
         return tuple(it.get_tensor(self.outputs[name])[rows] for name in names)

@@ -29,12 +29,16 @@ when loaded with `shortlist=True`: each chunk's shortlist is the lexical table's
 its source pieces, the table's frequent pieces, the special ids and the chunk's prefix and
 constraint pieces (`keras_transformer.lexical_table.batch_shortlist`), and no other piece can be
 chosen: the scores are log-probabilities over the shortlist (as the SavedModel's
-`Translator(shortlist=...)`). How the step keeps to it depends on the export
-(`export.litert.shortlist_head`): a `dynamic_int8` export's step takes an `output_mask` over
-the vocabulary (0 at the shortlist's pieces, NEG_INF elsewhere) added to its own int8 product's
-logits; a float export's step projects onto the shortlist's columns alone, gathered once for
-the chunk from the export's `shortlist_output.npz` (`output_columns`, the shortlist padded to a
-bucket, the graph search's rule).
+`Translator(shortlist=...)`). The projection covers the shortlist's columns alone, gathered
+once for the chunk from the export's `shortlist_output.npz` (the shortlist padded to a
+bucket, the graph search's rule); how depends on the export (`export.litert.shortlist_head`):
+a float export's step takes the columns as an input (`output_columns`); a `dynamic_int8`
+export's step gives its decoder output, which the int8 product of the columns' rows, a model
+made for the chunk (`keras_transformer.litert.projection`, `gathered_columns`), projects
+before `shortlist_head.tflite` scores it (`graphs.GatheredHead`). Its constrained step, and
+the step of an int8 export made before the gathered head, take an `output_mask` over the
+vocabulary (0 at the shortlist's pieces, NEG_INF elsewhere) added to their own product's
+logits.
 
 Lexical constraints: an export made with its constrained step (`export_litert(constraints=
 True)`) answers `translate_constrained` (and `translate(texts, constraints=...)`) as the
@@ -67,7 +71,13 @@ import threading
 import numpy as np
 
 from keras_transformer.alignment_rules import numpy_word_alignment, piece_flags, word_pairs
-from keras_transformer.litert.graphs import Aligner, DecoderStep, Encoder, LiteRTError
+from keras_transformer.litert.graphs import (
+    Aligner,
+    DecoderStep,
+    Encoder,
+    GatheredHead,
+    LiteRTError,
+)
 from keras_transformer.litert.search import NEG_INF, search
 from keras_transformer.markup import markup_answer
 from keras_transformer.special_ids import UNK_ID
@@ -89,7 +99,7 @@ def is_litert_export(path):
         return False
 
 
-def _interpreter(path, num_threads):
+def _interpreter(path, num_threads, content=None):
     try:
         from ai_edge_litert.interpreter import Interpreter
     except ImportError:
@@ -97,6 +107,8 @@ def _interpreter(path, num_threads):
             'the LiteRT runtime is not installed: pip install "keras-nmt-transformer[litert]" '
             "(or ai-edge-litert)"
         ) from None
+    if content is not None:
+        return Interpreter(model_content=content, num_threads=num_threads)
     return Interpreter(model_path=path, num_threads=num_threads)
 
 
@@ -166,13 +178,17 @@ class LiteRTTranslator:
         self.max_length = meta.get("max_length")
         self.calibration = meta["calibration"]
         self.shortlist = _shortlist_table(path, meta) if shortlist else None
-        self._output_rows = None  # a float export's projection rows (its step takes columns)
-        if shortlist and meta["shortlist"].get("head", "columns") == "columns":
+        self._head = meta["shortlist"].get("head", "columns") if shortlist else None
+        self._output_rows = None  # the projection's rows, the shortlist's columns taken from
+        if self._head in ("columns", "gathered"):
             self._output_rows = _output_rows(path, meta)
             # the steps' blocked top-k: at least K blocks of columns
             top_k = max(int(meta["top_k"]), int(meta.get("constraints", {}).get("top_k", 0)))
             block = int(meta["shortlist"]["column_block"])
             self._column_layout = {"block": block, "minimum": top_k * block}
+            if self._head == "gathered":  # out of the top ones, in the normaliser
+                banned = (self.settings["pad_id"], self.settings["bos_id"])
+                self._column_layout["banned"] = banned
         with open(os.path.join(path, meta["tokenizer"]), "rb") as f:
             self._spm = sentencepiece.SentencePieceProcessor(model_proto=f.read())
         self.num_threads = num_threads
@@ -198,7 +214,17 @@ class LiteRTTranslator:
         listed = meta["shortlist"]["decoder_step"]
         step = _interpreter(os.path.join(path, listed), self.num_threads)
         outputs = meta["outputs"]["decoder_step_shortlist"]
-        return [encoder, DecoderStep(step, meta, outputs, self.cache_bucket), None]
+        head = None
+        if self._head == "gathered":
+            with open(os.path.join(path, meta["shortlist"]["head_graph"]), "rb") as f:
+                graph = f.read()
+            head = GatheredHead(graph, meta["outputs"]["shortlist_head"], self._projection)
+        return [encoder, DecoderStep(step, meta, outputs, self.cache_bucket, head), None]
+
+    def _projection(self, model):
+        """An interpreter of the model `model` (bytes) a gathered head makes per chunk
+        (`keras_transformer.litert.projection`)."""
+        return _interpreter(None, self.num_threads, content=model)
 
     def _constrained_step(self, engines):
         """The constrained step of the borrowed set `engines` (over a shortlist with
@@ -449,7 +475,8 @@ class LiteRTTranslator:
         if prefix is not None and any(prefix):
             prefix_matrix = _padded(prefix, 0)
         columns = None
-        if self.shortlist is not None and self._output_rows is None:
+        masked = self._head == "mask" or (self._head == "gathered" and constraints is not None)
+        if masked:  # the step's own product masked (a gathered head's constrained step too)
             vocab = int(self.metadata["vocab_size"])
             columns = _shortlist_mask(self.shortlist, vocab, source, prefix_matrix, constraints)
         elif self.shortlist is not None:
@@ -537,7 +564,7 @@ def _shortlist_mask(table, vocab, source, *extra):
     return {"output_mask": mask}
 
 
-def _shortlist_columns(table, rows, source, *extra, block=1, minimum=0):
+def _shortlist_columns(table, rows, source, *extra, block=1, minimum=0, banned=()):
     """The shortlist step's `{"output_ids", "output_kernel", "output_bias"}` for a chunk's
     `source` `[c, S]` and the ids of `extra` (the prefixes `[c, p]`, the constraints `[c, C,
     P]`; None skipped): its shortlist (`lexical_table.batch_shortlist`), padded with masked
@@ -551,8 +578,31 @@ def _shortlist_columns(table, rows, source, *extra, block=1, minimum=0):
     if more > 0:
         ids = np.concatenate([ids, np.full(more, PAD_ID, ids.dtype)])
         real = np.concatenate([real, np.zeros(more, bool)])
+    if rows["rows"].dtype == np.int8:  # a gathered head's (`graphs.GatheredHead.start`)
+        return gathered_columns(rows, ids, real, banned)
     kernel, bias = output_columns(rows, ids, real)
     return {"output_ids": ids, "output_kernel": kernel, "output_bias": bias}
+
+
+def gathered_columns(rows, output_ids, real, banned=()):
+    """A gathered head's columns (`graphs.GatheredHead.start`) for the batch shortlist
+    `output_ids` (`real`: its columns that are not padding; `banned`: the ids never chosen,
+    padding and BOS, every shortlist's) from a `dynamic_int8` export's int8 projection rows and
+    their scales (`_output_rows`): `{"output_ids" int32 [n], "products": [(rows int8 [n,
+    d_model], scales [n], bias [n]), (the banned ids' rows, scales, biases)]}`, the first
+    product's biases NEG_INF at the padding and at the banned ids (the head's `banned`
+    logits), the second's their own (its `special` logits)."""
+    ids = np.asarray(output_ids, "int64")
+    biases = rows["bias"] if "bias" in rows else np.zeros(len(rows["rows"]), "float32")
+    bias = np.where(real & ~np.isin(ids, banned), biases[ids], np.float32(NEG_INF))
+    special = np.asarray(banned, "int64")
+    return {
+        "output_ids": np.asarray(output_ids, "int32"),
+        "products": [
+            (rows["rows"][ids], rows["scales"][ids], bias.astype("float32")),
+            (rows["rows"][special], rows["scales"][special], biases[special].astype("float32")),
+        ],
+    }
 
 
 def output_columns(rows, output_ids, real):
