@@ -34,7 +34,12 @@ multiple of 64; 10,446 is `serve_compare --shortlist`'s batch shortlist of the b
 - `shortlist`: the exported shortlist step (`litert_graphs.shortlist_step_function`: the
   columns' float32 kernel an input, gathered once per chunk by the runtime);
 - `shortlist_gathered_logits`: the alternative of projecting onto the whole vocabulary with
-  the step's own int8 product, then gathering the shortlist's columns of the logits.
+  the step's own int8 product, then gathering the shortlist's columns of the logits;
+- `shortlist_gathered` (`dynamic_int8` only): what a `dynamic_int8` export runs
+  (`export.litert.shortlist_head` `"gathered"`): the decoder stack's step, then the runtime's
+  int8 model of the shortlist's columns (`keras_transformer.litert.projection`) and the head
+  graph, through `keras_transformer.litert.graphs.GatheredHead` as the runtime calls it (the
+  model made once, outside the timing).
 
 `--cache-positions 16,32,64,82` adds the exported step at those cache lengths (`full_t{N}`):
 what a request pays per step with its caches grown bucket by bucket against sized at once
@@ -140,6 +145,45 @@ def _gathered_logits_step(graphs):
         return step
 
     return function
+
+
+def _gathered_step(model, settings, quantization, cfg, width):
+    """`shortlist_gathered`'s call (module docstring): a function running the stack's step and
+    a `GatheredHead` over `width` random columns of `model`'s projection rows."""
+    import tensorflow as tf
+    from ai_edge_litert.interpreter import Interpreter
+
+    from keras_transformer.export import litert, litert_graphs
+    from keras_transformer.litert.graphs import GatheredHead
+    from keras_transformer.litert.runtime import gathered_columns
+
+    beams = settings.beam_size
+    quantized = litert_graphs.quantized_rows(model.target_embedding.embeddings.numpy())
+    step = litert_graphs.hidden_step_function(model, beams, quantized)
+    specs = litert._specs(model, beams)
+    hidden_step, names = litert._convert(
+        tf.function(step, input_signature=specs, autograph=False), quantization
+    )
+    head, head_names = litert._convert(litert._gathered_head(2 * beams, settings.eos_id), "float32")
+    interpreter = ready_interpreter(hidden_step, cfg, beams)
+    hidden = interpreter.get_output_details()[names.index("hidden")]["index"]
+    rng = np.random.default_rng(0)
+    listed = np.sort(rng.choice(np.arange(4, cfg["vocab"]), width - 4, replace=False))
+    ids = np.concatenate([np.arange(4), listed]).astype("int32")
+    rows = litert_graphs.shortlist_output_rows(model, quantization)
+    columns = gathered_columns(rows, ids, np.ones(width, bool), (settings.pad_id, settings.bos_id))
+
+    def make(content):
+        return Interpreter(model_content=content, num_threads=2)
+
+    gathered = GatheredHead(head, head_names, make)
+    gathered.start(columns)
+
+    def call():
+        interpreter.invoke()
+        gathered(interpreter.get_tensor(hidden))
+
+    return call
 
 
 def convert_variant(model, settings, quantization, variant):
@@ -274,23 +318,28 @@ def main():
             v: convert_variant(model, settings, args.quantization, v) for v in variants + listed
         }
         width = -(-args.shortlist_width // 64) * 64
-        interpreters = {
+        calls = {
             v: ready_interpreter(flatbuffer, cfg, args.beam_size,
-                                 columns=width if v in listed else None)
+                                 columns=width if v in listed else None).invoke
             for v, flatbuffer in flatbuffers.items()
         }  # fmt: skip
+        if listed and args.quantization == "dynamic_int8":
+            calls["shortlist_gathered"] = _gathered_step(
+                model, settings, args.quantization, cfg, width
+            )
+            listed += ("shortlist_gathered",)
         extra = {}
         for positions in cache_positions:
-            interpreters[f"full_t{positions}"] = ready_interpreter(
+            calls[f"full_t{positions}"] = ready_interpreter(
                 flatbuffers["full"], cfg, args.beam_size, positions=positions
-            )
+            ).invoke
         load = os.getloadavg()[0]
-        best = dict.fromkeys(interpreters, float("inf"))
+        best = dict.fromkeys(calls, float("inf"))
         for _ in range(args.rounds):
-            for v, interpreter in interpreters.items():
+            for v, call in calls.items():
                 start = time.perf_counter()
                 for _ in range(3):
-                    interpreter.invoke()
+                    call()
                 best[v] = min(best[v], (time.perf_counter() - start) / 3)
         if args.cache_variants:
             copy = reorder_copy_seconds(cfg, args.beam_size, cfg["tgt"] + 1, args.rounds)
