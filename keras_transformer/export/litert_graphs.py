@@ -27,11 +27,22 @@ output grows, `keras_transformer.litert.graphs`):
   its constraints) -> the step's outputs, `K = 2 * k + 1` (a hypothesis refused EOS still has
   its best `2k` others), and `wanted_log_probs` float32 `[B * k, W]`, their log-probabilities.
 
-- masked shortlist step (`step_function(..., masked=True)`, a `dynamic_int8` export with a
-  vocabulary shortlist): the step's inputs and `output_mask` float32 `[vocab]` (0 at a batch's
-  shortlist, NEG_INF elsewhere, added to the logits) -> the same outputs, the log-softmax and
-  the top ones over the shortlist alone; constrained (`constrained_step_function(...,
-  masked=True)`, an export with both): also `wanted_ids`, target ids, after `output_mask`.
+- masked shortlist step (`step_function(..., masked=True)`, the shortlist step of
+  `dynamic_int8` exports made before the hidden step): the step's inputs and `output_mask`
+  float32 `[vocab]` (0 at a batch's shortlist, NEG_INF elsewhere, added to the logits) -> the
+  same outputs, the log-softmax and the top ones over the shortlist alone; constrained
+  (`constrained_step_function(..., masked=True)`, a `dynamic_int8` export with both): also
+  `wanted_ids`, target ids, after `output_mask`.
+
+- hidden step (`hidden_step_function`, a `dynamic_int8` export with a vocabulary shortlist):
+  the step's inputs -> `new_keys_{l}`, `new_values_{l}` and `hidden` float32 `[B * k,
+  d_model]`, the decoder's output before the projection; the runtime projects it onto a
+  batch's shortlist with an int8 model it writes for the batch
+  (`keras_transformer.litert.projection`) in front of the gathered head
+  (`gathered_head_function`): `banned` float32 `[B * k, n]` (the columns' logits, NEG_INF at
+  the padding and at padding's and BOS's columns), `special` float32 `[B * k, 2]` (padding's
+  and BOS's own logits), `output_ids` int32 `[n]` -> the step's `top_log_probs`, `top_ids`
+  (target ids), `eos_log_probs`.
 
 - shortlist step (`shortlist_step_function`, a float export with a vocabulary shortlist): the
   step's inputs and `output_ids` int32 `[n]` (a batch's shortlist), `output_kernel` float32
