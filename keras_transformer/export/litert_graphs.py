@@ -341,12 +341,20 @@ def shortlist_head(logits, output_ids, output_bias, top_k, banned_ids, eos_id):
     banned = logits + ops.where(banned, NEG_INF, 0.0)
     top_logits, top_columns = columns_top_k(banned, top_k)
     normaliser = ops.logsumexp(logits, axis=-1, keepdims=True)
+    outputs = _column_scores(top_logits, top_columns, logits, normaliser, output_ids, eos_id)
+    return outputs, banned, normaliser
+
+
+def _column_scores(top_logits, top_columns, logits, normaliser, output_ids, eos_id):
+    """The step's outputs over a shortlist's columns `output_ids`: the best columns' logits
+    `top_logits` minus the `normaliser` `[B * k, 1]`, their target ids, and EOS's
+    log-probability (its column of `logits`, where EOS is never banned)."""
     outputs = {"top_log_probs": top_logits - normaliser}
     outputs["top_ids"] = ops.cast(ops.take(output_ids, top_columns, axis=0), "int32")
     eos_column = ops.argmax(ops.cast(ops.equal(output_ids, eos_id), "int32"))
     eos = ops.take(logits, ops.expand_dims(eos_column, 0), axis=1)[:, 0]
     outputs["eos_log_probs"] = eos - normaliser[:, 0]
-    return outputs, banned, normaliser
+    return outputs
 
 
 def hidden_step_function(model, beams, quantized_embedding=None):
@@ -382,12 +390,7 @@ def gathered_head_function(top_k, eos_id):
         total = ops.sum(ops.exp(banned - shift), axis=-1, keepdims=True)
         total = total + ops.sum(ops.exp(special - shift), axis=-1, keepdims=True)
         normaliser = shift + ops.log(total)
-        outputs = {"top_log_probs": top_logits - normaliser}
-        outputs["top_ids"] = ops.cast(ops.take(output_ids, top_columns, axis=0), "int32")
-        eos_column = ops.argmax(ops.cast(ops.equal(output_ids, eos_id), "int32"))
-        eos = ops.take(banned, ops.expand_dims(eos_column, 0), axis=1)[:, 0]
-        outputs["eos_log_probs"] = eos - normaliser[:, 0]
-        return outputs
+        return _column_scores(top_logits, top_columns, banned, normaliser, output_ids, eos_id)
 
     return head
 
