@@ -150,7 +150,6 @@ def _gathered_logits_step(graphs):
 def _gathered_step(model, settings, quantization, cfg, width):
     """`shortlist_gathered`'s call (module docstring): a function running the stack's step and
     a `GatheredHead` over `width` random columns of `model`'s projection rows."""
-    import tensorflow as tf
     from ai_edge_litert.interpreter import Interpreter
 
     from keras_transformer.export import litert, litert_graphs
@@ -158,11 +157,8 @@ def _gathered_step(model, settings, quantization, cfg, width):
     from keras_transformer.litert.runtime import gathered_columns
 
     beams = settings.beam_size
-    quantized = litert_graphs.quantized_rows(model.target_embedding.embeddings.numpy())
-    step = litert_graphs.hidden_step_function(model, beams, quantized)
-    specs = litert._specs(model, beams)
-    hidden_step, names = litert._convert(
-        tf.function(step, input_signature=specs, autograph=False), quantization
+    hidden_step, names = _converted_step(
+        model, settings, quantization, litert._hidden_step, shortlist=False
     )
     head, head_names = litert._convert(litert._gathered_head(2 * beams, settings.eos_id), "float32")
     interpreter = ready_interpreter(hidden_step, cfg, beams)
@@ -223,6 +219,11 @@ def convert_variant(model, settings, quantization, variant):
 def _convert_step(model, settings, quantization, step_function=None, shortlist="columns"):
     """The step alone (`step_function`: another of `litert_graphs`' steps, with the `shortlist`
     step's inputs), as `litert.convert_graphs` converts it."""
+    return _converted_step(model, settings, quantization, step_function, shortlist)[0]
+
+
+def _converted_step(model, settings, quantization, step_function=None, shortlist="columns"):
+    """`_convert_step`'s `(flatbuffer, output names)`."""
     import tensorflow as tf
 
     from keras_transformer.export import litert, litert_graphs
@@ -238,7 +239,7 @@ def _convert_step(model, settings, quantization, step_function=None, shortlist="
     )
     specs = litert._specs(model, beams, shortlist=listed and shortlist)
     function = tf.function(step, input_signature=specs, autograph=False)
-    return litert._convert(function, quantization)[0]
+    return litert._convert(function, quantization)
 
 
 def ready_interpreter(flatbuffer, cfg, beams, positions=None, columns=None):
