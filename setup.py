@@ -112,6 +112,8 @@ setup(
             "pytest>=8",
             # Tests in parallel processes (the README test command runs two).
             "pytest-xdist>=3.5",
+            # Property tests: random batches of mixed requests, random Unicode sources.
+            "hypothesis>=6.100",
             # Line coverage in CI (.ci/run): `patch` (subprocesses, os._exit) needs coverage 7.10.
             "pytest-cov>=6",
             "coverage>=7.10",

@@ -42,19 +42,44 @@ class LexicalTable:
         return int(self.translations.shape[0])
 
 
+def row_pieces(translations, source_ids):
+    """int `[batch, s_len * k]`: the table's target pieces of each row's source pieces, a
+    padding position's (source id 0) none (0, the padding id, which every shortlist holds):
+    a row's shortlist is the same whatever padding its batch gives it."""
+    source_ids = np.asarray(source_ids, np.int64)
+    pieces = np.asarray(translations)[source_ids]  # [batch, s_len, k]
+    pieces = np.where((source_ids != PAD_ID)[..., None], pieces, PAD_ID)
+    return pieces.reshape(source_ids.shape[0], -1)
+
+
+def glossary_pieces(xp, source_ids, separator_id, end_id):
+    """int32 `[batch, s_len]`: the pieces of each row's glossary translations, the pieces between
+    a `<trans>` (`separator_id`) and its `</term>` (`end_id`) of an annotated source
+    (`keras_transformer.glossary`), 0 elsewhere: target pieces a soft glossary asks for, which
+    each row's shortlist holds. `xp`: `keras.ops` or `constraint_rules.NUMPY`."""
+    source_ids = xp.cast(source_ids, "int32")
+    opened = xp.cumsum(xp.cast(xp.equal(source_ids, separator_id), "int32"), axis=1)
+    closed = xp.cumsum(xp.cast(xp.equal(source_ids, end_id), "int32"), axis=1)
+    inside = xp.logical_and(
+        xp.greater(opened, closed), xp.not_equal(source_ids, separator_id)
+    )  # [batch, s_len] after a <trans>, before its </term>
+    return xp.where(inside, source_ids, xp.zeros_like(source_ids))
+
+
 def batch_shortlist(translations, frequent, source_ids, extra_ids=None, bucket=SHORTLIST_BUCKET):
     """A batch's shortlist in NumPy: `(ids int32 [n], real bool [n])`, what the graph's
     `keras_transformer.decoding.shortlist.shortlist_ids` gives (its arguments) for the runtimes
     without TensorFlow (the LiteRT runtime).
 
-    The union of the table's `translations` of every piece of `source_ids` (0-padded), the
-    `frequent` ids, `SPECIAL_IDS` and the non-zero `extra_ids` (a forced prefix's), in
-    increasing order, then padding columns (`real` False, id `PAD_ID`) up to the smallest
-    multiple of `bucket` holding it.
+    The union of the table's `translations` of every piece of `source_ids` (0-padded; a padding
+    position adds none), the `frequent` ids, `SPECIAL_IDS` and the non-zero `extra_ids` (a
+    forced prefix's), in increasing order, then padding columns (`real` False, id `PAD_ID`) up
+    to the smallest multiple of `bucket` holding it. Each row's own part of it:
+    `row_shortlists`.
     """
-    source_ids = np.asarray(source_ids, np.int64).reshape(-1)
     parts = [
-        np.asarray(translations)[source_ids].reshape(-1),
+        row_pieces(translations, np.asarray(source_ids).reshape(np.shape(source_ids)[0], -1))
+        .reshape(-1),
         np.asarray(frequent).reshape(-1),
         np.asarray(SPECIAL_IDS),
     ]
@@ -65,6 +90,28 @@ def batch_shortlist(translations, frequent, source_ids, extra_ids=None, bucket=S
     ids = np.full(n, PAD_ID, np.int32)
     ids[: union.size] = union
     return ids, np.arange(n) < union.size
+
+
+def row_shortlists(translations, frequent, source_ids, extras=(), bucket=SHORTLIST_BUCKET):
+    """A batch's shortlist and each row's own: `(ids int32 [n], real bool [n], member bool
+    [batch, n])`, `ids`/`real` the batch's (`batch_shortlist`, the union of the rows') and
+    `member[b, j]` whether column `j` is in row `b`'s own shortlist: the table's translations
+    of its source pieces, the frequent and special ids and its own `extras` (a sequence of int
+    arrays `[batch, ...]`, 0 ignored: its prefix, its constraints, its glossary's pieces). A
+    search that masks each row to its own columns answers each row as it answers it alone
+    (the graph's twin: `decoding.shortlist.row_shortlists`).
+    """
+    source_ids = np.asarray(source_ids, np.int64)
+    batch = source_ids.shape[0]
+    own = [row_pieces(translations, source_ids)]
+    own += [np.asarray(x, np.int64).reshape(batch, -1) for x in extras if x is not None]
+    own = np.concatenate(own, axis=1)  # [batch, P]
+    ids, real = batch_shortlist(translations, frequent, source_ids, own, bucket)
+    marks = np.zeros((batch, int(ids.max(initial=0)) + 1), bool)
+    marks[np.arange(batch)[:, None], own] = True
+    member = marks[:, ids] & real  # [batch, n]
+    common = np.isin(ids, np.concatenate([np.asarray(frequent).reshape(-1), SPECIAL_IDS]))
+    return ids, real, member | (common & real)
 
 
 def _sorted_union(values):

@@ -54,10 +54,11 @@ from keras_transformer.decoding.beams import (  # noqa: F401 (the beam helpers, 
 )
 from keras_transformer.decoding.constraints import constrained_beam_search
 from keras_transformer.decoding.sampling import sampling_picker
-from keras_transformer.decoding.shortlist import shortlist_ids
+from keras_transformer.decoding.shortlist import row_shortlists
 from keras_transformer.decoding.top_k import blocked_top_k
 from keras_transformer.fast_paths import Kernels
 from keras_transformer.layers.attention import OwnedCache
+from keras_transformer.lexical_table import glossary_pieces
 from keras_transformer.search_rules import (
     CANDIDATES_PER_BEAM,
     HALF_NEG_INF,
@@ -427,16 +428,18 @@ def translate_ids(
 
 
 def _shortlist_columns(shortlist, source_ids, extra):
-    """A shortlist's `(ids [n], real [n])` for the batch (`decoding.shortlist.shortlist_ids`),
-    holding the ids of the `extra` tensors (prefixes, constraints; None skipped); None without
-    a shortlist."""
+    """A shortlist's `(ids [n], real [n], member [batch, n])` for the batch
+    (`decoding.shortlist.row_shortlists`): the batch's columns and each row's own among them,
+    holding the row's ids of the `extra` tensors (prefixes, constraints; None skipped) and,
+    where the shortlist names the glossary tags' ids (`glossary_ids`, `(separator, end)`), the
+    target pieces of the row's soft glossary; None without a shortlist."""
     if shortlist is None:
         return None
-    extra = [ops.reshape(ops.cast(x, "int32"), (-1,)) for x in extra if x is not None]
-    return shortlist_ids(
-        shortlist.translations, shortlist.frequent, source_ids,
-        extra_ids=ops.concatenate(extra, axis=0) if extra else None,
-    )  # fmt: skip
+    extra = list(extra)
+    tags = getattr(shortlist, "glossary_ids", None)
+    if tags is not None:
+        extra.append(glossary_pieces(ops, source_ids, *tags))
+    return row_shortlists(shortlist.translations, shortlist.frequent, source_ids, extra)
 
 
 def _constrained_translation(search, k, buffer, constraints, caps, token_ids, arguments):
@@ -481,11 +484,12 @@ def _log_probs_step(
     shortlist's `columns` `(ids [n], real [n])` the log-probabilities are `[rows, n]`,
     normalised over the real columns (padding columns impossible)."""
     if columns is None:
-        output_ids, real = None, None
+        output_ids, allowed = None, None
         ids = ops.arange(model.vocab_size, dtype="int32")
     else:
-        output_ids, real = columns
+        output_ids, _, member = columns
         ids = output_ids
+        allowed = ops.repeat(member, k, axis=0)  # [batch * k, n]: each row's own columns
     banned = _banned_tokens_mask(ids, (settings.pad_id, settings.bos_id))  # [vocab] or [n]
     if use_cache:
         step_fn, initial_state = _cached_step(model, *encoded, buffer, k, kernels, output_ids)
@@ -495,8 +499,8 @@ def _log_probs_step(
     def log_probs_fn(ids, index, state):  # [rows, vocab] log p
         logits, state = step_fn(ids, index, state)
         logits = ops.cast(logits, "float32")
-        if real is not None:  # padding columns: out of the normaliser, never chosen
-            logits = ops.where(real, logits, NEG_INF)
+        if allowed is not None:  # another row's and padding columns: out of the normaliser
+            logits = ops.where(allowed, logits, NEG_INF)
         log_probs = ops.log_softmax(logits, axis=-1)
         return ops.where(banned, NEG_INF, log_probs), state
 

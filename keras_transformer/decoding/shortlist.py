@@ -30,7 +30,7 @@ def shortlist_ids(translations, frequent, source_ids, extra_ids=None, bucket=SHO
         translations: int `[source_vocab, K]`, row `s` the target ids source piece `s`
             translates into (a table's `translations`; entries may repeat or be 0).
         frequent: int `[M]`, target ids always in the shortlist (the most frequent ones).
-        source_ids: int `[batch, s_len]`, 0-padded.
+        source_ids: int `[batch, s_len]`, 0-padded (a padding position adds no piece).
         extra_ids: optional int tensor (any shape), more target ids to include, 0 ignored (a
             forced prefix's ids).
         bucket: the width is rounded up to a multiple of this (Python int).
@@ -39,17 +39,64 @@ def shortlist_ids(translations, frequent, source_ids, extra_ids=None, bucket=SHO
         `ids` int32 `[n]` and `real` bool `[n]`, `n` the smallest multiple of `bucket` holding
         the union: the union's ids in increasing order, then padding columns (`real` False,
         id `PAD_ID`). `n` depends on the batch (a tensor in a traced graph, not a static
-        size): the search's loop keeps it for all its steps.
+        size): the search's loop keeps it for all its steps. Each row's own part of it:
+        `row_shortlists`.
     """
-    translations = ops.cast(ops.convert_to_tensor(translations), "int32")
-    source_ids = ops.cast(ops.convert_to_tensor(source_ids), "int32")
-    pieces = ops.reshape(ops.take(translations, ops.reshape(source_ids, (-1,)), axis=0), (-1,))
-    parts = [pieces, ops.cast(ops.reshape(ops.convert_to_tensor(frequent), (-1,)), "int32")]
-    parts.append(ops.convert_to_tensor(SPECIAL_IDS, dtype="int32"))
+    pieces = ops.reshape(_row_pieces(translations, source_ids), (-1,))
+    parts = [pieces, _common_ids(frequent)]
     if extra_ids is not None:
         parts.append(ops.cast(ops.reshape(ops.convert_to_tensor(extra_ids), (-1,)), "int32"))
     wanted = ops.concatenate(parts, axis=0)  # [N] with repeats
     return _union(wanted, bucket)
+
+
+def row_shortlists(translations, frequent, source_ids, extras=(), bucket=SHORTLIST_BUCKET):
+    """A batch's shortlist and each row's own: `(ids [n], real [n], member bool [batch, n])`.
+
+    `ids` and `real` are the batch's columns (`shortlist_ids`: the union of the rows'
+    shortlists); `member[b, j]` says whether column `j` is in row `b`'s own shortlist: the
+    table's translations of its source pieces, the frequent and special ids and its own
+    `extras` (a sequence of int tensors `[batch, ...]`, None skipped, 0 ignored: its prefix,
+    its constraints, its glossary's target pieces). The search masks each row to its own
+    columns, so that a row's answer is the one it gets alone, whatever else the batch holds.
+    The NumPy twin, for the runtimes without TensorFlow: `lexical_table.row_shortlists`.
+    """
+    source_ids = ops.cast(ops.convert_to_tensor(source_ids), "int32")
+    batch = ops.shape(source_ids)[0]
+    own = [ops.reshape(_row_pieces(translations, source_ids), (batch, -1))]
+    own += [
+        ops.reshape(ops.cast(ops.convert_to_tensor(x), "int32"), (batch, -1))
+        for x in extras
+        if x is not None
+    ]
+    own = ops.concatenate(own, axis=1)  # [batch, P]
+    common = _common_ids(frequent)  # [M + 4]
+    ids, real = _union(ops.concatenate([ops.reshape(own, (-1,)), common], axis=0), bucket)
+    # Row b's marks over the ids up to the largest column id: [batch, top].
+    top = _size(ops.max(ids) + 1)
+    rows = ops.broadcast_to(ops.expand_dims(ops.arange(batch, dtype="int32"), 1), ops.shape(own))
+    pairs = ops.reshape(ops.stack([rows, own], axis=-1), (-1, 2))  # [batch * P, 2]
+    marks = ops.scatter(pairs, ops.ones(ops.shape(pairs)[:1], "int32"), (batch, top))
+    member = ops.greater(ops.take(marks, ids, axis=1), 0)  # [batch, n]
+    in_common = ops.any(ops.equal(ops.expand_dims(ids, 1), ops.expand_dims(common, 0)), axis=1)
+    member = ops.logical_or(member, ops.expand_dims(in_common, 0))
+    return ids, real, ops.logical_and(member, ops.expand_dims(real, 0))
+
+
+def _row_pieces(translations, source_ids):
+    """int32 `[batch, s_len, K]`: the table's target pieces of each source piece, a padding
+    position's none (0, the padding id, in every shortlist)."""
+    translations = ops.cast(ops.convert_to_tensor(translations), "int32")
+    source_ids = ops.cast(ops.convert_to_tensor(source_ids), "int32")
+    pieces = ops.take(translations, source_ids, axis=0)  # [batch, s_len, K]
+    padding = ops.expand_dims(ops.equal(source_ids, PAD_ID), -1)
+    return ops.where(padding, PAD_ID, pieces)
+
+
+def _common_ids(frequent):
+    """int32 `[M + 4]`: the ids every row's shortlist holds (the frequent and special ones)."""
+    frequent = ops.cast(ops.reshape(ops.convert_to_tensor(frequent), (-1,)), "int32")
+    return ops.concatenate([frequent, ops.convert_to_tensor(SPECIAL_IDS, dtype="int32")], 0)
 
 
 def _union(wanted, bucket):

@@ -68,10 +68,14 @@ def _check_arguments(max_source_length, compiled_shortlist=False):
 
 class _ShortlistTable(tf.Module):
     """A lexical table's `translations` and `frequent` as variables of the SavedModel (what
-    `translate_ids`' `shortlist` reads), and how it was built (`settings`)."""
+    `translate_ids`' `shortlist` reads), how it was built (`settings`) and the glossary tags'
+    ids (`glossary_ids`, or None)."""
 
-    def __init__(self, table, model):
+    def __init__(self, table, model, glossary_ids=None):
         super().__init__(name="shortlist")
+        # `(<trans>, </term>)`'s ids where the vocabulary keeps the glossary tags: the pieces
+        # between them in a source are its soft glossary's, which its row's shortlist holds.
+        self.glossary_ids = glossary_ids
         translations = np.asarray(table.translations, np.int32)
         source_vocab_size = int(model.source_embedding.embeddings.shape[0])
         if translations.shape[0] != source_vocab_size:
@@ -100,10 +104,17 @@ class _Untracked:
 def reads_glossaries(model_proto):
     """Whether a SentencePiece model keeps the glossary tags (`keras_transformer.glossary.TAGS`)
     whole: the vocabulary of a model prepared with `data.terminology`."""
+    return glossary_tag_ids(model_proto) is not None
+
+
+def glossary_tag_ids(model_proto):
+    """`{tag: id}` of the glossary tags (`keras_transformer.glossary.TAGS`) in a SentencePiece
+    model, None where it does not keep each one whole."""
     import sentencepiece as spm
 
     processor = spm.SentencePieceProcessor(model_proto=model_proto)
-    return all(processor.piece_to_id(tag) != processor.unk_id() for tag in glossaries.TAGS)
+    ids = {tag: processor.piece_to_id(tag) for tag in glossaries.TAGS}
+    return None if processor.unk_id() in ids.values() else ids
 
 
 def _model_proto(tokenizer):
@@ -270,7 +281,14 @@ class Translator(tf.Module):
         self.max_length = None if max_length is None else int(max_length)
         self.jit_compile = bool(jit_compile)
         self.kernels = Kernels.get(getattr(model, "kernels", None) if kernels is None else kernels)
-        self.shortlist = None if shortlist is None else _ShortlistTable(shortlist, model)
+        self.shortlist = None
+        if shortlist is not None:
+            # A soft glossary's target pieces enter its row's shortlist (`translate_ids`).
+            tags = glossary_tag_ids(self._spm_proto)
+            glossary_ids = None if tags is None else tuple(
+                tags[tag] for tag in (glossaries.SEPARATOR, glossaries.END)
+            )
+            self.shortlist = _ShortlistTable(shortlist, model, glossary_ids)
         self.alignments = bool(alignments)
         self.alignment_layer = alignment_graph.alignment_layer(model, alignment_layer)
         # The search alone, compiled by XLA when asked: a nested function of every signature,
