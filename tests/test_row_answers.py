@@ -172,3 +172,101 @@ def test_random_mixed_batches_answer_each_row_as_alone(model, data, rows, beam_s
             model, _alone(source_ids, row), shortlist=table, **alone_extra(row), **kwargs
         )
         _assert_row(batched, row, alone)
+
+
+# --------------------------------------------------------------------------- the SavedModel
+
+
+def _rows_of(out, row):
+    return {key: value.numpy()[row : row + 1] for key, value in out.items()}
+
+
+def _assert_same_rows(batched, alone, row):
+    for key, value in alone.items():
+        mine = batched[key][row : row + 1].numpy()
+        value = value.numpy()
+        if value.dtype.kind in "SO":
+            np.testing.assert_array_equal(mine, value, err_msg=key)
+        else:  # token scores: 0-padded to the batch's widest answer
+            width = value.shape[-1] if value.ndim > 1 else None
+            if width is not None and mine.shape[-1] > width:
+                assert not mine[..., width:].any(), key
+                mine = mine[..., :width]
+            np.testing.assert_allclose(mine, value, atol=1e-5, err_msg=key)
+
+
+@pytest.mark.scenario
+def test_every_signature_answers_a_row_as_alone(copy_model, toy_spm_bytes):
+    """Reproduction: `serving_default` of an export over the shortlist scored a sentence -0.516
+    alone, -0.585 and -0.602 batched; `translate_constrained` and `translate_prefix` moved a
+    row without terms when another row had one. Every searching signature, every output."""
+    import tensorflow as tf
+
+    from keras_transformer.export import Translator
+
+    decode, data = fx.EXPORT_DECODE, fx.EXPORT_DATA
+    translator = Translator(
+        copy_model, toy_spm_bytes, max_source_length=data["max_source_length"],
+        shortlist=_sparse_table(copy_model.vocab_size, seed=5),
+        **{key: decode[key] for key in ("beam_size", "alpha", "max_extra_length", "batch_size")},
+    )  # fmt: skip
+    texts = ["red apple cat", "dog fish", "blue plum pear", "white"]
+    batch = tf.constant(texts)
+    calls = {
+        "serve": (translator.serve, lambda rows: (batch[rows],)),
+        "nbest": (translator.translate_nbest, lambda rows: (batch[rows],)),
+        "prefix": (
+            translator.translate_prefix,
+            lambda rows: (batch[rows], tf.constant(["", "bird", "", "green"])[rows]),
+        ),
+        "constrained": (
+            translator.translate_constrained,
+            lambda rows: (batch[rows], tf.constant([["cat"], [""], ["fish"], [""]])[rows]),
+        ),
+    }
+    everything = slice(0, len(texts))
+    for name, (signature, inputs) in calls.items():
+        batched = signature(*inputs(everything))
+        for row in range(len(texts)):
+            alone = signature(*inputs(slice(row, row + 1)))
+            _assert_same_rows(batched, alone, row)
+
+
+def test_a_soft_glossarys_target_pieces_enter_its_rows_shortlist(tmp_path):
+    """Reproduction: `translate_glossary` added the glossary's target pieces to no shortlist,
+    so a term the table does not list could not be produced after `<trans>`."""
+    import sentencepiece as spm
+
+    from keras_transformer import glossary as g
+    from keras_transformer.decoding.search import _shortlist_columns
+    from keras_transformer.export.translator import glossary_tag_ids
+
+    prefix = str(tmp_path / "spm")
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(fx.toy_sentences(300)), model_prefix=prefix, vocab_size=40,
+        pad_id=0, unk_id=1, bos_id=2, eos_id=3, user_defined_symbols=list(g.TAGS),
+        minloglevel=2,
+    )  # fmt: skip
+    with open(prefix + ".model", "rb") as f:
+        proto = f.read()
+    tags = glossary_tag_ids(proto)
+    processor = spm.SentencePieceProcessor(model_proto=proto)
+    texts = ["the cat sat", g.annotate("the cat sat", {"cat": "plum"})]
+    rows = [processor.encode(t) + [3] for t in texts]
+    source = np.zeros((2, max(map(len, rows))), np.int32)
+    for i, row in enumerate(rows):
+        source[i, : len(row)] = row
+    table = _table(np.zeros((40, 1)))  # lists nothing: only the special ids
+    table_with_tags = type("Tagged", (), {})()
+    table_with_tags.translations, table_with_tags.frequent = table.translations, table.frequent
+    table_with_tags.glossary_ids = (tags[g.SEPARATOR], tags[g.END])
+    plum = processor.encode("plum")
+    ids, _, member = (np.asarray(x) for x in _shortlist_columns(table_with_tags, source, ()))
+    assert set(plum) <= set(ids[member[1]].tolist())  # the annotated row can write "plum"
+    assert not set(plum) & set(ids[member[0]].tolist())  # the plain row, as alone: not
+    assert tags is not None and glossary_tag_ids(fx_spm_bytes()) is None
+
+
+def fx_spm_bytes():
+    with open(fx.spm_model_path(), "rb") as f:
+        return f.read()
