@@ -43,13 +43,18 @@ class LexicalTable:
 
 
 def row_pieces(translations, source_ids):
-    """int `[batch, s_len * k]`: the table's target pieces of each row's source pieces, a
-    padding position's (source id 0) none (0, the padding id, which every shortlist holds):
-    a row's shortlist is the same whatever padding its batch gives it."""
+    """int `[batch, s_len * k]` (`source_ids` int `[batch, s_len]`): the table's target pieces
+    of each row's source pieces, a padding position's none (0, the padding id, which every
+    shortlist holds): a row's shortlist is the same whatever padding its batch gives it."""
+    pieces = _source_pieces(translations, source_ids)  # [batch, s_len, k]
+    return _by_row(pieces, pieces.shape[0])
+
+
+def _source_pieces(translations, source_ids):
+    """`translations[source_ids]` (`[..., k]`), 0 at padding positions."""
     source_ids = np.asarray(source_ids, np.int64)
-    pieces = np.asarray(translations)[source_ids]  # [batch, s_len, k]
-    pieces = np.where((source_ids != PAD_ID)[..., None], pieces, PAD_ID)
-    return pieces.reshape(source_ids.shape[0], -1)
+    pieces = np.asarray(translations)[source_ids]
+    return np.where((source_ids != PAD_ID)[..., None], pieces, PAD_ID)
 
 
 def glossary_pieces(xp, source_ids, separator_id, end_id):
@@ -78,8 +83,7 @@ def batch_shortlist(translations, frequent, source_ids, extra_ids=None, bucket=S
     `row_shortlists`.
     """
     parts = [
-        row_pieces(translations, np.asarray(source_ids).reshape(np.shape(source_ids)[0], -1))
-        .reshape(-1),
+        _source_pieces(translations, source_ids).reshape(-1),
         np.asarray(frequent).reshape(-1),
         np.asarray(SPECIAL_IDS),
     ]
@@ -104,7 +108,7 @@ def row_shortlists(translations, frequent, source_ids, extras=(), bucket=SHORTLI
     source_ids = np.asarray(source_ids, np.int64)
     batch = source_ids.shape[0]
     own = [row_pieces(translations, source_ids)]
-    own += [np.asarray(x, np.int64).reshape(batch, -1) for x in extras if x is not None]
+    own += [_by_row(np.asarray(x, np.int64), batch) for x in extras if x is not None]
     own = np.concatenate(own, axis=1)  # [batch, P]
     ids, real = batch_shortlist(translations, frequent, source_ids, own, bucket)
     marks = np.zeros((batch, int(ids.max(initial=0)) + 1), bool)
@@ -112,6 +116,11 @@ def row_shortlists(translations, frequent, source_ids, extras=(), bucket=SHORTLI
     member = marks[:, ids] & real  # [batch, n]
     common = np.isin(ids, np.concatenate([np.asarray(frequent).reshape(-1), SPECIAL_IDS]))
     return ids, real, member | (common & real)
+
+
+def _by_row(x, batch):
+    """`x` `[batch, ...]` as `[batch, rest]`."""
+    return x.reshape(batch, int(np.prod(x.shape[1:])))
 
 
 def _sorted_union(values):
