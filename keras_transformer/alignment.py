@@ -5,7 +5,8 @@ attended pieces to words, shared by the SavedModel's graph and the LiteRT runtim
 
 The alignments themselves come from the model (`Translator`'s `alignment` output, see
 docs/guides/alignments-markup.md). Here a word alignment is a set of `(source word, target
-word)` index pairs, words being the whitespace-separated words of each side.
+word)` index pairs, words being those of each side as SentencePiece reads them
+(`keras_transformer.word_rules`; the synthetic sentences' words are plain ASCII ones).
 
 Measure a SavedModel's AER and markup transfer on the synthetic set (the quickstart's export):
 

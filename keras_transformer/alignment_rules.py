@@ -2,33 +2,24 @@
 attends to most into word alignments, written once for both engines: the SavedModel's graph
 (`export.alignment_graph`, on `keras.ops`) and the LiteRT runtime (`litert.runtime`, on
 numpy). Each takes the array namespace `xp` it runs on first (`keras.ops`, or
-`constraint_rules.NUMPY`). Imports numpy and `constraint_rules` only: the LiteRT runtime loads
-neither TensorFlow nor Keras.
+`constraint_rules.NUMPY`). Pieces map to words by `keras_transformer.word_rules` (`word_indices`
+and `piece_flags` are its own, re-exported here). Imports numpy, `constraint_rules` and
+`word_rules` only: the LiteRT runtime loads neither TensorFlow nor Keras.
 """
 
 import numpy as np
 
 from keras_transformer.constraint_rules import NUMPY
+from keras_transformer.word_rules import WORD_MARKER, piece_flags, word_indices
 
-WORD_MARKER = "\u2581"  # SentencePiece's "▁", the start of a word
-
-
-def word_indices(xp, is_text, lone, marked):
-    """bool `[r, L]` flags of pieces -> `(word int32 [r, L], starts bool [r, L])`: the index of
-    the whitespace-separated word of the detokenized text that each piece belongs to (-1 for a
-    piece that is not text) and whether it begins that word.
-
-    `is_text`: the pieces that are text (not EOS, not padding); `lone`: a piece that is the
-    word marker "▁" alone; `marked`: a piece starting with it. A piece begins a word when it is
-    marked (or follows a lone "▁", or is the first text piece); a lone "▁" belongs to the word
-    before."""
-    after_lone = xp.concatenate([xp.ones_like(lone[:, :1]), lone[:, :-1]], axis=1)
-    text = xp.logical_and(is_text, xp.logical_not(lone))
-    # The first text piece always begins a word.
-    first = xp.logical_and(text, xp.equal(xp.cumsum(xp.cast(text, "int32"), axis=1), 1))
-    starts = xp.logical_and(text, xp.logical_or(first, xp.logical_or(marked, after_lone)))
-    word = xp.maximum(xp.cumsum(xp.cast(starts, "int32"), axis=1) - 1, 0)
-    return xp.where(is_text, word, -1), starts
+__all__ = [
+    "WORD_MARKER",
+    "numpy_word_alignment",
+    "piece_flags",
+    "word_alignment",
+    "word_indices",
+    "word_pairs",
+]
 
 
 def word_alignment(xp, piece, source_word, target_word, starts, words_out, words_in):
@@ -56,25 +47,19 @@ def word_alignment(xp, piece, source_word, target_word, starts, words_out, words
     return alignment, xp.sum(xp.cast(starts, "int32"), axis=1)
 
 
-def piece_flags(pieces):
-    """`(lone, marked)` bool numpy `[V]` of a vocabulary's piece strings (`word_indices`)."""
-    lone = np.array([p == WORD_MARKER for p in pieces], bool)
-    marked = np.array([p.startswith(WORD_MARKER) for p in pieces], bool)
-    return lone, marked
-
-
 def numpy_word_alignment(piece, source_ids, ids, flags, special, words_out, words_in):
     """`word_alignment` in numpy from ids (the LiteRT runtime's road): `piece` int32 `[r, T]`,
     `source_ids` `[r, S]` and `ids` `[r, T]` (padded), `flags` `piece_flags` of the
-    vocabulary, `special` the ids that are not text (padding, EOS)."""
-    lone, marked = flags
+    vocabulary (`piece_flags`), `special` the ids that are not text (padding, EOS)."""
+    lone, marked, unknown = flags
 
-    def words(x):
+    def words(x, translation):
         x = np.asarray(x)
-        return word_indices(NUMPY, ~np.isin(x, special), lone[x], marked[x])
+        found = unknown[x] if translation else None  # " ⁇ " is a word of a translation only
+        return word_indices(NUMPY, ~np.isin(x, special), lone[x], marked[x], found)
 
-    source_word, _ = words(source_ids)
-    target_word, starts = words(ids)
+    source_word, _ = words(source_ids, False)
+    target_word, starts = words(ids, True)
     return word_alignment(NUMPY, np.asarray(piece), source_word, target_word, starts,
                           words_out, words_in)  # fmt: skip
 

@@ -20,18 +20,22 @@ Matching, the same in `annotate` and `annotate_graph`:
   text unchanged.
 
 `TAGS` are kept whole by the tokenizer: `prepare` trains the vocabulary with them as
-SentencePiece `user_defined_symbols`. A term holding a tag or a control character is refused.
+SentencePiece `user_defined_symbols`. A term that is empty (nothing but SentencePiece's
+whitespace, `word_rules.SPACES`: it holds no word), holds a tag or a control character is
+refused, by `annotate` and `annotate_graph` alike (`REFUSED`, one list of patterns both read);
+in the graph an entry whose two terms are "" is padding, not an entry.
 """
 
 import random
 import re
+
+from keras_transformer.word_rules import SPACES
 
 START, SEPARATOR, END = "<term>", "<trans>", "</term>"
 TAGS = (START, SEPARATOR, END)
 # Marks an annotation while the glossary is applied (the nth term: OPEN, n + 1 x FILL, CLOSE).
 _OPEN, _FILL, _CLOSE = "\x01", "\x02", "\x03"
 _MARKS = re.compile("[\x01-\x05]")
-_CONTROL = re.compile("[\x00-\x1f\x7f]")
 # A term's boundaries in the graph's annotation (`_bounded`): no word character (Python's `\w`:
 # letters, digits, `_`) on either side.
 _BEFORE_WORD, _AFTER_WORD = "\x04", "\x05"
@@ -41,14 +45,23 @@ class GlossaryError(ValueError):
     """A glossary that cannot be used: unreadable, malformed, or a term that is refused."""
 
 
+# The terms refused, as `(pattern a refused term matches whole, why)`: patterns that Python's `re`
+# and RE2 (`annotate_graph`) read alike. Empty: nothing but whitespace as SentencePiece reads it
+# (the literal characters of `word_rules.SPACES`, none special in a character class).
+REFUSED = (
+    ("[" + "".join(map(chr, SPACES)) + "]*", "is empty"),
+    ("[\\s\\S]*(?:" + "|".join(re.escape(tag) for tag in TAGS) + ")[\\s\\S]*",
+     f"holds an annotation tag {TAGS}"),
+    ("[\\s\\S]*[\\x00-\\x1f\\x7f][\\s\\S]*", "holds a control character"),
+)  # fmt: skip
+
+
 def check_term(term, where="glossary"):
-    """Raises `GlossaryError` for a term that is empty, holds a tag or a control character."""
-    if not term.strip():
-        raise GlossaryError(f"{where}: an empty term")
-    if any(tag in term for tag in TAGS):
-        raise GlossaryError(f"{where}: the term {term!r} holds an annotation tag {TAGS}")
-    if _CONTROL.search(term):
-        raise GlossaryError(f"{where}: the term {term!r} holds a control character")
+    """Raises `GlossaryError` for a term that is empty, holds a tag or a control character
+    (`REFUSED`, the graph's refusals too)."""
+    for pattern, why in REFUSED:
+        if re.fullmatch(pattern, term):
+            raise GlossaryError(f"{where}: the term {term!r} {why}")
 
 
 def entries(glossary):
@@ -189,17 +202,20 @@ def annotate_graph(text, sources, targets):
             whose source term is "" is none).
 
     Returns:
-        tf.string `[n]`, equal to `annotate` of each row with its entries; a term holding a tag
-        or a control character fails with `InvalidArgumentError`.
+        tf.string `[n]`, equal to `annotate` of each row with its entries; a term that
+        `annotate` refuses (`REFUSED`: empty, holding a tag or a control character) in an entry
+        that is not padding (both terms "") fails with `InvalidArgumentError`.
     """
     import tensorflow as tf
 
-    bad = "|".join(re.escape(tag) for tag in TAGS) + "|[\\x00-\\x1f\\x7f]"
-    terms = tf.concat([tf.reshape(sources, [-1]), tf.reshape(targets, [-1])], 0)
-    refused = tf.reduce_any(tf.strings.regex_full_match(terms, f".*({bad}).*"))
+    entry = tf.logical_or(tf.not_equal(sources, ""), tf.not_equal(targets, ""))
+    refused = tf.zeros_like(entry)
+    for terms in (sources, targets):
+        for pattern, _ in REFUSED:
+            refused = tf.logical_or(refused, tf.strings.regex_full_match(terms, pattern))
     check = tf.debugging.Assert(
-        tf.logical_not(refused),
-        [f"a glossary term holds an annotation tag {TAGS} or a control character"],
+        tf.logical_not(tf.reduce_any(tf.logical_and(entry, refused))),
+        [f"a glossary term is empty, holds an annotation tag {TAGS} or a control character"],
     )
     with tf.control_dependencies([check]):
         text = tf.identity(text)

@@ -2,8 +2,8 @@
 translated, and the tags are put back around the target words aligned to the source words they
 wrapped (the word alignments of `Translator`'s `alignment` output).
 
-- `strip_markup(text, kind)`: the source's plain text (entities decoded, whitespace collapsed);
-  `MarkupError` for malformed markup.
+- `strip_markup(text, kind)`: the source's plain text (entities decoded, its words joined by
+  single spaces); `MarkupError` for malformed markup.
 - `transfer_tags(source_markup, translation, alignment, kind)`: the translation with the
   source's tags put back. Standalone: a TF Serving client that gets the `alignment` output
   calls it with the source markup it sent (stripped) and the answer. A SavedModel exported
@@ -22,7 +22,11 @@ innermost open element of the same name (HTML and XML: in any case); an end tag 
 nothing or another element, or an element never closed, is malformed markup. In HTML, `<br>`
 and `<hr>` separate the words around them.
 
-Words are the whitespace-separated words of the plain text and of the translation. A pair of
+Words are those of the plain text and of the translation as SentencePiece reads them
+(`keras_transformer.word_rules`, the rule of the alignments' word indices): its whitespace, not
+Python's (a zero-width space separates words, U+001C and U+0085 do not; characters its
+normaliser deletes are skipped), and an unknown piece of the translation (" ⁇ ") a word of its
+own. A pair of
 tags wraps every source word whose characters it covers, even in part. In the translation it
 wraps the span from the first to the last target word aligned to one of those words, so every
 tag appears exactly once and elements nest properly: a child stays inside its parent, and of
@@ -43,6 +47,7 @@ import warnings
 import numpy as np
 
 from keras_transformer import markup_rules as rules
+from keras_transformer import word_rules
 
 KINDS = ("html", "xml")
 
@@ -59,7 +64,8 @@ TAG_PATTERN = r"<!--[\s\S]*?-->|<![^>]*>|<\?[^>]*>|</?[a-zA-Z](?:[^>\"']|\"[^\"]
 NAME_PATTERN = r"</?([^\s/>]+)"
 # What malformed markup is read as (`plain_text`): anything tag-like is a space.
 TAG_LIKE_PATTERN = r"<[^>]*>?"
-# Python's whitespace (`str.isspace`, which `str.split` splits at).
+# Python's whitespace (`str.isspace`): what ends a tag's name (`NAME_PATTERN`'s `\s`). Words are
+# separated by SentencePiece's (`word_rules`).
 WHITESPACE = (
     "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680"
     + "".join(map(chr, range(0x2000, 0x200B)))
@@ -142,15 +148,17 @@ def _parse(text, kind):
     token, void, parent, begin, finish = elements
     starts = [found[int(i)][1] for i in token]
     ends = ["" if v else f"</{_NAME.match(tag).group(1)}>" for tag, v in zip(starts, void)]
-    is_space = np.fromiter((c.isspace() for c in plain), dtype=bool, count=len(plain))
-    inputs = (void, parent, begin, finish, *rules.word_spans(rules.NUMPY, is_space))
+    codes = np.fromiter(map(ord, plain), dtype=np.int32, count=len(plain))
+    classes = word_rules.character_classes(rules.NUMPY, codes)
+    inputs = (void, parent, begin, finish, *rules.word_spans(rules.NUMPY, classes))
     return _Parsed(plain, starts, ends, inputs)
 
 
 def strip_markup(text, kind="html"):
-    """The plain text of `text` (tags removed, entities decoded, whitespace collapsed to single
-    spaces): what the model translates. `MarkupError` if the markup is malformed."""
-    return " ".join(_parse(text, kind).plain.split())
+    """The plain text of `text` (tags removed, entities decoded, its words joined by single
+    spaces: `word_rules.join_words`): what the model translates. `MarkupError` if the markup
+    is malformed."""
+    return word_rules.join_words(_parse(text, kind).plain)
 
 
 def plain_text(text, kind="html"):
@@ -162,7 +170,7 @@ def plain_text(text, kind="html"):
         warnings.warn(
             f"malformed markup translated as plain text: {e}", MarkupWarning, stacklevel=2
         )
-        return " ".join(html.unescape(re.sub(TAG_LIKE_PATTERN, " ", text)).split())
+        return word_rules.join_words(html.unescape(re.sub(TAG_LIKE_PATTERN, " ", text)))
 
 
 def element_words(text, kind="html"):
@@ -208,7 +216,7 @@ def transfer_tags(source_markup, translation, alignment, kind="html"):
 
     Args:
         source_markup: the source with its markup, as given to be translated.
-        translation: the translation of its plain text.
+        translation: the translation of its plain text (its words: `word_rules.text_words`).
         alignment: for each word of the translation, the index of the plain source word it is
             aligned to (-1: none; the `alignment` output of `serving_default`, -1 padded), or
             `(source word, target word)` pairs.
@@ -222,7 +230,7 @@ def transfer_tags(source_markup, translation, alignment, kind="html"):
     >>> transfer_tags("a <b>red</b> cat", "un chat rouge", [0, 2, 1])
     'un chat <b>rouge</b>'
     """
-    words = translation.split()
+    words = word_rules.text_words(translation)
     try:
         parsed = _parse(source_markup, kind)
     except MarkupError as e:
@@ -260,7 +268,7 @@ def translate_markup(translate, texts, kind="html"):
     marked = [
         transfer_tags(text, translation, alignment, kind)
         if ok
-        else html.escape(" ".join(translation.split()), quote=False)
+        else html.escape(word_rules.join_words(translation), quote=False)
         for text, translation, alignment, ok in zip(texts, translations, alignments, valid)
     ]
     return marked, alignments

@@ -1,13 +1,14 @@
 """Where the tags of a translated text go: the rules of `keras_transformer.markup` on arrays,
 written once for every engine. Each function takes the array namespace `xp` it runs on first:
 `constraint_rules.NUMPY` (the Python road: `markup.transfer_tags`, the LiteRT runtime) or
-`keras.ops` (a graph). Imports numpy and `constraint_rules` only.
+`keras.ops` (a graph). Imports numpy, `constraint_rules` and `word_rules` only.
 
 One text at a time. Its elements are listed in document order (a parent before its children):
 `void` bool `[E]` (self-closing tags, comments, declarations: no end tag), `parent` int32 `[E]`
 (-1: top level), and the character span `[begin, finish)` of the plain text each covers (a void
 one: `begin == finish`, where it stands). The plain text's words are the character spans
-`[word_begin, word_end)`; the translation has `n` words, and `alignment` int32 `[n]` gives
+`[word_begin, word_end)` (`word_spans`, `keras_transformer.word_rules`' rule of what a word
+is, re-exported here); the translation has `n` words, and `alignment` int32 `[n]` gives
 each one's source word (-1: none).
 
 The rules (the module docstring of `keras_transformer.markup` says them in words):
@@ -23,6 +24,7 @@ The rules (the module docstring of `keras_transformer.markup` says them in words
 """
 
 from keras_transformer.constraint_rules import NUMPY
+from keras_transformer.word_rules import word_spans
 
 __all__ = [
     "NUMPY",
@@ -86,19 +88,6 @@ def _select(xp, mask):
 def _append(xp, x, value):
     """`x` `[T]` with `value` appended: `[T + 1]` (so that index `T` is valid)."""
     return xp.concatenate([x, xp.full((1,), value, dtype=x.dtype)])
-
-
-def word_spans(xp, is_space):
-    """`(begin, end)` int32: the character spans of the words (runs of characters that are not
-    whitespace) of a text, from bool `is_space` `[L]` of its characters."""
-    count = _dim(xp, is_space)
-    text = xp.logical_not(is_space)
-    edge = xp.zeros((1,), dtype="bool")
-    previous = xp.concatenate([edge, text])[:count]
-    following = xp.concatenate([text, edge])[1:]
-    starts = xp.logical_and(text, xp.logical_not(previous))
-    ends = xp.logical_and(text, xp.logical_not(following))
-    return _select(xp, starts), _select(xp, ends) + 1
 
 
 def structure(xp, kind, name, length):

@@ -31,19 +31,19 @@ MARKER = "\u2581"
 
 def _reference_words(pieces):
     """Python reference of the piece -> word map: a piece starting with the word marker begins
-    a word (as does the first one, and one after a lone marker); a lone marker joins the word
-    before."""
+    a word (as does the first one, and one after a lone marker); a lone marker belongs to the
+    word after it (-1: none follows)."""
     words, index, after_lone = [], -1, True
     for piece in pieces:
         if piece == MARKER:
-            words.append(max(index, 0))
+            words.append(index + 1)
             after_lone = True
             continue
         if index < 0 or piece.startswith(MARKER) or after_lone:
             index += 1
         words.append(index)
         after_lone = False
-    return words
+    return [w if w <= index else -1 for w in words]
 
 
 def _reference_alignment(model, source_text, output_ids, layer):
@@ -111,7 +111,7 @@ class _Pieces:
         (["▁red", "▁app", "le", "▁cat"], [0, 1, 1, 2]),
         (["▁", "(", "x", "▁y"], [0, 0, 0, 1]),  # a lone marker starts the word after it
         (["a", "b", "▁c"], [0, 0, 1]),  # no marker on the first piece
-        (["▁a", "▁", "▁b"], [0, 0, 1]),  # a lone marker inside joins the word before
+        (["▁a", "▁", "▁b"], [0, 1, 1]),  # a lone marker inside belongs to the word after
     ],
 )
 def test_pieces_map_to_the_words_of_the_detokenized_text(pieces, expected):
@@ -133,7 +133,7 @@ def test_pieces_map_to_the_words_of_the_detokenized_text(pieces, expected):
         (["▁red", "▁app", "le", "▁cat"], [0, 1, 1, 2]),
         (["▁", "(", "x", "▁y"], [0, 0, 0, 1]),
         (["a", "b", "▁c"], [0, 0, 1]),
-        (["▁a", "▁", "▁b"], [0, 0, 1]),
+        (["▁a", "▁", "▁b"], [0, 1, 1]),
     ],
 )
 def test_the_litert_runtimes_numpy_rules_map_pieces_as_the_graph(pieces, expected):
@@ -166,6 +166,66 @@ def test_the_numpy_rules_break_ties_to_the_first_piece_and_skip_no_text():
     piece = np.array([[3, 0, 3, 4, 4, 4]])
     alignment, words = numpy_word_alignment(piece, ids, ids, flags, (0, 1), 5, 5)
     assert words.tolist() == [3] and alignment.tolist() == [[2, 0, -1, -1, -1]]
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        ["▁a", "▁", "x", "▁b"],  # a lone marker before a piece with no marked form
+        ["▁", "(", "▁a", "▁", "▁b", "c"],
+        ["▁a", "▁", "x", "▁", "y", "▁"],
+    ],
+)
+def test_a_lone_marker_is_in_the_same_word_for_training_and_the_export(pieces):
+    """Guided-alignment training (`data.alignments.word_of_pieces`, the links it teaches) and
+    the export's alignments (the graph's `word_indices`, the LiteRT runtime's numpy rules) put
+    every piece, a lone "▁" included, in the same word: the word after a lone "▁"."""
+    import tensorflow as tf
+
+    from keras_transformer.alignment_rules import numpy_word_alignment, piece_flags
+    from keras_transformer.data.alignments import word_of_pieces
+    from keras_transformer.export.alignment_graph import word_indices
+
+    training = word_of_pieces(pieces)
+    ids = tf.constant([list(range(len(pieces)))])
+    graph, _ = word_indices(_Pieces(pieces), ids, tf.ones_like(ids, tf.bool))
+    assert graph.numpy().tolist() == [training]
+    # The runtime's road: every piece attending to one source piece gets that piece's word.
+    vocab = ["<pad>", "</s>", *pieces]
+    source = np.array([list(range(2, len(vocab))) + [1]])
+    content = next(k for k, p in enumerate(pieces) if p != MARKER)
+    target = np.array([[2 + content, 1]])  # one target word
+    for k, word in enumerate(training):
+        piece = np.array([[k, k]])
+        flags = piece_flags(vocab)
+        alignment, _ = numpy_word_alignment(piece, source, target, flags, (0, 1), 2, 8)
+        assert alignment.tolist() == [[word, -1]]
+
+
+def test_an_unknown_piece_of_the_translation_is_a_word_of_its_own():
+    """A translation's `<unk>` is detokenized " ⁇ ", a word of the translation: the words
+    after it keep their indices (in the graph and in the LiteRT runtime's numpy rules), while
+    in a source unknown characters belong to the word they are in."""
+    import tensorflow as tf
+
+    from keras_transformer.alignment_rules import numpy_word_alignment, piece_flags
+    from keras_transformer.export.alignment_graph import word_indices
+
+    vocab = ["<pad>", "</s>", "<unk>", "▁cat", "▁dog", "s"]
+    sp = fx.spm_processor()
+    assert sp.decode([sp.piece_to_id("▁cat"), 1, sp.piece_to_id("▁dog")]).split() == [
+        "cat", "\u2047", "dog"
+    ]  # fmt: skip
+    # Source "cat€ dogs" (€ unknown: 2 words); translation "cat ⁇ dogs" (3 words).
+    ids = np.array([[3, 2, 4, 5, 1]])
+    identity = np.arange(5)[None]
+    alignment, words = numpy_word_alignment(identity, ids, ids, piece_flags(vocab), (0, 1), 4, 4)
+    assert words.tolist() == [3] and alignment.tolist() == [[0, 0, 1, -1]]
+    is_text = tf.constant([[True] * 4 + [False]])
+    target, starts = word_indices(_Pieces(vocab), tf.constant(ids), is_text, translation=True)
+    assert target.numpy().tolist() == [[0, 1, 2, 2, -1]]
+    source, _ = word_indices(_Pieces(vocab), tf.constant(ids), is_text)
+    assert source.numpy().tolist() == [[0, 0, 1, 1, -1]]
 
 
 # ------------------------------------------------------------------ the model's alignments
@@ -322,6 +382,43 @@ def test_tags_follow_the_alignment():
     assert transfer_tags("a <b>red</b> cat", "un chat rouge", [(0, 0), (2, 1), (1, 2)]) == (
         "un chat <b>rouge</b>"
     )
+
+
+def _source_words(plain):
+    """The words SentencePiece's pieces of `plain` hold (the alignments' source words)."""
+    from keras_transformer.data.alignments import word_of_pieces
+
+    return max(word_of_pieces(fx.spm_processor().encode(plain, out_type=str)), default=-1) + 1
+
+
+def test_a_zero_width_space_separates_words_as_for_sentencepiece():
+    """A zero-width space (U+200B, common in HTML) is a space to SentencePiece: the words the
+    tags wrap are the alignments' words, so `<b>` and `<i>` stay on their own words."""
+    source = "<b>a</b>\u200bb <i>c</i>"
+    plain = strip_markup(source)
+    assert plain == "a b c" and _source_words(plain) == 3
+    assert transfer_tags(source, "A B C", [0, 1, 2]) == "<b>A</b> B <i>C</i>"
+    assert transfer_tags(source, "C\u200bB A", [2, 1, 0]) == "<i>C</i> B <b>A</b>"
+
+
+@pytest.mark.parametrize("character", ["\x1c", "\x0b", "\x85"])
+def test_characters_python_splits_at_but_sentencepiece_does_not_join_words(character):
+    """U+001C and U+000B (deleted by SentencePiece's normaliser) and U+0085 (kept as text)
+    are whitespace to Python's `str.split` but join the letters around them into one word of
+    the pieces, so they do in markup too."""
+    source = f"<b>a</b>{character}b <i>c</i>"
+    plain = strip_markup(source)
+    assert plain.split(" ") == [f"a{character}b", "c"] and _source_words(plain) == 2
+    assert transfer_tags(source, "AB C", [0, 1]) == "<b>AB</b> <i>C</i>"
+    assert transfer_tags(source, f"C A{character}B", [1, 0]) == f"<i>C</i> <b>A{character}B</b>"
+
+
+def test_an_unknown_piece_of_the_translation_keeps_the_later_tags_on_their_words():
+    """The translation's `<unk>` (" ⁇ ") is a word, in the alignment as in markup: the tags
+    after it land on the words aligned to their source words."""
+    translation = "A \u2047  B C"  # as SentencePiece detokenizes [▁A, <unk>, ▁B, ▁C]
+    out = transfer_tags("a <b>b</b> <i>c</i>", translation, [0, -1, 1, 2])
+    assert out == "A \u2047 <b>B</b> <i>C</i>"
 
 
 def test_self_closing_tags_go_before_the_word_aligned_to_the_word_after_them():

@@ -142,6 +142,26 @@ def test_graph_annotation_equals_the_python_one():
         g.annotate_graph(tf.constant(["x"]), tf.constant([["x"]]), tf.constant([["<term>"]]))
 
 
+@pytest.mark.parametrize(
+    "source, target",
+    [("x", ""), ("x", " "), ("x", "\u200b\u3000"), ("", "y"), (" ", "y"), ("x", "a\x01")],
+)
+def test_the_graph_refuses_the_terms_python_refuses(source, target):
+    """An empty target term (or one of nothing but SentencePiece's whitespace), an empty
+    source term with a target (not padding): refused by `annotate` and by the graph alike."""
+    import tensorflow as tf
+
+    with pytest.raises(g.GlossaryError, match="is empty|control"):
+        g.annotate("x y", {source: target})
+    with pytest.raises(tf.errors.InvalidArgumentError, match="is empty"):
+        g.annotate_graph(tf.constant(["x y"]), tf.constant([[source]]), tf.constant([[target]]))
+    # Padding (both terms "") is no entry.
+    pad = tf.constant([["x", ""]]), tf.constant([["X", ""]])
+    assert g.annotate_graph(tf.constant(["x y"]), *pad).numpy().tolist() == [
+        g.annotate("x y", {"x": "X"}).encode()
+    ]
+
+
 def test_graph_annotation_equals_the_python_one_on_random_texts():
     """Random texts over letters, digits, `_`, spaces and punctuation, each with terms cut from
     it (touching, overlapping, starting or ending with punctuation): the graph's word

@@ -55,6 +55,24 @@ def test_alignment_lines_follow_the_corpus_lines_a_skipped_pair_included(tmp_pat
     assert out == [("a b", "x y", [(0, 1), (1, 0)]), ("c d e", "u v", [(2, 1)])]
 
 
+def test_alignment_lines_count_the_words_sentencepiece_reads():
+    """The words an alignment line names are SentencePiece's, as the export's alignments'
+    are: a zero-width space separates two, U+001C (deleted) and U+0085 (kept) do not; each
+    link maps to the pieces of those words."""
+    import pathlib
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as directory:
+        out = _stream(pathlib.Path(directory), ["a\u200bb c"], ["x\x1cy z\x85w"], ["2-1 1-0"])
+    assert out == [("a\u200bb c", "x\x1cy z\x85w", [(2, 1), (1, 0)])]
+    with tempfile.TemporaryDirectory() as directory, pytest.raises(DataError, match="0-2 is out"):
+        _stream(pathlib.Path(directory), ["a\u200bb c"], ["x\x1cy z\x85w"], ["0-2"])
+    pieces = ["\u2581a", "\u2581b", "\u2581c"], ["\u2581xy", "\u2581z", "\x85", "w"]
+    source, target = (al.word_of_pieces(p) for p in pieces)
+    links = al.piece_links([(2, 1), (1, 0)], source, target, "here")
+    assert links == [(1, 0), (2, 1), (2, 2), (2, 3)]
+
+
 @pytest.mark.parametrize(
     "lines, message",
     [

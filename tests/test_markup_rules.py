@@ -120,6 +120,9 @@ HOSTILE = [
     "fish &amp; chips &eacute;t&eacute; &lt;3 &ampx &notit; &#x41;&#65 &#0;&#128;&#xD800;",
     "tab\tand\u00a0nbsp\u2003em\u3000ideographic  spaces",
     "<p>caf\u00e9 <b>na\u00efve</b></p>\u00a0",
+    # SentencePiece's separators, and Python's that are not its own (`word_rules`).
+    "<b>a</b>\u200bb \ufeff<i>c\x1cd</i>\x0be\x85f \x01 g\u00a8h\u00a8 &#8203;i",
+    "<u>x\u2581y</u>\ufffd\u061c<b>\x1c</b> z",
 ]
 
 

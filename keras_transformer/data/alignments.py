@@ -2,8 +2,9 @@
 training (`train.guided_alignment_weight`).
 
 The file is in the Pharaoh form of fast_align, eflomal and awesome-align: one line per line of
-the training corpus, `i-j` pairs separated by spaces (source word `i`, target word `j`, words
-being the whitespace-separated words of each side, from 0); an empty line aligns nothing.
+the training corpus, `i-j` pairs separated by spaces (source word `i`, target word `j`, from 0;
+words being those of each side as SentencePiece's normaliser separates them,
+`keras_transformer.word_rules`: its whitespace, not Python's); an empty line aligns nothing.
 `prepare` reads it in step with the corpus (`with_alignments`), maps each word link to the
 links of the words' SentencePiece pieces (`piece_links`: a piece belongs to the word it is in)
 and stores them in the pair's record (`encoding`), so the batches, a resume's data position
@@ -11,8 +12,18 @@ included, carry each pair's links with it.
 """
 
 from keras_transformer.errors import DataError
+from keras_transformer.word_rules import WORD_MARKER, piece_words, text_words
 
-WORD_MARKER = "\u2581"  # SentencePiece's "▁"
+__all__ = [
+    "WORD_MARKER",
+    "check_corpus",
+    "has_links",
+    "parse_line",
+    "piece_links",
+    "record",
+    "with_alignments",
+    "word_of_pieces",
+]
 
 
 def parse_line(line, where):
@@ -56,7 +67,7 @@ def with_alignments(pairs, counter, path, spec):
             except UnicodeDecodeError:
                 raise DataError(f"{where}: invalid UTF-8") from None
             links = parse_line(text, where)
-            words = len(source.split()), len(target.split())
+            words = len(text_words(source)), len(text_words(target))
             for i, j in links:
                 if i >= words[0] or j >= words[1]:
                     raise DataError(
@@ -92,16 +103,11 @@ def check_corpus(train):
 
 
 def word_of_pieces(pieces):
-    """The word index of each piece of a sentence's SentencePiece pieces (strings): a piece
-    starting with "▁" begins a word (a lone "▁" begins the word of the piece after it), and so
-    does the first piece."""
-    words, word, after_lone = [], -1, False
-    for k, piece in enumerate(pieces):
-        if k == 0 or (piece.startswith(WORD_MARKER) and not after_lone):
-            word += 1
-        words.append(word)
-        after_lone = piece == WORD_MARKER
-    return words
+    """The word index of each piece of a sentence's SentencePiece pieces (strings):
+    `keras_transformer.word_rules.piece_words`, the rule of the export's alignments (a piece
+    starting with "▁" begins a word, a lone "▁" begins the word of the piece after it, and so
+    does the first piece)."""
+    return piece_words(pieces)
 
 
 def piece_links(links, source_words, target_words, where):

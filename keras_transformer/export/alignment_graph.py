@@ -4,7 +4,7 @@
 import tensorflow as tf
 from keras import ops
 
-from keras_transformer import alignment_rules
+from keras_transformer import alignment_rules, word_rules
 from keras_transformer.models.guided_alignment import resolve_alignment_layer
 
 
@@ -15,15 +15,17 @@ def alignment_layer(model, layer):
     return resolve_alignment_layer(len(model.decoder.blocks), layer)
 
 
-def word_indices(tokenizer, ids, is_text):
+def word_indices(tokenizer, ids, is_text, translation=False):
     """int32 `[r, L]` piece ids (`is_text`: the pieces that are text) -> `(word [r, L],
-    starts [r, L])`: `keras_transformer.alignment_rules.word_indices` (the rule both engines share)
-    on the pieces' strings."""
-    marker = alignment_rules.WORD_MARKER.encode()
+    starts [r, L])`: `keras_transformer.word_rules.word_indices` (the rule every engine and
+    road shares) on the pieces' strings; `translation`: the pieces of a translation, whose
+    unknown pieces are words of their own (detokenized " ⁇ ")."""
+    marker = word_rules.WORD_MARKER.encode()
     pieces = tokenizer.id_to_string(ids)  # tf.string [r, L]
     lone = tf.equal(pieces, marker)
     marked = tf.equal(tf.strings.substr(pieces, 0, len(marker)), marker)
-    return alignment_rules.word_indices(ops, is_text, lone, marked)
+    unknown = tf.equal(pieces, word_rules.UNKNOWN_PIECE) if translation else None
+    return word_rules.word_indices(ops, is_text, lone, marked, unknown)
 
 
 def _text_pieces(ids, settings):
@@ -63,7 +65,7 @@ def alignment_chunk(translator, tokenizer, source, ids):
     model, layer = translator.model, translator.alignment_layer
     piece = attended_pieces(model, layer, source_ids, flat, settings)
     source_word, _ = word_indices(tokenizer, source_ids, _text_pieces(source_ids, settings))
-    target_word, starts = word_indices(tokenizer, flat, _text_pieces(flat, settings))
+    target_word, starts = word_indices(tokenizer, flat, _text_pieces(flat, settings), True)
     words_out, words_in = translator.max_target_length, translator.max_source_length
     aligned, words = alignment_rules.word_alignment(
         ops, piece, source_word, target_word, starts, words_out, words_in

@@ -17,7 +17,7 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 from keras import ops
 
-from keras_transformer import markup
+from keras_transformer import markup, word_rules
 from keras_transformer import markup_rules as rules
 from keras_transformer.data.pipeline import valid_utf8
 
@@ -30,7 +30,6 @@ _DIGITS = r"^&#[xX]?0*([0-9a-fA-F]*);?$"
 _LEGACY = sorted((k for k in html.entities.html5 if not k.endswith(";")), key=len, reverse=True)
 _PREFIXED = rf"^&({'|'.join(_LEGACY)})([\s\S]*)$"
 _MISSING = "\x00"
-_SPACE = f"[{markup.WHITESPACE}]"
 _NAME = f"^</?([^{markup.WHITESPACE}/>]+)[\\s\\S]*$"
 _REPLACEMENT = "\ufffd"
 
@@ -123,10 +122,23 @@ def unescape(texts, tables):
     return tf.strings.reduce_join(pieces.with_flat_values(value), axis=1)
 
 
+def _word_spans(text):
+    """`(begin, end)` int32 `[W]`: the character spans of the words of one text
+    (`word_rules.word_spans`)."""
+    characters = tf.strings.unicode_decode(text, "UTF-8")
+    return word_rules.word_spans(ops, word_rules.character_classes(ops, characters))
+
+
+def words(text):
+    """tf.string `[W]`: the words of one text (`word_rules.text_words`)."""
+    begin, end = _word_spans(text)
+    return tf.strings.substr(tf.fill(tf.shape(begin), text), begin, end - begin, "UTF8_CHAR")
+
+
 def collapse(texts):
-    """tf.string `[n]`: `" ".join(text.split())` of each text (Python's whitespace)."""
-    single = tf.strings.regex_replace(texts, f"{_SPACE}+", " ")
-    return tf.strings.regex_replace(single, "^ | $", "")
+    """tf.string `[n]`: `word_rules.join_words` of each text (SentencePiece's whitespace)."""
+    joined = lambda text: tf.strings.reduce_join(words(text), separator=" ")  # noqa: E731
+    return tf.map_fn(joined, texts, fn_output_signature=tf.TensorSpec([], tf.string))
 
 
 def escape(texts):
@@ -173,10 +185,7 @@ def _parse(text, is_html, tables):
     plain = tf.strings.reduce_join(plain)
     starts = tf.gather(pieces, token)
     ends = tf.where(void, "", tf.strings.regex_replace(starts, _NAME, r"</\1>"))
-    characters = tf.strings.unicode_decode(plain, "UTF-8")
-    whitespace = tf.constant([ord(c) for c in markup.WHITESPACE], tf.int32)
-    is_space = tf.reduce_any(tf.equal(tf.expand_dims(characters, 1), whitespace), 1)
-    inputs = (void, parent, begin, finish, *rules.word_spans(ops, is_space))
+    inputs = (void, parent, begin, finish, *_word_spans(plain))
     return tf.equal(verdict, rules.WELL_FORMED), plain, tf.stack([starts, ends]), inputs
 
 
@@ -202,12 +211,12 @@ def plain_texts(text, is_html, tables):
 def _with_tags(text, is_html, translation, alignment, tables):
     """One translation with its source's tags (`markup.transfer_tags`)."""
     _, _, tags, inputs = _parse(text, is_html, tables)
-    words = tf_text.regex_split(tf.reshape(translation, [1]), f"{_SPACE}+").flat_values
-    n = tf.size(words)
+    target = words(translation)
+    n = tf.size(target)
     alignment = tf.concat([alignment[:n], -tf.ones([n], tf.int32)], 0)[:n]
     keys = rules.transfer(ops, *inputs, alignment)
     open_key, close_key, _, word_key, space_key = keys
-    items = tf.concat([tags[0], tags[1], escape(words), tf.fill([tf.maximum(n - 1, 0)], " ")], 0)
+    items = tf.concat([tags[0], tags[1], escape(target), tf.fill([tf.maximum(n - 1, 0)], " ")], 0)
     order = tf.argsort(tf.concat([open_key, close_key, word_key, space_key[1:]], 0))
     return tf.strings.reduce_join(tf.gather(items, order))
 

@@ -406,8 +406,9 @@ class Translator(tf.Module):
                 per text: false where they could not all be met, and the translation is then
                 the unconstrained one).
             alignments: the answer also holds `alignment`: per text, its word alignment as
-                `(source word, target word)` pairs (Moses' `i-j`), words being the
-                whitespace-separated words of the (plain) source and of the translation.
+                `(source word, target word)` pairs (Moses' `i-j`), words being those of the
+                (plain) source and of the translation as SentencePiece reads them
+                (`keras_transformer.word_rules`).
                 Needs a Translator built with `alignments=True`.
             markup: "html" or "xml": the texts carry markup; the plain text is translated
                 and the tags put back by the alignment (`keras_transformer.markup`). Malformed
