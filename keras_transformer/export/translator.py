@@ -94,6 +94,17 @@ class _ShortlistTable(tf.Module):
         self.settings = _Untracked(dict(sorted(settings.items())))
 
 
+def _shortlist_table(table, model, model_proto):
+    """The `_ShortlistTable` of a lexical table (None: None), knowing the glossary tags' ids of
+    the vocabulary `model_proto` where it keeps them: a soft glossary's target pieces enter
+    its row's shortlist (`translate_ids`)."""
+    if table is None:
+        return None
+    tags = glossary_tag_ids(model_proto)
+    glossary_ids = None if tags is None else (tags[glossaries.SEPARATOR], tags[glossaries.END])
+    return _ShortlistTable(table, model, glossary_ids)
+
+
 class _Untracked:
     """Holds an object without making it part of the saved object graph."""
 
@@ -281,14 +292,7 @@ class Translator(tf.Module):
         self.max_length = None if max_length is None else int(max_length)
         self.jit_compile = bool(jit_compile)
         self.kernels = Kernels.get(getattr(model, "kernels", None) if kernels is None else kernels)
-        self.shortlist = None
-        if shortlist is not None:
-            # A soft glossary's target pieces enter its row's shortlist (`translate_ids`).
-            tags = glossary_tag_ids(self._spm_proto)
-            glossary_ids = None if tags is None else tuple(
-                tags[tag] for tag in (glossaries.SEPARATOR, glossaries.END)
-            )
-            self.shortlist = _ShortlistTable(shortlist, model, glossary_ids)
+        self.shortlist = _shortlist_table(shortlist, model, self._spm_proto)
         self.alignments = bool(alignments)
         self.alignment_layer = alignment_graph.alignment_layer(model, alignment_layer)
         # The search alone, compiled by XLA when asked: a nested function of every signature,
