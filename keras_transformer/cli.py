@@ -15,28 +15,13 @@ import sys
 
 from keras_transformer import commands, stopping
 from keras_transformer.commands import startup
-from keras_transformer.config import PRECISIONS
+from keras_transformer.config.formats import export_format, format_names, precisions, quantizations
 from keras_transformer.errors import (
     PREEMPTED_EXIT_CODE,
     KerasTransformerError,
     Preempted,
     first_line,
     write_refused,
-)
-
-# `export --quantization`: CTranslate2's weight types, then the LiteRT export's
-# (`keras_transformer.export.litert.QUANTIZATIONS`; `commands.flags.check_export` matches each
-# to its format).
-QUANTIZATIONS = (
-    "int8",
-    "int8_float32",
-    "int8_float16",
-    "int8_bfloat16",
-    "int16",
-    "float16",
-    "bfloat16",
-    "float32",
-    "dynamic_int8",
 )
 
 
@@ -321,16 +306,21 @@ def _add_export_command(sub, common):
     )
     p.add_argument(
         "--format",
-        choices=("saved_model", "ctranslate2", "litert"),
+        choices=format_names(),
         default="saved_model",
-        help="saved_model (TF Serving, default), ctranslate2 (needs the ctranslate2 extra) or "
-        "litert (LiteRT/TFLite for devices and small CPUs; run by the litert extra)",
+        help="; ".join(f"{name}: {export_format(name).summary}" for name in format_names()),
     )
     p.add_argument(
         "--quantization",
-        choices=QUANTIZATIONS,
-        help="ctranslate2: its weight type; litert: float32, float16 or dynamic_int8 (int8 "
-        "weights, activations quantized at run time) (default: float32 as trained)",
+        choices=quantizations(),
+        help="the weight type: "
+        + "; ".join(
+            f"{name} takes {', '.join(export_format(name).quantizations)}"
+            for name in format_names()
+            if name != "saved_model"
+        )
+        + " (litert's dynamic_int8: int8 weights, activations quantized at run time; "
+        "default: float32 as trained; a SavedModel takes --precision)",
     )
     p.add_argument(
         "--shortlist",
@@ -390,7 +380,7 @@ def _export_precision_flag(p):
     (`export.precision`)."""
     p.add_argument(
         "--precision",
-        choices=PRECISIONS,
+        choices=precisions(),
         default=None,
         help="the dtype the SavedModel holds and runs the model in (default: the workdir's "
         "export.precision, float32); bfloat16 decodes faster on CPUs with AVX512-BF16 or AMX, "

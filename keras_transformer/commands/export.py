@@ -178,6 +178,16 @@ def _flag_or_config(args, name, configured):
     return configured if flag is None else flag
 
 
+def _exporter(export_format):
+    """The registered exporter of `export_format` (`config.formats`), imported now."""
+    import importlib
+
+    from keras_transformer.config.formats import export_format as registered
+
+    module, function = registered(export_format).exporter.split(":")
+    return getattr(importlib.import_module(module), function)
+
+
 def export_command(args):
     """`keras-transformer export --workdir DIR [--average N] [--output DIR] [--beam-size K]
     [--alpha A] [--n-best N] [--max-extra-length L] [--sampling-topk K [--temperature T]
@@ -188,6 +198,7 @@ def export_command(args):
         from keras_transformer.export.ct2 import require_ctranslate2
 
         require_ctranslate2()  # before the slow part: say how to install it
+    exporter = _exporter(export_format)
     flags.check_export(args)
     select = True if getattr(args, "select_on_dev", False) else None
     startup.import_tensorflow(getattr(args, "verbose", False))
@@ -197,11 +208,11 @@ def export_command(args):
     model, steps = final.model, final.steps
     name = args.name or export_name(config, args.workdir)
     averaged = f"average of steps {', '.join(map(str, steps))}" if len(steps) > 1 else None
-    if export_format == "ctranslate2":
-        from keras_transformer.export.ct2 import export_ctranslate2
-
-        output = args.output or os.path.join(config.export.base_dir, f"{name}-ctranslate2")
-        path = export_ctranslate2(
+    if export_format == "litert":
+        return _export_litert(args, config, final, spm_bytes, name, averaged)
+    if export_format != "saved_model":  # a converted model: CTranslate2's, or a registered one
+        output = args.output or os.path.join(config.export.base_dir, f"{name}-{export_format}")
+        path = exporter(
             model,
             spm_bytes,
             output,
@@ -210,11 +221,9 @@ def export_command(args):
             flags.export_settings(config, args, final.alpha),
             shortlist=_engine_shortlist(args, config, workdir_default=True),
         )
-        print(f"converted {averaged or f'step {steps[-1]}'} to CTranslate2 in {path}")
+        print(f"converted {averaged or f'step {steps[-1]}'} to {export_format} in {path}")
         return
-    if export_format == "litert":
-        return _export_litert(args, config, final, spm_bytes, name, averaged)
-    from keras_transformer.export.saved_model import export_saved_model
+    export_saved_model = exporter
 
     settings = flags.export_settings(config, args, final.alpha)
     base_dir = args.output or config.export.base_dir

@@ -169,18 +169,9 @@ def check_export(args):
 
 
 def _check_quantization(export_format, quantization):
-    from keras_transformer.export.litert import QUANTIZATIONS as LITERT
+    from keras_transformer.config.formats import check_quantization
 
-    if quantization is None:
-        return
-    if export_format == "saved_model":
-        raise UsageError("--quantization applies to --format ctranslate2 or litert")
-    if export_format == "litert" and quantization not in LITERT:
-        raise UsageError(
-            f"--quantization {quantization}: --format litert takes {', '.join(LITERT)}"
-        )
-    if export_format == "ctranslate2" and quantization == "dynamic_int8":
-        raise UsageError("--quantization dynamic_int8 is LiteRT's: CTranslate2's int8 is int8")
+    check_quantization(export_format, quantization)
 
 
 def export_settings(config, args, chosen_alpha=None):

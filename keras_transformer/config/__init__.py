@@ -20,6 +20,7 @@ import typing
 import yaml
 
 from keras_transformer.config._schema import check_valid, coerce, describe_valid, table_cell
+from keras_transformer.config.formats import precisions  # noqa: F401 (export.precision's values)
 
 # Also re-exported: the package, its tests and users import the sections and the special ids from
 # `keras_transformer.config`.
@@ -28,7 +29,6 @@ from keras_transformer.config.sections import (  # noqa: F401
     BOS_ID,
     EOS_ID,
     PAD_ID,
-    PRECISIONS,
     SECTIONS,
     UNK_ID,
     DataConfig,

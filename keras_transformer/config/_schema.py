@@ -17,7 +17,8 @@ INTERVAL = re.compile(r"^([\[(])(-?[0-9.e+]+), (-?[0-9.e+]+)([\])])$")
 
 def key(default, help, valid=None, **kwargs):
     """A dataclass field with its `help` and its `valid` values, checked on load: an interval
-    such as `"[0, 1)"` (numbers; every item of a list), a tuple of choices, or `"non-empty"`
+    such as `"[0, 1)"` (numbers; every item of a list), a tuple of choices (or a function
+    returning them, read when checked: a registry's, `config.formats`), or `"non-empty"`
     (strings)."""
     if isinstance(valid, str) and valid != NON_EMPTY and not INTERVAL.match(valid):
         raise ValueError(f"bad interval {valid!r}")
@@ -45,6 +46,7 @@ def _choices(valid):
 
 def check_valid(key, value, valid):
     """Raises `ConfigError` naming `key` when a (well-typed) value is outside `valid`."""
+    valid = valid() if callable(valid) else valid
     if value is None or valid is None:
         return
     if isinstance(valid, tuple) and isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -116,6 +118,7 @@ def describe_valid(f, hint):
     """The `valid` column of the reference: an interval, the choices, or blank (any value of
     the type); `or null` where null is allowed."""
     valid = f.metadata.get("valid")
+    valid = valid() if callable(valid) else valid
     if isinstance(valid, tuple):
         shown = ", ".join(
             f"`{c}`" if isinstance(c, str) and INTERVAL.match(c)

@@ -17,6 +17,7 @@ from typing import Optional, Union
 from keras_transformer import hyper_parameters
 from keras_transformer.config._schema import NON_EMPTY as _NON_EMPTY
 from keras_transformer.config._schema import key
+from keras_transformer.config.formats import precisions
 from keras_transformer.hyper_parameters import ModelHyperParameters as _Model
 from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: F401
 
@@ -356,10 +357,6 @@ class RuntimeConfig:
     )
 
 
-# `export.precision` (`Translator`'s `precision`, `export --precision`): the dtype the
-# SavedModel's weights are kept and multiplied in.
-PRECISIONS = ("float32", "bfloat16")
-
 
 @dataclasses.dataclass(frozen=True)
 class ExportConfig:
@@ -437,7 +434,7 @@ class ExportConfig:
         "cast once: half the bytes, faster decoding on CPUs with AVX512-BF16 or AMX, emulated "
         "elsewhere, answers within bfloat16's rounding; speed and BLEU: "
         "docs/guides/export-serving.md); the LiteRT and CTranslate2 exports take --quantization",
-        valid=PRECISIONS,
+        valid=precisions,  # the SavedModel format's quantizations (`config.formats`)
     )
     alignments: bool = key(
         False,

@@ -62,6 +62,7 @@ import shutil
 
 from keras_transformer import stopping
 from keras_transformer.config import DecodingSettings
+from keras_transformer.config.formats import check_quantization
 from keras_transformer.errors import UsageError
 from keras_transformer.workdir import staging_directory
 
@@ -76,7 +77,6 @@ SHORTLIST_HEAD_FILE = "shortlist_head.tflite"
 CONSTRAINED_STEP_FILE = "decoder_step_constrained.tflite"
 SHORTLIST_CONSTRAINED_STEP_FILE = "decoder_step_shortlist_constrained.tflite"
 ALIGNMENT_FILE = "alignment.tflite"
-QUANTIZATIONS = ("float32", "float16", "dynamic_int8")
 FORMAT_VERSION = 1
 PHASE = "the LiteRT conversion"  # what `stopping.check` names
 # What `keras_transformer.litert.LiteRTTranslator` answers (the model card's "signatures").
@@ -101,10 +101,7 @@ CONSTRAINED_FUNCTION = {
 
 
 def _check(model, quantization):
-    if quantization not in QUANTIZATIONS:
-        raise UsageError(
-            f"--quantization {quantization}: a LiteRT export takes {', '.join(QUANTIZATIONS)}"
-        )
+    check_quantization("litert", quantization)  # the registry's (`config.formats`)
     if getattr(model, "decoder_only", False) or not hasattr(model, "encode"):
         raise UsageError("a LiteRT export needs an encoder-decoder Transformer")
 

@@ -13,7 +13,7 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from keras_transformer import glossary as glossaries
-from keras_transformer.config import PRECISIONS, UNK_ID, DecodingSettings
+from keras_transformer.config import UNK_ID, DecodingSettings, precisions
 from keras_transformer.data.pipeline import encode_sources, valid_utf8
 from keras_transformer.decoding.search import NEG_INF, translate_ids
 from keras_transformer.export import alignment_graph, markup_graph
@@ -187,7 +187,7 @@ class Translator(tf.Module):
         alignment_layer: the decoder layer whose cross-attention gives the `alignment` (an
             index, negative from the end; -2, the default, is the second-to-last layer, the
             first one in a one-layer decoder).
-        precision: the dtype the model is held and run in, one of `PRECISIONS`: "float32"
+        precision: the dtype the model is held and run in, one of `config.precisions()`: "float32"
             (the default) runs the model as given, with its own dtype policy; "bfloat16"
             decodes with `model.with_dtype("bfloat16")`, a copy whose weights are cast once to
             bfloat16 (half the bytes in the SavedModel and read at each step) and whose matrix
@@ -275,8 +275,9 @@ class Translator(tf.Module):
     ):
         super().__init__(name=name)
         _check_arguments(max_source_length, jit_compile and shortlist is not None)
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        if precision not in precisions():
+            choices = ", ".join(precisions())
+            raise ValueError(f"precision must be one of {choices}, got {precision!r}")
         self.precision = precision
         if precision != "float32":
             model = model.with_dtype(precision)
