@@ -492,8 +492,10 @@ class LiteRTTranslator:
         masked = self._head == "mask" or (self._head == "gathered" and constraints is not None)
         if masked:  # the step's own product masked (a gathered head's constrained step too)
             vocab = int(self.metadata["vocab_size"])
-            # a mask per row where the export's masked step takes one (module docstring)
-            rows = beams if self.metadata["shortlist"].get("row_mask") else None
+            # a mask per row where the export's masked step takes one (module docstring): a
+            # gathered head's constrained step, made with "row_mask"; never an older "mask" step
+            per_row = self._head == "gathered" and self.metadata["shortlist"].get("row_mask")
+            rows = beams if per_row else None
             columns = _shortlist_mask(
                 self.shortlist, vocab, source, prefix_matrix, constraints, beams=rows
             )
