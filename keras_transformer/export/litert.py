@@ -109,7 +109,8 @@ def _check(model, quantization):
 def _specs(model, beams, shortlist=False, wanted=False):
     """The step's input signature (`litert_graphs` module docstring); `shortlist`: the
     shortlist step's, `"columns"` (or True) with its `output_ids`, `output_kernel` and
-    `output_bias`, `"mask"` with its `output_mask`; `wanted`: the constrained step's, with its
+    `output_bias`, `"mask"` with its `output_mask` `[vocab]`, `"row_mask"` with its
+    `output_mask` `[rows, vocab]`; `wanted`: the constrained step's, with its
     `wanted_ids`."""
     import tensorflow as tf
 
@@ -128,6 +129,8 @@ def _specs(model, beams, shortlist=False, wanted=False):
     ]
     if shortlist == "mask":
         specs.append(tf.TensorSpec([model.vocab_size], tf.float32, name="output_mask"))
+    elif shortlist == "row_mask":  # one mask per hypothesis: each row's own shortlist
+        specs.append(tf.TensorSpec([None, model.vocab_size], tf.float32, name="output_mask"))
     elif shortlist:
         specs.append(tf.TensorSpec([None], tf.int32, name="output_ids"))
         specs.append(tf.TensorSpec([model.d_model, None], tf.float32, name="output_kernel"))
@@ -205,7 +208,7 @@ def convert_graphs(
     else:
         listed_step = litert_graphs.shortlist_step_function
         listed_constrained = litert_graphs.shortlist_constrained_step_function
-    listed_inputs = "columns" if head == "columns" else "mask"  # the constrained step's
+    listed_inputs = "columns" if head == "columns" else "row_mask"  # the constrained step's
     steps = {  # name: (graph function, its K, its shortlist inputs)
         "decoder_step": (litert_graphs.step_function, top_k, False),
         "decoder_step_shortlist": (listed_step, top_k, head == "columns"),
@@ -429,6 +432,8 @@ def _optional_graphs(graphs, shortlist, metadata, model, quantization):
         files[SHORTLIST_OUTPUT_FILE] = _npz_bytes(rows)
         metadata["shortlist"]["output"] = SHORTLIST_OUTPUT_FILE
         metadata["shortlist"]["column_block"] = litert_graphs.TOP_K_BLOCK
+        # each row masked to its own shortlist: the masked steps' `output_mask` is per row
+        metadata["shortlist"]["row_mask"] = True
         if head == "gathered":
             files[SHORTLIST_HEAD_FILE], outputs["shortlist_head"] = graphs["shortlist_head"]
             metadata["shortlist"]["head_graph"] = SHORTLIST_HEAD_FILE

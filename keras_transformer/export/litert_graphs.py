@@ -32,7 +32,9 @@ output grows, `keras_transformer.litert.graphs`):
   float32 `[vocab]` (0 at a batch's shortlist, NEG_INF elsewhere, added to the logits) -> the
   same outputs, the log-softmax and the top ones over the shortlist alone; constrained
   (`constrained_step_function(..., masked=True)`, a `dynamic_int8` export with both): also
-  `wanted_ids`, target ids, after `output_mask`.
+  `wanted_ids`, target ids, after `output_mask`, which is `[B * k, vocab]` there (one mask per
+  hypothesis, each row's own shortlist: `"row_mask"` in the export's metadata; exports made
+  before it take the batch's `[vocab]`).
 
 - hidden step (`hidden_step_function`, a `dynamic_int8` export with a vocabulary shortlist):
   the step's inputs -> `new_keys_{l}`, `new_values_{l}` and `hidden` float32 `[B * k,
@@ -48,7 +50,8 @@ output grows, `keras_transformer.litert.graphs`):
   step's inputs and `output_ids` int32 `[n]` (a batch's shortlist), `output_kernel` float32
   `[d_model, n]` (the projection's columns of those ids, made once per batch by the runtime
   from the export's `shortlist_output.npz`), `output_bias` float32 `[n]` (the untied
-  projection's biases, 0 when tied, at the real columns; NEG_INF at the padding) -> the same
+  projection's biases, 0 when tied, at the real columns; NEG_INF at the padding; the runtime
+  resizes it to `[B * k, n]`, each row's own biases, NEG_INF outside its own shortlist) -> the same
   outputs, the projection and the normaliser over those `n` columns only, `top_ids` the
   target ids of the best columns.
 
@@ -260,7 +263,8 @@ def _masked_scores(logits, output_mask, ban, banned_columns):
     (`[B * k, len(banned_columns)]`)."""
     banned = logits + (output_mask + ops.convert_to_tensor(ban))  # [B * k, vocab]
     columns = ops.convert_to_tensor(banned_columns, dtype="int32")
-    special = ops.take(logits, columns, axis=1) + ops.take(output_mask, columns, axis=0)
+    axis = 1 if len(output_mask.shape) == 2 else 0  # 1: a mask per row, `[B * k, vocab]`
+    special = ops.take(logits, columns, axis=1) + ops.take(output_mask, columns, axis=axis)
     parts = ops.concatenate([ops.logsumexp(banned, axis=-1, keepdims=True), special], axis=-1)
     return banned, ops.logsumexp(parts, axis=-1, keepdims=True)
 

@@ -8,6 +8,10 @@ import numpy as np
 
 from keras_transformer.litert.search import NEG_INF
 
+# The step's shortlist inputs that may hold a row per hypothesis, `[rows, ...]`: each row's own
+# biases (`output_bias`) or mask (`output_mask`), each row masked to its own shortlist.
+ROW_INPUTS = ("output_bias", "output_mask")
+
 
 class LiteRTError(ValueError):
     """A directory that is not a LiteRT export this version can run."""
@@ -89,16 +93,28 @@ class GatheredHead:
 
     def start(self, columns):
         """Readies the head for a chunk's `columns` (`runtime.gathered_columns`): `{"output_ids"
-        [n], "products": [the columns' (rows, scales, biases), the banned pieces']}`."""
+        [n], "products": [the columns' (rows, scales, biases), the banned pieces']}` and
+        optionally `"row_bias"` float32 `[rows, n]`, added to each row's column logits (0 at
+        its own shortlist, NEG_INF elsewhere: each row masked to its own columns; the
+        projection model's `row_bias` input, set when the rows change, not at each step)."""
         from keras_transformer.litert.projection import projection_model
 
         self.interpreter = None  # the last chunk's, freed before the next is made
-        model = projection_model(columns["products"], head=self.head)
+        self.row_bias = columns.get("row_bias")
+        model = projection_model(
+            columns["products"], head=self.head, row_bias=self.row_bias is not None
+        )
         it = self.interpreter = self.make_interpreter(model)
         self.inputs = {d["name"]: d["index"] for d in it.get_input_details()}
         self.outputs = output_indices(it, self.names)
         self.output_ids = columns["output_ids"]
         self.rows = None  # the shapes are set at the first call
+
+    def keep(self, rows):
+        """Only these rows (indices into the current ones) go on: `row_bias` follows them."""
+        if self.row_bias is not None:
+            self.row_bias = self.row_bias[rows]
+            self.rows = None  # set again at the next call
 
     def __call__(self, hidden):
         """`(top_log_probs, top_ids, eos_log_probs)` of the rows of `hidden` `[rows,
@@ -106,8 +122,12 @@ class GatheredHead:
         it = self.interpreter
         if hidden.shape[0] != self.rows:
             shapes = {"hidden": list(hidden.shape), "output_ids": [len(self.output_ids)]}
+            if self.row_bias is not None:
+                shapes["row_bias"] = list(self.row_bias.shape)
             resize(it, self.inputs, shapes)
             it.set_tensor(self.inputs["output_ids"], self.output_ids)
+            if self.row_bias is not None:
+                it.set_tensor(self.inputs["row_bias"], self.row_bias)
             self.rows = hidden.shape[0]
         it.set_tensor(self.inputs["hidden"], hidden)
         it.invoke()
@@ -160,9 +180,16 @@ class DecoderStep:
         # arrays, not from copies read back out of the interpreter.
         self.fixed = values
         self.columns = {name: list(np.shape(value)) for name, value in (columns or {}).items()}
+        # the inputs with a row per hypothesis (each row's own shortlist): they follow the
+        # live sentences as the caches do
+        self.per_row = {
+            name for name, shape in self.columns.items() if name in ROW_INPUTS and len(shape) == 2
+        }
         self.listed = None
         if "output_ids" in self.columns:  # the shortlist's real ids, increasing: an id's column
-            self.listed = columns["output_ids"][columns["output_bias"] > NEG_INF / 2]
+            real = columns["output_bias"] > NEG_INF / 2
+            real = real.any(axis=0) if real.ndim == 2 else real  # in some row's shortlist
+            self.listed = columns["output_ids"][real]
         self.wanted = wanted
         self.limit = positions
         length = positions if self.bucket <= 0 else min(self.bucket, positions)
@@ -214,10 +241,19 @@ class DecoderStep:
             cache = it.tensor(self.inputs[name])()
             caches[name] = cache[live]  # a copy of the live rows alone
             del cache  # no reference to the interpreter's buffers may outlive this
-        self.fixed = {
-            name: value if name in self.columns else value[live]
-            for name, value in self.fixed.items()
-        }  # the shortlist's inputs are the chunk's, not per sentence
+        k = self.beams
+        rows = (live[:, None] * k + np.arange(k)).reshape(-1)
+
+        def kept(name, value):  # the shortlist's inputs are the chunk's, but the per-row ones
+            if name in self.per_row:
+                return value[rows]
+            return value if name in self.columns else value[live]
+
+        self.fixed = {name: kept(name, value) for name, value in self.fixed.items()}
+        for name in self.per_row:
+            self.columns[name] = list(self.fixed[name].shape)
+        if self.head is not None:
+            self.head.keep(rows)
         s_len = self.fixed["cross_bias"].shape[-1]
         self._layout(len(live), s_len, self.positions, {**self.fixed, **caches}, zero_caches=False)
         self.history = self.history[live]

@@ -22,7 +22,7 @@ SCHEMA_VERSION = 3
 DESCRIPTION = "keras_transformer shortlist projection"
 
 
-def projection_model(products, head=None):
+def projection_model(products, head=None, row_bias=False):
     """The LiteRT model's bytes (module docstring) for `products`, a list of `(rows, scales,
     bias)`: int8 `rows` `[n, d_model]`, their float32 `scales` `[n]` and float32 `bias` `[n]`
     (or None). Input `hidden` float32 `[-1, d_model]`; one output per product, in order,
@@ -33,7 +33,11 @@ def projection_model(products, head=None):
     (the gathered head's graph, `export.litert_graphs.gathered_head_function`): the products
     are written in front of its operations, feeding those inputs, so the model's inputs are
     `hidden` and the head's others, and its outputs the head's (one interpreter, the logits
-    never copied out)."""
+    never copied out).
+
+    `row_bias`: the first product's logits also take an input `row_bias` float32 `[-1, n]`
+    (one `ADD`; the model's second input, after `hidden`): each row's own biases, NEG_INF at
+    the columns outside its own shortlist (a batch's rows each masked to their own)."""
     import flatbuffers
 
     if not products:
@@ -43,15 +47,26 @@ def projection_model(products, head=None):
         raise ValueError(f"the head takes {len(writer.inputs)} inputs, fewer than the products")
     width = np.shape(products[0][0])[-1]
     hidden = writer.tensor("hidden", [-1, width], "FLOAT32")
-    operators = []
+    operators, outputs, extra = [], [], []
     for i, product in enumerate(products):
         output = None if head is None else writer.inputs[i]
+        if i == 0 and row_bias:  # the product into a tensor of its own, then the ADD
+            n = np.shape(product[0])[0]
+            bias = writer.tensor("row_bias", [-1, n], "FLOAT32")
+            product_op = writer.fully_connected(i, hidden, *product, width)
+            operators.append(product_op)
+            added = writer.add(int(product_op.outputs[0]), bias, output, n)
+            operators.append(added)
+            outputs.append(int(added.outputs[0]))
+            extra.append(bias)
+            continue
         operators.append(writer.fully_connected(i, hidden, *product, width, output))
+        outputs.append(int(operators[-1].outputs[0]))
     graph = writer.graph
     graph.operators = operators + list(graph.operators or [])  # the products first
-    graph.inputs = np.array([hidden, *writer.inputs[len(products) :]], np.int32)
+    graph.inputs = np.array([hidden, *extra, *writer.inputs[len(products) :]], np.int32)
     if head is None:
-        graph.outputs = np.array([int(op.outputs[0]) for op in operators], np.int32)
+        graph.outputs = np.array(outputs, np.int32)
     size = sum(b.data.size for b in writer.model.buffers if b.data is not None)
     builder = flatbuffers.Builder(size + 65536)
     builder.Finish(writer.model.Pack(builder), file_identifier=FILE_IDENTIFIER)
@@ -102,6 +117,19 @@ class _Writer:
         code.version = 1
         codes.append(code)
         return len(codes) - 1
+
+    def add(self, x, y, output, n):
+        """An `ADD` operator of the tensors `x` and `y` into `output` (None: a new tensor
+        `[-1, n]`)."""
+        schema = self.schema
+        if output is None:
+            output = self.tensor("biased_logits", [-1, n], "FLOAT32")
+        op = schema.OperatorT()
+        op.opcodeIndex = self._opcode(schema.BuiltinOperator.ADD)
+        op.inputs, op.outputs = np.array([x, y], np.int32), np.array([output], np.int32)
+        op.builtinOptionsType = schema.BuiltinOptions.AddOptions
+        op.builtinOptions = schema.AddOptionsT()
+        return op
 
     def fully_connected(self, i, hidden, rows, scales, bias, width, output=None):
         """The product `i`'s `FULLY_CONNECTED` operator (its tensors added): `hidden` times the

@@ -40,6 +40,20 @@ the step of an int8 export made before the gathered head, take an `output_mask` 
 vocabulary (0 at the shortlist's pieces, NEG_INF elsewhere) added to their own product's
 logits.
 
+A row's answer is its own: the chunk's columns are the union of its sentences' shortlists
+(`keras_transformer.lexical_table.row_shortlists`), and each hypothesis (rows sentence-major,
+a sentence's beams beside each other) is masked to its own sentence's columns before the
+log-softmax and the top ones, so each sentence gets the translation, score, token scores and
+n-best it gets alone, whatever the other sentences of its chunk carry (as the SavedModel's
+search, `decoding.search`). How, per step: the float "columns" step takes its `output_bias`
+as `[rows, n]` (the graph's ADD broadcasts), NEG_INF outside each row's own columns; the
+gathered head's projection model (`keras_transformer.litert.projection`) adds a `row_bias`
+input `[rows, n]` to the columns' logits; the masked step takes `output_mask` `[rows, vocab]`
+where the export says so (`"row_mask"` in its metadata's `shortlist`; an export made before it
+still takes the chunk's `[vocab]` mask, every row decoded over the chunk's union as before).
+Each is set once per chunk (and again when the step's inputs are resized), never per step,
+and follows the live rows when settled sentences are dropped (`graphs.DecoderStep.keep`).
+
 Lexical constraints: an export made with its constrained step (`export_litert(constraints=
 True)`) answers `translate_constrained` (and `translate(texts, constraints=...)`) as the
 SavedModel's signature does: the constraints tokenized as it tokenizes them, the constrained
@@ -474,15 +488,21 @@ class LiteRTTranslator:
         prefix_matrix = None
         if prefix is not None and any(prefix):
             prefix_matrix = _padded(prefix, 0)
-        columns = None
+        columns, beams = None, int(s["beam_size"])
         masked = self._head == "mask" or (self._head == "gathered" and constraints is not None)
         if masked:  # the step's own product masked (a gathered head's constrained step too)
             vocab = int(self.metadata["vocab_size"])
-            columns = _shortlist_mask(self.shortlist, vocab, source, prefix_matrix, constraints)
+            # a mask per row where the export's masked step takes one (module docstring): a
+            # gathered head's constrained step, made with "row_mask"; never an older "mask" step
+            per_row = self._head == "gathered" and self.metadata["shortlist"].get("row_mask")
+            rows = beams if per_row else None
+            columns = _shortlist_mask(
+                self.shortlist, vocab, source, prefix_matrix, constraints, beams=rows
+            )
         elif self.shortlist is not None:
             columns = _shortlist_columns(
                 self.shortlist, self._output_rows, source, prefix_matrix, constraints,
-                **self._column_layout,
+                **self._column_layout, beams=beams,
             )  # fmt: skip
         cross = encoder(source)
         if constraints is None:
@@ -546,41 +566,63 @@ def _output_rows(path, meta):
 
 
 def _listed_ids(table, source, extra):
-    """`(ids, real)` of `lexical_table.batch_shortlist` for a chunk's `source` and the ids of
-    `extra` (None skipped)."""
-    from keras_transformer.lexical_table import batch_shortlist
+    """`(ids, real, member)` of `lexical_table.row_shortlists` for a chunk's `source` `[c, S]`
+    and its rows' `extra` ids (`[c, ...]` each, None skipped): the chunk's columns and each
+    sentence's own among them."""
+    from keras_transformer.lexical_table import row_shortlists
 
-    extra = np.concatenate([np.ravel(x) for x in extra if x is not None] + [np.zeros(0, "int32")])
-    return batch_shortlist(table.translations, table.frequent, source, extra_ids=extra)
-
-
-def _shortlist_mask(table, vocab, source, *extra):
-    """The masked shortlist step's `{"output_mask"}` float32 `[vocab]` for a chunk's `source`
-    `[c, S]` and the ids of `extra` (the prefixes, the constraints; None skipped): 0 at its
-    shortlist's ids (`lexical_table.batch_shortlist`), NEG_INF elsewhere."""
-    ids, real = _listed_ids(table, source, extra)
-    mask = np.full(vocab, np.float32(NEG_INF), "float32")
-    mask[ids[real]] = 0.0
-    return {"output_mask": mask}
+    return row_shortlists(table.translations, table.frequent, source, extras=extra)
 
 
-def _shortlist_columns(table, rows, source, *extra, block=1, minimum=0, banned=()):
+def _row_marks(member, beams):
+    """`member` bool `[c, n]` (each sentence's own columns) as float32 `[c * beams, n]`: 0 at
+    each hypothesis's own columns, NEG_INF elsewhere (rows sentence-major, as the search's)."""
+    return np.repeat(np.where(member, np.float32(0.0), np.float32(NEG_INF)), beams, axis=0)
+
+
+def _shortlist_mask(table, vocab, source, *extra, beams=None):
+    """The masked shortlist step's `{"output_mask"}` for a chunk's `source` `[c, S]` and its
+    rows' `extra` ids (the prefixes, the constraints; None skipped): float32 `[vocab]`, 0 at
+    the chunk's shortlist's ids (`lexical_table.batch_shortlist`), NEG_INF elsewhere; with
+    `beams`, float32 `[c * beams, vocab]`, each hypothesis's row 0 at its own sentence's
+    shortlist alone (`lexical_table.row_shortlists`)."""
+    ids, real, member = _listed_ids(table, source, extra)
+    if beams is None:
+        mask = np.full(vocab, np.float32(NEG_INF), "float32")
+        mask[ids[real]] = 0.0
+        return {"output_mask": mask}
+    mask = np.full((len(member), vocab), np.float32(NEG_INF), "float32")
+    sentence, column = np.nonzero(member)
+    mask[sentence, ids[column]] = 0.0
+    return {"output_mask": np.repeat(mask, beams, axis=0)}
+
+
+def _shortlist_columns(table, rows, source, *extra, block=1, minimum=0, banned=(), beams=None):
     """The shortlist step's `{"output_ids", "output_kernel", "output_bias"}` for a chunk's
-    `source` `[c, S]` and the ids of `extra` (the prefixes `[c, p]`, the constraints `[c, C,
+    `source` `[c, S]` and its rows' `extra` ids (the prefixes `[c, p]`, the constraints `[c, C,
     P]`; None skipped): its shortlist (`lexical_table.batch_shortlist`), padded with masked
     columns to a multiple of `block` and at least `minimum` columns (what the step's blocked
     top-k needs), the projection's columns of it from `rows` (`_output_rows`), made once for the
-    chunk, and their biases, the padding columns masked (NEG_INF)."""
+    chunk, and their biases, the padding columns masked (NEG_INF). With `beams`, the biases
+    are float32 `[c * beams, n]`, each hypothesis's also NEG_INF at the columns outside its
+    own sentence's shortlist (`lexical_table.row_shortlists`): each row's log-softmax and top
+    ones over its own shortlist alone (a gathered head's: `"row_bias"`, the same marks)."""
     from keras_transformer.lexical_table import PAD_ID
 
-    ids, real = _listed_ids(table, source, extra)
+    ids, real, member = _listed_ids(table, source, extra)
     more = max(-(-len(ids) // block) * block, minimum) - len(ids)
     if more > 0:
         ids = np.concatenate([ids, np.full(more, PAD_ID, ids.dtype)])
         real = np.concatenate([real, np.zeros(more, bool)])
+        member = np.concatenate([member, np.zeros((len(member), more), bool)], axis=1)
     if rows["rows"].dtype == np.int8:  # a gathered head's (`graphs.GatheredHead.start`)
-        return gathered_columns(rows, ids, real, banned)
+        columns = gathered_columns(rows, ids, real, banned)
+        if beams is not None:
+            columns["row_bias"] = _row_marks(member, beams)
+        return columns
     kernel, bias = output_columns(rows, ids, real)
+    if beams is not None:
+        bias = bias + _row_marks(member, beams)  # [c * beams, n]
     return {"output_ids": ids, "output_kernel": kernel, "output_bias": bias}
 
 
