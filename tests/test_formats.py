@@ -89,10 +89,11 @@ def test_the_builtin_formats_quantizations():
 
 
 @pytest.mark.scenario
-def test_export_runs_a_registered_formats_exporter(toy, trained_workdir, tmp_path, run_cli):
+def test_export_runs_a_registered_formats_exporter(toy, toy_quickstart, tmp_path, run_cli):
     output = tmp_path / "toy"
+    workdir = os.path.join(toy_quickstart, "workdirs", "quickstart")
     code, out, err = run_cli(
-        "export", "--workdir", trained_workdir, "--format", "toyformat",
+        "export", "--workdir", workdir, "--format", "toyformat",
         "--quantization", "toy4", "--output", str(output),
     )  # fmt: skip
     assert code == 0, err

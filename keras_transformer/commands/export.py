@@ -1,14 +1,14 @@
 """`keras-transformer export`: the model of a training workdir rebuilt (`load_workdir_model`: the
 average of its last checkpoints, or the candidate its dev set chooses) and exported as a
-SavedModel in TF Serving's layout (with its model card and calibrated confidence) or as a
-CTranslate2 model."""
+SavedModel in TF Serving's layout (with its model card and calibrated confidence), a LiteRT
+directory, a CTranslate2 model or a registered format's (`config.formats`), as the workdir's
+`ExportPlan` (`export.plan`, the flags over its config) says."""
 
 import json
 import os
 
 from keras_transformer.commands import flags, startup
-from keras_transformer.commands.shortlist import workdir_shortlist
-from keras_transformer.config import export_name, saved_model_shortlist
+from keras_transformer.config import export_name
 from keras_transformer.errors import KerasTransformerError, UsageError, first_line
 from keras_transformer.workdir import Workdir, read_json
 
@@ -115,90 +115,18 @@ def _record_export(workdir, path, final):
     write_atomically(layout.result, json.dumps(result, indent=2))
 
 
-def _export_litert(args, config, final, spm_bytes, name, averaged):
-    """`export --format litert`: the LiteRT directory (`keras_transformer.export.litert`)."""
-    from keras_transformer.export.litert import export_litert
-
-    quantization = getattr(args, "quantization", None) or "float32"
-    output = args.output or os.path.join(config.export.base_dir, f"{name}-litert-{quantization}")
-    facts, dev_pairs = _card_inputs(args.workdir, config, final.model.vocab_size, final.selection)
-    path = export_litert(
-        final.model,
-        spm_bytes,
-        output,
-        quantization,
-        config.data,
-        flags.export_settings(config, args, final.alpha),
-        facts,
-        dev_pairs=dev_pairs,
-        # Not by default: its shortlist step is a second copy of the step's weights, and
-        # not faster there (docs/guides/on-device.md).
-        shortlist=_engine_shortlist(args, config, workdir_default=False),
-        constraints=bool(getattr(args, "constraints", False)),
-        alignments=_flag_or_config(args, "alignments", config.export.alignments),
-        alignment_layer=config.export.alignment_layer,
-    )
-    what = averaged or f"step {final.steps[-1]}"
-    print(f"converted {what} to LiteRT ({quantization}) in {path}")
-
-
-def _engine_shortlist(args, config, workdir_default):
-    """The lexical table a LiteRT or CTranslate2 export holds (it decodes with it only when
-    asked: `litert.load(shortlist=True)`, CTranslate2's `use_vmap`), or None: `--shortlist`
-    and `export.shortlist: true` read or build it, `--no-shortlist` and `export.shortlist:
-    false` leave it out; with neither (`export.shortlist` null) it is in when
-    `workdir_default` and the workdir has one (`WORKDIR/shortlist.npz`)."""
-    from keras_transformer import local_files
-
-    use = _flag_or_config(args, "shortlist", config.export.shortlist)
-    if use is None:
-        use = workdir_default and local_files.gfile().exists(Workdir(args.workdir).shortlist)
-    return workdir_shortlist(args.workdir) if use else None
-
-
-def _search_options(args, config):
-    """`(jit_compile, shortlist)` of a SavedModel export: the flags win over the workdir's
-    `export.jit_compile` and `export.shortlist` (`config.saved_model_shortlist`: by default
-    the shortlist where it can be built, not with XLA); the lexical table is read (or
-    built)."""
-    jit_compile = config.export.jit_compile if args.jit_compile is None else args.jit_compile
-    asked = getattr(args, "shortlist", None)
-    use, required = saved_model_shortlist(config.export, asked, jit_compile)
-    if use and jit_compile:
-        raise UsageError(
-            "the vocabulary shortlist does not compile with XLA yet: not both --shortlist "
-            "(export.shortlist) and --jit-compile (export.jit_compile)"
-        )
-    return jit_compile, workdir_shortlist(args.workdir, required) if use else None
-
-
-def _flag_or_config(args, name, configured):
-    """`--NAME` / `--no-NAME` when given, else the workdir's `export.NAME`."""
-    flag = getattr(args, name, None)
-    return configured if flag is None else flag
-
-
-def _exporter(export_format):
-    """The registered exporter of `export_format` (`config.formats`), imported now."""
-    import importlib
-
-    from keras_transformer.config.formats import export_format as registered
-
-    module, function = registered(export_format).exporter.split(":")
-    return getattr(importlib.import_module(module), function)
-
-
 def export_command(args):
     """`keras-transformer export --workdir DIR [--average N] [--output DIR] [--beam-size K]
     [--alpha A] [--n-best N] [--max-extra-length L] [--sampling-topk K [--temperature T]
     [--top-p P]] [--format saved_model|ctranslate2|litert] [--quantization TYPE]
     [--shortlist] [--alignments] [--constraints] [--precision float32|bfloat16]`."""
+    from keras_transformer.export.plan import resolve_export_plan, run_export
+
     export_format = flags.export_format(args)
     if export_format == "ctranslate2":
         from keras_transformer.export.ct2 import require_ctranslate2
 
         require_ctranslate2()  # before the slow part: say how to install it
-    exporter = _exporter(export_format)
     flags.check_export(args)
     select = True if getattr(args, "select_on_dev", False) else None
     startup.import_tensorflow(getattr(args, "verbose", False))
@@ -207,44 +135,28 @@ def export_command(args):
     )
     model, steps = final.model, final.steps
     name = args.name or export_name(config, args.workdir)
-    averaged = f"average of steps {', '.join(map(str, steps))}" if len(steps) > 1 else None
-    if export_format == "litert":
-        return _export_litert(args, config, final, spm_bytes, name, averaged)
-    if export_format != "saved_model":  # a converted model: CTranslate2's, or a registered one
-        output = args.output or os.path.join(config.export.base_dir, f"{name}-{export_format}")
-        path = exporter(
-            model,
-            spm_bytes,
-            output,
-            getattr(args, "quantization", None),
-            config.data,
-            flags.export_settings(config, args, final.alpha),
-            shortlist=_engine_shortlist(args, config, workdir_default=True),
-        )
-        print(f"converted {averaged or f'step {steps[-1]}'} to {export_format} in {path}")
-        return
-    export_saved_model = exporter
-
+    what = f"average of steps {', '.join(map(str, steps))}" if len(steps) > 1 else None
+    what = what or f"step {steps[-1]}"
+    # The same description as train's own export (`training.run.finish.export`), the flags
+    # winning over the workdir's `export:` section.
     settings = flags.export_settings(config, args, final.alpha)
-    base_dir = args.output or config.export.base_dir
-    facts, dev_pairs = _card_inputs(args.workdir, config, model.vocab_size, final.selection)
-    jit_compile, shortlist = _search_options(args, config)
-    path = export_saved_model(
-        model,
-        spm_bytes,
-        settings,
-        config.data,
-        base_dir,
-        name,
-        facts,
-        dev_pairs,
-        # --jit-compile / --no-jit-compile win over the workdir's export.jit_compile.
-        jit_compile=jit_compile,
-        shortlist=shortlist,
-        alignments=_flag_or_config(args, "alignments", config.export.alignments),
-        alignment_layer=config.export.alignment_layer,
-        precision=_flag_or_config(args, "precision", config.export.precision),
-    )
-    if final.selection:
-        _record_export(args.workdir, path, final)
-    print(f"exported {averaged or f'step {steps[-1]}'} to {path}")
+    plan = resolve_export_plan(config, args.workdir, args, settings)
+    card = (None, None)
+    if export_format in ("saved_model", "litert"):  # a model card and a calibrated confidence
+        card = _card_inputs(args.workdir, config, model.vocab_size, final.selection)
+    if export_format == "saved_model":
+        path = run_export(plan, model, spm_bytes, args.output or config.export.base_dir, name, card)
+        if final.selection:
+            _record_export(args.workdir, path, final)
+        print(f"exported {what} to {path}")
+        return
+    if export_format == "litert":
+        quantization = plan.quantization or "float32"
+        default = os.path.join(config.export.base_dir, f"{name}-litert-{quantization}")
+        output = args.output or default
+        path = run_export(plan, model, spm_bytes, output, card=card)
+        print(f"converted {what} to LiteRT ({quantization}) in {path}")
+        return
+    output = args.output or os.path.join(config.export.base_dir, f"{name}-{export_format}")
+    path = run_export(plan, model, spm_bytes, output)
+    print(f"converted {what} to {export_format} in {path}")

@@ -1,0 +1,150 @@
+"""What an export serves, described once: `ExportPlan`, resolved from a workdir's config and a
+command's flags by `resolve_export_plan`, and taken whole by `run_export`, which hands it to
+the format's exporter (`config.formats`, the registry). `train`'s own export
+(`training.run.finish`) and `keras-transformer export` both resolve and run it here, so that
+for the same config they export the same thing (the same `keras_transformer.json`).
+
+Example:
+```python
+plan = resolve_export_plan(config, "workdirs/quickstart")  # the config's export, no flags
+path = run_export(plan, model, spm_bytes, "saved_models", "quickstart")
+```
+"""
+
+import dataclasses
+import importlib
+from typing import Any, Optional
+
+from keras_transformer.config import DecodingSettings, decoding_settings, saved_model_shortlist
+from keras_transformer.config.formats import check_quantization, export_format
+from keras_transformer.errors import DataError, UsageError
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportPlan:
+    """What one export serves (see the module docstring).
+
+    Args:
+        format: a registered format's name (`config.formats`): `saved_model`, `litert`,
+            `ctranslate2`, or one registered by a user.
+        quantization: the format's weight type (the SavedModel's: its `export.precision`;
+            None: the format's default).
+        settings: the `DecodingSettings` fixed into the export.
+        data: the `DataConfig` (the source and target length limits).
+        jit_compile: the SavedModel's search compiled with XLA.
+        shortlist: the vocabulary shortlist's lexical table, or None: a SavedModel decodes
+            over it; a LiteRT or CTranslate2 export holds it for its runtime to use when asked.
+        alignments: `serving_default`'s `alignment` output (a LiteRT export: its alignment
+            graph).
+        alignment_layer: the decoder layer whose cross-attention aligns.
+        constraints: a LiteRT export's constrained step (a SavedModel always has it).
+    """
+
+    format: str = "saved_model"
+    quantization: Optional[str] = None
+    settings: DecodingSettings = DecodingSettings()
+    data: Any = None
+    jit_compile: bool = False
+    shortlist: Any = None
+    alignments: bool = False
+    alignment_layer: int = -2
+    constraints: bool = False
+
+
+def resolve_export_plan(config, workdir, flags=None, settings=None):
+    """The `ExportPlan` of a training workdir's `config` (an `ExperimentConfig`), with the
+    command's `flags` (an object with any of `format`, `quantization`, `precision`,
+    `jit_compile`, `shortlist`, `alignments`, `constraints`; a missing or None one: the
+    config's) and decoding `settings` (None: the config's, `decoding_settings(config,
+    export=True)`). The vocabulary shortlist is read from the workdir, or built (its errors one
+    line, `UsageError`).
+    """
+
+    def flag(name, configured=None):
+        value = getattr(flags, name, None)
+        return configured if value is None else value
+
+    name = flag("format", "saved_model")
+    export_format(name)  # a registered one
+    quantization = flag("quantization")
+    check_quantization(name, quantization)
+    if name == "saved_model":
+        quantization = flag("precision", config.export.precision)
+    jit_compile = name == "saved_model" and flag("jit_compile", config.export.jit_compile)
+    return ExportPlan(
+        format=name,
+        quantization=quantization,
+        settings=decoding_settings(config, export=True) if settings is None else settings,
+        data=config.data,
+        jit_compile=bool(jit_compile),
+        shortlist=_shortlist(config, workdir, name, flag("shortlist"), jit_compile),
+        alignments=bool(flag("alignments", config.export.alignments)),
+        alignment_layer=config.export.alignment_layer,
+        constraints=bool(flag("constraints", False)),
+    )
+
+
+def _shortlist(config, workdir, name, asked, jit_compile):
+    """The lexical table the export holds, or None. A SavedModel: `config.
+    saved_model_shortlist` (by default where it can be built, not with XLA). Another format
+    holds it when asked (`--shortlist`, `export.shortlist: true`); with neither, CTranslate2
+    when the workdir has one (its `vmap.txt`), LiteRT not (its shortlist step is a second
+    copy of the step's weights, and not faster there: docs/guides/on-device.md)."""
+    from keras_transformer import local_files
+    from keras_transformer.data.shortlist import export_shortlist
+    from keras_transformer.workdir import Workdir
+
+    layout = Workdir(workdir)
+    if name == "saved_model":
+        use, required = saved_model_shortlist(config.export, asked, jit_compile)
+        if use and jit_compile:
+            raise UsageError(
+                "the vocabulary shortlist does not compile with XLA yet: not both --shortlist "
+                "(export.shortlist) and --jit-compile (export.jit_compile)"
+            )
+    else:
+        use = config.export.shortlist if asked is None else asked
+        if use is None:
+            use = name == "ctranslate2" and local_files.gfile().exists(layout.shortlist)
+        required = bool(use)
+    if not use:
+        return None
+    try:
+        return export_shortlist(layout, required)
+    except DataError as e:
+        raise UsageError(f"the export's shortlist: {e}") from None
+
+
+def run_export(plan, model, tokenizer, output, name=None, card=(None, None)):
+    """Exports `model` (and its SentencePiece `tokenizer`) as `plan` says; returns the path.
+
+    Args:
+        plan: an `ExportPlan`.
+        model: the `Transformer` to export.
+        tokenizer: SentencePiece model bytes (or a `Tokenizer`).
+        output: the SavedModel's base directory (its versions go to `output/name/N`), or
+            another format's directory.
+        name: the SavedModel's model name.
+        card: `(card_facts, dev_pairs)`: the model card's facts and the pairs that calibrate
+            the confidence (a SavedModel's and a LiteRT export's).
+    """
+    module, function = export_format(plan.format).exporter.split(":")
+    exporter = getattr(importlib.import_module(module), function)
+    facts, dev_pairs = card
+    if plan.format == "saved_model":
+        return exporter(
+            model, tokenizer, plan.settings, plan.data, output, name, facts, dev_pairs,
+            jit_compile=plan.jit_compile, shortlist=plan.shortlist, alignments=plan.alignments,
+            alignment_layer=plan.alignment_layer, precision=plan.quantization,
+        )  # fmt: skip
+    if plan.format == "litert":
+        return exporter(
+            model, tokenizer, output, plan.quantization or "float32", plan.data, plan.settings,
+            facts, dev_pairs=dev_pairs, shortlist=plan.shortlist, constraints=plan.constraints,
+            alignments=plan.alignments, alignment_layer=plan.alignment_layer,
+        )  # fmt: skip
+    # A converted model (CTranslate2's, or a registered format's): this call.
+    return exporter(
+        model, tokenizer, output, plan.quantization, plan.data, plan.settings,
+        shortlist=plan.shortlist,
+    )  # fmt: skip
