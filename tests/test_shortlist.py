@@ -2,7 +2,9 @@
 shortlist in the graph, and the search restricted to it (never a piece outside it; with every
 piece in it, the unrestricted search's answers)."""
 
+import hashlib
 import os
+import shutil
 
 import _inference_fixtures as fx
 import numpy as np
@@ -356,9 +358,96 @@ def test_shortlist_command_on_a_prepared_workdir(tmp_path, capsys):
     assert layout.shortlist in capsys.readouterr().out
     table = read_lexical_table(layout.shortlist)
     assert table.translations.shape == (120, 4) and table.frequent.shape == (10,)
-    assert table.settings == {"k": 4, "m": 10, "pairs": written, "estimate": "dice"}
+    # The fingerprint of the SentencePiece model its ids are pieces of.
+    spm_sha256 = hashlib.sha256(open(layout.spm, "rb").read()).hexdigest()
+    assert table.settings == {
+        "k": 4, "m": 10, "pairs": written, "estimate": "dice", "spm_sha256": spm_sha256,
+    }  # fmt: skip
     assert (table.translations[4:] > 3).any()  # pieces found translations
     refused = [["shortlist", "--k", "0"], ["shortlist", "--m", "-1"]]
     refused.append(["export", "--format", "litert", "--shortlist"])
     for command, *flags in refused:
         assert main([command, "--workdir", layout.root, *flags]) == 2, flags
+
+
+# --------------------------------------------------------------------------- a stale table
+
+
+def _prepared_workdir(path, seed, vocab_size=120):
+    """A prepared workdir of `vocab_size` pieces whose corpus (and so vocabulary) `seed` picks."""
+    from training_helpers import tiny_config
+
+    from keras_transformer.data.prepare import prepare
+    from keras_transformer.workdir import Workdir
+
+    data = dict(vocab_size=vocab_size, max_source_length=40, max_target_length=40)
+    train = f"synthetic:size=400,max_words=8,seed={seed}"
+    config = tiny_config(path, data={**data, "train": train})
+    prepare(config, verbose=False)
+    return Workdir.of(config)
+
+
+def _same_table(a, b):
+    return np.array_equal(a.translations, b.translations) and np.array_equal(a.frequent, b.frequent)
+
+
+def test_a_table_of_another_sentencepiece_model_of_the_same_size_is_rebuilt(tmp_path, capsys):
+    """Issue 86: `WORKDIR/shortlist.npz` built for another vocabulary of the same size (another
+    `data.train` or `data.seed`) is not used as it is (its ids are other pieces): the export's
+    read finds its fingerprint is not the workdir's SentencePiece model's and rebuilds it, in
+    one line; so does a table of an older version, which records none."""
+    from keras_transformer.data.shortlist import build_workdir_shortlist, export_shortlist
+
+    ours = _prepared_workdir(tmp_path / "ours", seed=1)
+    theirs = _prepared_workdir(tmp_path / "theirs", seed=2)
+    assert open(ours.spm, "rb").read() != open(theirs.spm, "rb").read()
+    own = build_workdir_shortlist(ours, k=4, m=10)  # what a rebuild gives
+    other = build_workdir_shortlist(theirs, k=4, m=10)
+    assert other.vocab_size == own.vocab_size and not _same_table(other, own)
+    shutil.copy(theirs.shortlist, ours.shortlist)  # the stale table, same size
+    capsys.readouterr()
+    table = export_shortlist(ours, required=True)
+    assert _same_table(table, own), "the stale table was used as it is"
+    out = capsys.readouterr().out
+    assert out.startswith("rebuilt the vocabulary shortlist") and out.count("\n") == 1, out
+    assert "another SentencePiece model" in out
+    assert _same_table(read_lexical_table(ours.shortlist), own)  # written over it, k and m kept
+    assert table.settings["k"] == 4 and table.settings["m"] == 10
+    # Now current: read as it is, nothing said.
+    assert _same_table(export_shortlist(ours, required=True), own)
+    assert capsys.readouterr().out == ""
+    # A table without a fingerprint (written before tables had one): rebuilt too.
+    old = read_lexical_table(theirs.shortlist)
+    settings = {key: value for key, value in old.settings.items() if key != "spm_sha256"}
+    save_lexical_table(type(old)(old.translations, old.frequent, settings), ours.shortlist)
+    assert _same_table(export_shortlist(ours, required=False), own)
+    assert "records no SentencePiece model" in capsys.readouterr().out
+
+
+def test_a_table_of_another_size_is_rebuilt_or_refused_in_one_line(tmp_path, capsys):
+    """Issue 86: a table of another vocabulary size (which the export's graph refuses with a
+    ValueError after training) is rebuilt from the prepared pairs; where it cannot be, the
+    export refuses in one line under `export.shortlist: true` and decodes over the whole
+    vocabulary otherwise (one line): it is never handed on."""
+    from keras_transformer.data.prepare import read_manifest
+    from keras_transformer.data.shortlist import export_shortlist
+    from keras_transformer.errors import DataError
+
+    ours = _prepared_workdir(tmp_path / "ours", seed=1, vocab_size=120)
+    theirs = _prepared_workdir(tmp_path / "theirs", seed=1, vocab_size=100)
+    export_shortlist(theirs, required=True)
+    shutil.copy(theirs.shortlist, ours.shortlist)
+    capsys.readouterr()
+    table = export_shortlist(ours, required=False)
+    assert table.vocab_size == 120, "a table of another size was handed to the export"
+    assert capsys.readouterr().out.startswith("rebuilt the vocabulary shortlist")
+    # Stale and no prepared pairs to rebuild it from.
+    shutil.copy(theirs.shortlist, ours.shortlist)
+    os.remove(os.path.join(ours.prepared, read_manifest(ours.prepared)["shards"][0]["file"]))
+    with pytest.raises(DataError, match="stale") as refused:
+        export_shortlist(ours, required=True)
+    assert "\n" not in str(refused.value)
+    assert export_shortlist(ours, required=False) is None
+    err = capsys.readouterr().err
+    assert err.startswith("no vocabulary shortlist (") and err.count("\n") == 1, err
+    assert "whole vocabulary" in err
