@@ -226,6 +226,29 @@ def test_untied_projection_with_every_piece_changes_nothing():
 # --------------------------------------------------------------------------- the SavedModel
 
 
+def test_the_final_evaluation_decodes_over_the_shortlist(model):
+    """Issue 86: `evaluate_bleu` (the run's dev/test scores and its dev-set choice) decodes over
+    the export's lexical table when given one, as the export's `serving_default` does: without
+    the pieces of "cat" the copy model cannot copy "red apple cat", over the whole vocabulary
+    it does."""
+    from types import SimpleNamespace
+
+    from keras_transformer.config import DecodingSettings
+    from keras_transformer.evaluation import evaluate_bleu
+
+    sp = fx.spm_processor()
+    pairs = [(text, text) for text in fx.NORMAL]
+    data = SimpleNamespace(max_source_length=fx.MAX_SOURCE_LENGTH, max_target_length=None)
+    settings = DecodingSettings(beam_size=3, alpha=0.6, max_extra_length=8, batch_size=4)
+    plain, answers = evaluate_bleu(model, sp, pairs, data, settings)
+    assert answers[0] == "red apple cat"
+    cat = fx.encode_sources(["cat"])[0, :-1].tolist()
+    table = _identity_table(model.vocab_size, without=cat)
+    listed, found = evaluate_bleu(model, sp, pairs, data, settings, shortlist=table)
+    assert "cat" not in found[0] and found[2] == "blue"
+    assert listed["bleu"] < plain["bleu"]
+
+
 def _translator(model, spm_bytes, shortlist=None):
     from keras_transformer.export import Translator
 
@@ -451,3 +474,48 @@ def test_a_table_of_another_size_is_rebuilt_or_refused_in_one_line(tmp_path, cap
     err = capsys.readouterr().err
     assert err.startswith("no vocabulary shortlist (") and err.count("\n") == 1, err
     assert "whole vocabulary" in err
+
+
+@pytest.mark.scenario
+def test_a_run_scores_and_exports_over_one_current_shortlist(tmp_path, monkeypatch, capsys):
+    """Issue 86: `train` on a workdir whose `shortlist.npz` is another vocabulary's (another
+    size, which the export's graph refuses) does not crash after training: the table is
+    rebuilt once, before the final scoring, and the dev and test scores of result.json decode
+    over the very table the SavedModel is exported with."""
+    from training_helpers import tiny_config
+
+    import keras_transformer.export as export_package
+    from keras_transformer.data.prepare import prepare
+    from keras_transformer.training import train
+    from keras_transformer.training.run import finish
+    from keras_transformer.workdir import Workdir
+
+    config = tiny_config(
+        tmp_path, data=dict(test="synthetic:split=test,size=6,max_words=8"), train=dict(steps=4)
+    )
+    prepare(config, verbose=False)
+    layout = Workdir.of(config)
+    stale = build_lexical_table([([5], [6])], vocab_size=100, k=2, m=2)
+    save_lexical_table(stale, layout.shortlist)  # the model has 200 pieces
+    scored, exported = [], []
+    evaluate_bleu = finish.evaluate_bleu
+
+    def scoring(*args, **kwargs):
+        scored.append(kwargs.get("shortlist"))
+        return evaluate_bleu(*args, **kwargs)
+
+    export_saved_model = export_package.export_saved_model
+
+    def exporting(*args, **kwargs):
+        exported.append(kwargs.get("shortlist"))
+        return export_saved_model(*args, **kwargs)
+
+    monkeypatch.setattr(finish, "evaluate_bleu", scoring)
+    monkeypatch.setattr(export_package, "export_saved_model", exporting)
+    result = train(config)
+    assert result["saved_model"] and os.path.isdir(result["saved_model"])
+    assert "rebuilt the vocabulary shortlist" in capsys.readouterr().out
+    (table,) = exported
+    assert table is not None and table.vocab_size == 200
+    assert len(scored) == 2 and all(t is table for t in scored), scored  # dev and test
+    assert read_lexical_table(layout.shortlist).vocab_size == 200
