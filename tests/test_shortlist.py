@@ -480,29 +480,37 @@ def test_a_table_of_another_size_is_rebuilt_or_refused_in_one_line(tmp_path, cap
 def test_a_run_scores_and_exports_over_one_current_shortlist(tmp_path, monkeypatch, capsys):
     """Issue 86: `train` on a workdir whose `shortlist.npz` is another vocabulary's (another
     size, which the export's graph refuses) does not crash after training: the table is
-    rebuilt once, before the final scoring, and the dev and test scores of result.json decode
-    over the very table the SavedModel is exported with."""
+    rebuilt once, before the final model's choice, and the choice on dev, the dev and test
+    scores of result.json (the dev figures the choice's) decode over the very table the
+    SavedModel is exported with."""
     from training_helpers import tiny_config
 
     import keras_transformer.export as export_package
+    from keras_transformer import final_model
     from keras_transformer.data.prepare import prepare
     from keras_transformer.training import train
     from keras_transformer.training.run import finish
     from keras_transformer.workdir import Workdir
 
     config = tiny_config(
-        tmp_path, data=dict(test="synthetic:split=test,size=6,max_words=8"), train=dict(steps=4)
+        tmp_path,
+        data=dict(test="synthetic:split=test,size=6,max_words=8"),
+        train=dict(steps=4),
+        export=dict(average_checkpoints="auto"),  # the dev set chooses
     )
     prepare(config, verbose=False)
     layout = Workdir.of(config)
     stale = build_lexical_table([([5], [6])], vocab_size=100, k=2, m=2)
     save_lexical_table(stale, layout.shortlist)  # the model has 200 pieces
-    scored, exported = [], []
+    chosen, scored, exported = [], [], []
     evaluate_bleu = finish.evaluate_bleu
 
-    def scoring(*args, **kwargs):
-        scored.append(kwargs.get("shortlist"))
-        return evaluate_bleu(*args, **kwargs)
+    def recording(calls):
+        def evaluate(*args, **kwargs):
+            calls.append(kwargs.get("shortlist"))
+            return evaluate_bleu(*args, **kwargs)
+
+        return evaluate
 
     export_saved_model = export_package.export_saved_model
 
@@ -510,12 +518,15 @@ def test_a_run_scores_and_exports_over_one_current_shortlist(tmp_path, monkeypat
         exported.append(kwargs.get("shortlist"))
         return export_saved_model(*args, **kwargs)
 
-    monkeypatch.setattr(finish, "evaluate_bleu", scoring)
+    monkeypatch.setattr(final_model, "evaluate_bleu", recording(chosen))
+    monkeypatch.setattr(finish, "evaluate_bleu", recording(scored))
     monkeypatch.setattr(export_package, "export_saved_model", exporting)
     result = train(config)
     assert result["saved_model"] and os.path.isdir(result["saved_model"])
     assert "rebuilt the vocabulary shortlist" in capsys.readouterr().out
     (table,) = exported
     assert table is not None and table.vocab_size == 200
-    assert len(scored) == 2 and all(t is table for t in scored), scored  # dev and test
+    assert chosen and all(t is table for t in chosen), chosen  # every candidate
+    assert len(scored) == 1 and scored[0] is table, scored  # test (dev: the choice's figures)
+    assert result["dev"]["bleu"] == result["selection"]["chosen"]["dev_bleu"]
     assert read_lexical_table(layout.shortlist).vocab_size == 200
