@@ -227,7 +227,7 @@ def test_untied_projection_with_every_piece_changes_nothing():
 
 
 def test_the_final_evaluation_decodes_over_the_shortlist(model):
-    """Issue 86: `evaluate_bleu` (the run's dev/test scores and its dev-set choice) decodes over
+    """`evaluate_bleu` (the run's dev/test scores and its dev-set choice) decodes over
     the export's lexical table when given one, as the export's `serving_default` does: without
     the pieces of "cat" the copy model cannot copy "red apple cat", over the whole vocabulary
     it does."""
@@ -415,7 +415,7 @@ def _same_table(a, b):
 
 
 def test_a_table_of_another_sentencepiece_model_of_the_same_size_is_rebuilt(tmp_path, capsys):
-    """Issue 86: `WORKDIR/shortlist.npz` built for another vocabulary of the same size (another
+    """`WORKDIR/shortlist.npz` built for another vocabulary of the same size (another
     `data.train` or `data.seed`) is not used as it is (its ids are other pieces): the export's
     read finds its fingerprint is not the workdir's SentencePiece model's and rebuilds it, in
     one line; so does a table of an older version, which records none."""
@@ -448,7 +448,7 @@ def test_a_table_of_another_sentencepiece_model_of_the_same_size_is_rebuilt(tmp_
 
 
 def test_a_table_of_another_size_is_rebuilt_or_refused_in_one_line(tmp_path, capsys):
-    """Issue 86: a table of another vocabulary size (which the export's graph refuses with a
+    """a table of another vocabulary size (which the export's graph refuses with a
     ValueError after training) is rebuilt from the prepared pairs; where it cannot be, the
     export refuses in one line under `export.shortlist: true` and decodes over the whole
     vocabulary otherwise (one line): it is never handed on."""
@@ -478,7 +478,7 @@ def test_a_table_of_another_size_is_rebuilt_or_refused_in_one_line(tmp_path, cap
 
 @pytest.mark.scenario
 def test_a_run_scores_and_exports_over_one_current_shortlist(tmp_path, monkeypatch, capsys):
-    """Issue 86: `train` on a workdir whose `shortlist.npz` is another vocabulary's (another
+    """`train` on a workdir whose `shortlist.npz` is another vocabulary's (another
     size, which the export's graph refuses) does not crash after training: the table is
     rebuilt once, before the final model's choice, and the choice on dev, the dev and test
     scores of result.json (the dev figures the choice's) decode over the very table the
