@@ -326,11 +326,12 @@ def _add_export_command(sub, common):
         "--shortlist",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="decode over a vocabulary shortlist (WORKDIR/shortlist.npz, built when missing; see "
-        "the shortlist command), or not (default: the workdir's export.shortlist; when null, "
-        "a SavedModel without --jit-compile decodes over it where it can be built); litert and "
-        "ctranslate2 hold it for their runtimes to use when asked (shortlist=True, use_vmap; "
-        "default with export.shortlist null: ctranslate2 when the workdir has one, litert not)",
+        help="decode over a vocabulary shortlist (WORKDIR/shortlist.npz, built when missing or "
+        "built for another vocabulary; see the shortlist command), or not (default: the "
+        "workdir's export.shortlist; when null, a SavedModel without --jit-compile decodes over "
+        "it where it can be built); litert and ctranslate2 hold it for their runtimes to use "
+        "when asked (shortlist=True, use_vmap; default with export.shortlist null: ctranslate2 "
+        "when the workdir has one, litert not)",
     )
     _export_constraints_flag(p)
     _export_alignment_flag(p)
@@ -397,8 +398,9 @@ def _add_shortlist_command(sub, common):
         description="Counts which target pieces co-occur with each source piece in the "
         "prepared training pairs and writes, for each source piece, the K target pieces of the "
         "highest Dice coefficient, and the M most frequent target pieces, to "
-        "WORKDIR/shortlist.npz (replacing it). An export with --shortlist (export.shortlist) "
-        "decodes each batch over their union.",
+        "WORKDIR/shortlist.npz (replacing it), with the sha256 of the SentencePiece model it "
+        "was built for. An export with --shortlist (export.shortlist) decodes each batch over "
+        "their union, and rebuilds a table built for another vocabulary.",
     )
     p.add_argument("--workdir", required=True, help="a prepared training workdir")
     p.add_argument("--k", type=int, help="target pieces kept per source piece (default 100)")

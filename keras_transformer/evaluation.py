@@ -38,12 +38,14 @@ def score_translations(hypotheses, references):
     }
 
 
-def compiled_search(model, settings, max_length=None):
+def compiled_search(model, settings, max_length=None, shortlist=None):
     """`ids -> output ids` (int32 numpy arrays `[batch, width]` -> `[batch, length]`):
     `decoding.translate_ids(model, ids, settings)` compiled once per shape on the backend Keras
     runs: a `tf.function` on TensorFlow; on JAX one `jax.jit` function of the model's variables'
     values (Keras's `StatelessScope`), given the values as they are at each call, so the same
-    function follows a model that trains.
+    function follows a model that trains. `shortlist`: a vocabulary shortlist's lexical table
+    (`data.shortlist.LexicalTable`) each batch decodes over (`translate_ids`' `shortlist`;
+    TensorFlow only: its width depends on the batch, which `jax.jit` does not trace).
 
     Example:
     ```python
@@ -56,6 +58,9 @@ def compiled_search(model, settings, max_length=None):
     if keras.backend.backend() == "jax":
         import jax
 
+        if shortlist is not None:
+            raise ValueError("a vocabulary shortlist decodes on the TensorFlow backend only")
+
         def stateless(values, ids):
             with keras.StatelessScope(state_mapping=list(zip(model.variables, values))):
                 return translate_ids(model, ids, settings, max_length=max_length).ids
@@ -67,15 +72,16 @@ def compiled_search(model, settings, max_length=None):
     # translate_ids has no tensor-dependent Python control flow: no AutoGraph needed.
     @tf.autograph.experimental.do_not_convert
     def decode_batch(ids):
-        return translate_ids(model, ids, settings, max_length=max_length).ids
+        return translate_ids(model, ids, settings, max_length=max_length, shortlist=shortlist).ids
 
     function = tf.function(decode_batch)
     return lambda ids: function(tf.constant(ids)).numpy()
 
 
 def translate_sentences(
-    model, tokenizer, sources, data_config, settings=None, _cache=None, stop_phase=None
-):
+    model, tokenizer, sources, data_config, settings=None, _cache=None, stop_phase=None,
+    shortlist=None,
+):  # fmt: skip
     """Translates a list of strings with `model` (in Python, for evaluation during training and
     the final scores), on either backend.
 
@@ -85,6 +91,8 @@ def translate_sentences(
     Python `encode(text)` and `decode(ids)` (a `data.Tokenizer`, or a SentencePiece processor). With
     `stop_phase`, each batch is a safe point of that phase (`stopping.check`: a SIGTERM stops
     there); without it (the dev evaluation inside `fit`) a signal is acted on afterwards.
+    `shortlist`: a lexical table each batch decodes over (`compiled_search`; the export's, so
+    that the final scores are those of the search it serves; None: the whole vocabulary).
 
     Returns:
         The list of detokenized translations, in the order of `sources`.
@@ -92,10 +100,12 @@ def translate_sentences(
     if not sources:
         return []
     settings = DecodingSettings(beam_size=1) if settings is None else settings
-    key = (id(model), settings)
+    key = (id(model), settings, id(shortlist))
     cache = _cache if _cache is not None else {}
     if key not in cache:
-        cache[key] = compiled_search(model, settings, data_config.max_target_length)
+        cache[key] = compiled_search(
+            model, settings, data_config.max_target_length, shortlist=shortlist
+        )
     decode = cache[key]
     batch_size = min(settings.batch_size, len(sources))
     rows = [
@@ -126,15 +136,18 @@ def translate_sentences(
 
 
 def evaluate_bleu(
-    model, tokenizer, pairs, data_config, settings=None, _cache=None, stop_phase=None
-):
+    model, tokenizer, pairs, data_config, settings=None, _cache=None, stop_phase=None,
+    shortlist=None,
+):  # fmt: skip
     """sacreBLEU/chrF of `model` on `pairs` `[(source, reference), ...]`, translated with the
-    `DecodingSettings` `settings` (None: greedy search); `stop_phase`: see `translate_sentences`.
+    `DecodingSettings` `settings` (None: greedy search); `stop_phase` and `shortlist` (a
+    lexical table to decode over): see `translate_sentences`.
 
     Returns:
         `(scores, hypotheses)`: `evaluation.score_translations`'s dict and the translations.
     """
     hypotheses = translate_sentences(
-        model, tokenizer, [s for s, _ in pairs], data_config, settings, _cache, stop_phase
-    )
+        model, tokenizer, [s for s, _ in pairs], data_config, settings, _cache, stop_phase,
+        shortlist,
+    )  # fmt: skip
     return score_translations(hypotheses, [t for _, t in pairs]), hypotheses

@@ -17,6 +17,9 @@ same, so both call `final_model`, with a `Plan` each resolves from its config at
   paper's alpha, then the last checkpoints over the kept best. The same workdir always chooses
   the same candidate.
 
+A vocabulary shortlist's lexical table (`final_model(..., shortlist=table)`: the export's, as
+`train` passes it) makes every candidate decode over it, as the export will.
+
 OpenNMT-tf (`export_on_best`), Marian (`--keep-best`) and fairseq (`checkpoint_best.pt`) let the
 validation set choose in the same way.
 """
@@ -88,10 +91,12 @@ class FinalModel:
         steps: the checkpoint steps averaged into it.
         alpha: the length penalty chosen on dev; None: the export settings' (`Plan.settings`).
         selection: the dev-set choice (`to_json()` goes to `result.json`), or None.
-        dev_scores: `(settings, sentences, scores)`: the chosen candidate's dev figures of the
-            choice (`evaluation.score_translations`), decoded with the `DecodingSettings`
-            `settings` on the first `sentences` dev pairs, which the scoring reuses where it
-            would decode the same (`reused_dev_scores`); None where not decoded in this process.
+        dev_scores: `(settings, sentences, scores, shortlist)`: the chosen candidate's dev
+            figures of the choice (`evaluation.score_translations`), decoded with the
+            `DecodingSettings` `settings` on the first `sentences` dev pairs over the lexical
+            table of `shortlist_key` `shortlist` (None: the whole vocabulary), which the
+            scoring reuses where it would decode the same (`reused_dev_scores`); None where
+            not decoded in this process.
     """
 
     model: object
@@ -271,8 +276,23 @@ def figures_key(**what):
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def shortlist_key(shortlist):
+    """What a `figures_key` holds of the lexical table decoded over: the sha256 of its arrays
+    (None: the whole vocabulary)."""
+    if shortlist is None:
+        return None
+    import numpy as np
+
+    digest = hashlib.sha256()
+    for array in (shortlist.translations, shortlist.frequent):
+        array = np.ascontiguousarray(array, np.int32)
+        digest.update(str(array.shape).encode("ascii"))
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
 def select_on_dev(model, tokenizer, plan, layout, dev_pairs, alpha=None, report=print, kept=None,
-                  deadline=None, after_sentences=0):  # fmt: skip
+                  deadline=None, after_sentences=0, shortlist=None):  # fmt: skip
     """Chooses the final model on the first `export.select_max_sentences` of `dev_pairs`, loads
     it into `model` and returns the `FinalModel`.
 
@@ -288,7 +308,9 @@ def select_on_dev(model, tokenizer, plan, layout, dev_pairs, alpha=None, report=
     speed the beam ran so far.
 
     Each dev batch is a safe point (`stopping.check`); `kept` (a `KeptFigures`) keeps each
-    candidate's BLEU, so a stopped choice goes on from the next candidate.
+    candidate's BLEU, so a stopped choice goes on from the next candidate. `shortlist`: a
+    lexical table every decoding here is restricted to (the export's; None: the whole
+    vocabulary).
     """
     started = time.perf_counter()
     pairs = list(dev_pairs)[: plan.export.select_max_sentences]
@@ -298,7 +320,7 @@ def select_on_dev(model, tokenizer, plan, layout, dev_pairs, alpha=None, report=
     screen = plan.export.select_screen_sentences
     report(f"choosing the final model on {len(pairs)} dev sentences: {len(found)} candidates")
     kept, greedy = kept or KeptFigures(None), {}
-    state = {"loaded": None, "cache": {}, "figures": {}}
+    state = {"loaded": None, "cache": {}, "figures": {}, "shortlist": shortlist}
     if screen and len(sets) > plan.export.select_finalists:
         greedy = _screen(model, tokenizer, plan.data, pairs[:screen], base, sets, kept, state)
         sets = sorted(sets, key=lambda s: -greedy[s])  # stable: the simpler first on a tie
@@ -306,7 +328,8 @@ def select_on_dev(model, tokenizer, plan, layout, dev_pairs, alpha=None, report=
             what = Candidate(cps, 0.0, kind).describe().rsplit(",", 1)[0]  # no alpha
             report(f"  greedy dev BLEU {greedy[(cps, kind)]:6.2f}  {what}")
         sets = sets[: plan.export.select_finalists]
-    key = figures_key(pairs=pairs, settings=dataclasses.asdict(base), data=plan.data)
+    key = figures_key(pairs=pairs, settings=dataclasses.asdict(base), data=plan.data,
+                      shortlist=shortlist_key(shortlist))  # fmt: skip
     scores, beam_seconds, beam_decoded = [], 0.0, 0
     for index, (checkpoints, kind) in enumerate(sets):
         alphas = [c for c in found if (c.checkpoints, c.kind) == (checkpoints, kind)]
@@ -334,7 +357,8 @@ def select_on_dev(model, tokenizer, plan, layout, dev_pairs, alpha=None, report=
     figures = state["figures"].get(_figure_name(chosen))
     dev_scores = None
     if figures is not None:
-        dev_scores = (dataclasses.replace(base, alpha=chosen.alpha), len(pairs), figures)
+        settings = dataclasses.replace(base, alpha=chosen.alpha)
+        dev_scores = (settings, len(pairs), figures, shortlist_key(shortlist))
     selection = {
         "sentences": len(pairs),
         "beam_size": base.beam_size,
@@ -346,13 +370,15 @@ def select_on_dev(model, tokenizer, plan, layout, dev_pairs, alpha=None, report=
     return FinalModel(model, chosen.steps, chosen.alpha, selection, dev_scores)
 
 
-def reused_dev_scores(final, settings, sentences):
+def reused_dev_scores(final, settings, sentences, shortlist=None):
     """The choice's dev figures of `final` (a `FinalModel`) where scoring `sentences` dev
-    sentences with `settings` would decode exactly what the choice decoded; else None."""
+    sentences with `settings` over the lexical table `shortlist` (None: the whole vocabulary)
+    would decode exactly what the choice decoded; else None."""
     if final.dev_scores is None:
         return None
-    decoded_with, decoded, scores = final.dev_scores
-    return scores if (decoded_with, decoded) == (settings, sentences) else None
+    decoded_with, decoded, scores, over = final.dev_scores
+    same = (decoded_with, decoded, over) == (settings, sentences, shortlist_key(shortlist))
+    return scores if same else None
 
 
 def _screened_json(greedy, sentences):
@@ -369,7 +395,8 @@ def _screened_json(greedy, sentences):
 def _screen(model, tokenizer, data, pairs, base, sets, kept, state):
     """`{(checkpoints, kind): greedy dev BLEU on pairs}` of each checkpoint set."""
     settings = dataclasses.replace(base, beam_size=1)
-    key = figures_key(pairs=pairs, settings=dataclasses.asdict(settings), data=data)
+    key = figures_key(pairs=pairs, settings=dataclasses.asdict(settings), data=data,
+                      shortlist=shortlist_key(state["shortlist"]))  # fmt: skip
     return {
         (checkpoints, kind): _dev_bleu(
             model,
@@ -396,8 +423,9 @@ def _dev_bleu(model, tokenizer, data, pairs, settings, candidate, kept, section,
             load_checkpoints(model, candidate.checkpoints)
             state["loaded"] = candidate.checkpoints
         figures, _ = evaluate_bleu(
-            model, tokenizer, pairs, data, settings, _cache=state["cache"], stop_phase=PHASE
-        )
+            model, tokenizer, pairs, data, settings, _cache=state["cache"], stop_phase=PHASE,
+            shortlist=state["shortlist"],
+        )  # fmt: skip
         bleu = figures["bleu"]
         kept.put(*section, name, bleu)
         if section[0] == "choice":
@@ -434,7 +462,8 @@ def final_model(plan, layout, vocab_size, tokenizer=None, dev_pairs=None, select
         **kw: `average` (a count instead of `export.average_checkpoints`), `alpha` (a fixed
             length penalty for the choice), `strict` (refuse fewer checkpoints than asked;
             default True), `report` (`line -> None`, default print), `kept` (a `KeptFigures`
-            for the choice), `deadline` and `after_sentences` (a time budget: see `select_on_dev`).
+            for the choice), `deadline` and `after_sentences` (a time budget: see `select_on_dev`),
+            `shortlist` (a lexical table the choice decodes over: see `select_on_dev`).
 
     Returns:
         A `FinalModel`.
@@ -455,7 +484,7 @@ def final_model(plan, layout, vocab_size, tokenizer=None, dev_pairs=None, select
     if select and dev_pairs:
         return select_on_dev(
             model, tokenizer, plan, layout, dev_pairs, kw.get("alpha"), report, kw.get("kept"),
-            kw.get("deadline"), kw.get("after_sentences", 0),
+            kw.get("deadline"), kw.get("after_sentences", 0), kw.get("shortlist"),
         )  # fmt: skip
     if select:
         report("no dev set to choose the final model on: the last checkpoint, alpha as configured")

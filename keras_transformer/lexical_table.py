@@ -29,7 +29,8 @@ class LexicalTable:
     Args:
         translations: int32 `[vocab, k]`, row `s` the target pieces of source piece `s`.
         frequent: int32 `[m]`, the most frequent target pieces, most frequent first.
-        settings: how it was built (`k`, `m`, `pairs`, `estimate`).
+        settings: how it was built (`k`, `m`, `pairs`, `estimate`, and `spm_sha256`: the
+            sha256 of the SentencePiece model whose ids it holds).
     """
 
     translations: np.ndarray

@@ -2,7 +2,9 @@
 shortlist in the graph, and the search restricted to it (never a piece outside it; with every
 piece in it, the unrestricted search's answers)."""
 
+import hashlib
 import os
+import shutil
 
 import _inference_fixtures as fx
 import numpy as np
@@ -224,6 +226,29 @@ def test_untied_projection_with_every_piece_changes_nothing():
 # --------------------------------------------------------------------------- the SavedModel
 
 
+def test_the_final_evaluation_decodes_over_the_shortlist(model):
+    """`evaluate_bleu` (the run's dev/test scores and its dev-set choice) decodes over
+    the export's lexical table when given one, as the export's `serving_default` does: without
+    the pieces of "cat" the copy model cannot copy "red apple cat", over the whole vocabulary
+    it does."""
+    from types import SimpleNamespace
+
+    from keras_transformer.config import DecodingSettings
+    from keras_transformer.evaluation import evaluate_bleu
+
+    sp = fx.spm_processor()
+    pairs = [(text, text) for text in fx.NORMAL]
+    data = SimpleNamespace(max_source_length=fx.MAX_SOURCE_LENGTH, max_target_length=None)
+    settings = DecodingSettings(beam_size=3, alpha=0.6, max_extra_length=8, batch_size=4)
+    plain, answers = evaluate_bleu(model, sp, pairs, data, settings)
+    assert answers[0] == "red apple cat"
+    cat = fx.encode_sources(["cat"])[0, :-1].tolist()
+    table = _identity_table(model.vocab_size, without=cat)
+    listed, found = evaluate_bleu(model, sp, pairs, data, settings, shortlist=table)
+    assert "cat" not in found[0] and found[2] == "blue"
+    assert listed["bleu"] < plain["bleu"]
+
+
 def _translator(model, spm_bytes, shortlist=None):
     from keras_transformer.export import Translator
 
@@ -356,9 +381,152 @@ def test_shortlist_command_on_a_prepared_workdir(tmp_path, capsys):
     assert layout.shortlist in capsys.readouterr().out
     table = read_lexical_table(layout.shortlist)
     assert table.translations.shape == (120, 4) and table.frequent.shape == (10,)
-    assert table.settings == {"k": 4, "m": 10, "pairs": written, "estimate": "dice"}
+    # The fingerprint of the SentencePiece model its ids are pieces of.
+    spm_sha256 = hashlib.sha256(open(layout.spm, "rb").read()).hexdigest()
+    assert table.settings == {
+        "k": 4, "m": 10, "pairs": written, "estimate": "dice", "spm_sha256": spm_sha256,
+    }  # fmt: skip
     assert (table.translations[4:] > 3).any()  # pieces found translations
     refused = [["shortlist", "--k", "0"], ["shortlist", "--m", "-1"]]
     refused.append(["export", "--format", "litert", "--shortlist"])
     for command, *flags in refused:
         assert main([command, "--workdir", layout.root, *flags]) == 2, flags
+
+
+# --------------------------------------------------------------------------- a stale table
+
+
+def _prepared_workdir(path, seed, vocab_size=120):
+    """A prepared workdir of `vocab_size` pieces whose corpus (and so vocabulary) `seed` picks."""
+    from training_helpers import tiny_config
+
+    from keras_transformer.data.prepare import prepare
+    from keras_transformer.workdir import Workdir
+
+    data = dict(vocab_size=vocab_size, max_source_length=40, max_target_length=40)
+    train = f"synthetic:size=400,max_words=8,seed={seed}"
+    config = tiny_config(path, data={**data, "train": train})
+    prepare(config, verbose=False)
+    return Workdir.of(config)
+
+
+def _same_table(a, b):
+    return np.array_equal(a.translations, b.translations) and np.array_equal(a.frequent, b.frequent)
+
+
+def test_a_table_of_another_sentencepiece_model_of_the_same_size_is_rebuilt(tmp_path, capsys):
+    """`WORKDIR/shortlist.npz` built for another vocabulary of the same size (another
+    `data.train` or `data.seed`) is not used as it is (its ids are other pieces): the export's
+    read finds its fingerprint is not the workdir's SentencePiece model's and rebuilds it, in
+    one line; so does a table of an older version, which records none."""
+    from keras_transformer.data.shortlist import build_workdir_shortlist, export_shortlist
+
+    ours = _prepared_workdir(tmp_path / "ours", seed=1)
+    theirs = _prepared_workdir(tmp_path / "theirs", seed=2)
+    assert open(ours.spm, "rb").read() != open(theirs.spm, "rb").read()
+    own = build_workdir_shortlist(ours, k=4, m=10)  # what a rebuild gives
+    other = build_workdir_shortlist(theirs, k=4, m=10)
+    assert other.vocab_size == own.vocab_size and not _same_table(other, own)
+    shutil.copy(theirs.shortlist, ours.shortlist)  # the stale table, same size
+    capsys.readouterr()
+    table = export_shortlist(ours, required=True)
+    assert _same_table(table, own), "the stale table was used as it is"
+    out = capsys.readouterr().out
+    assert out.startswith("rebuilt the vocabulary shortlist") and out.count("\n") == 1, out
+    assert "another SentencePiece model" in out
+    assert _same_table(read_lexical_table(ours.shortlist), own)  # written over it, k and m kept
+    assert table.settings["k"] == 4 and table.settings["m"] == 10
+    # Now current: read as it is, nothing said.
+    assert _same_table(export_shortlist(ours, required=True), own)
+    assert capsys.readouterr().out == ""
+    # A table without a fingerprint (written before tables had one): rebuilt too.
+    old = read_lexical_table(theirs.shortlist)
+    settings = {key: value for key, value in old.settings.items() if key != "spm_sha256"}
+    save_lexical_table(type(old)(old.translations, old.frequent, settings), ours.shortlist)
+    assert _same_table(export_shortlist(ours, required=False), own)
+    assert "records no SentencePiece model" in capsys.readouterr().out
+
+
+def test_a_table_of_another_size_is_rebuilt_or_refused_in_one_line(tmp_path, capsys):
+    """a table of another vocabulary size (which the export's graph refuses with a
+    ValueError after training) is rebuilt from the prepared pairs; where it cannot be, the
+    export refuses in one line under `export.shortlist: true` and decodes over the whole
+    vocabulary otherwise (one line): it is never handed on."""
+    from keras_transformer.data.prepare import read_manifest
+    from keras_transformer.data.shortlist import export_shortlist
+    from keras_transformer.errors import DataError
+
+    ours = _prepared_workdir(tmp_path / "ours", seed=1, vocab_size=120)
+    theirs = _prepared_workdir(tmp_path / "theirs", seed=1, vocab_size=100)
+    export_shortlist(theirs, required=True)
+    shutil.copy(theirs.shortlist, ours.shortlist)
+    capsys.readouterr()
+    table = export_shortlist(ours, required=False)
+    assert table.vocab_size == 120, "a table of another size was handed to the export"
+    assert capsys.readouterr().out.startswith("rebuilt the vocabulary shortlist")
+    # Stale and no prepared pairs to rebuild it from.
+    shutil.copy(theirs.shortlist, ours.shortlist)
+    os.remove(os.path.join(ours.prepared, read_manifest(ours.prepared)["shards"][0]["file"]))
+    with pytest.raises(DataError, match="stale") as refused:
+        export_shortlist(ours, required=True)
+    assert "\n" not in str(refused.value)
+    assert export_shortlist(ours, required=False) is None
+    err = capsys.readouterr().err
+    assert err.startswith("no vocabulary shortlist (") and err.count("\n") == 1, err
+    assert "whole vocabulary" in err
+
+
+@pytest.mark.scenario
+def test_a_run_scores_and_exports_over_one_current_shortlist(tmp_path, monkeypatch, capsys):
+    """`train` on a workdir whose `shortlist.npz` is another vocabulary's (another
+    size, which the export's graph refuses) does not crash after training: the table is
+    rebuilt once, before the final model's choice, and the choice on dev, the dev and test
+    scores of result.json (the dev figures the choice's) decode over the very table the
+    SavedModel is exported with."""
+    from training_helpers import tiny_config
+
+    import keras_transformer.export as export_package
+    from keras_transformer import final_model
+    from keras_transformer.data.prepare import prepare
+    from keras_transformer.training import train
+    from keras_transformer.training.run import finish
+    from keras_transformer.workdir import Workdir
+
+    config = tiny_config(
+        tmp_path,
+        data=dict(test="synthetic:split=test,size=6,max_words=8"),
+        train=dict(steps=4),
+        export=dict(average_checkpoints="auto"),  # the dev set chooses
+    )
+    prepare(config, verbose=False)
+    layout = Workdir.of(config)
+    stale = build_lexical_table([([5], [6])], vocab_size=100, k=2, m=2)
+    save_lexical_table(stale, layout.shortlist)  # the model has 200 pieces
+    chosen, scored, exported = [], [], []
+    evaluate_bleu = finish.evaluate_bleu
+
+    def recording(calls):
+        def evaluate(*args, **kwargs):
+            calls.append(kwargs.get("shortlist"))
+            return evaluate_bleu(*args, **kwargs)
+
+        return evaluate
+
+    export_saved_model = export_package.export_saved_model
+
+    def exporting(*args, **kwargs):
+        exported.append(kwargs.get("shortlist"))
+        return export_saved_model(*args, **kwargs)
+
+    monkeypatch.setattr(final_model, "evaluate_bleu", recording(chosen))
+    monkeypatch.setattr(finish, "evaluate_bleu", recording(scored))
+    monkeypatch.setattr(export_package, "export_saved_model", exporting)
+    result = train(config)
+    assert result["saved_model"] and os.path.isdir(result["saved_model"])
+    assert "rebuilt the vocabulary shortlist" in capsys.readouterr().out
+    (table,) = exported
+    assert table is not None and table.vocab_size == 200
+    assert chosen and all(t is table for t in chosen), chosen  # every candidate
+    assert len(scored) == 1 and scored[0] is table, scored  # test (dev: the choice's figures)
+    assert result["dev"]["bleu"] == result["selection"]["chosen"]["dev_bleu"]
+    assert read_lexical_table(layout.shortlist).vocab_size == 200

@@ -1,6 +1,7 @@
 """`keras-transformer shortlist`: a prepared workdir's vocabulary shortlist (its lexical table,
-`keras_transformer.data.shortlist`) written to `WORKDIR/shortlist.npz`; and the table an export
-with `export.shortlist` uses (`workdir_shortlist`: read, or built when missing)."""
+`keras_transformer.data.shortlist`) written to `WORKDIR/shortlist.npz` with the fingerprint of
+the SentencePiece model it was built for; and the table an export with `export.shortlist` uses
+(`workdir_shortlist`: read, or built when missing or built for another SentencePiece model)."""
 
 from keras_transformer.errors import DataError, UsageError
 from keras_transformer.workdir import Workdir

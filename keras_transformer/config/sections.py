@@ -418,15 +418,16 @@ class ExportConfig:
     )
     shortlist: Optional[bool] = key(
         None,
-        "decode over a vocabulary shortlist: each batch's outputs use only the target pieces "
-        "the lexical table lists for its source pieces plus the most frequent ones "
+        "decode over a vocabulary shortlist: each batch's outputs use only the target pieces the "
+        "lexical table lists for its source pieces plus the most frequent ones "
         "(WORKDIR/shortlist.npz, built by keras-transformer shortlist, or by the export when "
-        "missing); its scores are log-probabilities over the shortlist, not the whole "
-        "vocabulary. null (default): the SavedModel's searching signatures decode over it, "
-        "where it is faster at the same BLEU, unless export.jit_compile or it cannot be built; "
-        "the LiteRT export leaves it out. true: also the LiteRT export's shortlist step and "
-        "the CTranslate2 export's vmap.txt (use_vmap=True), an error where it cannot be "
-        "built; false: nowhere (speed and BLEU: docs/results.md)",
+        "missing or built for another vocabulary); its scores are log-probabilities over the "
+        "shortlist, not the whole vocabulary. null (default): the SavedModel's searching "
+        "signatures decode over it, where it is faster at the same BLEU, unless "
+        "export.jit_compile or it cannot be built; the LiteRT export leaves it out. true: also "
+        "the LiteRT export's shortlist step and the CTranslate2 export's vmap.txt "
+        "(use_vmap=True), an error where it cannot be built; false: nowhere (speed and BLEU: "
+        "docs/results.md)",
     )
     precision: str = key(
         "float32",

@@ -13,8 +13,15 @@ frequent target pieces (counted in tokens), which every shortlist holds.
 The table is written in the workdir as `shortlist.npz` (`Workdir.shortlist`), atomically:
 `translations` int32 `[vocab, k]` (row `s` the target pieces of source piece `s`, best first,
 0-padded when it co-occurs with fewer), `frequent` int32 `[m]` and `settings` (JSON: k, m, the
-pairs counted, the estimate); the file and a batch's union are `keras_transformer.lexical_table`'s
-(NumPy only, re-exported here). No TensorFlow.
+pairs counted, the estimate and `spm_sha256`, the sha256 of the SentencePiece model whose ids it
+holds); the file and a batch's union are `keras_transformer.lexical_table`'s (NumPy only,
+re-exported here). No TensorFlow.
+
+The table's ids are those of one SentencePiece model: after the vocabulary changes (another
+`data.train`, `data.seed`, `data.terminology`, even at the same size) they point at other pieces.
+An export reads it through `read_or_build_workdir_shortlist`, which rebuilds a table whose
+`spm_sha256` is not that of the workdir's `spm.model` (or that has none: a table of an older
+version) instead of using it.
 
 Example:
 ```python
@@ -22,6 +29,8 @@ table = build_workdir_shortlist(Workdir("workdirs/quickstart"), k=100, m=100)
 table.translations[piece_id]  # its 100 most likely target pieces
 ```
 """
+
+import hashlib
 
 import numpy as np
 
@@ -51,6 +60,7 @@ __all__ = [
     "read_lexical_table",
     "read_or_build_workdir_shortlist",
     "save_lexical_table",
+    "stale_reason",
 ]
 
 # The defaults of `keras-transformer shortlist` (Marian's lexical shortlists use 50 / 50 to
@@ -60,6 +70,8 @@ __all__ = [
 DEFAULT_K = 100
 DEFAULT_M = 100
 ESTIMATE = "dice"
+# The `settings` key of the sha256 of the SentencePiece model a table was built for.
+SPM_KEY = "spm_sha256"
 # Co-occurring (source, target) pairs counted before the counts are merged (memory bound).
 _KEYS_PER_MERGE = 4_000_000
 
@@ -127,31 +139,75 @@ def _merge(keys, counts, pending):
 
 def build_workdir_shortlist(workdir, k=DEFAULT_K, m=DEFAULT_M, vocab_size=None):
     """Builds the lexical table of `workdir` (a `Workdir`) from its prepared pairs, writes it
-    to `workdir.shortlist` and returns it. `vocab_size`: the pieces of its SentencePiece model
-    (None: read from `workdir.spm`)."""
+    to `workdir.shortlist` and returns it, its `settings` holding the fingerprint of the
+    workdir's SentencePiece model (`spm_sha256`: the sha256 of the file's bytes). `vocab_size`:
+    the pieces of that model (None: read from `workdir.spm`). `DataError` without a
+    SentencePiece model or prepared pairs."""
+    spm_bytes = _spm_bytes(workdir.spm)
     if vocab_size is None:
-        vocab_size = _piece_count(workdir.spm)
+        vocab_size = _piece_count(spm_bytes)
     table = build_lexical_table(prepared_pairs(workdir.prepared), vocab_size, k, m)
+    table = LexicalTable(
+        table.translations, table.frequent, {**table.settings, SPM_KEY: _sha256(spm_bytes)}
+    )
     save_lexical_table(table, workdir.shortlist)
     return table
 
 
+def stale_reason(table, spm_path):
+    """Why `table` (a `LexicalTable`) is not the table of the SentencePiece model at
+    `spm_path`, or None when it is: its recorded fingerprint is another model's, or missing
+    (a table of an older version, whose ids may be another vocabulary's), or its rows are not
+    the model's pieces. `DataError` without a SentencePiece model."""
+    spm_bytes = _spm_bytes(spm_path)
+    recorded = (table.settings or {}).get(SPM_KEY)
+    if recorded is None:
+        return "it records no SentencePiece model (a table of an older version)"
+    if recorded != _sha256(spm_bytes):
+        return "it was built for another SentencePiece model"
+    pieces = _piece_count(spm_bytes)
+    if table.vocab_size != pieces:
+        return f"it has {table.vocab_size} source rows, the SentencePiece model {pieces} pieces"
+    return None
+
+
 def read_or_build_workdir_shortlist(workdir):
     """`(table, built)`: the lexical table of `workdir` (a `Workdir`) that an export with
-    `export.shortlist` uses: `workdir.shortlist` when it exists, else built with the default
-    sizes and written there (`built` True). `DataError` when it cannot be built."""
-    if local_files.gfile().exists(workdir.shortlist):
-        return read_lexical_table(workdir.shortlist), False
-    return build_workdir_shortlist(workdir), True
+    `export.shortlist` uses: `workdir.shortlist` when it exists and was built for the
+    workdir's SentencePiece model (`stale_reason`), else built from the prepared pairs and
+    written there (over a stale table, with its `k` and `m`). `built`: False when read, else
+    why it was built (a phrase: "missing", or the stale table's reason). `DataError` when it
+    cannot be built (no SentencePiece model, no prepared pairs, a shard missing or
+    unreadable), naming the stale table where there is one."""
+    if not local_files.gfile().exists(workdir.shortlist):
+        return build_workdir_shortlist(workdir), "missing"
+    try:
+        table = read_lexical_table(workdir.shortlist)
+        reason = stale_reason(table, workdir.spm)
+        sizes = {key: table.settings.get(key, default) for key, default in
+                 (("k", table.translations.shape[1]), ("m", table.frequent.size))}  # fmt: skip
+    except (DataError, ValueError) as e:  # no SentencePiece model, or not a table
+        if not local_files.gfile().exists(workdir.spm):
+            raise
+        reason, sizes = f"it cannot be read ({first_line(e)})", {}
+    if reason is None:
+        return table, False
+    try:
+        return build_workdir_shortlist(workdir, **sizes), reason
+    except (DataError, OSError, *local_files.not_found_errors()) as e:
+        raise DataError(
+            f"{workdir.shortlist} is stale ({reason}) and cannot be rebuilt: {first_line(e)}"
+        ) from None
 
 
 def export_shortlist(workdir, required=True):
     """The lexical table an export of `workdir` (a `Workdir`) decodes over
-    (`read_or_build_workdir_shortlist`), saying on stdout when it was built. Where it cannot be
-    built (no prepared pairs, a shard missing or unreadable): `DataError` when `required`
+    (`read_or_build_workdir_shortlist`: read, or built when missing or stale), saying in one
+    line on stdout when it was built. Where it cannot be built (no prepared pairs, a shard
+    missing or unreadable, no SentencePiece model): `DataError` (one line) when `required`
     (`export.shortlist: true`, `--shortlist`), else None, said in one line on stderr
     (`export.shortlist` null: the export decodes over the whole vocabulary, and the end of a
-    training run is not lost to it)."""
+    training run is not lost to it). A stale table is never used as it is."""
     import sys
 
     try:
@@ -164,18 +220,28 @@ def export_shortlist(workdir, required=True):
             file=sys.stderr,
         )
         return None
-    if built:
+    if built == "missing":
         print(f"built the vocabulary shortlist {workdir.shortlist}")
+    elif built:
+        print(f"rebuilt the vocabulary shortlist {workdir.shortlist}: {built}")
     return table
 
 
-def _piece_count(spm_path):
-    """The number of pieces of the SentencePiece model at `spm_path`."""
-    import sentencepiece as spm
-
+def _spm_bytes(spm_path):
+    """The bytes of the SentencePiece model at `spm_path`; `DataError` when there is none."""
     gfile = local_files.gfile()
     if not gfile.exists(spm_path):
         raise DataError(f"no SentencePiece model at {spm_path} (run keras-transformer prepare)")
     with gfile.GFile(spm_path, "rb") as f:
-        processor = spm.SentencePieceProcessor(model_proto=f.read())
-    return processor.get_piece_size()
+        return f.read()
+
+
+def _sha256(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def _piece_count(spm_bytes):
+    """The number of pieces of the SentencePiece model serialized in `spm_bytes`."""
+    import sentencepiece as spm
+
+    return spm.SentencePieceProcessor(model_proto=spm_bytes).get_piece_size()

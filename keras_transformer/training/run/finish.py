@@ -1,6 +1,10 @@
-"""The end of a run, after training: the final model (the dev set's choice or the average of the
+"""The end of a run, after training: the vocabulary shortlist the export decodes over
+(`export_table`, resolved first), the final model (the dev set's choice or the average of the
 last checkpoints), its dev and test scores, the export, `result.json` and the summary printed.
-The same on either engine; the SavedModel is made where the engine `exports` (TensorFlow)."""
+The same on either engine; the SavedModel is made where the engine `exports` (TensorFlow).
+
+The choice, the scores and the export all decode over the one table `export_table` gives, so
+that `result.json`'s BLEU and the model card score the search the SavedModel serves."""
 
 import dataclasses
 import json
@@ -16,6 +20,7 @@ from keras_transformer.final_model import (
     figures_key,
     final_model,
     reused_dev_scores,
+    shortlist_key,
 )
 from keras_transformer.training.run import end_reserve
 from keras_transformer.training.run.callbacks import tensorboard
@@ -67,7 +72,31 @@ def worker_done(run, step):
     return {"name": run.config.name, "step": step, "chief": False}
 
 
-def choose_final_model(run, tokenizer, deadline=None):
+def export_table(run):
+    """The lexical table the run's SavedModel decodes over (`config.saved_model_shortlist`:
+    by default where it can be built), or None: resolved once, before the final model is
+    chosen, and passed to the choice, the scoring and the export, so that result.json's BLEU
+    is that of the search the export serves.
+
+    `data.shortlist.export_shortlist` reads `WORKDIR/shortlist.npz`, or builds it from the
+    prepared pairs when it is missing or was built for another SentencePiece model (one line
+    says so); where it cannot be built, `export.shortlist: true` refuses (`DataError`, one
+    line) and null goes on over the whole vocabulary (one line). None on an engine that does
+    not export (JAX, whose compiled search takes no shortlist: its scores are over the whole
+    vocabulary)."""
+    if not run.engine.exports:
+        return None
+    from keras_transformer.config import saved_model_shortlist
+
+    use, required = saved_model_shortlist(run.config.export)
+    if not use:
+        return None
+    from keras_transformer.data.shortlist import export_shortlist
+
+    return export_shortlist(run.layout, required)
+
+
+def choose_final_model(run, tokenizer, deadline=None, shortlist=None):
     """The final model (`final_model.final_model`, as `keras-transformer export` makes it): the
     average of the last `export.average_checkpoints` checkpoints (the paper's final models), or
     the candidate the dev set chooses where the config says `auto`.
@@ -79,7 +108,8 @@ def choose_final_model(run, tokenizer, deadline=None):
     slow on CPUs without bfloat16 instructions).
 
     `deadline` (`time.perf_counter()`): the end of `train.max_minutes`; the choice leaves time
-    to score the dev and test sets and to calibrate the export on dev after it."""
+    to score the dev and test sets and to calibrate the export on dev after it. `shortlist`:
+    the export's lexical table (`export_table`), which the choice decodes over."""
     config, plan = run.config, run.plan
     dev_pairs = read_split(config.data.dev) if plan.selects else None
     after = 0
@@ -94,6 +124,7 @@ def choose_final_model(run, tokenizer, deadline=None):
     return final_model(
         plan, run.layout, tokenizer.vocab_size, tokenizer, dev_pairs, strict=False,
         kept=_kept_figures(run.layout), deadline=deadline, after_sentences=after,
+        shortlist=shortlist,
     )  # fmt: skip
 
 
@@ -102,9 +133,10 @@ def _kept_figures(layout):
     return KeptFigures(join(layout.root, KEPT_FIGURES))
 
 
-def score(run, final, tokenizer, step, stopper):
+def score(run, final, tokenizer, step, stopper, shortlist=None):
     """sacreBLEU / chrF of the final model (a `FinalModel`) on the dev and test sets (the
-    `decode` settings, with the length penalty chosen on dev if any)."""
+    `decode` settings, with the length penalty chosen on dev if any), decoded over
+    `shortlist` (the export's lexical table, `export_table`; None: the whole vocabulary)."""
     config, layout = run.config, run.layout
     settings = run.decoding.without_sampling()  # BLEU of the search
     if final.alpha is not None:
@@ -126,7 +158,10 @@ def score(run, final, tokenizer, step, stopper):
     if final.selection:
         result["selection"] = final.selection
     cache, kept = {}, _kept_figures(layout)
-    key = figures_key(steps=final.steps, settings=dataclasses.asdict(settings), data=config.data)
+    key = figures_key(
+        steps=final.steps, settings=dataclasses.asdict(settings), data=config.data,
+        shortlist=shortlist_key(shortlist),
+    )  # fmt: skip
     summary = tensorboard()
     for split, spec in (("dev", config.data.dev), ("test", config.data.test)):
         pairs = read_split(spec)
@@ -135,11 +170,11 @@ def score(run, final, tokenizer, step, stopper):
         scores = kept.get("scores", key, split)
         if scores is None and split == "dev":
             # The choice decoded these sentences with these settings already: not twice.
-            scores = reused_dev_scores(final, settings, len(pairs))
+            scores = reused_dev_scores(final, settings, len(pairs), shortlist)
         if scores is None:
             scores, _ = evaluate_bleu(
                 final.model, tokenizer, pairs, config.data, settings, _cache=cache,
-                stop_phase="the final model's scoring",
+                stop_phase="the final model's scoring", shortlist=shortlist,
             )  # fmt: skip
             kept.put("scores", key, split, scores)
         result[split] = scores
@@ -151,18 +186,18 @@ def score(run, final, tokenizer, step, stopper):
     return result
 
 
-def export(run, model, tokenizer, result=None, alpha=None):
+def export(run, model, tokenizer, result=None, alpha=None, shortlist=None):
     """Exports the SavedModel where the engine `exports` (TensorFlow); returns its path (None on
     JAX, where `keras-transformer export --workdir` on TensorFlow makes the same one).
 
     Its model card gets the run's (resolved) config, the manifest's counts and `result`'s
-    steps, time, precision and scores; the dev set calibrates its confidence. It decodes over
-    the workdir's vocabulary shortlist (`shortlist.npz`, built from the prepared pairs when
-    missing) as `keras-transformer export` does (`config.saved_model_shortlist`: by default
-    where it can be built)."""
+    steps, time, precision and scores; the dev set calibrates its confidence (on the scores of
+    its own search, over its shortlist). It decodes over `shortlist`, the lexical table
+    `export_table` resolved before the scoring (the workdir's `shortlist.npz`, built from the
+    prepared pairs when missing or stale, as `keras-transformer export` does; None: the whole
+    vocabulary)."""
     if not run.engine.exports:
         return None
-    from keras_transformer.config import saved_model_shortlist
     from keras_transformer.data.prepare import read_manifest
     from keras_transformer.export import export_saved_model
     from keras_transformer.export.card import card_facts
@@ -176,11 +211,6 @@ def export(run, model, tokenizer, result=None, alpha=None):
     settings = run.export_decoding
     if alpha is not None:  # chosen on dev
         settings = dataclasses.replace(settings, alpha=alpha)
-    shortlist, (use, required) = None, saved_model_shortlist(config.export)
-    if use:  # read, or built from the prepared pairs
-        from keras_transformer.data.shortlist import export_shortlist
-
-        shortlist = export_shortlist(run.layout, required)
     return export_saved_model(
         model,
         tokenizer,
