@@ -96,7 +96,7 @@ def test_a_budgeted_run_stopped_after_training_exports_the_uninterrupted_runs_mo
     monkeypatch.setattr(run_state, "time", Clock())
     exported = []
 
-    def export(run, model, tokenizer, result=None, alpha=None, shortlist=None):
+    def export(run, model, tokenizer, result=None, alpha=None, plan=None):
         exported.append([np.array(w) for w in model.weights])
         return f"export {len(exported)}"
 

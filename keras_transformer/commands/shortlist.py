@@ -1,7 +1,7 @@
 """`keras-transformer shortlist`: a prepared workdir's vocabulary shortlist (its lexical table,
 `keras_transformer.data.shortlist`) written to `WORKDIR/shortlist.npz` with the fingerprint of
-the SentencePiece model it was built for; and the table an export with `export.shortlist` uses
-(`workdir_shortlist`: read, or built when missing or built for another SentencePiece model)."""
+the SentencePiece model it was built for (an export reads it, or builds it when missing or
+built for another SentencePiece model: `export.plan`)."""
 
 from keras_transformer.errors import DataError, UsageError
 from keras_transformer.workdir import Workdir
@@ -34,14 +34,3 @@ def shortlist_command(args):
         f"{table.vocab_size} source pieces and the {table.frequent.size} most frequent, "
         f"from {table.settings['pairs']} pairs"
     )
-
-
-def workdir_shortlist(workdir, required=True):
-    """The lexical table of `workdir` (a path) for an export: `data.shortlist.export_shortlist`
-    (None where it cannot be built and is not `required`), its errors one line."""
-    from keras_transformer.data import shortlist
-
-    try:
-        return shortlist.export_shortlist(Workdir(workdir), required)
-    except DataError as e:
-        raise UsageError(f"the export's shortlist: {e}") from None

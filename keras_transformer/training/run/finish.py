@@ -1,9 +1,10 @@
-"""The end of a run, after training: the vocabulary shortlist the export decodes over
-(`export_table`, resolved first), the final model (the dev set's choice or the average of the
-last checkpoints), its dev and test scores, the export, `result.json` and the summary printed.
-The same on either engine; the SavedModel is made where the engine `exports` (TensorFlow).
+"""The end of a run, after training: what the export serves (`export_plan`, resolved first,
+with the vocabulary shortlist it decodes over), the final model (the dev set's choice or the
+average of the last checkpoints), its dev and test scores, the export, `result.json` and the
+summary printed. The same on either engine; the SavedModel is made where the engine
+`exports` (TensorFlow).
 
-The choice, the scores and the export all decode over the one table `export_table` gives, so
+The choice, the scores and the export all decode over the one table of `export_plan`, so
 that `result.json`'s BLEU and the model card score the search the SavedModel serves."""
 
 import dataclasses
@@ -72,28 +73,23 @@ def worker_done(run, step):
     return {"name": run.config.name, "step": step, "chief": False}
 
 
-def export_table(run):
-    """The lexical table the run's SavedModel decodes over (`config.saved_model_shortlist`:
-    by default where it can be built), or None: resolved once, before the final model is
-    chosen, and passed to the choice, the scoring and the export, so that result.json's BLEU
-    is that of the search the export serves.
+def export_plan(run):
+    """What the run's SavedModel serves (`export.plan.ExportPlan`, resolved by the function
+    `keras-transformer export` resolves it with, from the run's config and no flag), or None on
+    an engine that does not export (JAX, whose compiled search takes no shortlist: its scores
+    are over the whole vocabulary). Resolved once, before the final model is chosen: the
+    choice, the scoring and the export decode over its lexical table (`plan.shortlist`), so
+    that result.json's BLEU is that of the search the export serves.
 
-    `data.shortlist.export_shortlist` reads `WORKDIR/shortlist.npz`, or builds it from the
-    prepared pairs when it is missing or was built for another SentencePiece model (one line
-    says so); where it cannot be built, `export.shortlist: true` refuses (`DataError`, one
-    line) and null goes on over the whole vocabulary (one line). None on an engine that does
-    not export (JAX, whose compiled search takes no shortlist: its scores are over the whole
-    vocabulary)."""
+    Its table is `WORKDIR/shortlist.npz`, or built from the prepared pairs when it is missing or
+    was built for another SentencePiece model (one line says so); where it cannot be built,
+    `export.shortlist: true` refuses (one line) and null goes on over the whole vocabulary (one
+    line)."""
     if not run.engine.exports:
         return None
-    from keras_transformer.config import saved_model_shortlist
+    from keras_transformer.export.plan import resolve_export_plan
 
-    use, required = saved_model_shortlist(run.config.export)
-    if not use:
-        return None
-    from keras_transformer.data.shortlist import export_shortlist
-
-    return export_shortlist(run.layout, required)
+    return resolve_export_plan(run.config, run.layout.root, settings=run.export_decoding)
 
 
 def choose_final_model(run, tokenizer, deadline=None, shortlist=None):
@@ -109,7 +105,7 @@ def choose_final_model(run, tokenizer, deadline=None, shortlist=None):
 
     `deadline` (`time.perf_counter()`): the end of `train.max_minutes`; the choice leaves time
     to score the dev and test sets and to calibrate the export on dev after it. `shortlist`:
-    the export's lexical table (`export_table`), which the choice decodes over."""
+    the export's lexical table (`export_plan`'s), which the choice decodes over."""
     config, plan = run.config, run.plan
     dev_pairs = read_split(config.data.dev) if plan.selects else None
     after = 0
@@ -136,7 +132,7 @@ def _kept_figures(layout):
 def score(run, final, tokenizer, step, stopper, shortlist=None):
     """sacreBLEU / chrF of the final model (a `FinalModel`) on the dev and test sets (the
     `decode` settings, with the length penalty chosen on dev if any), decoded over
-    `shortlist` (the export's lexical table, `export_table`; None: the whole vocabulary)."""
+    `shortlist` (the export's lexical table, `export_plan`'s; None: the whole vocabulary)."""
     config, layout = run.config, run.layout
     settings = run.decoding.without_sampling()  # BLEU of the search
     if final.alpha is not None:
@@ -186,46 +182,33 @@ def score(run, final, tokenizer, step, stopper, shortlist=None):
     return result
 
 
-def export(run, model, tokenizer, result=None, alpha=None, shortlist=None):
-    """Exports the SavedModel where the engine `exports` (TensorFlow); returns its path (None on
-    JAX, where `keras-transformer export --workdir` on TensorFlow makes the same one).
+def export(run, model, tokenizer, result=None, alpha=None, plan=None):
+    """Exports the SavedModel as `plan` says (`export_plan`, resolved before the scoring; its
+    decoding settings with the length penalty `alpha` chosen on dev) where the engine
+    `exports` (TensorFlow); returns its path (None on JAX, where `keras-transformer export
+    --workdir` on TensorFlow makes the same one).
 
     Its model card gets the run's (resolved) config, the manifest's counts and `result`'s
     steps, time, precision and scores; the dev set calibrates its confidence (on the scores of
-    its own search, over its shortlist). It decodes over `shortlist`, the lexical table
-    `export_table` resolved before the scoring (the workdir's `shortlist.npz`, built from the
-    prepared pairs when missing or stale, as `keras-transformer export` does; None: the whole
-    vocabulary)."""
+    its own search, over its shortlist)."""
     if not run.engine.exports:
         return None
     from keras_transformer.data.prepare import read_manifest
-    from keras_transformer.export import export_saved_model
     from keras_transformer.export.card import card_facts
+    from keras_transformer.export.plan import run_export
 
     config = run.config
     try:
         manifest = read_manifest(run.layout.prepared)
     except (OSError, ValueError):
         manifest = None
-
-    settings = run.export_decoding
+    plan = export_plan(run) if plan is None else plan
     if alpha is not None:  # chosen on dev
-        settings = dataclasses.replace(settings, alpha=alpha)
-    return export_saved_model(
-        model,
-        tokenizer,
-        settings,
-        config.data,
-        config.export.base_dir,
-        export_name(config, run.layout.root),
-        card_facts=card_facts(config, manifest, result, tokenizer.vocab_size),
-        dev_pairs=read_split(config.data.dev),
-        jit_compile=config.export.jit_compile,
-        shortlist=shortlist,
-        alignments=config.export.alignments,
-        alignment_layer=config.export.alignment_layer,
-        precision=config.export.precision,
-    )
+        plan = dataclasses.replace(plan, settings=dataclasses.replace(plan.settings, alpha=alpha))
+    facts = card_facts(config, manifest, result, tokenizer.vocab_size)
+    name = export_name(config, run.layout.root)
+    card = (facts, read_split(config.data.dev))
+    return run_export(plan, model, tokenizer, config.export.base_dir, name, card)
 
 
 def finish(run, result):

@@ -35,7 +35,7 @@ def train(config):
     `export.base_dir/<name>/<version>` (on TensorFlow; on JAX, `keras-transformer export
     --workdir` on TensorFlow exports the same model). The final choice and scores decode over
     the vocabulary shortlist the export decodes over (`WORKDIR/shortlist.npz`, built or rebuilt
-    first where missing or stale; `finish.export_table`), so result.json scores the export.
+    first where missing or stale; `finish.export_plan`), so result.json scores the export.
 
     Running it again on the same workdir resumes exactly: same weights, optimizer state,
     learning rate, dropout randomness and position in the training data as the uninterrupted
@@ -106,13 +106,14 @@ def _train_resolved(run, data):
     end_seconds = None if t.max_minutes is None else t.max_minutes * 60 - stopper.elapsed
     deadline = None if end_seconds is None else end_started + max(end_seconds, 0.0)
     # The export's shortlist, once: the choice and the scores decode over it as the export does.
-    shortlist = finish.export_table(run)
+    plan = finish.export_plan(run)
+    shortlist = None if plan is None else plan.shortlist
     final = finish.choose_final_model(run, data.tokenizer, deadline, shortlist=shortlist)
     result = finish.score(run, final, data.tokenizer, step, stopper, shortlist=shortlist)
     if parent:
         result["init_from"] = {key: parent[key] for key in ("path", "checkpoint", "step")}
     result["saved_model"] = finish.export(
-        run, final.model, data.tokenizer, result, final.alpha, shortlist=shortlist
+        run, final.model, data.tokenizer, result, final.alpha, plan=plan
     )
     # What followed training (choice, scoring, export): within the budget's end.
     result["end_seconds"] = round(time.perf_counter() - end_started, 1)
