@@ -304,6 +304,26 @@ def _add_export_command(sub, common):
         help="compile the SavedModel's search with XLA, or not (default: the workdir's "
         "export.jit_compile; TF Serving then needs --xla_cpu_compilation_enabled=true on a CPU)",
     )
+    _export_format_flags(p)
+    p.add_argument(
+        "--shortlist",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="decode over a vocabulary shortlist (WORKDIR/shortlist.npz, built when missing or "
+        "built for another vocabulary; see the shortlist command), or not (default: the "
+        "workdir's export.shortlist; when null, a SavedModel without --jit-compile decodes over "
+        "it where it can be built); litert and ctranslate2 hold it for their runtimes to use "
+        "when asked (shortlist=True, use_vmap; default with export.shortlist null: ctranslate2 "
+        "when the workdir has one, litert not)",
+    )
+    _export_constraints_flag(p)
+    _export_alignment_flag(p)
+    _export_precision_flag(p)
+    p.set_defaults(func=commands.export_command, stops_safely=True)
+
+
+def _export_format_flags(p):
+    """`export --format` and `--quantization`: the registry's (`config.formats`)."""
     p.add_argument(
         "--format",
         choices=format_names(),
@@ -322,21 +342,6 @@ def _add_export_command(sub, common):
         + " (litert's dynamic_int8: int8 weights, activations quantized at run time; "
         "default: float32 as trained; a SavedModel takes --precision)",
     )
-    p.add_argument(
-        "--shortlist",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="decode over a vocabulary shortlist (WORKDIR/shortlist.npz, built when missing or "
-        "built for another vocabulary; see the shortlist command), or not (default: the "
-        "workdir's export.shortlist; when null, a SavedModel without --jit-compile decodes over "
-        "it where it can be built); litert and ctranslate2 hold it for their runtimes to use "
-        "when asked (shortlist=True, use_vmap; default with export.shortlist null: ctranslate2 "
-        "when the workdir has one, litert not)",
-    )
-    _export_constraints_flag(p)
-    _export_alignment_flag(p)
-    _export_precision_flag(p)
-    p.set_defaults(func=commands.export_command, stops_safely=True)
 
 
 def _export_decoding_flags(p):

@@ -53,6 +53,8 @@ MUST_RUN = {
     "tests/test_litert_projection.py": "the int8 model of a batch's shortlist columns the "
     "LiteRT runtime writes: its logits, its columns, its head; the whole module skips without "
     "`ai-edge-litert`",
+    "tests/test_litert_rows.py": "a row's answer is its own in the LiteRT runtime over a "
+    "shortlist; the whole module skips without `ai-edge-litert`",
     "tests/test_litert.py": "the LiteRT export answers as the SavedModel, its runtime runs "
     "without TensorFlow, and the CLI uses it; the whole module skips without `ai-edge-litert`",
     "tests/test_workdir_lock.py::test_a_run_in_another_pid_namespace_does_not_take_over_a_live_"

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from keras_transformer.config import from_dict
+from keras_transformer.config import decoding_settings, from_dict
 from keras_transformer.errors import UsageError
 from keras_transformer.export.plan import ExportPlan, resolve_export_plan
 
@@ -24,7 +24,8 @@ def test_the_plan_is_the_configs_with_the_flags_over_it(tmp_path):
             "decode": {"beam_size": 3},
         }
     )
-    plan = resolve_export_plan(config, str(tmp_path))
+    settings = decoding_settings(config, export=True)
+    plan = resolve_export_plan(config, str(tmp_path), settings)
     assert plan == ExportPlan(
         format="saved_model", quantization="bfloat16", settings=plan.settings,
         data=config.data, jit_compile=False, shortlist=None, alignments=True,
@@ -33,11 +34,14 @@ def test_the_plan_is_the_configs_with_the_flags_over_it(tmp_path):
     assert plan.settings.beam_size == 3
     # Flags win; None (not given) keeps the config's.
     flagged = resolve_export_plan(
-        config, str(tmp_path), _flags(precision="float32", alignments=False, jit_compile=None)
+        config,
+        str(tmp_path),
+        settings,
+        _flags(precision="float32", alignments=False, jit_compile=None),  # fmt: skip
     )
     assert (flagged.quantization, flagged.alignments) == ("float32", False)
     litert = resolve_export_plan(
-        config, str(tmp_path), _flags(format="litert", quantization="dynamic_int8")
+        config, str(tmp_path), settings, _flags(format="litert", quantization="dynamic_int8")
     )
     assert (litert.format, litert.quantization, litert.jit_compile) == (
         "litert", "dynamic_int8", False,
@@ -57,7 +61,7 @@ def test_the_plans_refusals_are_one_line(tmp_path):
         (_flags(shortlist=True), "the export's shortlist"),
     ]:
         with pytest.raises(UsageError, match=words) as e:
-            resolve_export_plan(config, str(tmp_path), flags)
+            resolve_export_plan(config, str(tmp_path), decoding_settings(config, True), flags)
         assert "\n" not in str(e.value)
 
 

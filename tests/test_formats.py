@@ -2,6 +2,7 @@
 quantization registered from outside the package shows in `export`'s choices and checks, the
 config's validation and the generated references, and `export --format` runs its exporter."""
 
+import dataclasses
 import os
 
 import pytest
@@ -22,17 +23,19 @@ def toy_exporter(model, spm_bytes, output, quantization, data, settings, shortli
 
 
 @pytest.fixture
-def toy():
+def toy(monkeypatch):
+    """A toy format and a toy SavedModel quantization, registered as a user would (the
+    registry restored after the test)."""
+    monkeypatch.setattr(formats, "_FORMATS", dict(formats._FORMATS))
     formats.register_format(
         formats.ExportFormat(
             "toyformat", "a toy format of the tests", f"{__name__}:toy_exporter",
             quantizations=("toy4", "float32"), default_quantization="float32",
         )
     )  # fmt: skip
-    formats.add_quantization("saved_model", "toy16")
-    yield
-    formats.unregister_format("toyformat")
-    formats.remove_quantization("saved_model", "toy16")
+    saved_model = formats.export_format("saved_model")
+    quantizations = saved_model.quantizations + ("toy16",)
+    formats.register_format(dataclasses.replace(saved_model, quantizations=quantizations))
 
 
 def _export_parser():

@@ -8,11 +8,10 @@ import random
 import _inference_fixtures as fx
 import numpy as np
 import pytest
+import sentencepiece
 
 from keras_transformer import markup, word_rules
 from keras_transformer.constraint_rules import NUMPY
-
-sentencepiece = pytest.importorskip("sentencepiece")
 
 
 def _normaliser(**options):

@@ -140,7 +140,7 @@ def export_command(args):
     # The same description as train's own export (`training.run.finish.export`), the flags
     # winning over the workdir's `export:` section.
     settings = flags.export_settings(config, args, final.alpha)
-    plan = resolve_export_plan(config, args.workdir, args, settings)
+    plan = resolve_export_plan(config, args.workdir, settings, args)
     card = (None, None)
     if export_format in ("saved_model", "litert"):  # a model card and a calibrated confidence
         card = _card_inputs(args.workdir, config, model.vocab_size, final.selection)

@@ -1,8 +1,9 @@
 """The export formats and their quantizations, declared once (a registry): `keras-transformer
 export`'s `--format` and `--quantization` choices and their checks, the config's
 `export.precision` (the SavedModel's quantizations) and the generated references read them.
-Adding a format or a quantization is one module (its exporter) and one `register_format` /
-`add_quantization` call; nothing else lists them.
+Adding a format is one module (its exporter) and one `register_format` call; adding a
+quantization, one `register_format` of its format with the quantization added (a
+`dataclasses.replace` of `export_format(name)`); nothing else lists them.
 
 Example:
 ```python
@@ -46,26 +47,6 @@ def register_format(export_format):
     """Declares `export_format` (an `ExportFormat`), replacing one of the same name."""
     _FORMATS[export_format.name] = export_format
     return export_format
-
-
-def unregister_format(name):
-    """Removes the format `name` (a test's toy one)."""
-    _FORMATS.pop(name, None)
-
-
-def add_quantization(format_name, quantization):
-    """Adds `quantization` to the format `format_name`'s choices."""
-    old = export_format(format_name)
-    if quantization not in old.quantizations:
-        quantizations = old.quantizations + (quantization,)
-        register_format(dataclasses.replace(old, quantizations=quantizations))
-
-
-def remove_quantization(format_name, quantization):
-    """Takes `quantization` out of the format `format_name`'s choices (a test's toy one)."""
-    old = export_format(format_name)
-    kept = tuple(q for q in old.quantizations if q != quantization)
-    register_format(dataclasses.replace(old, quantizations=kept))
 
 
 def format_names():
@@ -126,8 +107,14 @@ register_format(
         "a CTranslate2 model (needs the ctranslate2 extra)",
         "keras_transformer.export.ct2:export_ctranslate2",
         quantizations=(
-            "float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
-            "float16", "bfloat16",
+            "float32",
+            "int8",
+            "int8_float32",
+            "int8_float16",
+            "int8_bfloat16",
+            "int16",
+            "float16",
+            "bfloat16",
         ),  # fmt: skip
         default_quantization="float32",
     )

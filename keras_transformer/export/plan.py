@@ -6,7 +6,8 @@ for the same config they export the same thing (the same `keras_transformer.json
 
 Example:
 ```python
-plan = resolve_export_plan(config, "workdirs/quickstart")  # the config's export, no flags
+settings = decoding_settings(config, export=True)
+plan = resolve_export_plan(config, "workdirs/quickstart", settings)  # no flags
 path = run_export(plan, model, spm_bytes, "saved_models", "quickstart")
 ```
 """
@@ -15,7 +16,7 @@ import dataclasses
 import importlib
 from typing import Any, Optional
 
-from keras_transformer.config import DecodingSettings, decoding_settings, saved_model_shortlist
+from keras_transformer.config import DecodingSettings, saved_model_shortlist
 from keras_transformer.config.formats import check_quantization, export_format
 from keras_transformer.errors import DataError, UsageError
 
@@ -51,13 +52,13 @@ class ExportPlan:
     constraints: bool = False
 
 
-def resolve_export_plan(config, workdir, flags=None, settings=None):
-    """The `ExportPlan` of a training workdir's `config` (an `ExperimentConfig`), with the
-    command's `flags` (an object with any of `format`, `quantization`, `precision`,
-    `jit_compile`, `shortlist`, `alignments`, `constraints`; a missing or None one: the
-    config's) and decoding `settings` (None: the config's, `decoding_settings(config,
-    export=True)`). The vocabulary shortlist is read from the workdir, or built (its errors one
-    line, `UsageError`).
+def resolve_export_plan(config, workdir, settings, flags=None):
+    """The `ExportPlan` of a training workdir's `config` (an `ExperimentConfig`), with its
+    decoding `settings` (`config.decoding_settings(config, export=True)` and the command's
+    decoding flags, made where the command or the run starts) and the command's `flags` (an
+    object with any of `format`, `quantization`, `precision`, `jit_compile`, `shortlist`,
+    `alignments`, `constraints`; a missing or None one: the config's). The vocabulary
+    shortlist is read from the workdir, or built (its errors one line, `UsageError`).
     """
 
     def flag(name, configured=None):
@@ -74,7 +75,7 @@ def resolve_export_plan(config, workdir, flags=None, settings=None):
     return ExportPlan(
         format=name,
         quantization=quantization,
-        settings=decoding_settings(config, export=True) if settings is None else settings,
+        settings=settings,
         data=config.data,
         jit_compile=bool(jit_compile),
         shortlist=_shortlist(config, workdir, name, flag("shortlist"), jit_compile),

@@ -89,7 +89,7 @@ def export_plan(run):
         return None
     from keras_transformer.export.plan import resolve_export_plan
 
-    return resolve_export_plan(run.config, run.layout.root, settings=run.export_decoding)
+    return resolve_export_plan(run.config, run.layout.root, run.export_decoding)
 
 
 def choose_final_model(run, tokenizer, deadline=None, shortlist=None):
