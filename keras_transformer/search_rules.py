@@ -1,6 +1,8 @@
 """What the graph search (`keras_transformer.decoding.search`, written with `keras.ops`) and the
 LiteRT runtime's numpy search (`keras_transformer.litert.search`) take from one place: the
-numbers they agree on and the rule that breaks ties between equal candidates. The runtime loads
+numbers they agree on, the rule that breaks ties between equal candidates, and the calibrated
+confidence of what they found (`nbest_margins`, `confidence`: the SavedModel's graph, the
+LiteRT runtime and the calibration's fit). The runtime loads
 neither TensorFlow nor Keras, so this module imports only numpy and the standard library.
 
 References:
@@ -36,3 +38,33 @@ def candidate_order(values, beams, ids, k):
     token `ids` `[rows, n]`: `ops.top_k`'s order over the graph's flattened `[beams * vocab]`
     candidates, i.e. value first, then the lower beam, then the lower id."""
     return np.lexsort((ids, beams, -values), axis=-1)[:, :k]
+
+
+# The confidence's map (`export.calibration` fits it): `sigmoid(bias + score_weight *
+# max(score, MIN_SCORE) + margin_weight * margin)`, the n-best margin clipped to MAX_MARGIN.
+MAX_MARGIN = 20.0
+MIN_SCORE = -50.0
+DEFAULT_CALIBRATION = {"score_weight": 2.0, "margin_weight": 0.0, "bias": 1.0}
+
+
+def nbest_margins(xp, scores):
+    """float32 `[c, K]`: each hypothesis's score (`scores` `[c, K]`, best first) minus the best
+    score of the other hypotheses (0 for a single hypothesis), clipped to `MAX_MARGIN` (empty
+    slots score NEG_INF). `xp`: `keras.ops` or `constraint_rules.NUMPY`."""
+    width = scores.shape[1]  # K: the beam size, 1 for greedy search or sampling
+    if width == 1:
+        return xp.zeros_like(scores)
+    # [c, K, K]: row j holds the scores with hypothesis j itself masked out.
+    others = xp.where(xp.eye(width, dtype="bool"), NEG_INF, xp.expand_dims(scores, 1))
+    return xp.clip(scores - xp.max(others, axis=-1), -MAX_MARGIN, MAX_MARGIN)
+
+
+def confidence(xp, calibration, scores, margins):
+    """The calibrated confidence (a dict of `score_weight`, `margin_weight`, `bias`) of
+    hypotheses with these scores and n-best margins (both `[...]`)."""
+    logit = (
+        calibration["bias"]
+        + calibration["score_weight"] * xp.maximum(scores, MIN_SCORE)
+        + calibration["margin_weight"] * margins
+    )
+    return 1.0 / (1.0 + xp.exp(-xp.clip(logit, -60.0, 60.0)))

@@ -136,7 +136,7 @@ def test_confidence_is_in_0_1_and_never_rises_along_the_n_best_list(exported_cop
 def test_the_exported_confidence_is_the_map_fitted_on_the_dev_set(exported_copy_model):
     """The SavedModel's `confidence` is the map the export fitted (the card's constants) on the
     search's score and n-best margin, and not the unfitted default map."""
-    from keras_transformer.export.translator import DEFAULT_CALIBRATION
+    from keras_transformer.search_rules import DEFAULT_CALIBRATION
 
     _, path = exported_copy_model
     with open(os.path.join(path, "assets.extra", "model_card.json")) as f:

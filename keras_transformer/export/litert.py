@@ -277,7 +277,7 @@ def _alignment_function(model, layer, settings):
 
 
 def _metadata(model, settings, quantization, data_config, top_k, calibration, outputs):
-    from keras_transformer.export.translator import DEFAULT_CALIBRATION
+    from keras_transformer.search_rules import DEFAULT_CALIBRATION
 
     def field(key, default):
         if data_config is None:

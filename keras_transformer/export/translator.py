@@ -11,19 +11,19 @@ import keras
 import numpy as np
 import tensorflow as tf
 import tensorflow_text as tf_text
+from keras import ops
 
 from keras_transformer import glossary as glossaries
+from keras_transformer import search_rules
 from keras_transformer.config import UNK_ID, DecodingSettings, precisions
 from keras_transformer.data.pipeline import encode_sources, valid_utf8
-from keras_transformer.decoding.search import NEG_INF, translate_ids
+from keras_transformer.decoding.search import translate_ids
 from keras_transformer.export import alignment_graph, markup_graph
-from keras_transformer.export.calibration import MAX_MARGIN, MIN_SCORE
 from keras_transformer.export.warmup import bucket_lengths
 from keras_transformer.fast_paths import Kernels
 
 # The confidence's map before any calibration: sigmoid(1 + 2 * score), 0.5 at a score of -0.5
 # (`set_calibration` replaces it with one fitted on a dev set).
-DEFAULT_CALIBRATION = {"score_weight": 2.0, "margin_weight": 0.0, "bias": 1.0}
 
 
 # `translate_constrained`'s constraints: serving signatures take no ragged input, so a row of
@@ -302,7 +302,7 @@ class Translator(tf.Module):
         self._search = _Untracked(search)
         # The confidence's map (see `set_calibration`); read as constants when a signature is
         # traced, so it must be set before the first call.
-        self.calibration = dict(DEFAULT_CALIBRATION)
+        self.calibration = dict(search_rules.DEFAULT_CALIBRATION)
         text_spec = tf.TensorSpec([None], tf.string, name="text")
         self.serve = tf.function(self._translate, input_signature=[text_spec], autograph=False)
         self.translate_prefix = _graph(
@@ -529,26 +529,13 @@ class Translator(tf.Module):
         return tf.reshape(picked, [c, k, width])
 
     def _margins(self, scores, keep):
-        """float32 `[c, keep]`: each of the first `keep` hypotheses' score minus the best score
-        of the other hypotheses (0 for greedy search), clipped (empty slots score -1e9)."""
-        width = scores.shape[1]  # K: the beam size, 1 when sampling
-        if width == 1:
-            return tf.zeros_like(scores[:, :keep])
-        # [c, K, K]: row j holds the scores with hypothesis j itself masked out.
-        others = tf.where(tf.eye(width, dtype=tf.bool), NEG_INF, scores[:, None])
-        margin = scores - tf.reduce_max(others, axis=-1)  # [c, K]
-        return tf.clip_by_value(margin[:, :keep], -MAX_MARGIN, MAX_MARGIN)
+        """float32 `[c, keep]`: the first `keep` hypotheses' n-best margins
+        (`search_rules.nbest_margins`)."""
+        return search_rules.nbest_margins(ops, scores)[:, :keep]
 
     def _confidence(self, scores, margins):
-        """The calibrated confidence (`set_calibration`) of hypotheses with these scores and
-        n-best margins (both `[...]`)."""
-        cal = self.calibration
-        logit = (
-            cal["bias"]
-            + cal["score_weight"] * tf.maximum(scores, MIN_SCORE)
-            + cal["margin_weight"] * margins
-        )
-        return tf.sigmoid(logit)
+        """The calibrated confidence (`set_calibration`, `search_rules.confidence`)."""
+        return search_rules.confidence(ops, self.calibration, scores, margins)
 
     def _decode_chunk(
         self, tokenizer, source, keep, prefix=None, seeds=None, constraints=None, alignments=False

@@ -84,7 +84,9 @@ import threading
 
 import numpy as np
 
+from keras_transformer import search_rules
 from keras_transformer.alignment_rules import numpy_word_alignment, piece_flags, word_pairs
+from keras_transformer.constraint_rules import NUMPY
 from keras_transformer.litert.graphs import (
     Aligner,
     DecoderStep,
@@ -96,7 +98,6 @@ from keras_transformer.litert.search import NEG_INF, search
 from keras_transformer.markup import markup_answer
 from keras_transformer.special_ids import UNK_ID
 
-MIN_SCORE, MAX_MARGIN = -50.0, 20.0  # keras_transformer.export.calibration
 METADATA_FILE = "keras_transformer.json"
 CACHE_BUCKET = 16  # the self-attention caches' first length (module docstring)
 
@@ -432,7 +433,8 @@ class LiteRTTranslator:
                 ids, t = ids[:, :keep], t[:, :keep]
                 for j, i in enumerate(rows):
                     text[i] = [self._detokenize(h) for h in ids[j]]
-                score[rows], margins[rows] = s[:, :keep], _margins(s)[:, :keep]
+                margin = search_rules.nbest_margins(NUMPY, s)
+                score[rows], margins[rows] = s[:, :keep], margin[:, :keep]
                 token_scores[rows, :, : t.shape[2]] = t
                 lengths[rows] = (ids != self.settings["pad_id"]).sum(-1)
                 if alignments:
@@ -530,13 +532,7 @@ class LiteRTTranslator:
         return self._spm.decode([int(i) for i in ids if i not in special])
 
     def _confidence(self, scores, margins):
-        cal = self.calibration
-        logit = (
-            cal["bias"]
-            + cal["score_weight"] * np.maximum(scores, MIN_SCORE)
-            + cal["margin_weight"] * margins
-        )
-        return (1.0 / (1.0 + np.exp(-np.clip(logit, -60, 60)))).astype("float32")
+        return search_rules.confidence(NUMPY, self.calibration, scores, margins)
 
 
 def _shortlist_table(path, meta):
@@ -656,17 +652,6 @@ def output_columns(rows, output_ids, real):
     bias = rows["bias"][ids] if "bias" in rows else np.zeros(len(ids), "float32")
     bias = np.where(real, bias, np.float32(NEG_INF)).astype("float32")
     return np.ascontiguousarray(columns.T), bias
-
-
-def _margins(scores):
-    """float32 `[c, K]`: each hypothesis's score minus the best score of the others (0 for
-    greedy search), clipped, as `Translator._margins`."""
-    width = scores.shape[1]
-    if width == 1:
-        return np.zeros_like(scores)
-    others = np.where(np.eye(width, dtype=bool), np.float32(NEG_INF), scores[:, None, :])
-    margin = scores - others.max(axis=-1)
-    return np.clip(margin, -MAX_MARGIN, MAX_MARGIN).astype("float32")
 
 
 def _padded(rows, fill):
