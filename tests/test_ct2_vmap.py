@@ -2,6 +2,8 @@
 own vocabulary map (`vmap.txt`), which CTranslate2 loads and keeps to with `use_vmap=True`, and
 `export --format ctranslate2` writing it. Skipped only when the `ctranslate2` extra is missing."""
 
+import dataclasses
+import hashlib
 import json
 import os
 
@@ -101,7 +103,11 @@ def test_ctranslate2_keeps_to_the_vmap(copy_model, toy_spm_bytes, tmp_path, quan
 @pytest.mark.scenario
 def test_export_command_writes_the_workdirs_vmap(capsys, tmp_path, copy_model, toy_spm_path):
     workdir = _write_workdir(tmp_path, copy_model, toy_spm_path, steps=(100,))
-    save_lexical_table(_identity_table(copy_model.vocab_size), Workdir(str(workdir)).shortlist)
+    identity = _identity_table(copy_model.vocab_size)
+    with open(toy_spm_path, "rb") as f:  # the table of the workdir's own SentencePiece model
+        fingerprint = {"spm_sha256": hashlib.sha256(f.read()).hexdigest()}
+    identity = dataclasses.replace(identity, settings=fingerprint)
+    save_lexical_table(identity, Workdir(str(workdir)).shortlist)
     output = tmp_path / "ct2"
     code = cli.main(["export", "--workdir", str(workdir), "--format", "ctranslate2",
                      "--quantization", "int8", "--output", str(output)])  # fmt: skip

@@ -485,7 +485,7 @@ def test_a_run_scores_and_exports_over_one_current_shortlist(tmp_path, monkeypat
     SavedModel is exported with."""
     from training_helpers import tiny_config
 
-    import keras_transformer.export as export_package
+    import keras_transformer.export.saved_model as export_package  # the registry's exporter
     from keras_transformer import final_model
     from keras_transformer.data.prepare import prepare
     from keras_transformer.training import train

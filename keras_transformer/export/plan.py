@@ -105,9 +105,9 @@ def _shortlist(config, workdir, name, asked, jit_compile):
             )
     else:
         use = config.export.shortlist if asked is None else asked
-        if use is None:
+        required = bool(use)  # asked for: an error where it cannot be had
+        if use is None:  # CTranslate2 holds the workdir's, where it is current
             use = name == "ctranslate2" and local_files.gfile().exists(layout.shortlist)
-        required = bool(use)
     if not use:
         return None
     try:
