@@ -47,8 +47,9 @@ class Graph:
     `_recipes`) and, in the test helpers, `module::name` for each top-level function or class;
     `deps[node]` is what it imports."""
 
-    def __init__(self, root=ROOT):
+    def __init__(self, root=ROOT, packages=PACKAGES):
         self.root = root
+        self.packages = packages
         self.files = {}  # module name -> path relative to root
         self.trees = {}
         for rel in self._python_files():
@@ -73,7 +74,7 @@ class Graph:
 
     # ------------------------------------------------------------------ files and names
     def _python_files(self):
-        for top in PACKAGES:
+        for top in self.packages:
             for directory, dirs, names in os.walk(os.path.join(self.root, top)):
                 dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__pycache__")))
                 for n in sorted(names):
