@@ -6,9 +6,16 @@ another worker was building, or at the end for the last long test); a file at th
 list is where a cut pays most.
 
 It runs where the reports arrive: in the one pytest process, or in pytest-xdist's controller.
-It imports only `time` and `pytest`, so a test can feed it reports of its own.
+It imports only `os`, `time` and `pytest`, so a test can feed it reports of its own.
+
+`SlowScenarios`, with `KT_TESTS_SCENARIO_LIMIT_S` set (`.ci/run` sets 60 for the scenario tier
+only: a local run on a loaded machine is not failed): a test whose call took longer than that
+many seconds of wall time fails the run unless its marker gives the reason,
+`@pytest.mark.scenario(slow="trains two 600-step quickstarts, one per backend")`. The summary
+names every such test, with or without a reason.
 """
 
+import os
 import time
 
 import pytest
@@ -66,9 +73,79 @@ class TierTimes:
             terminalreporter.line(line)
 
 
+LIMIT_VARIABLE = "KT_TESTS_SCENARIO_LIMIT_S"
+REASON = "scenario_slow"  # the user property that carries the marker's reason to the controller
+
+
+class SlowScenarios:
+    """The tests whose call ran longer than `limit` seconds: those without a reason on their
+    `scenario` marker (`slow="..."`) fail the run."""
+
+    def __init__(self, limit):
+        self.limit = float(limit)
+        self.slow = {}  # node id -> (seconds, reason or None)
+
+    @pytest.hookimpl
+    def pytest_runtest_logreport(self, report):
+        if report.when != "call" or float(report.duration) <= self.limit:
+            return
+        reason = dict(getattr(report, "user_properties", ()) or ()).get(REASON)
+        self.slow[report.nodeid] = (float(report.duration), reason)
+
+    def offenders(self):
+        return sorted(n for n, (_, reason) in self.slow.items() if not reason)
+
+    def lines(self):
+        out = []
+        for nodeid, (seconds, reason) in sorted(self.slow.items(), key=lambda kv: -kv[1][0]):
+            why = f"slow: {reason}" if reason else "NO REASON on its scenario marker"
+            out.append(f"{seconds:8.1f} s  {nodeid}  ({why})")
+        return out
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session):
+        if self.offenders() and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    @pytest.hookimpl
+    def pytest_terminal_summary(self, terminalreporter):
+        if not self.slow:
+            return
+        terminalreporter.section(f"tests whose call took over {self.limit:.0f} s", sep="=")
+        for line in self.lines():
+            terminalreporter.line(line)
+        if self.offenders():
+            terminalreporter.line(
+                f"{len(self.offenders())} test(s) took over {self.limit:.0f} s without a reason: "
+                'make them faster, or say why on the marker: @pytest.mark.scenario(slow="...")',
+                red=True,
+            )
+
+
+class ScenarioReasons:
+    """On each item whose `scenario` marker gives `slow="..."`, a user property that every
+    report of it carries (to xdist's controller too): where the tests are collected."""
+
+    @pytest.hookimpl
+    def pytest_collection_modifyitems(self, items):
+        for item in items:
+            marker = item.get_closest_marker("scenario")
+            reason = marker.kwargs.get("slow") if marker is not None else None
+            if reason:
+                item.user_properties.append((REASON, str(reason)))
+
+
 def register(config):
-    """Registers `TierTimes` where the reports arrive, when `--durations` is given."""
-    if hasattr(config, "workerinput") or getattr(config.option, "durations", None) is None:
+    """Registers `TierTimes` where the reports arrive, when `--durations` is given, and
+    `SlowScenarios` there when `KT_TESTS_SCENARIO_LIMIT_S` is set."""
+    if os.environ.get(LIMIT_VARIABLE, "").strip():
+        config.pluginmanager.register(ScenarioReasons(), "scenario-reasons")
+    if hasattr(config, "workerinput"):
+        return
+    limit = os.environ.get(LIMIT_VARIABLE, "").strip()
+    if limit:
+        config.pluginmanager.register(SlowScenarios(limit), "slow-scenarios")
+    if getattr(config.option, "durations", None) is None:
         return
     workers = getattr(config.option, "numprocesses", None)
     workers = workers if isinstance(workers, int) else 1

@@ -173,7 +173,7 @@ def _assert_same_step(path, stepped):
         assert not np.allclose(jax_side["w0"], jax_side["w0_before"])  # the step moved it
 
 
-@pytest.mark.scenario
+@pytest.mark.scenario(slow="trains the quickstart's 600 steps twice, on TensorFlow and on JAX")
 def test_quickstart_trained_on_jax_reaches_the_tensorflow_backends_dev_bleu(tmp_path):
     """`configs/quickstart.yaml` trained for its 600 steps on the JAX backend reaches a greedy
     dev BLEU within 2 points of the TensorFlow backend's after the same steps, from the same

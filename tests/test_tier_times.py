@@ -59,3 +59,49 @@ def test_the_section_is_printed_only_with_durations(tmp_path):
     assert "time by test file" in with_times
     assert "with 1 worker(s)" in with_times and "test_one.py" in with_times.split("time by")[1]
     assert "time by test file" not in run()
+
+
+def test_a_test_over_the_scenario_limit_fails_the_run_unless_its_marker_says_why(tmp_path):
+    """`KT_TESTS_SCENARIO_LIMIT_S` (.ci/run: 60 s, the scenario tier only): a test whose call
+    ran longer fails the run unless `@pytest.mark.scenario(slow="...")` gives the reason; the
+    summary names each one. Here the limit is 0.2 s and the slow tests sleep 0.5 s."""
+    (tmp_path / "conftest.py").write_text(
+        f"import sys\nsys.path.insert(0, {HERE!r})\nimport _tier_times\n\n"
+        "def pytest_configure(config):\n"
+        "    config.addinivalue_line('markers', 'scenario: the scenario tier')\n"
+        "    _tier_times.register(config)\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "test_slow.py").write_text(
+        "import time\nimport pytest\n\n"
+        "@pytest.mark.scenario(slow='sleeps to be slow')\n"
+        "def test_slow_with_a_reason():\n    time.sleep(0.5)\n\n"
+        "@pytest.mark.scenario\n"
+        "def test_fast():\n    pass\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "test_unexplained.py").write_text(
+        "import time\nimport pytest\n\npytestmark = pytest.mark.scenario\n\n"
+        "def test_slow_without_a_reason():\n    time.sleep(0.5)\n",
+        encoding="utf-8",
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "KT_TESTS_"))}
+
+    def run(*args, limit="0.2"):
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+            capture_output=True, text=True, cwd=tmp_path, timeout=240,
+            env=dict(env, KT_TESTS_SCENARIO_LIMIT_S=limit) if limit else env,
+        )  # fmt: skip
+        return done.returncode, done.stdout
+
+    code, out = run("-p", "no:xdist")
+    assert code == 1, out  # every test passed; the unexplained one fails the run
+    section = out.split("took over 0 s", 1)[1]
+    assert "test_unexplained.py::test_slow_without_a_reason  (NO REASON" in section
+    assert "test_slow.py::test_slow_with_a_reason  (slow: sleeps to be slow)" in section
+    assert "test_fast" not in section and "1 test(s) took over 0 s without a reason" in section
+    assert run("-p", "no:xdist", "test_slow.py")[0] == 0  # the only slow one says why
+    assert run("-p", "no:xdist", limit="")[0] == 0  # off unless asked (a local run)
+    code, out = run("-n", "2")  # through pytest-xdist's controller: the reason travels
+    assert code == 1 and "(slow: sleeps to be slow)" in out and "NO REASON" in out, out
