@@ -4,9 +4,8 @@ Subcommands: prepare, train, translate, evaluate, score, info, export, shortlist
 only parses (types, choices) and turns errors into messages; what the flags mean together is
 checked by the commands (`commands/flags.py`). Exit code 0 on success, 2 with a one-line message
 on bad usage or bad input (no traceback for user errors). TensorFlow's start-up log is kept off
-the terminal unless `--verbose` is given or `TF_CPP_MIN_LOG_LEVEL` is set, whichever module
-imports it
-first (`commands.startup.quiet_tensorflow_import`).
+the terminal unless `--verbose` is given (whatever `TF_CPP_MIN_LOG_LEVEL` says), whichever module
+imports it first (`commands.startup.quiet_tensorflow_import`).
 """
 
 import argparse
@@ -483,7 +482,7 @@ def _flag_table(parser):
 def main(argv=None):
     args = build_parser().parse_args(argv)
     # Before any command code runs: whichever module imports TensorFlow first, its C++ start-up
-    # log stays off the terminal (unless --verbose or TF_CPP_MIN_LOG_LEVEL).
+    # log stays off the terminal (unless --verbose).
     startup.quiet_tensorflow_import(getattr(args, "verbose", False))
     # train, prepare and export stop at a safe point of their phase on SIGTERM/SIGINT (exit 75).
     safe = stopping.catching() if getattr(args, "stops_safely", False) else contextlib.nullcontext()

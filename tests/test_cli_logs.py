@@ -1,5 +1,6 @@
-"""Every subcommand, run as a user runs it (a fresh process, no `TF_CPP_MIN_LOG_LEVEL`), keeps
-TensorFlow's C++ start-up log off stderr, whichever module imports TensorFlow first."""
+"""Every subcommand, run as a user runs it (a fresh process, no `TF_CPP_MIN_LOG_LEVEL` or one of
+the user's own), keeps TensorFlow's C++ start-up log off stderr, whichever module imports
+TensorFlow first."""
 
 import os
 import re
@@ -71,3 +72,22 @@ def test_no_subcommand_prints_tensorflows_start_up_log(tmp_path):
     assert '"bleu"' in _quiet_run(tmp_path, "evaluate", *model, *files, "--reference", "src.txt")
     assert len(_quiet_run(tmp_path, "score", *model, *files, "--target", "src.txt").split()) == 3
     assert "Model card" in _quiet_run(tmp_path, "info", *model)
+
+
+@pytest.mark.scenario
+@pytest.mark.parametrize("level", [None, "0", "1", "2", "3"])
+def test_translate_is_quiet_whatever_tf_cpp_min_log_level(model_base_dir, tmp_path, level):
+    """A user who quiets TensorFlow the usual way (`TF_CPP_MIN_LOG_LEVEL=2`), or sets any other
+    level, or none, gets nothing on stderr from `translate`: only `--verbose` shows the log."""
+    env = dict(os.environ, PYTHONPATH=ROOT, CUDA_VISIBLE_DEVICES="")
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    if level is not None:
+        env["TF_CPP_MIN_LOG_LEVEL"] = level
+    done = subprocess.run(
+        [sys.executable, "-m", "keras_transformer.cli", "translate", "--model", model_base_dir,
+         "blue", "red apple cat"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["blue", "red apple cat"]
+    assert done.stderr == "", done.stderr

@@ -17,17 +17,21 @@ def quiet_tensorflow_import(verbose=False):
     """Keeps TensorFlow's C++ start-up log off the terminal, whoever imports TensorFlow.
 
     TensorFlow's native libraries log to file descriptor 2 while they load: oneDNN notices,
-    "Could not find cuda drivers", CPU instruction notes. They come from absl before its logging
-    is initialised and ignore `TF_CPP_MIN_LOG_LEVEL`, so the only way to keep them off the user's
-    terminal is to point descriptor 2 elsewhere while the module loads. This installs an import
-    hook that does so for the first import of `tensorflow` (and of `tensorflow_text`), wherever
-    it happens, and sets `TF_CPP_MIN_LOG_LEVEL=3` for what TensorFlow logs afterwards (the
-    `failed call to cuInit` line of a machine without a GPU, the runtime's notes). Nothing is
-    imported here: a command that never needs TensorFlow (a LiteRT export, the JAX backend) does
-    not load it. If the import fails, what was logged is written out after all.
+    "Could not find cuda drivers", CPU instruction notes, absl's "All log messages before
+    absl::InitializeLog() is called are written to STDERR". They come from absl before its
+    logging is initialised and ignore `TF_CPP_MIN_LOG_LEVEL`, so the only way to keep them off
+    the user's terminal is to point descriptor 2 elsewhere while the module loads. This installs
+    an import hook that does so for the first import of `tensorflow` (and of `tensorflow_text`),
+    wherever it happens, and sets `TF_CPP_MIN_LOG_LEVEL=3` for what TensorFlow logs afterwards
+    (the ERROR-level `failed call to cuInit` line of a machine without a GPU, which a level of 2
+    or less still prints; the runtime's notes). Nothing is imported here: a command that never
+    needs TensorFlow (a LiteRT export, the JAX backend) does not load it. If the import fails,
+    what was logged is written out after all.
 
-    Nothing is hidden when `verbose` is set (`--verbose`), when the user chose their own
-    `TF_CPP_MIN_LOG_LEVEL`, or when TensorFlow is already loaded.
+    The user's own `TF_CPP_MIN_LOG_LEVEL` does not turn this off: the usual way to quiet
+    TensorFlow (`TF_CPP_MIN_LOG_LEVEL=2`) would otherwise let the start-up log through. Nothing
+    is hidden, and the user's level is left as it is, when `verbose` is set (`--verbose`);
+    nothing is hidden either when TensorFlow is already loaded.
 
     Args:
         verbose: keep TensorFlow's logs.
@@ -35,9 +39,11 @@ def quiet_tensorflow_import(verbose=False):
     Returns:
         True when the import hook was installed.
     """
-    if verbose or "TF_CPP_MIN_LOG_LEVEL" in os.environ or "tensorflow" in sys.modules:
+    if verbose or "tensorflow" in sys.modules:
         return False
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"  # later C++ messages below FATAL
+    # Later C++ messages below FATAL, whatever level the user chose (theirs shows through
+    # --verbose).
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     if not any(isinstance(finder, _QuietFirstImport) for finder in sys.meta_path):
         sys.meta_path.insert(0, _QuietFirstImport())
     return True
