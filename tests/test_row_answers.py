@@ -128,7 +128,7 @@ def _assert_row(batched, row, alone):
 _PIECES = st.integers(4, 15)  # the toy vocabulary's word pieces (fx.encode_sources)
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     data=st.data(),
     rows=st.integers(2, 5),
