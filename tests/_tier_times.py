@@ -74,6 +74,9 @@ class TierTimes:
 
 
 LIMIT_VARIABLE = "KT_TESTS_SCENARIO_LIMIT_S"
+# "0": the offenders are listed but do not fail the run (while the measured ones are given
+# their reasons; `.ci/run` says when).
+FAIL_VARIABLE = "KT_TESTS_SCENARIO_LIMIT_FAILS"
 REASON = "scenario_slow"  # the user property that carries the marker's reason to the controller
 
 
@@ -104,7 +107,8 @@ class SlowScenarios:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session):
-        if self.offenders() and session.exitstatus == pytest.ExitCode.OK:
+        fails = os.environ.get(FAIL_VARIABLE, "1") != "0"
+        if fails and self.offenders() and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     @pytest.hookimpl
