@@ -49,6 +49,23 @@ def _shared(name, build):
     return str(shared_directory(SHARED_ROOT, name, lambda path: build(str(path))))
 
 
+def glossary_spm_proto(prefix):
+    """The bytes of a 40-piece SentencePiece model of the toy sentences that keeps the glossary
+    tags (`keras_transformer.glossary.TAGS`) whole, trained at `prefix` (a path without
+    `.model`)."""
+    import sentencepiece as spm
+
+    from keras_transformer import glossary
+
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(toy_sentences(300)), model_prefix=prefix, vocab_size=40,
+        pad_id=0, unk_id=1, bos_id=2, eos_id=3, user_defined_symbols=list(glossary.TAGS),
+        minloglevel=2,
+    )  # fmt: skip
+    with open(prefix + ".model", "rb") as f:
+        return f.read()
+
+
 @functools.lru_cache(maxsize=None)
 def spm_model_path():
     """A SentencePiece model with pad 0, unk 1, bos 2, eos 3 trained on the toy sentences."""

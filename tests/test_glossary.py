@@ -260,20 +260,12 @@ def glossary_translator(tmp_path_factory):
     import _inference_fixtures as fx
     import keras
     import numpy as np
-    import sentencepiece as spm
 
     from keras_transformer.export import Translator
     from keras_transformer.models import Transformer
 
     keras.utils.set_random_seed(7)  # the same model on every run (seed 31 chose EOS first)
-    path = str(tmp_path_factory.mktemp("glossary_spm") / "spm")
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(fx.toy_sentences(300)), model_prefix=path, vocab_size=40,
-        pad_id=0, unk_id=1, bos_id=2, eos_id=3, user_defined_symbols=list(g.TAGS),
-        minloglevel=2,
-    )  # fmt: skip
-    with open(path + ".model", "rb") as f:
-        proto = f.read()
+    proto = fx.glossary_spm_proto(str(tmp_path_factory.mktemp("glossary_spm") / "spm"))
     model = Transformer(vocab_size=40, num_layers=1, d_model=16, num_heads=2, d_ff=32)
     model({"source_ids": np.ones((1, 2), "int32"), "target_ids": np.ones((1, 2), "int32")})
     translator = Translator(model, proto, **GLOSSARY_DECODE, max_source_length=24)

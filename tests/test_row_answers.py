@@ -3,6 +3,8 @@ translation, score, token scores and n-best list it gets alone, whatever the oth
 (sources, prefixes, constraints, glossaries). The batch's columns are the union of its rows'
 shortlists; each row is masked to its own (`decoding.shortlist.row_shortlists`)."""
 
+import types
+
 import _inference_fixtures as fx
 import numpy as np
 import pytest
@@ -241,14 +243,7 @@ def test_a_soft_glossarys_target_pieces_enter_its_rows_shortlist(tmp_path):
     from keras_transformer.decoding.search import _shortlist_columns
     from keras_transformer.export.translator import glossary_tag_ids
 
-    prefix = str(tmp_path / "spm")
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(fx.toy_sentences(300)), model_prefix=prefix, vocab_size=40,
-        pad_id=0, unk_id=1, bos_id=2, eos_id=3, user_defined_symbols=list(g.TAGS),
-        minloglevel=2,
-    )  # fmt: skip
-    with open(prefix + ".model", "rb") as f:
-        proto = f.read()
+    proto = fx.glossary_spm_proto(str(tmp_path / "spm"))
     tags = glossary_tag_ids(proto)
     processor = spm.SentencePieceProcessor(model_proto=proto)
     texts = ["the cat sat", g.annotate("the cat sat", {"cat": "plum"})]
@@ -257,9 +252,10 @@ def test_a_soft_glossarys_target_pieces_enter_its_rows_shortlist(tmp_path):
     for i, row in enumerate(rows):
         source[i, : len(row)] = row
     table = _table(np.zeros((40, 1)))  # lists nothing: only the special ids
-    table_with_tags = type("Tagged", (), {})()
-    table_with_tags.translations, table_with_tags.frequent = table.translations, table.frequent
-    table_with_tags.glossary_ids = (tags[g.SEPARATOR], tags[g.END])
+    table_with_tags = types.SimpleNamespace(
+        translations=table.translations, frequent=table.frequent,
+        glossary_ids=(tags[g.SEPARATOR], tags[g.END]),
+    )  # fmt: skip
     plum = processor.encode("plum")
     ids, _, member = (np.asarray(x) for x in _shortlist_columns(table_with_tags, source, ()))
     assert set(plum) <= set(ids[member[1]].tolist())  # the annotated row can write "plum"
