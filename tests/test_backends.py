@@ -24,7 +24,7 @@ def _pytest_on_jax(*arguments):
     assert " passed" in result.stdout and "failed" not in result.stdout
 
 
-@pytest.mark.scenario
+@pytest.mark.scenario(slow="three test modules run again in a JAX-backend pytest process")
 def test_layers_and_decoder_only_pass_on_jax_backend():
     """The layer tests, the decoder-only tests (causality, no cross-attention weights,
     mismatched calls, `.keras`, fit and generation, cached equal to uncached) and KerasHub's

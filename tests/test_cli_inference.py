@@ -86,7 +86,9 @@ def _write_workdir(tmp_path, copy_model, toy_spm_path, steps=(100, 200, 300)):
     return workdir
 
 
-@pytest.mark.scenario
+@pytest.mark.scenario(
+    slow="five exports (flags against config keys) and the three searches' translations"
+)
 def test_export_from_workdir(tmp_path, copy_model, toy_spm_path, run_cli):
     workdir = _write_workdir(tmp_path, copy_model, toy_spm_path)
     code, out, err = run_cli("export", "--workdir", str(workdir), "--average", "2")
@@ -155,8 +157,15 @@ def test_export_from_workdir(tmp_path, copy_model, toy_spm_path, run_cli):
         (lambda d: ["export", "--workdir", str(d / "missing")], "workdir not found"),
         (lambda d: ["export", "--workdir", str(d)], "not a training workdir"),
         (
-            lambda d: ["export", "--workdir", str(d), "--format", "litert", "--precision",
-                       "bfloat16"],
+            lambda d: [
+                "export",
+                "--workdir",
+                str(d),
+                "--format",
+                "litert",
+                "--precision",
+                "bfloat16",
+            ],
             "--precision applies to --format saved_model",
         ),  # fmt: skip
     ],

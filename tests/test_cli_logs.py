@@ -33,7 +33,11 @@ TINY = {
         bucket_boundaries=[24],
     ),
     "train": dict(
-        steps=2, warmup_steps=1, steps_per_epoch=2, checkpoint_every=2, log_every=1,
+        steps=2,
+        warmup_steps=1,
+        steps_per_epoch=2,
+        checkpoint_every=2,
+        log_every=1,
         eval_max_sentences=3,
     ),  # fmt: skip
     "decode": dict(beam_size=1, batch_size=8),
@@ -55,7 +59,9 @@ def _quiet_run(tmp_path, *argv):
     return done.stdout
 
 
-@pytest.mark.scenario
+@pytest.mark.scenario(
+    slow="seven commands, each its own process: each process's stderr is what is tested"
+)
 def test_no_subcommand_prints_tensorflows_start_up_log(tmp_path):
     config = tmp_path / "quiet.yaml"
     config.write_text(yaml.safe_dump(TINY), encoding="utf-8")

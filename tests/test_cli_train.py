@@ -149,7 +149,9 @@ def _losses_by_step(logdir, pid=None):
     return dict(read_scalars(directory)["loss"])
 
 
-@pytest.mark.scenario
+@pytest.mark.scenario(
+    slow="three `train` processes (whole, killed, resumed): the process boundary is tested"
+)
 @pytest.mark.numerics
 def test_sigkilled_run_resumes_exactly(tmp_path):
     """Killed (SIGKILL) after a backup and started again with the same command, the run sees

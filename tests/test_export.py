@@ -324,7 +324,9 @@ print(json.dumps({"after_warmup": after_warmup, "after_requests": compiled()}))
 """
 
 
-@pytest.mark.scenario
+@pytest.mark.scenario(
+    slow="an XLA export, then every warmup length compiled and every request length checked"
+)
 def test_the_warmup_compiles_every_program_the_xla_export_runs(tmp_path, copy_model, toy_spm_bytes):
     """The warmup file's lengths are the XLA export's own buckets, whatever the training data's
     `bucket_boundaries` (they used to come from there, so that a first short request compiled

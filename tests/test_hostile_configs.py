@@ -128,7 +128,7 @@ def _groups(accepted, tiny_path):
     return groups
 
 
-@pytest.mark.scenario
+@pytest.mark.scenario(slow="every key of every shipped config: each accepted value trains a step")
 def test_every_key_of_every_config_is_refused_in_one_line_or_trains(tmp_path, capsys, monkeypatch):
     assert len(CONFIGS) >= 4
     with monkeypatch.context() as patched:

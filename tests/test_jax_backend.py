@@ -44,7 +44,9 @@ def _run_jax(*args, env=None, timeout=600):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.scenario
+@pytest.mark.scenario(
+    slow="a JAX process without TensorFlow: a model trained and searched, the accelerator check"
+)
 def test_model_loss_step_search_and_accelerator_check_run_on_jax_without_tensorflow(tmp_path):
     """With `tensorflow` unimportable: a model trains (its loss falls) and searches, then
     `benchmarks/accelerator_check.py --tiny` gives every section's figures and no error."""
@@ -235,7 +237,9 @@ def _weights(path):
 DEV_100 = "data.dev=synthetic:split=dev,size=100"
 
 
-@pytest.mark.scenario
+@pytest.mark.scenario(
+    slow="three JAX `train` processes (whole, killed, resumed) and a TensorFlow export"
+)
 def test_jax_training_killed_resumes_exactly_and_its_workdir_exports_as_the_jax_search(tmp_path):
     """`KERAS_BACKEND=jax keras-transformer train` (with gradient accumulation, k = 2): a run
     SIGKILLed after its step-2 state and run again (with `tensorflow` unimportable) ends with

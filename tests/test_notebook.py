@@ -27,7 +27,9 @@ def test_notebook_is_stored_without_outputs_and_matches_its_generator():
     )
 
 
-@pytest.mark.scenario
+@pytest.mark.scenario(
+    slow="the notebook's every cell in a kernel of its own: train, export, translate"
+)
 def test_notebook_runs_top_to_bottom(tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")

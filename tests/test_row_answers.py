@@ -85,8 +85,9 @@ def test_padding_positions_add_no_piece():
 
 def test_glossary_target_pieces_are_found_between_the_tags():
     sep, end = 7, 8  # <trans>, </term>
-    source = np.array([[4, 6, sep, 11, 12, end, 13, 6, sep, 14, end, 3], [4, 5, 3, 0, 0, 0, 0, 0,
-                                                                      0, 0, 0, 0]])
+    source = np.array(
+        [[4, 6, sep, 11, 12, end, 13, 6, sep, 14, end, 3], [4, 5, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0]]
+    )
     expected = [[0, 0, 0, 11, 12, 0, 0, 0, 0, 14, 0, 0], [0] * 12]
     assert glossary_pieces(NUMPY, source, sep, end).tolist() == expected
     from keras import ops

@@ -20,7 +20,9 @@ MEMORY_GROWTH_MB = 512
 REPEAT_GROWTH_MB = 128
 
 
-@pytest.mark.scenario
+@pytest.mark.scenario(
+    slow="a serving process answering random bytes in every signature, batch after batch"
+)
 def test_every_signature_answers_every_row_of_random_bytes(exported_copy_model, tmp_path):
     _, path = exported_copy_model
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")

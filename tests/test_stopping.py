@@ -164,8 +164,14 @@ def test_a_kept_segment_that_changed_is_not_trusted_the_shards_are_written_again
 
 def _result(workdir):
     result = json.loads((workdir / "result.json").read_text())
-    for key in ("wall_seconds", "training_seconds", "end_seconds", "logs", "checkpoints",
-                "saved_model"):
+    for key in (
+        "wall_seconds",
+        "training_seconds",
+        "end_seconds",
+        "logs",
+        "checkpoints",
+        "saved_model",
+    ):
         result.pop(key, None)
     result.get("selection", {}).pop("seconds", None)  # a choice among candidates only
     return result
@@ -536,7 +542,9 @@ def test_prepare_whose_lock_is_taken_over_midway_exits_75_and_leaves_the_lock(
 # ------------------------------------------------------------------ the precision timing
 
 
-@pytest.mark.scenario
+@pytest.mark.scenario(
+    slow="two `train` processes, the first timing both precisions before its SIGTERM"
+)
 def test_sigterm_during_the_precision_timing_exits_75_and_the_same_command_finishes(tmp_path):
     """`train` with `runtime.mixed_precision: auto` stopped while it times the precisions (on a
     CPU): exit 75, no lock, no precision chosen, no checkpoint; the same command then times,

@@ -154,7 +154,9 @@ def test_a_test_that_trains_a_run_a_shared_fixture_provides_fails(tmp_path):
         raise AssertionError("the provided run was trained again in a subprocess")
 
 
-@pytest.mark.scenario
+@pytest.mark.scenario(
+    slow="two pytest runs whose workers restart at module boundaries, each importing TensorFlow"
+)
 def test_a_worker_over_its_memory_limit_is_replaced_and_no_test_is_lost():
     """With a limit every worker passes at once, each worker leaves at its first module
     boundary (tests/conftest.py): the tests it had not begun run on the workers that replace

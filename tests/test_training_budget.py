@@ -51,9 +51,10 @@ def test_training_ends_the_end_minutes_before_the_budget():
 
     assert budget_seconds(train_config()) == (None, None)
     assert budget_seconds(train_config("train.max_minutes=50")) == (2700.0, 300.0)
-    assert budget_seconds(
-        train_config("train.max_minutes=50", "train.end_minutes=8")
-    ) == (2520.0, 480.0)
+    assert budget_seconds(train_config("train.max_minutes=50", "train.end_minutes=8")) == (
+        2520.0,
+        480.0,
+    )
     config = load_config(overrides=["train.schedule=linear", "train.max_minutes=50"])
     schedule = make_optimizer(config, d_model=64)._learning_rate
     assert isinstance(schedule, BudgetSchedule) and schedule.total_seconds == 2700.0

@@ -17,7 +17,9 @@ import tensorflow as tf
 from training_helpers import RUNNER, call_in_runner, files_under, subprocess_env
 
 
-@pytest.mark.scenario
+@pytest.mark.scenario(
+    slow="a `train` and an `export` process under a RAM file system, each importing TensorFlow"
+)
 def test_train_and_export_on_ram_filesystem_write_nothing_locally(tmp_path):
     cwd, tmp, home = tmp_path / "cwd", tmp_path / "tmp", tmp_path / "home"
     for directory in (cwd, tmp, home):
@@ -180,7 +182,7 @@ def test_sigterm_saves_exits_75_and_the_same_command_resumes_exactly(tmp_path, t
     assert kept == sorted(p.name for p in (tmp_path / "reference" / "checkpoints").iterdir())
 
 
-@pytest.mark.scenario
+@pytest.mark.scenario(slow="two two-worker clusters: four TensorFlow processes")
 def test_sigterm_to_one_of_two_workers_stops_both_after_one_step_and_they_resume_exactly(
     tmp_path, tiny_prepared
 ):

@@ -157,7 +157,9 @@ def test_two_workers_stop_together_on_the_time_budget(tmp_path):
     assert "precision auto" not in outputs[1][1]  # the worker did not time
 
 
-@pytest.mark.scenario
+@pytest.mark.scenario(
+    slow="four worker processes and the 20 s collective timeout the chief waits out"
+)
 def test_a_lost_worker_fails_its_peer_and_the_restarted_pair_resumes(tmp_path):
     workdir = tmp_path / "work"
     config = _config(tmp_path, workdir, dev=False, steps=20)

@@ -102,7 +102,7 @@ def test_resume_keeps_the_recorded_choice_without_timing(tmp_path, monkeypatch, 
     assert "as chosen before" in capsys.readouterr().out
 
 
-@pytest.mark.scenario
+@pytest.mark.scenario(slow="times both precisions, then trains in the one chosen")
 def test_a_faster_bfloat16_is_chosen_and_trained_in(tmp_path, monkeypatch):
     monkeypatch.setattr(
         precision,

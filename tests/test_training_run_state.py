@@ -45,7 +45,6 @@ class _SignalAfter:
         return signal.SIGTERM
 
 
-
 def _run(directory, order, signal_after=None):
     """Fits a toy model with the stopper (a 75-second budget), the resume state (every step)
     and the signal handler in `order`; returns what they decided and saved."""

@@ -111,7 +111,6 @@ def _toy(schedule):
     return model
 
 
-
 def _fit(model, callbacks, steps):
     x, y = np.ones((steps, 3), "float32"), np.ones((steps, 1), "float32")
     model.fit(x, y, batch_size=1, epochs=1, verbose=0, callbacks=callbacks, shuffle=False)
