@@ -90,7 +90,13 @@ def batch_shortlist(translations, frequent, source_ids, extra_ids=None, bucket=S
     ]
     if extra_ids is not None:
         parts.append(np.asarray(extra_ids).reshape(-1))
-    union = _sorted_union(np.concatenate(parts).astype(np.int32))
+    return _columns(np.concatenate(parts), bucket)
+
+
+def _columns(wanted, bucket):
+    """`(ids, real)`: the distinct ids of `wanted` in increasing order, then padding columns
+    up to a multiple of `bucket`."""
+    union = _sorted_union(wanted.astype(np.int32))
     n = -(-union.size // int(bucket)) * int(bucket)
     ids = np.full(n, PAD_ID, np.int32)
     ids[: union.size] = union
@@ -111,12 +117,12 @@ def row_shortlists(translations, frequent, source_ids, extras=(), bucket=SHORTLI
     own = [row_pieces(translations, source_ids)]
     own += [_by_row(np.asarray(x, np.int64), batch) for x in extras if x is not None]
     own = np.concatenate(own, axis=1)  # [batch, P]
-    ids, real = batch_shortlist(translations, frequent, source_ids, own, bucket)
+    common = np.concatenate([np.asarray(frequent).reshape(-1), SPECIAL_IDS])
+    ids, real = _columns(np.concatenate([own.reshape(-1), common]), bucket)  # the union
     marks = np.zeros((batch, int(ids.max(initial=0)) + 1), bool)
     marks[np.arange(batch)[:, None], own] = True
     member = marks[:, ids] & real  # [batch, n]
-    common = np.isin(ids, np.concatenate([np.asarray(frequent).reshape(-1), SPECIAL_IDS]))
-    return ids, real, member | (common & real)
+    return ids, real, member | (np.isin(ids, common) & real)
 
 
 def _by_row(x, batch):

@@ -71,7 +71,7 @@ def row_shortlists(translations, frequent, source_ids, extras=(), bucket=SHORTLI
     ]
     own = ops.concatenate(own, axis=1)  # [batch, P]
     common = _common_ids(frequent)  # [M + 4]
-    ids, real = shortlist_ids(translations, frequent, source_ids, own, bucket)  # the union
+    ids, real = _union(ops.concatenate([ops.reshape(own, (-1,)), common], 0), bucket)
     # Row b's marks over the ids up to the largest column id: [batch, top].
     top = _size(ops.max(ids) + 1)
     rows = ops.broadcast_to(ops.expand_dims(ops.arange(batch, dtype="int32"), 1), ops.shape(own))
