@@ -1,5 +1,6 @@
 """The current figures: `benchmarks/results/figures.yaml`, one entry per row of the table that
-opens `docs/results.md`; those marked `readme: true` are the README's headline table, and pages
+opens `docs/results.md`; an entry's `readme: {N: name}` puts its N-th number in the README's
+headline table, one number a row, named with what it is, its unit and its shape; and pages
 quote a figure between `<!-- figure: ID -->` and `<!-- /figure -->` (or its N-th number,
 `<!-- figure: ID N -->`). All are generated from it (`python -m benchmarks.results_page`).
 
@@ -32,8 +33,8 @@ except ImportError:  # run as a script from benchmarks/
 FIGURES = os.path.join(ledger.RESULTS, "figures.yaml")
 KEYS = {"id", "what", "note", "ledger", "figure", "machine", "reproduce", "readme"}
 OPTIONAL = {"note", "ledger", "readme"}
-# The README's headline table: at most this many rows (the entries marked `readme: true`).
-README_ROWS = 8
+# The README's headline table: at most this many rows (one number of a figure a row).
+README_ROWS = 14
 # A page quotes a figure, or its N-th number, between these comments; results_page rewrites it.
 QUOTE_MARK = re.compile(
     r"<!-- figure: (?P<id>[a-z0-9-]+)(?: (?P<n>\d+))? -->(?P<text>.*?)<!-- /figure -->", re.S
@@ -87,9 +88,26 @@ def load(path=FIGURES):
     ids = [entry["id"] for entry in entries]
     if len(set(ids)) != len(ids):
         raise ValueError(f"figures.yaml: an id twice in {ids}")
-    if sum(bool(entry.get("readme")) for entry in entries) > README_ROWS:
-        raise ValueError(f"figures.yaml: more than {README_ROWS} entries marked readme: true")
+    if sum(len(readme_picks(entry)) for entry in entries) > README_ROWS:
+        raise ValueError(f"figures.yaml: more than {README_ROWS} README rows")
     return entries
+
+
+def readme_picks(entry):
+    """`[(N, name), ...]`: the numbers of `entry`'s figure that the README's table shows, one
+    a row (`readme: {N: name}`; N counts from 1, as a page's `<!-- figure: ID N -->`), each
+    named with what it is, its unit and its shape: a cell holds one number."""
+    picks = entry.get("readme") or {}
+    count = len(_QUOTE.findall(entry["figure"]))
+    if not isinstance(picks, dict) or not all(
+        isinstance(n, int) and 1 <= n <= count and isinstance(name, str) and name.strip()
+        for n, name in picks.items()
+    ):
+        raise ValueError(
+            f"{entry['id']}: readme is {{N: name}}, N from 1 to {count} (the figure's numbers), "
+            "each name saying what the number is, its unit and its shape"
+        )
+    return sorted(picks.items())
 
 
 def _number(value, where):
@@ -211,18 +229,23 @@ def _unlinked(text):
 
 
 def readme_rows(entries=None, read=ledger.read):
-    """The README's headline table: the entries marked `readme: true`, each linking its row of
-    the results page (which links the ledger lines)."""
-    head = ["| what | figure | machine |", "|---|---|---|"]
+    """The README's headline table: one number a row (`readme_picks`), its name linking its
+    figure's row of the results page (which links the ledger lines), the number with its unit
+    (the `x` of a ratio) in the next cell."""
+    head = ["| figure | value | machine |", "|---|---|---|"]
     rows = []
     for entry in entries if entries is not None else load():
-        if not entry.get("readme"):
+        picks = readme_picks(entry)
+        if not picks:
             continue
-        what = _cell(_unlinked(entry["what"]))
-        rows.append(
-            f"| [{what}](docs/results.md#figure-{entry['id']}) | "
-            f"{_cell(shown(entry, quotes(entry, read)))} | {_cell(entry['machine'])} |"
-        )
+        found = quotes(entry, read)
+        units = [entry["figure"][m.end() : m.end() + 1] for m in _QUOTE.finditer(entry["figure"])]
+        for n, name in picks:
+            unit = units[n - 1] if units[n - 1] in ("x", "%") else ""
+            rows.append(
+                f"| [{_cell(_unlinked(name))}](docs/results.md#figure-{entry['id']}) | "
+                f"{found[n - 1].text}{unit} | {_cell(entry['machine'])} |"
+            )
     return "\n".join(head + rows)
 
 

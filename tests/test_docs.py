@@ -431,13 +431,31 @@ def test_figures_are_the_ledger_lines_they_link():
         if linked != read:
             wrong.append(f"{entry['id']} links {sorted(linked)}, its figure reads {sorted(read)}")
         _check_numbers(entry, shown, wrong)
-    headline = [entry for entry in entries if entry.get("readme")]
+    # The README: one number a row (`readme: {N: name}`), the N-th of its figure.
+    headline = [(entry, n) for entry in entries for n, _ in figures.readme_picks(entry)]
     rows = _readme_results_rows()
-    assert 0 < len(rows) == len(headline) <= 8, "the README's table is figures.yaml's headline"
-    for (what, shown, _), entry in zip(rows, headline):
+    assert 0 < len(rows) == len(headline) <= figures.README_ROWS, "not figures.yaml's headline"
+    for (what, shown, _), (entry, n) in zip(rows, headline):
         assert what.endswith(f"(docs/results.md#figure-{entry['id']})"), what
-        _check_numbers(entry, shown, wrong)
+        numbers, quote = figures.NUMBER.findall(shown), figures.quotes(entry)[n - 1]
+        if len(numbers) != 1 or not figures.shows(numbers[0], quote.value):
+            wrong.append(f"README {entry['id']} {n} shows {shown!r}: {quote.value}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_a_readme_row_holds_one_number_named_with_its_unit_and_shape():
+    """The README's headline table shows one number a cell (it showed twelve ratios in one,
+    "1.08x / 1.39x; greedy 1.28x / 1.65x; ..."): an entry names each number it puts there."""
+    from benchmarks import figures
+
+    entry = {"id": "s", "figure": "{a[1]:.2f}x / {a[2]:.2f}x", "ledger": "t", "machine": "m"}
+    read = {"t": [{"a": 1.234}, {"a": 2.5}]}.__getitem__
+    rows = figures.readme_rows([dict(entry, readme={2: "speed over a peer, base"})], read)
+    row = "| [speed over a peer, base](docs/results.md#figure-s) | 2.50x | m |"
+    assert rows.splitlines()[2] == row
+    for bad in (True, {3: "no third number"}, {1: " "}, {"1": "a string N"}):
+        with pytest.raises(ValueError, match="readme is"):
+            figures.readme_picks(dict(entry, readme=bad))
 
 
 def test_pages_quote_the_figures_from_figures_yaml():
