@@ -11,8 +11,10 @@ from _recipes import (
     blocks,
     check_tree,
     doc_pages,
+    lone_train,
     make_bin,
     run_block,
+    shared_training,
     shell_words,
     tree_paths,
     write_files,
@@ -32,6 +34,23 @@ def _recipe_pages():
         for page in PAGES
         if any(b[2] in ("recipe", "ci:main") for b in blocks(os.path.join(ROOT, page)))
     ]
+
+
+def _shared_trainings():
+    """`{(code, files): places}` of the recipes that are one `keras-transformer train` which
+    several places of the manual run alike (the same command on the same corpus files): the
+    README's own-corpus command is the own-corpus guide's first. Each is trained once per run
+    (`_recipes.shared_training`)."""
+    places = {}
+    for page in PAGES:
+        for line, language, kind, options, code in blocks(os.path.join(ROOT, page)):
+            if kind == "recipe" and language == "bash" and lone_train(code):
+                key = (code, tuple(options.get("files", [])))
+                places.setdefault(key, []).append(f"{page}:{line}")
+    return {key: where for key, where in places.items() if len(where) > 1}
+
+
+SHARED_TRAININGS = _shared_trainings()
 
 
 def test_every_block_is_run_or_says_why_not():
@@ -95,7 +114,9 @@ def test_recipes_run_as_written(page, tmp_path, request):
     starts as a copy of the fixture's. The page's `train` of the quickstart then runs as
     written and finds its run finished, as a reader's second run of the command does; what the
     training wrote (the file trees, the exports) is checked as before. A page that trains the
-    quickstart again from scratch fails (`shared_runs.check_training`)."""
+    quickstart again from scratch fails (`shared_runs.check_training`). A `train` recipe that
+    several pages run alike (`SHARED_TRAININGS`) is trained once per run as well
+    (`_recipes.shared_training`) and copied in before it runs as written."""
     import shutil
 
     bin_dir = make_bin(str(tmp_path / "bin"))
@@ -126,7 +147,20 @@ def test_recipes_run_as_written(page, tmp_path, request):
                 assert kind != "ci:main" or QUICKSTART in code, (page, line, code)
                 shutil.copytree(request.getfixturevalue("toy_quickstart"), directory,
                                 dirs_exist_ok=True)  # fmt: skip
-        write_files(str(directory), options.get("files", []))
+        files = options.get("files", [])
+        shared = SHARED_TRAININGS.get((code, tuple(files))) if language == "bash" else None
+        if shared:
+            # Trained once per run, copied in: the command then runs as written and finds its
+            # run finished. Nothing the page wrote before is replaced (else it would not be the
+            # same run).
+            trained = shared_training(request.getfixturevalue("_shared_root"), code, files,
+                                      shared[0])  # fmt: skip
+            for base, _, names in os.walk(trained):
+                for name in names:
+                    rel = os.path.relpath(os.path.join(base, name), trained)
+                    assert rel in files or not (directory / rel).exists(), (page, line, rel)
+            shutil.copytree(trained, directory, dirs_exist_ok=True)
+        write_files(str(directory), files)
         if language == "python":
             python.append((line, code))
         else:
