@@ -104,8 +104,37 @@ def test_toy_argv_keeps_the_recipes_settings_and_forces_toy_sizes():
     assert toy_argv(["export", "--workdir", "w"]) == ["export", "--workdir", "w"]
 
 
-@pytest.mark.scenario
-@pytest.mark.parametrize("page", _recipe_pages())
+# Why a page's recipes take over a minute (the scenario tier's limit, tests/_tier_times.py): what
+# they run as written, each `keras-transformer` command a fresh process that starts TensorFlow.
+SLOW = {
+    "README.md": "the main command's translate, the own-corpus training (trained here when this "
+    "page comes before the own-corpus guide, which shares it) and the CTranslate2 and LiteRT "
+    "exports",
+    "docs/guides/after-the-first-model.md": "back-translation as written: three toy trainings "
+    "(each choosing on dev and exporting), the reverse model's sampling export (choosing on dev "
+    "again) and its translation",
+    "docs/guides/export-serving.md": "three SavedModel exports of the quickstart, each tracing "
+    "every signature, and five more commands that each start TensorFlow",
+    "docs/guides/jax.md": "trains the toy quickstart on JAX twice (the second after `prepare` in "
+    "a fresh directory), exports it on TensorFlow and translates",
+    "docs/guides/own-corpus.md": "two toy trainings: the TSV one, and the text-file one (shared "
+    "with the README: trained here when this page comes first)",
+    "docs/guides/quickstart.md": "eight `keras-transformer` commands, each starting TensorFlow, "
+    "two of them decoding the guide's 200 test sentences (evaluate, score)",
+}
+
+
+def _recipe_params():
+    """The pages, each with its `scenario` marker (and its reason to be slow, `SLOW`): on the
+    parameter, as the tier check reads the item's closest marker."""
+    params = []
+    for page in _recipe_pages():
+        marker = pytest.mark.scenario(slow=SLOW[page]) if page in SLOW else pytest.mark.scenario
+        params.append(pytest.param(page, marks=marker))
+    return params
+
+
+@pytest.mark.parametrize("page", _recipe_params())
 def test_recipes_run_as_written(page, tmp_path, request):
     """Every recipe of `page` runs as written, in order. The quickstart's training
     (`QUICKSTART`) is the run `toy_quickstart` provides: that fixture runs the same command
