@@ -21,7 +21,11 @@ ran `QUICKSTART` once per session): a page that trains the quickstart itself (th
 guide, the Python API's `train`; the README's main command always) starts so too, and its
 `train` runs as written and finds the run finished; `files=` writes the named corpus files first
 (synthetic text: `*.en` the source side, `*.de` the target side, `*.tsv` both; a name with
-`dev` or `test` in it takes that split, `mono.*` a monolingual sample).
+`dev` or `test` in it takes that split, `mono.*` a monolingual sample). A recipe that is one
+`keras-transformer train` which another place of the manual runs alike (the same command on the
+same `files=`: the README's own-corpus command is the own-corpus guide's) is trained once per
+session (`shared_training`) and copied in the same way: each page's command then runs as
+written and finds its run finished.
 
 What is not the reader's: `keras-transformer train` and `prepare` run at toy scale (a
 one-layer model of width 32, 8 steps, no time budget, synthetic corpora a few hundred pairs
@@ -345,6 +349,54 @@ def toy_quickstart_config():
 
     path = os.path.join(ROOT, "configs", "quickstart.yaml")
     return load_config(path, overrides=toy_overrides(path, []))
+
+
+def lone_train(code):
+    """The words after `keras-transformer` when the recipe `code` is one `keras-transformer
+    train` command and nothing else (continuation lines and comments aside), else None."""
+    lines = [line for line in code.replace("\\\n", " ").splitlines() if line.strip()]
+    lines = [line for line in lines if not line.lstrip().startswith("#")]
+    if len(lines) != 1 or any(c in lines[0] for c in ";&|<>`$("):
+        return None
+    words = shell_words(lines[0])
+    if words[:2] != ["keras-transformer", "train"] or words.count("keras-transformer") != 1:
+        return None
+    return words[1:]
+
+
+def train_config(argv, cwd):
+    """The config `keras-transformer train` (`argv`: its words after the program name) runs at
+    toy scale in `cwd`, as the shim resolves it."""
+    from keras_transformer.cli import build_parser
+    from keras_transformer.commands.train import load_command_config
+
+    here = os.getcwd()
+    os.chdir(cwd)
+    try:
+        return load_command_config(build_parser().parse_args(toy_argv(argv)))
+    finally:
+        os.chdir(here)
+
+
+def shared_training(root, code, files, where):
+    """A directory in which the recipe `code` (one `keras-transformer train`, that two places
+    of the manual run alike from the same corpus `files`) ran at toy scale: built once per test
+    run (`shared_runs.shared_directory`, which registers its run: trained again from scratch
+    elsewhere, it fails), like `toy_quickstart`. `where`: the place that asked first."""
+    import hashlib
+
+    from shared_runs import shared_directory
+
+    key = hashlib.sha256(repr((code, list(files))).encode("utf-8")).hexdigest()[:12]
+    name = f"recipe_train_{key}"
+    config = train_config(lone_train(code), root)
+    bin_dir = make_bin(os.path.join(str(root), f"{name}_bin"))
+
+    def build(directory):
+        write_files(str(directory), files)
+        run_block(code, directory, bin_dir, f"{where} (trained once per run, shared)")
+
+    return shared_directory(root, name, build, provides=config)
 
 
 def shell_words(code):

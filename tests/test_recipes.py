@@ -11,8 +11,10 @@ from _recipes import (
     blocks,
     check_tree,
     doc_pages,
+    lone_train,
     make_bin,
     run_block,
+    shared_training,
     shell_words,
     tree_paths,
     write_files,
@@ -32,6 +34,23 @@ def _recipe_pages():
         for page in PAGES
         if any(b[2] in ("recipe", "ci:main") for b in blocks(os.path.join(ROOT, page)))
     ]
+
+
+def _shared_trainings():
+    """`{(code, files): places}` of the recipes that are one `keras-transformer train` which
+    several places of the manual run alike (the same command on the same corpus files): the
+    README's own-corpus command is the own-corpus guide's first. Each is trained once per run
+    (`_recipes.shared_training`)."""
+    places = {}
+    for page in PAGES:
+        for line, language, kind, options, code in blocks(os.path.join(ROOT, page)):
+            if kind == "recipe" and language == "bash" and lone_train(code):
+                key = (code, tuple(options.get("files", [])))
+                places.setdefault(key, []).append(f"{page}:{line}")
+    return {key: where for key, where in places.items() if len(where) > 1}
+
+
+SHARED_TRAININGS = _shared_trainings()
 
 
 def test_every_block_is_run_or_says_why_not():
@@ -85,8 +104,37 @@ def test_toy_argv_keeps_the_recipes_settings_and_forces_toy_sizes():
     assert toy_argv(["export", "--workdir", "w"]) == ["export", "--workdir", "w"]
 
 
-@pytest.mark.scenario
-@pytest.mark.parametrize("page", _recipe_pages())
+# Why a page's recipes take over a minute (the scenario tier's limit, tests/_tier_times.py): what
+# they run as written, each `keras-transformer` command a fresh process that starts TensorFlow.
+SLOW = {
+    "README.md": "the main command's translate, the own-corpus training (trained here when this "
+    "page comes before the own-corpus guide, which shares it) and the CTranslate2 and LiteRT "
+    "exports",
+    "docs/guides/after-the-first-model.md": "back-translation as written: three toy trainings "
+    "(each choosing on dev and exporting), the reverse model's sampling export (choosing on dev "
+    "again) and its translation",
+    "docs/guides/export-serving.md": "three SavedModel exports of the quickstart, each tracing "
+    "every signature, and five more commands that each start TensorFlow",
+    "docs/guides/jax.md": "trains the toy quickstart on JAX twice (the second after `prepare` in "
+    "a fresh directory), exports it on TensorFlow and translates",
+    "docs/guides/own-corpus.md": "two toy trainings: the TSV one, and the text-file one (shared "
+    "with the README: trained here when this page comes first)",
+    "docs/guides/quickstart.md": "eight `keras-transformer` commands, each starting TensorFlow, "
+    "two of them decoding the guide's 200 test sentences (evaluate, score)",
+}
+
+
+def _recipe_params():
+    """The pages, each with its `scenario` marker (and its reason to be slow, `SLOW`): on the
+    parameter, as the tier check reads the item's closest marker."""
+    params = []
+    for page in _recipe_pages():
+        marker = pytest.mark.scenario(slow=SLOW[page]) if page in SLOW else pytest.mark.scenario
+        params.append(pytest.param(page, marks=marker))
+    return params
+
+
+@pytest.mark.parametrize("page", _recipe_params())
 def test_recipes_run_as_written(page, tmp_path, request):
     """Every recipe of `page` runs as written, in order. The quickstart's training
     (`QUICKSTART`) is the run `toy_quickstart` provides: that fixture runs the same command
@@ -95,7 +143,9 @@ def test_recipes_run_as_written(page, tmp_path, request):
     starts as a copy of the fixture's. The page's `train` of the quickstart then runs as
     written and finds its run finished, as a reader's second run of the command does; what the
     training wrote (the file trees, the exports) is checked as before. A page that trains the
-    quickstart again from scratch fails (`shared_runs.check_training`)."""
+    quickstart again from scratch fails (`shared_runs.check_training`). A `train` recipe that
+    several pages run alike (`SHARED_TRAININGS`) is trained once per run as well
+    (`_recipes.shared_training`) and copied in before it runs as written."""
     import shutil
 
     bin_dir = make_bin(str(tmp_path / "bin"))
@@ -126,7 +176,20 @@ def test_recipes_run_as_written(page, tmp_path, request):
                 assert kind != "ci:main" or QUICKSTART in code, (page, line, code)
                 shutil.copytree(request.getfixturevalue("toy_quickstart"), directory,
                                 dirs_exist_ok=True)  # fmt: skip
-        write_files(str(directory), options.get("files", []))
+        files = options.get("files", [])
+        shared = SHARED_TRAININGS.get((code, tuple(files))) if language == "bash" else None
+        if shared:
+            # Trained once per run, copied in: the command then runs as written and finds its
+            # run finished. Nothing the page wrote before is replaced (else it would not be the
+            # same run).
+            trained = shared_training(request.getfixturevalue("_shared_root"), code, files,
+                                      shared[0])  # fmt: skip
+            for base, _, names in os.walk(trained):
+                for name in names:
+                    rel = os.path.relpath(os.path.join(base, name), trained)
+                    assert rel in files or not (directory / rel).exists(), (page, line, rel)
+            shutil.copytree(trained, directory, dirs_exist_ok=True)
+        write_files(str(directory), files)
         if language == "python":
             python.append((line, code))
         else:
