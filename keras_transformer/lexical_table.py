@@ -74,7 +74,7 @@ def glossary_pieces(xp, source_ids, separator_id, end_id):
 
 def batch_shortlist(translations, frequent, source_ids, extra_ids=None, bucket=SHORTLIST_BUCKET):
     """A batch's shortlist in NumPy: `(ids int32 [n], real bool [n])`, what the graph's
-    `keras_transformer.decoding.shortlist.shortlist_ids` gives (its arguments) for the runtimes
+    `keras_transformer.decoding.shortlist.row_shortlists` gives as its columns for the runtimes
     without TensorFlow (the LiteRT runtime).
 
     The union of the table's `translations` of every piece of `source_ids` (0-padded; a padding

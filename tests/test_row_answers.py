@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from keras_transformer.constraint_rules import NUMPY
 from keras_transformer.decoding import translate_ids
-from keras_transformer.decoding.shortlist import row_shortlists, shortlist_ids
+from keras_transformer.decoding.shortlist import row_shortlists
 from keras_transformer.lexical_table import batch_shortlist, glossary_pieces
 from keras_transformer.lexical_table import row_shortlists as numpy_row_shortlists
 from keras_transformer.special_ids import PAD_ID
@@ -79,7 +79,7 @@ def test_padding_positions_add_no_piece():
     translations[5] = 6
     ids, real = batch_shortlist(translations, [], [[5, 3, 0]], bucket=8)
     assert 9 not in ids[real]
-    ids, real = shortlist_ids(translations, [], np.array([[5, 3, 0]], np.int32), bucket=8)
+    ids, real, _ = row_shortlists(translations, [], np.array([[5, 3, 0]], np.int32), bucket=8)
     assert 9 not in np.asarray(ids)[np.asarray(real)]
 
 

@@ -21,7 +21,7 @@ from keras_transformer.data.shortlist import (
     save_lexical_table,
 )
 from keras_transformer.decoding import translate_ids
-from keras_transformer.decoding.shortlist import SPECIAL_IDS, shortlist_ids
+from keras_transformer.decoding.shortlist import SPECIAL_IDS, row_shortlists
 from keras_transformer.errors import DataError
 
 pytestmark = pytest.mark.numerics
@@ -88,7 +88,7 @@ def test_table_file_round_trips(tmp_path):
 def test_shortlist_is_the_sorted_union_padded_to_the_bucket():
     translations = [[0, 0], [0, 0], [0, 0], [0, 0], [0, 0], [20, 7], [9, 20], [30, 31]]
     source = np.array([[5, 6, 3, 0]], np.int32)
-    ids, real = shortlist_ids(translations, [11], source, extra_ids=[[40, 0]], bucket=8)
+    ids, real, _ = row_shortlists(translations, [11], source, extras=[[[40, 0]]], bucket=8)
     ids, real = np.asarray(ids), np.asarray(real)
     expected = sorted({*SPECIAL_IDS, 20, 7, 9, 11, 40})
     assert ids.shape == (16,) and real.sum() == len(expected)
@@ -120,7 +120,7 @@ def test_numpy_shortlist_is_the_sorted_union_of_its_parts(seed):
 def test_shortlist_has_a_static_width_per_bucket_in_a_graph():
     translations = tf.constant(np.arange(100)[:, None] % 50, tf.int32)
     run = tf.function(
-        lambda s: shortlist_ids(translations, [], s, bucket=16),
+        lambda s: row_shortlists(translations, [], s, bucket=16)[:2],
         input_signature=[tf.TensorSpec([None, None], tf.int32)],
     )
     ids, real = run(tf.constant([[10, 11, 12, 3]]))
@@ -162,7 +162,7 @@ def test_a_piece_outside_the_shortlist_never_occurs(model, sources):
     table = _identity_table(model.vocab_size, without=[dropped])
     listed = translate_ids(model, source_ids, shortlist=table, **kwargs)
     ids = np.asarray(listed.ids)
-    allowed, real = shortlist_ids(table.translations, table.frequent, source_ids)
+    allowed, real, _ = row_shortlists(table.translations, table.frequent, source_ids)
     allowed = set(np.asarray(allowed)[np.asarray(real)].tolist())
     assert dropped not in allowed
     assert set(ids.ravel().tolist()) <= allowed  # every hypothesis, every position
@@ -199,7 +199,7 @@ def test_sampling_stays_in_the_shortlist(model, sources):
     out = translate_ids(
         model, source_ids, shortlist=table, sampling_topk=5, sampling_temperature=3.0, seed=1
     )
-    allowed, real = shortlist_ids(table.translations, table.frequent, source_ids)
+    allowed, real, _ = row_shortlists(table.translations, table.frequent, source_ids)
     assert set(np.asarray(out.ids).ravel().tolist()) <= set(np.asarray(allowed)[real].tolist())
 
 

@@ -356,11 +356,12 @@ def translate_ids(
             `inplace_cache_writes` writes the search's own caches in place.
         shortlist: optional lexical table (`keras_transformer.data.shortlist.LexicalTable`, or
             anything with its `translations` `[source_vocab, K]` and `frequent` `[M]`): the
-            outputs use only the batch's shortlist (`decoding.shortlist.shortlist_ids`: the
-            table's translations of the batch's source pieces, its frequent pieces, the special
-            ids and the prefixes' ids), over which the projection and the softmax run; scores
-            are log-probabilities normalised over the shortlist. With every id in the
-            shortlist the search finds what it finds without one.
+            projection runs over the batch's shortlist and each row's softmax over its own
+            (`decoding.shortlist.row_shortlists`: the table's translations of the row's source
+            pieces, the frequent pieces, the special ids, its prefix's and constraints' ids);
+            scores are log-probabilities normalised over the row's own shortlist, so a row's
+            answer does not depend on the other rows. With every id in the shortlist the
+            search finds what it finds without one.
         constraints: optional int `[batch, C, P]`, up to `C` target piece sequences per input
             (0-padded; zeros: none) that its outputs must hold (`decoding.constraints`; not with
             sampling); unmeetable ones give the unconstrained answer, flagged.

@@ -10,55 +10,31 @@ chosen). Written with `keras.ops`, so it runs on either backend.
 
 Example:
 ```python
-ids, real = shortlist_ids(table.translations, table.frequent, source_ids)
+ids, real, member = row_shortlists(table.translations, table.frequent, source_ids)
 cache = model.init_cache(memory, max_length=20, output_ids=ids)  # logits [..., len(ids)]
 ```
 """
 
 from keras import ops
 
-# The bucket and the ids always in: the lexical table's module, whose `batch_shortlist` is this
-# function in NumPy (for the runtimes without TensorFlow).
+# The bucket and the ids always in: the lexical table's module, whose `row_shortlists` is this
+# module's in NumPy (for the runtimes without TensorFlow).
 from keras_transformer.data.shortlist import SHORTLIST_BUCKET, SPECIAL_IDS
 from keras_transformer.special_ids import PAD_ID
-
-
-def shortlist_ids(translations, frequent, source_ids, extra_ids=None, bucket=SHORTLIST_BUCKET):
-    """The shortlist of one batch: `(ids, real)`.
-
-    Args:
-        translations: int `[source_vocab, K]`, row `s` the target ids source piece `s`
-            translates into (a table's `translations`; entries may repeat or be 0).
-        frequent: int `[M]`, target ids always in the shortlist (the most frequent ones).
-        source_ids: int `[batch, s_len]`, 0-padded (a padding position adds no piece).
-        extra_ids: optional int tensor (any shape), more target ids to include, 0 ignored (a
-            forced prefix's ids).
-        bucket: the width is rounded up to a multiple of this (Python int).
-
-    Returns:
-        `ids` int32 `[n]` and `real` bool `[n]`, `n` the smallest multiple of `bucket` holding
-        the union: the union's ids in increasing order, then padding columns (`real` False,
-        id `PAD_ID`). `n` depends on the batch (a tensor in a traced graph, not a static
-        size): the search's loop keeps it for all its steps. Each row's own part of it:
-        `row_shortlists`.
-    """
-    pieces = ops.reshape(_row_pieces(translations, source_ids), (-1,))
-    parts = [pieces, _common_ids(frequent)]
-    if extra_ids is not None:
-        parts.append(ops.cast(ops.reshape(ops.convert_to_tensor(extra_ids), (-1,)), "int32"))
-    wanted = ops.concatenate(parts, axis=0)  # [N] with repeats
-    return _union(wanted, bucket)
 
 
 def row_shortlists(translations, frequent, source_ids, extras=(), bucket=SHORTLIST_BUCKET):
     """A batch's shortlist and each row's own: `(ids [n], real [n], member bool [batch, n])`.
 
-    `ids` and `real` are the batch's columns (`shortlist_ids`: the union of the rows'
-    shortlists); `member[b, j]` says whether column `j` is in row `b`'s own shortlist: the
-    table's translations of its source pieces, the frequent and special ids and its own
-    `extras` (a sequence of int tensors `[batch, ...]`, None skipped, 0 ignored: its prefix,
-    its constraints, its glossary's target pieces). The search masks each row to its own
-    columns, so that a row's answer is the one it gets alone, whatever else the batch holds.
+    `ids` and `real` are the batch's columns: the union of the rows' shortlists, in
+    increasing id order, then padding columns (`real` False, id `PAD_ID`) up to the smallest
+    multiple of `bucket` holding it (`n` depends on the batch: a tensor in a traced graph, kept
+    by the search's loop for all its steps); `member[b, j]` says whether column `j` is in
+    row `b`'s own shortlist: the table's translations of its source pieces, the frequent and
+    special ids and its own `extras` (a sequence of int tensors `[batch, ...]`, None skipped,
+    0 ignored: its prefix, its constraints, its glossary's target pieces). The search masks
+    each row to its own columns, so that a row's answer is the one it gets alone, whatever
+    else the batch holds.
     The NumPy twin, for the runtimes without TensorFlow: `lexical_table.row_shortlists`.
     """
     source_ids = ops.cast(ops.convert_to_tensor(source_ids), "int32")
@@ -100,7 +76,7 @@ def _common_ids(frequent):
 
 
 def _union(wanted, bucket):
-    """`(ids, real)` of the distinct ids of `wanted` (ids >= 0; see `shortlist_ids`)."""
+    """`(ids, real)` of the distinct ids of `wanted` (ids >= 0; see `row_shortlists`)."""
     top = ops.max(wanted) + 1
     width = ((top + bucket - 1) // bucket) * bucket  # room for every id, a multiple of bucket
     counts = ops.scatter(ops.expand_dims(wanted, 1), ops.ones_like(wanted), (width,))  # [width]
