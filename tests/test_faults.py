@@ -364,11 +364,12 @@ def _file_size_limit(limit):
 
 @pytest.mark.scenario
 def test_export_under_a_real_file_size_limit_is_one_line_and_the_retry_gets_version_1(
-    trained, tmp_path
+    trained, tmp_path, capsys
 ):
     """`export` in a process whose files may not grow past 64 KiB (`ulimit -f 64`): TensorFlow's
     SaveV2 or file system refuses with EFBIG. One line naming the cause, exit 2, no traceback,
-    nothing half-written; without the limit the same command writes version 1."""
+    nothing half-written; without the limit the same command writes version 1 (run in this
+    process: only the limited run needs a process of its own)."""
     _, trained_workdir = trained
     workdir = tmp_path / "workdir"
     shutil.copytree(trained_workdir, workdir)
@@ -387,8 +388,8 @@ def test_export_under_a_real_file_size_limit_is_one_line_and_the_retry_gets_vers
     assert "ulimit -f" in errors[0] and str(tmp_path) in errors[0]
     assert "Traceback" not in done.stderr
     assert _leftovers(tmp_path) == [] and glob.glob(str(exports / "*" / "*")) == []
-    done = subprocess.run(argv, env=subprocess_env(), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    code, _, err = _run(capsys, *argv[3:])
+    assert code == 0, err[-3000:]
     assert [os.path.basename(p) for p in glob.glob(str(exports / "*" / "*"))] == ["1"]
 
 
