@@ -229,8 +229,13 @@ def _inject_ctranslate2(monkeypatch, injector):
     monkeypatch.setattr(model_spec.ModelSpec, "save", save)
 
 
-def _train_case(inject, nth, fragment, check_after):
-    return dict(kind="train", inject=inject, nth=nth, fragment=fragment, check=check_after)
+def _train_case(inject, nth, fragment, check_after, trained=False):
+    """`trained`: the write comes after training and the export (result.json): the case starts
+    from a copy of the trained workdir without its result, whose `train` resumes at the last step
+    and goes straight to that write, instead of training the same steps from scratch."""
+    return dict(
+        kind="train", inject=inject, nth=nth, fragment=fragment, check=check_after, trained=trained
+    )
 
 
 def _check_no_step_4_checkpoint(workdir):
@@ -256,7 +261,11 @@ WRITERS = {
     ),
     "resume_state": _train_case(_inject_resume_state, 2, "ckpt-4.data", _check_no_step_4_state),
     "result_json": _train_case(
-        lambda m, i: _inject_gfile_write(m, i, "result.json"), 1, "result.json", _check_no_result
+        lambda m, i: _inject_gfile_write(m, i, "result.json"),
+        1,
+        "result.json",
+        _check_no_result,
+        trained=True,
     ),
     "shards": dict(kind="prepare", inject=_inject_shards, nth=40, fragment=".tfrecord"),
     "manifest": dict(
@@ -273,6 +282,11 @@ WRITERS = {
 def _full_disk_command(case, tmp_path, trained):
     """The command of a writer's case, and its workdir."""
     config, trained_workdir = trained
+    if case.get("trained"):  # training done, result.json not yet written
+        workdir = tmp_path / "workdir"
+        shutil.copytree(trained_workdir, workdir)
+        os.remove(workdir / "result.json")
+        return _train_argv(config, workdir), workdir
     if case["kind"] in ("train", "prepare"):
         workdir = tmp_path / "workdir"
         argv = _train_argv(config, workdir)
@@ -350,11 +364,12 @@ def _file_size_limit(limit):
 
 @pytest.mark.scenario
 def test_export_under_a_real_file_size_limit_is_one_line_and_the_retry_gets_version_1(
-    trained, tmp_path
+    trained, tmp_path, capsys
 ):
     """`export` in a process whose files may not grow past 64 KiB (`ulimit -f 64`): TensorFlow's
     SaveV2 or file system refuses with EFBIG. One line naming the cause, exit 2, no traceback,
-    nothing half-written; without the limit the same command writes version 1."""
+    nothing half-written; without the limit the same command writes version 1 (run in this
+    process: only the limited run needs a process of its own)."""
     _, trained_workdir = trained
     workdir = tmp_path / "workdir"
     shutil.copytree(trained_workdir, workdir)
@@ -373,8 +388,8 @@ def test_export_under_a_real_file_size_limit_is_one_line_and_the_retry_gets_vers
     assert "ulimit -f" in errors[0] and str(tmp_path) in errors[0]
     assert "Traceback" not in done.stderr
     assert _leftovers(tmp_path) == [] and glob.glob(str(exports / "*" / "*")) == []
-    done = subprocess.run(argv, env=subprocess_env(), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    code, _, err = _run(capsys, *argv[3:])
+    assert code == 0, err[-3000:]
     assert [os.path.basename(p) for p in glob.glob(str(exports / "*" / "*"))] == ["1"]
 
 
