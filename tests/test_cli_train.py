@@ -1,4 +1,5 @@
-"""`keras-transformer train` in a subprocess: user errors exit 2 with one line; SIGKILL resume."""
+"""`keras-transformer train`: user errors exit 2 with one line (in a subprocess, and in this
+process for the data errors); SIGKILL resume (subprocesses)."""
 
 import os
 import signal
@@ -105,17 +106,32 @@ def test_workdir_is_an_override_validated_with_the_config(tmp_path, monkeypatch,
     assert [c.runtime.workdir for c in loaded] == ["2024", "w"]
 
 
+def _run_in_process(command):
+    """`_train_command`'s command run in this process (`training_helpers.cli_in_process`), as
+    a `subprocess.CompletedProcess`."""
+    from training_helpers import cli_in_process
+
+    code, out, err = cli_in_process(*command[3:])  # after `python -m keras_transformer.cli`
+    return subprocess.CompletedProcess(command, code, out, err)
+
+
 @pytest.mark.scenario
-def test_missing_corpus_file_and_mismatched_line_counts(tmp_path):
+def test_missing_corpus_file_and_mismatched_line_counts(tmp_path, monkeypatch):
+    """In this process: the one-line errors are the command's, not the process's."""
+    monkeypatch.chdir(tmp_path)
     config = _write_config(tmp_path / "tiny.yaml", TINY)
     missing = tmp_path / "nope.de"
-    run = _run(_train_command(config, tmp_path / "w1", f"data.train=text:{missing},{missing}"))
+    run = _run_in_process(
+        _train_command(config, tmp_path / "w1", f"data.train=text:{missing},{missing}")
+    )
     _assert_one_line_error(run, "nope.de")
 
     source, target = tmp_path / "train.de", tmp_path / "train.en"
     source.write_text("eins\nzwei\ndrei\n")
     target.write_text("one\ntwo\n")
-    run = _run(_train_command(config, tmp_path / "w2", f"data.train=text:{source},{target}"))
+    run = _run_in_process(
+        _train_command(config, tmp_path / "w2", f"data.train=text:{source},{target}")
+    )
     _assert_one_line_error(run, "3", "2")
 
 

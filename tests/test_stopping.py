@@ -3,7 +3,9 @@ workdir lock's lease (renewed; taken over on any host once it runs out; atomical
 
 The phases are stopped with a real SIGTERM that the process sends itself at a safe point of a
 named phase (`KERAS_TRANSFORMER_SIGTERM_AT`, see `keras_transformer.stopping`): no sleeping
-and polling."""
+and polling. The stopped commands run in subprocesses (`_cli`); the same command going on
+afterwards, and the uninterrupted reference runs, run in this process (`cli_in_process`), but
+where the continuation is itself several processes."""
 
 import json
 import os
@@ -14,7 +16,7 @@ import threading
 import time
 
 import pytest
-from training_helpers import files_under, subprocess_env, tiny_yaml, write_yaml
+from training_helpers import cli_in_process, files_under, subprocess_env, tiny_yaml, write_yaml
 
 from keras_transformer.errors import PREEMPTED_EXIT_CODE
 
@@ -61,16 +63,10 @@ def _read_bytes(root):
 SEGMENT = {"KERAS_TRANSFORMER_PREPARE_SEGMENT": "64"}
 
 
-def _prepare_in_background(config, workdir):
-    """An uninterrupted `keras-transformer prepare` into `workdir` (the reference)."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "keras_transformer.cli", "prepare", "--config", config,
-         "--workdir", str(workdir)],
-        env=subprocess_env(**SEGMENT),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
+def _prepare_uninterrupted(config, workdir, *sets):
+    """An uninterrupted `keras-transformer prepare` into `workdir` (the reference), in this
+    process: `(exit code, stdout, stderr)`."""
+    return cli_in_process("prepare", "--config", config, "--workdir", workdir, *sets, **SEGMENT)
 
 
 def _same_preparations(ours, theirs):
@@ -103,31 +99,28 @@ def test_sigterm_during_prepare_keeps_the_complete_segments_and_the_same_command
     same manifest but its timings)."""
     stopped, whole = tmp_path / "stopped", tmp_path / "whole"
     config = write_yaml(tmp_path / "tiny.yaml", tiny_yaml(stopped))
-    reference = _prepare_in_background(config, whole)
-    try:
-        code, _, err = _cli("prepare", "--config", config, sigterm_at="shards:3", **SEGMENT)
-        _stopped(code, err, "prepare (writing the shards)")
-        assert "2 complete segments of the shards are kept" in err
-        left = files_under(stopped)
-        assert "lock.json" not in left and "spm.model" not in left, left
-        assert not [f for f in left if f.startswith("prepared/")], left
-        assert "prepare.vocabulary.json" in left and "prepare.vocabulary.model" in left
-        progress = json.loads((stopped / "prepare.progress.json").read_text())
-        assert progress["segments"] == 2
-        shard = stopped / "prepared.partial" / "train-00003-of-00016.tfrecord"
-        assert shard.stat().st_size == progress["shards"][3]["bytes"] > 0
-        with open(shard, "ab") as f:
-            f.write(b"half a segment")  # past the recorded size: cut off
+    code, _, err = _cli("prepare", "--config", config, sigterm_at="shards:3", **SEGMENT)
+    _stopped(code, err, "prepare (writing the shards)")
+    assert "2 complete segments of the shards are kept" in err
+    left = files_under(stopped)
+    assert "lock.json" not in left and "spm.model" not in left, left
+    assert not [f for f in left if f.startswith("prepared/")], left
+    assert "prepare.vocabulary.json" in left and "prepare.vocabulary.model" in left
+    progress = json.loads((stopped / "prepare.progress.json").read_text())
+    assert progress["segments"] == 2
+    shard = stopped / "prepared.partial" / "train-00003-of-00016.tfrecord"
+    assert shard.stat().st_size == progress["shards"][3]["bytes"] > 0
+    with open(shard, "ab") as f:
+        f.write(b"half a segment")  # past the recorded size: cut off
 
-        code, _, err = _cli("prepare", "--config", config, **SEGMENT)
-        assert code == 0, err[-3000:]
-        assert "the vocabulary a stopped preparation trained" in err
-        assert "sampling sentences for the vocabulary" not in err  # not trained again
-        assert "2 of 5 segments kept" in err
-        assert "3 segments encoded, 2 kept from the stopped one" in err
-    finally:
-        _, reference_err = reference.communicate(timeout=TIMEOUT)
-    assert reference.returncode == 0, reference_err[-3000:]
+    code, _, err = cli_in_process("prepare", "--config", config, **SEGMENT)
+    assert code == 0, err[-3000:]
+    assert "the vocabulary a stopped preparation trained" in err
+    assert "sampling sentences for the vocabulary" not in err  # not trained again
+    assert "2 of 5 segments kept" in err
+    assert "3 segments encoded, 2 kept from the stopped one" in err
+    code, _, reference_err = _prepare_uninterrupted(config, whole)
+    assert code == 0, reference_err[-3000:]
     assert "segments kept" not in reference_err
     _same_preparations(stopped, whole)
     _nothing_of_prepare_left(stopped)
@@ -140,21 +133,18 @@ def test_a_kept_segment_that_changed_is_not_trusted_the_shards_are_written_again
     an uninterrupted preparation."""
     stopped, whole = tmp_path / "stopped", tmp_path / "whole"
     config = write_yaml(tmp_path / "tiny.yaml", tiny_yaml(stopped))
-    reference = _prepare_in_background(config, whole)
-    try:
-        code, _, err = _cli("prepare", "--config", config, sigterm_at="shards:3", **SEGMENT)
-        _stopped(code, err, "prepare (writing the shards)")
-        shard = stopped / "prepared.partial" / "train-00000-of-00016.tfrecord"
-        data = bytearray(shard.read_bytes())
-        data[-1] ^= 0xFF
-        shard.write_bytes(bytes(data))
+    code, _, err = _cli("prepare", "--config", config, sigterm_at="shards:3", **SEGMENT)
+    _stopped(code, err, "prepare (writing the shards)")
+    shard = stopped / "prepared.partial" / "train-00000-of-00016.tfrecord"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.write_bytes(bytes(data))
 
-        code, _, err = _cli("prepare", "--config", config, **SEGMENT)
-        assert code == 0, err[-3000:]
-        assert "segments kept" not in err and "the vocabulary a stopped preparation" in err
-    finally:
-        _, reference_err = reference.communicate(timeout=TIMEOUT)
-    assert reference.returncode == 0, reference_err[-3000:]
+    code, _, err = cli_in_process("prepare", "--config", config, **SEGMENT)
+    assert code == 0, err[-3000:]
+    assert "segments kept" not in err and "the vocabulary a stopped preparation" in err
+    code, _, reference_err = _prepare_uninterrupted(config, whole)
+    assert code == 0, reference_err[-3000:]
     _same_preparations(stopped, whole)
     _nothing_of_prepare_left(stopped)
 
@@ -249,7 +239,7 @@ def end_runs(_shared_root):
         assert len(kept) == 1  # the first candidate's dev BLEU
         shutil.copytree(whole, root / "stopped")
 
-        code, _, err = _cli(*_train_argv(config, whole))  # goes on, uninterrupted
+        code, _, err = cli_in_process(*_train_argv(config, whole))  # goes on, uninterrupted
         assert code == 0, err[-3000:]
         left = files_under(whole)
         assert "lock.json" not in left and "final.partial.json" not in left, left
@@ -278,7 +268,7 @@ def test_sigterm_during_the_dev_choice_the_scoring_and_the_export_exits_75_and_t
     code, _, err = _cli(*_train_argv(config, stopped), sigterm_at="export:3")
     _stopped(code, err, "the export")
     _nothing_of_the_end_left(stopped)
-    code, _, err = _cli(*_train_argv(config, stopped))
+    code, _, err = cli_in_process(*_train_argv(config, stopped))
     assert code == 0, err[-3000:]
 
     assert _result(stopped) == _result(whole)
@@ -298,13 +288,13 @@ def test_sigterm_during_the_ctranslate2_conversion_exits_75_and_the_same_command
     whole = tmp_path / "whole"
     shutil.copytree(end_runs[1], whole)
 
-    def convert(output, **stop):
-        return _cli("export", "--workdir", whole, "--output", output,
-                    "--format", "ctranslate2", **stop)  # fmt: skip
+    def convert(output, run=cli_in_process, **stop):
+        return run("export", "--workdir", whole, "--output", output,
+                   "--format", "ctranslate2", **stop)  # fmt: skip
 
     code, _, err = convert(tmp_path / "ct2-whole")
     assert code == 0, err[-3000:]
-    code, _, err = convert(tmp_path / "ct2-stopped", sigterm_at="CTranslate2")
+    code, _, err = convert(tmp_path / "ct2-stopped", run=_cli, sigterm_at="CTranslate2")
     _stopped(code, err, "the CTranslate2 conversion")
     assert sorted(os.listdir(tmp_path)) == ["ct2-whole", "whole"]  # no output, no .ct2-*
     assert "lock.json" not in files_under(whole)
@@ -561,11 +551,13 @@ def test_sigterm_during_the_precision_timing_exits_75_and_the_same_command_finis
     assert not [f for f in left if f.startswith(("checkpoints/", "backup/"))], left
     assert "prepared/manifest.json" in left  # the phase before it is done, and kept
 
-    code, _, err = _cli(*_train_argv(config, stopped, *auto))
+    code, _, err = cli_in_process(*_train_argv(config, stopped, *auto))
     assert code == 0, err[-3000:]
     assert "using the prepared data" in err  # not prepared again
     chosen = json.loads((stopped / "precision.json").read_text())["precision"]
-    code, _, err = _cli(*_train_argv(config, whole, "--set", f"runtime.mixed_precision={chosen}"))
+    code, _, err = cli_in_process(
+        *_train_argv(config, whole, "--set", f"runtime.mixed_precision={chosen}")
+    )
     assert code == 0, err[-3000:]
     ours, theirs = _result(stopped), _result(whole)
     assert ours.pop("precision", chosen) == theirs.pop("precision", chosen) == chosen
@@ -583,25 +575,16 @@ def test_a_stopped_preparation_continues_in_worker_processes_to_the_same_shards(
     values = tiny_yaml(stopped, data=dict(train="synthetic:split=train,size=700"))
     config = write_yaml(tmp_path / "tiny.yaml", values)
     one, two = ("--set", "data.prepare_workers=1"), ("--set", "data.prepare_workers=2")
-    reference = subprocess.Popen(
-        [sys.executable, "-m", "keras_transformer.cli", "prepare", "--config", config,
-         "--workdir", str(whole), *one],
-        env=subprocess_env(**SEGMENT),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
-    try:
-        code, _, err = _cli("prepare", "--config", config, *one, sigterm_at="shards:3", **SEGMENT)
-        _stopped(code, err, "prepare (writing the shards)")
-        code, _, err = _cli("prepare", "--config", config, *two, **SEGMENT)
-        assert code == 0, err[-3000:]
-        assert "tokenizing 700 pairs into shards (2 workers)" in err
-        assert "2 of 11 segments kept" in err
-        assert "9 segments encoded, 2 kept from the stopped one" in err
-    finally:
-        _, reference_err = reference.communicate(timeout=TIMEOUT)
-    assert reference.returncode == 0, reference_err[-3000:]
+    code, _, err = _cli("prepare", "--config", config, *one, sigterm_at="shards:3", **SEGMENT)
+    _stopped(code, err, "prepare (writing the shards)")
+    # The continuation with its worker processes stays a subprocess of its own.
+    code, _, err = _cli("prepare", "--config", config, *two, **SEGMENT)
+    assert code == 0, err[-3000:]
+    assert "tokenizing 700 pairs into shards (2 workers)" in err
+    assert "2 of 11 segments kept" in err
+    assert "9 segments encoded, 2 kept from the stopped one" in err
+    code, _, reference_err = _prepare_uninterrupted(config, whole, *one)
+    assert code == 0, reference_err[-3000:]
     _same_preparations(stopped, whole)
     _nothing_of_prepare_left(stopped)
 

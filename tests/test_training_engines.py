@@ -19,6 +19,7 @@ import pytest
 from shared_runs import run_root, shared_directory
 from training_helpers import (
     RUNNER,
+    cli_in_process,
     files_under,
     one_bucket_run_yaml,
     read_scalars,
@@ -151,8 +152,9 @@ def test_with_ema_the_exported_model_scores_the_dev_bleu_that_result_json_report
     uninterrupted, tmp_path
 ):
     """With `train.ema_momentum`: the SavedModel (the run's own on TensorFlow; on JAX,
-    `keras-transformer export --workdir` on TensorFlow) translates the dev set to the BLEU and
-    chrF that `result.json` reports: scoring and export hold the same (averaged) weights."""
+    `keras-transformer export --workdir` on TensorFlow, in this process) translates the dev
+    set to the BLEU and chrF that `result.json` reports: scoring and export hold the same
+    (averaged) weights."""
     from keras_transformer.commands import load_serving_function
     from keras_transformer.config import export_name, load_config
     from keras_transformer.data.corpora import read_pairs
@@ -166,11 +168,9 @@ def test_with_ema_the_exported_model_scores_the_dev_bleu_that_result_json_report
     else:
         assert result["saved_model"] is None
         export = tmp_path / "export"
-        command = [sys.executable, "-m", "keras_transformer.cli", "export", "--workdir",
-                   str(workdir), "--output", str(export)]  # fmt: skip
-        done = subprocess.run(command, env=subprocess_env(KERAS_BACKEND="tensorflow"),
-                              capture_output=True, text=True, timeout=TIMEOUT)  # fmt: skip
-        assert done.returncode == 0, done.stderr[-3000:]
+        # In this process, whose backend is TensorFlow (the tests' own: conftest.py).
+        code, _, err = cli_in_process("export", "--workdir", workdir, "--output", export)
+        assert code == 0, err[-3000:]
         export = export / export_name(config, str(workdir))
     pairs = read_pairs(config.data.dev)
     translate = load_serving_function(str(export))

@@ -113,6 +113,40 @@ def subprocess_env(**extra):
     return env
 
 
+def cli_in_process(*argv, **environment):
+    """`keras-transformer ARGV` run in this process, as `keras_transformer.cli.main` (no new
+    TensorFlow import: a CLI subprocess spends seconds on it), with `environment` set in
+    `os.environ` for the call only and no `KERAS_TRANSFORMER_SIGTERM_AT`: `(exit code, stdout,
+    stderr)` of the call, what it printed to `sys.stdout` and `sys.stderr`. An argparse error
+    (`SystemExit`) gives its exit code; Keras's dtype policy is restored after the call. For a
+    command whose process boundary is not what the test checks (its signals, TensorFlow's C++
+    log on descriptor 2, a variable read at import are: those stay subprocesses)."""
+    import contextlib
+    import io
+
+    from keras_transformer import cli
+
+    saved = {name: os.environ.get(name) for name in [*environment, "KERAS_TRANSFORMER_SIGTERM_AT"]}
+    os.environ.pop("KERAS_TRANSFORMER_SIGTERM_AT", None)
+    os.environ.update({name: str(value) for name, value in environment.items()})
+    policy = keras.config.dtype_policy()
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = cli.main([str(arg) for arg in argv])
+            except SystemExit as e:  # argparse: usage errors exit 2, --version/--help 0
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        keras.config.set_dtype_policy(policy)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    return code, out.getvalue(), err.getvalue()
+
+
 def call_in_runner(target, *args, logical_cpus=2, timeout=300):
     """Runs `module:function` of the tests in a fresh `train_runner.py` process with
     `logical_cpus` logical CPU devices (for MirroredStrategy on a CPU); returns the
