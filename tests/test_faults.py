@@ -301,7 +301,7 @@ def _full_disk_command(case, tmp_path, trained):
     return argv, workdir
 
 
-@pytest.mark.scenario
+@pytest.mark.scenario(slow="a train or an export and, for a full disk, the same command again")
 @pytest.mark.parametrize("refusal", sorted(REFUSALS))
 @pytest.mark.parametrize("writer", sorted(WRITERS))
 def test_a_refused_write_is_one_line_and_the_same_command_continues(
@@ -480,7 +480,7 @@ def test_write_refused_recognises_each_refusal_as_tensorflow_h5py_and_python_say
 # ------------------------------------------------------------------ torn or corrupted checkpoints
 
 
-@pytest.mark.scenario
+@pytest.mark.scenario(slow="an export refused, then a SavedModel exported from the older step")
 @pytest.mark.parametrize("damage", ["truncate", "flip", "truncate_without_checksum"])
 def test_export_skips_a_torn_newest_checkpoint(damage, copy_of, tmp_path, capsys):
     _, workdir = copy_of
