@@ -253,7 +253,10 @@ def _xla_calls(concrete):
     return [n.name for n in nodes if n.attr["_XlaMustCompile"].b]
 
 
-@pytest.mark.scenario
+@pytest.mark.scenario(
+    slow="two exports (graph and XLA), each tracing every signature, the XLA one compiling the "
+    "search for each shape bucket it is called with, before and after a save/load"
+)
 def test_xla_compiled_search_answers_as_the_graph_search(tmp_path, copy_model, toy_spm_bytes):
     """`export.jit_compile`: the search compiled by XLA (string ops outside; chunks padded to
     shape buckets) gives the plain export's translations, n-best lists and prefixed translations

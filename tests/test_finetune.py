@@ -143,7 +143,10 @@ def _shifted(pairs, directory, name):
     return f"text:{source},{target}"
 
 
-@pytest.mark.scenario
+@pytest.mark.scenario(
+    slow="the parent decodes the shifted dev set, then a 150-step child trains on 3,000 pairs and "
+    "chooses on dev: the learning has to show in BLEU"
+)
 def test_fine_tuning_raises_the_dev_bleu_of_a_shifted_corpus(parent, tmp_path):
     from keras_transformer.config import decoding_settings
     from keras_transformer.evaluation import evaluate_bleu

@@ -116,7 +116,10 @@ def _tiny_setup():
     return config, source, target, labels
 
 
-@pytest.mark.scenario
+@pytest.mark.scenario(
+    slow="a JAX process beside this TensorFlow one: each builds the model, decodes greedy and "
+    "beam 4 and takes an AdamW step on the same weights"
+)
 def test_same_numbers_on_both_backends(tmp_path):
     """On the same weights: logits to 1e-5, greedy and beam-4 ids equal, one AdamW step's
     updated weights to 1e-5 (this process runs TensorFlow, the subprocess JAX)."""

@@ -119,6 +119,9 @@ SLOW = {
     "a fresh directory), exports it on TensorFlow and translates",
     "docs/guides/own-corpus.md": "two toy trainings: the TSV one, and the text-file one (shared "
     "with the README: trained here when this page comes first)",
+    "docs/guides/python-api.md": "the guide's Python as written, at toy scale in a process of its "
+    "own: a `train` with its dev-set choice and export, a model fitted by hand twice (raw and "
+    "prepared data), its translations and its export",
     "docs/guides/quickstart.md": "eight `keras-transformer` commands, each starting TensorFlow, "
     "two of them decoding the guide's 200 test sentences (evaluate, score)",
 }

@@ -248,7 +248,10 @@ def end_runs(_shared_root):
     return str(root / "tiny.yaml"), root / "whole", root / "stopped"
 
 
-@pytest.mark.scenario
+@pytest.mark.scenario(
+    slow="two `train` processes stopped by SIGTERM (in the scoring, in the export: the signal "
+    "and exit 75 are what is tested), then the continuation through the export"
+)
 def test_sigterm_during_the_dev_choice_the_scoring_and_the_export_exits_75_and_the_same_command_finishes(  # noqa: E501
     end_runs, tmp_path
 ):

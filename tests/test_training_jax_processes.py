@@ -179,7 +179,10 @@ def test_two_processes_train_as_one_and_only_the_chief_writes(pair, tmp_path):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.scenario
+@pytest.mark.scenario(
+    slow="two two-process JAX runs (stopped by SIGTERM, then resumed): four processes, each "
+    "importing JAX and TensorFlow"
+)
 def test_sigterm_to_one_process_stops_both_and_the_same_commands_resume(pair, tmp_path):
     """SIGTERM to process 1 after step 1 (off the checkpoint schedule): both stop after that
     step and exit 75, the chief having saved its resume state and a checkpoint of step 1; the

@@ -15,7 +15,10 @@ from keras_transformer.training import compile_model, train
 from keras_transformer.workdir import list_checkpoints
 
 
-@pytest.mark.scenario
+@pytest.mark.scenario(
+    slow="a whole `train` and its resumption: steps, the dev-set choice, checkpoint averaging, "
+    "the shortlist and a SavedModel export tracing every signature"
+)
 def test_short_run_learns_logs_checkpoints_and_resumes(tmp_path, capsys):
     config = tiny_config(tmp_path, train=dict(steps=8))
     result = train(config)

@@ -23,7 +23,10 @@ from training_helpers import (
 )
 
 
-@pytest.mark.scenario
+@pytest.mark.scenario(
+    slow="a `train` process on two logical CPUs under MirroredStrategy (bfloat16, accumulation, "
+    "EMA) through the dev-set choice and its export"
+)
 def test_train_under_mirrored_strategy_with_accumulation_bfloat16_and_ema(tmp_path):
     workdir = tmp_path / "work"
     values = tiny_yaml(
@@ -119,7 +122,10 @@ def paper_config_two_steps(name, accumulation):
     print(f"{name}: {model.count_params():,} parameters, 2 steps", flush=True)
 
 
-@pytest.mark.scenario
+@pytest.mark.scenario(
+    slow="a paper config's layer shapes (transformer_big: d_model 1024, d_ff 4096) built, "
+    "compiled and stepped twice for two replicas under MirroredStrategy, in a process of its own"
+)
 @pytest.mark.parametrize("name, accumulation", [("transformer_base", 4), ("transformer_big", 6)])
 def test_paper_configs_run_two_steps_under_mirrored_strategy(name, accumulation):
     """Each config in its own process (both in one held both models' memory: 5.7 GB)."""
