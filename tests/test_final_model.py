@@ -255,6 +255,33 @@ def test_export_select_on_dev_from_the_command_line(tmp_path, copy_model, toy_sp
     assert (recorded["checkpoint_steps"], recorded["alpha"]) == (again.steps, again.alpha)
 
 
+def test_export_select_on_dev_decodes_over_the_exports_shortlist(
+    tmp_path, toy_spm_path, monkeypatch
+):
+    """`export --select-on-dev` chooses over the lexical table its SavedModel will decode over
+    (the `ExportPlan`'s, as `train`'s choice does), not over the whole vocabulary."""
+    import keras_transformer.data.shortlist as shortlist_module
+    import keras_transformer.final_model as final_module
+
+    layout = Workdir(str(tmp_path))
+    shutil.copy(toy_spm_path, layout.spm)
+    save_config(tiny_config(tmp_path, decode=dict(alpha=1.0)), layout.config)
+    table, seen = object(), []  # the workdir's table, as `resolve_export_plan` reads it
+
+    class Chosen(Exception):
+        pass
+
+    def choose(*args, **kwargs):
+        seen.append(args[-1])  # its `shortlist`
+        raise Chosen
+
+    monkeypatch.setattr(shortlist_module, "export_shortlist", lambda layout, required: table)
+    monkeypatch.setattr(final_module, "select_on_dev", choose)
+    with pytest.raises(Chosen):
+        cli.main(["export", "--workdir", str(tmp_path), "--select-on-dev"])
+    assert seen == [table]
+
+
 @pytest.mark.scenario
 def test_average_and_select_on_dev_exclude_each_other(tmp_path, capsys):
     code = cli.main(["export", "--workdir", str(tmp_path), "--average", "2", "--select-on-dev"])

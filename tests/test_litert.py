@@ -650,3 +650,66 @@ def test_export_and_translate_commands(tmp_path, copy_model, toy_spm_path, run_c
             str(tmp_path / "other"), *flags,
         )  # fmt: skip
         assert code == 2 and message in err, err
+
+
+# ------------------------------------------------------------------ one translator interface
+
+
+def _requests(texts):
+    """Each request of `TranslatorInterface` with small arguments (`translate` by keyword)."""
+    n = len(texts)
+    return {
+        "translate": (texts,),
+        "translate_nbest": (texts,),
+        "translate_prefix": (texts, ["red"] * n),
+        "translate_constrained": (texts, [["red"]] * n),
+        "translate_glossary": (texts, [["rot"]] * n, [["red"]] * n),
+        "translate_sample": (texts, [1] * n),
+        "score": (texts, texts),
+    }
+
+
+@pytest.mark.parametrize("export", ["saved_model", "litert"])
+def test_both_translators_answer_or_refuse_every_request(
+    export, copy_model, toy_spm_bytes, litert_dirs
+):
+    """Both translators implement `TranslatorInterface`: each request answers every text, or is
+    refused in one line naming the export that serves it (a SavedModel: the LiteRT export has
+    no glossary, sampling or score; a SavedModel built without sampling or glossary tags, as
+    this toy one, refuses those two)."""
+    from keras_transformer.export import Translator
+    from keras_transformer.translating import TranslatorInterface
+
+    if export == "litert":
+        translator = litert.load(litert_dirs["float32"])
+        refused = {"translate_glossary", "translate_sample", "score"}
+    else:
+        translator = Translator(copy_model, toy_spm_bytes, max_source_length=fx.MAX_SOURCE_LENGTH,
+                                **fx.EXPORT_DECODE)  # fmt: skip
+        refused = {"translate_glossary", "translate_sample"}
+    assert isinstance(translator, TranslatorInterface)
+    texts = ["red cat", "blue"]
+    requests = _requests(texts)
+    assert set(requests) | {"max_target_length"} == TranslatorInterface.__abstractmethods__
+    assert (
+        translator.max_target_length == fx.MAX_SOURCE_LENGTH + fx.EXPORT_DECODE["max_extra_length"]
+    )
+    said = {}
+    for name, args in requests.items():
+        try:
+            answer = getattr(translator, name)(*args)
+        except ValueError as e:
+            said[name] = str(e)
+            continue
+        assert len(next(iter(answer.values()))) == len(texts), name
+    assert set(said) == refused
+    for name, message in said.items():
+        assert (
+            "\n" not in message
+            and "export a SavedModel" in message
+            or ("SavedModel; export one with" in message)
+        ), (name, message)
+    if export == "litert":
+        assert all("by the LiteRT export" in message for message in said.values())
+        with pytest.raises(ValueError, match="^soft glossaries are not served by the LiteRT"):
+            translator.translate(texts, glossary={"rot": "red"})

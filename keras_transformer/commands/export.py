@@ -4,6 +4,7 @@ SavedModel in TF Serving's layout (with its model card and calibrated confidence
 directory, a CTranslate2 model or a registered format's (`config.formats`), as the workdir's
 `ExportPlan` (`export.plan`, the flags over its config) says."""
 
+import dataclasses
 import json
 import os
 
@@ -16,7 +17,7 @@ from keras_transformer.workdir import Workdir, read_json
 def load_workdir_model(workdir, average=None, select=None, alpha=None):
     """Rebuilds the model of a training workdir: the average of its last checkpoints, or the
     candidate its dev set chooses (`keras_transformer.final_model.final_model`, as `train`
-    does at its end).
+    does at its end), decoding over the whole vocabulary.
 
     Args:
         workdir: the training workdir (any TensorFlow filesystem).
@@ -29,11 +30,15 @@ def load_workdir_model(workdir, average=None, select=None, alpha=None):
         `(config, final, spm_model_bytes)`: `final` is a `FinalModel` (model, steps, the alpha
         chosen on dev or None, the selection).
     """
-    import sentencepiece as spm
+    config, spm_bytes = _read_workdir(workdir)
+    return config, _final(workdir, config, spm_bytes, average, select, alpha), spm_bytes
+
+
+def _read_workdir(workdir):
+    """`(config, spm_model_bytes)` of a training workdir; `UsageError` where it is not one."""
     import tensorflow as tf
 
-    from keras_transformer.config import decoding_settings, load_config
-    from keras_transformer.final_model import Plan, final_model
+    from keras_transformer.config import load_config
 
     gfile = tf.io.gfile  # the workdir may be on any TensorFlow filesystem (gs://...)
     if not gfile.isdir(workdir):
@@ -44,25 +49,36 @@ def load_workdir_model(workdir, average=None, select=None, alpha=None):
         if not gfile.exists(path) or gfile.isdir(path):
             raise UsageError(f"{workdir} is not a training workdir: no {what} {path}")
     config = load_config(config_path)
+    with gfile.GFile(spm_path, "rb") as f:
+        return config, f.read()
+
+
+def _final(workdir, config, spm_bytes, average, select, alpha, shortlist=None):
+    """The workdir's `FinalModel` (`load_workdir_model`); the choice on dev decodes over the
+    lexical table `shortlist` (the export plan's `searched_shortlist`; None: the whole
+    vocabulary)."""
+    import sentencepiece as spm
+
+    from keras_transformer.config import decoding_settings
+    from keras_transformer.final_model import Plan, final_model
+
     # The choice decodes with the config's export settings (the command's decoding flags apply
     # to what is exported: `flags.export_settings`).
     plan = Plan.of(config, decoding_settings(config, export=True))
     if select is None:
         select = average is None and plan.selects
-    with gfile.GFile(spm_path, "rb") as f:
-        spm_bytes = f.read()
     try:
         vocab_size = spm.SentencePieceProcessor(model_proto=spm_bytes).get_piece_size()
     except Exception:
-        raise UsageError(f"{spm_path} is not a SentencePiece model") from None
+        raise UsageError(f"{Workdir(workdir).spm} is not a SentencePiece model") from None
     tokenizer, dev_pairs = _selection_inputs(config, spm_bytes) if select else (None, None)
     try:
-        final = final_model(
-            plan, layout, vocab_size, tokenizer, dev_pairs, select, average=average, alpha=alpha
-        )
+        return final_model(
+            plan, Workdir(workdir), vocab_size, tokenizer, dev_pairs, select, average=average,
+            alpha=alpha, shortlist=shortlist,
+        )  # fmt: skip
     except (ValueError, OSError) as e:
         raise UsageError(f"cannot load checkpoints of {workdir}: {first_line(e)}") from None
-    return config, final, spm_bytes
 
 
 def _selection_inputs(config, spm_bytes):
@@ -130,17 +146,18 @@ def export_command(args):
     flags.check_export(args)
     select = True if getattr(args, "select_on_dev", False) else None
     startup.import_tensorflow(getattr(args, "verbose", False))
-    config, final, spm_bytes = load_workdir_model(
-        args.workdir, args.average, select, getattr(args, "alpha", None)
-    )
+    config, spm_bytes = _read_workdir(args.workdir)
+    # The same description as train's own export (`training.run.finish.export`), the flags
+    # winning over the workdir's `export:` section, resolved before the choice on dev, which
+    # decodes over its lexical table as train's does (`training.run.outline`).
+    plan = resolve_export_plan(config, args.workdir, flags.export_settings(config, args), args)
+    final = _final(args.workdir, config, spm_bytes, args.average, select,
+                   getattr(args, "alpha", None), plan.searched_shortlist)  # fmt: skip
     model, steps = final.model, final.steps
     name = args.name or export_name(config, args.workdir)
     what = f"average of steps {', '.join(map(str, steps))}" if len(steps) > 1 else None
     what = what or f"step {steps[-1]}"
-    # The same description as train's own export (`training.run.finish.export`), the flags
-    # winning over the workdir's `export:` section.
-    settings = flags.export_settings(config, args, final.alpha)
-    plan = resolve_export_plan(config, args.workdir, settings, args)
+    plan = dataclasses.replace(plan, settings=flags.export_settings(config, args, final.alpha))
     card = (None, None)
     if export_format in ("saved_model", "litert"):  # a model card and a calibrated confidence
         card = _card_inputs(args.workdir, config, model.vocab_size, final.selection)

@@ -395,7 +395,7 @@ def translate_ids(
     initial_ids = ops.full(ops.shape(source_ids)[:1], settings.bos_id, dtype="int32")  # [batch]
     columns = _shortlist_columns(shortlist, source_ids, (prefix_ids, constraints))
     log_probs_fn, initial_state = _log_probs_step(
-        model, source_ids, (encoder_output, source_mask), settings, buffer, k, use_cache, kernels,
+        model, source_ids, (encoder_output, source_mask), settings, buffer, use_cache, kernels,
         columns,
     )  # fmt: skip
     token_ids = None if columns is None else columns[0]
@@ -477,13 +477,13 @@ def _row_seeds(seed, initial_ids):
     return ops.broadcast_to(ops.cast(seed, "int32"), ops.shape(initial_ids))
 
 
-def _log_probs_step(
-    model, source_ids, encoded, settings, buffer, k, use_cache, kernels, columns=None
-):
+def _log_probs_step(model, source_ids, encoded, settings, buffer, use_cache, kernels, columns=None):
     """`(step_fn, initial_state)` of the search: the model's next-token log-probabilities,
-    padding and BOS made impossible; `encoded` is `model.encode`'s output and mask. With a
+    padding and BOS made impossible, for its `k` rows per input (1 when `settings` sample,
+    else the beam size); `encoded` is `model.encode`'s output and mask. With a
     shortlist's `columns` `(ids [n], real [n])` the log-probabilities are `[rows, n]`,
     normalised over the real columns (padding columns impossible)."""
+    k = 1 if settings.sampling else settings.beam_size
     if columns is None:
         output_ids, allowed = None, None
         ids = ops.arange(model.vocab_size, dtype="int32")

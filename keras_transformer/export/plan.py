@@ -51,6 +51,13 @@ class ExportPlan:
     alignment_layer: int = -2
     constraints: bool = False
 
+    @property
+    def searched_shortlist(self):
+        """The lexical table the export's own search decodes over (a SavedModel's `shortlist`;
+        another format holds its table for its runtime to use when asked: None, the whole
+        vocabulary). `train`'s and `export --select-on-dev`'s choice on dev decode over it."""
+        return self.shortlist if self.format == "saved_model" else None
+
 
 def resolve_export_plan(config, workdir, settings, flags=None):
     """The `ExportPlan` of a training workdir's `config` (an `ExperimentConfig`), with its

@@ -21,6 +21,7 @@ from keras_transformer.decoding.search import translate_ids
 from keras_transformer.export import alignment_graph, markup_graph
 from keras_transformer.export.warmup import bucket_lengths
 from keras_transformer.fast_paths import Kernels
+from keras_transformer.translating import TranslatorInterface, refusal
 
 # The confidence's map before any calibration: sigmoid(1 + 2 * score), 0.5 at a score of -0.5
 # (`set_calibration` replaces it with one fitted on a dev set).
@@ -140,8 +141,9 @@ def _model_proto(tokenizer):
     return bytes(proto)
 
 
-class Translator(tf.Module):
-    """A `Transformer` with its tokenizer and beam search as one string-to-string function.
+class Translator(tf.Module, TranslatorInterface):
+    """A `Transformer` with its tokenizer and beam search as one string-to-string function, and
+    `keras_transformer.translating.TranslatorInterface` (its requests by its signatures).
 
     Calling it (or its `serve` tf.function, the SavedModel's `serving_default` signature):
     1. replaces invalid UTF-8 with U+FFFD, so no input makes the graph fail;
@@ -237,8 +239,9 @@ class Translator(tf.Module):
     - `translate_sample(text, seed)`, only with `settings.sampling_topk > 0`: `{"translation",
       "score"}` as `serve`, each translation sampled (top-k, top-p, temperature fixed in the
       graph) with its row's int64 `seed`: the same text and seed give the same translation.
-      None otherwise, as `translate_glossary` is where the vocabulary keeps no glossary tags
-      (`reads_glossaries`): saving traces every function the translator holds.
+      Otherwise a function refusing in one line (`translating.refusal`), as `translate_glossary`
+      is where the vocabulary keeps no glossary tags (`reads_glossaries`): saving traces every
+      tf.function the translator holds.
     - `translate_markup(text, markup)`, only with `alignments`: `{"translation", "score",
       "alignment", "markup_valid"}` for texts with markup (`markup` tf.string `[batch]`,
       "html" or "xml" per text; anything else raises `InvalidArgumentError`, as sizes that
@@ -256,6 +259,10 @@ class Translator(tf.Module):
     tf.saved_model.save(translator, path, signatures=translator.signatures)
     ```
     """
+
+    # The interface's requests: the signatures' tf.functions (or refusals), set in `__init__`.
+    translate_nbest = translate_prefix = translate_constrained = score = None
+    translate_glossary = translate_sample = None
 
     def __init__(
         self,
@@ -315,12 +322,16 @@ class Translator(tf.Module):
         self._optional_signatures(text_spec)
 
     def _optional_signatures(self, text_spec):
-        """The signatures only some translators serve. One this translator does not serve is
-        None: saving traces every function it holds, so it holds none that no signature runs."""
+        """The signatures only some translators serve. One this translator does not serve is a
+        refusal (`translate_markup`: None), no tf.function: saving traces every tf.function it
+        holds, so it holds none that no signature runs."""
         seed_spec = tf.TensorSpec([None], tf.int64, name="seed")
         self.translate_sample = (
-            _graph(self._translate_sample, text_spec, seed_spec) if self.settings.sampling else None
-        )
+            _graph(self._translate_sample, text_spec, seed_spec)
+            if self.settings.sampling
+            else refusal("sampling is not served by this SavedModel; export one with "
+                         "--sampling-topk K (decode.sampling_topk)")
+        )  # fmt: skip
         # Markup rides on the alignments.
         self.markup_tables = markup_graph.Tables() if self.alignments else None
         self.translate_markup = (
@@ -329,8 +340,12 @@ class Translator(tf.Module):
         # Soft glossaries: only a vocabulary trained with data.terminology keeps their tags.
         self.reads_glossaries = reads_glossaries(self._spm_proto)
         self.translate_glossary = (
-            self._glossary_function(text_spec) if self.reads_glossaries else None
-        )
+            self._glossary_function(text_spec)
+            if self.reads_glossaries
+            else refusal("soft glossaries are not served by this SavedModel (no glossary tags in "
+                         "its vocabulary); export a SavedModel of a workdir prepared with "
+                         "data.terminology")
+        )  # fmt: skip
 
     def _glossary_function(self, text_spec):
         """The `translate_glossary` tf.function (`_translate_glossary`)."""

@@ -97,6 +97,7 @@ from keras_transformer.litert.graphs import (
 from keras_transformer.litert.search import NEG_INF, search
 from keras_transformer.markup import markup_answer
 from keras_transformer.special_ids import UNK_ID
+from keras_transformer.translating import TranslatorInterface, refusal
 
 METADATA_FILE = "keras_transformer.json"
 CACHE_BUCKET = 16  # the self-attention caches' first length (module docstring)
@@ -151,8 +152,10 @@ def _as_text(text):
     return text.decode("utf-8", errors="replace")
 
 
-class LiteRTTranslator:
-    """A LiteRT export as string-to-string functions (the SavedModel's signatures, in numpy).
+class LiteRTTranslator(TranslatorInterface):
+    """A LiteRT export as string-to-string functions (the SavedModel's signatures, in numpy):
+    `keras_transformer.translating.TranslatorInterface`, less what only a SavedModel serves
+    (a soft glossary, sampling, `score`: refused in one line naming it).
 
     Safe to call from several threads at once: each request borrows its own interpreters
     (module docstring).
@@ -287,7 +290,19 @@ class LiteRTTranslator:
 
     # ----------------------------------------------------------------- the signatures
 
-    def translate(self, texts, constraints=None, alignments=False, markup=None):
+    translate_glossary = refusal(
+        "soft glossaries are not served by the LiteRT export; export a SavedModel of a "
+        "workdir prepared with data.terminology (its translate_glossary signature)"
+    )
+    translate_sample = refusal(
+        "sampling is not served by the LiteRT export; export a SavedModel with --sampling-topk K"
+    )
+    score = refusal(
+        "scoring is not served by the LiteRT export; export a SavedModel (its score signature: "
+        "keras-transformer score)"
+    )
+
+    def translate(self, texts, constraints=None, alignments=False, markup=None, glossary=None):
         """`serving_default`: `{"translation": [n] str, "score": float32 [n], "token_scores":
         float32 [n, longest], "confidence": float32 [n]}`; with `constraints` (a list of
         target-side terms per text), `translate_constrained`'s answer. With `alignments`, also
@@ -297,7 +312,9 @@ class LiteRTTranslator:
         (`keras_transformer.markup.markup_answer`: lists, the tags carried into the
         translations by the alignments, malformed markup translated as plain text with a
         `MarkupWarning`). Alignments and markup need an export made with the alignment graph
-        (module docstring)."""
+        (module docstring). A `glossary` is refused (`translate_glossary`)."""
+        if glossary is not None:
+            self.translate_glossary()
         if alignments or markup is not None:
             if constraints is not None:
                 raise ValueError("alignments come from translate alone: not with constraints")

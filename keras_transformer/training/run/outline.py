@@ -107,7 +107,7 @@ def _train_resolved(run, data):
     deadline = None if end_seconds is None else end_started + max(end_seconds, 0.0)
     # The export's shortlist, once: the choice and the scores decode over it as the export does.
     plan = finish.export_plan(run)
-    shortlist = None if plan is None else plan.shortlist
+    shortlist = None if plan is None else plan.searched_shortlist
     final = finish.choose_final_model(run, data.tokenizer, deadline, shortlist=shortlist)
     result = finish.score(run, final, data.tokenizer, step, stopper, shortlist=shortlist)
     if parent:
