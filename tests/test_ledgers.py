@@ -1,6 +1,7 @@
 """The ledgers as a stranger reads them: every line shown reruns (no scratch directory, temporary
 path or checkout beside the repository; a comparison of two checkouts names their commits), its
-command sets what the line records."""
+command sets what the line records, and every machine has one name, that of
+`benchmarks/machines.py`, on every page."""
 
 import json
 import os
@@ -203,3 +204,43 @@ def test_record_writes_checkouts_as_commits_and_refuses_what_a_stranger_cannot_r
         )
     with open(tmp_path / "results" / "toy.jsonl", encoding="utf-8") as f:
         assert len(f.readlines()) == 2  # the refused lines are not written
+
+
+def test_every_ledger_line_is_measured_on_one_machine_of_the_table():
+    """Each line matches exactly one row of `benchmarks/machines.py`: by its `cpu` (family and
+    model) where it records one, else by its CPU name and flags."""
+    from benchmarks import machines
+
+    counts = {}
+    for name, number, row, _ in _lines():
+        key = machines.of(row).key  # raises for none or several
+        counts[key] = counts.get(key, 0) + 1
+    assert set(counts) == set(machines.BY_KEY), counts
+    zen4 = {"machine": "AMD EPYC, 2 cores", "cpu": "family 25, model 17", "cpu_flags": ["avx2"]}
+    assert machines.of(zen4).key == "zen4"  # the recorded numbers decide over the flags
+    zen3 = {"machine": "AMD EPYC, 2 cores", "cpu": "family 25, model 1", "cpu_flags": ["avx2"]}
+    assert machines.of(zen3).key == "zen3"
+    with pytest.raises(ValueError, match="machines.py"):
+        machines.of({"machine": "Apple M2", "cpu_flags": []})
+
+
+def test_a_figure_names_the_machine_of_the_lines_it_reads():
+    """figures.yaml's `machine` is the table's key of every line the figure reads, in the order
+    first read (a figure read on the Zen 4 once said "AMD EPYC, AVX-512", as Zen 5 ones did)."""
+    from benchmarks import figures, ledger, machines
+
+    wrong = []
+    for entry in figures.load():
+        read = figures.lines(figures.quotes(entry))
+        keys = list(dict.fromkeys(machines.of(ledger.read(n)[i - 1]).key for n, i in read))
+        if machines.keys(entry["machine"]) != keys:
+            wrong.append(f"{entry['id']}: machine {entry['machine']}, its lines {keys}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_machine_table_in_the_docs_is_the_module_s():
+    """docs/benchmarks.md shows the table `python -m benchmarks.machines` prints."""
+    from benchmarks import machines
+
+    with open(os.path.join(ROOT, "docs", "benchmarks.md"), encoding="utf-8") as f:
+        assert machines.table() in f.read(), "python -m benchmarks.machines"
