@@ -3,6 +3,7 @@ path or checkout beside the repository; a comparison of two checkouts names thei
 command sets what the line records, and every machine has one name, that of
 `benchmarks/machines.py`, on every page."""
 
+import glob
 import json
 import os
 import re
@@ -238,9 +239,72 @@ def test_a_figure_names_the_machine_of_the_lines_it_reads():
     assert not wrong, "\n".join(wrong)
 
 
+# A CPU named on a page: an EPYC or a Xeon however written, and a Zen generation.
+_CPU = re.compile(
+    r"\b(?:AMD\s+)?EPYC\b[^.;:|)\n]{0,30}|\b(?:Intel\s+)?Xeon\b[^.;:|)\n]{0,20}|Zen\s?\d"
+)
+
+
+def _page_texts():
+    from benchmarks import results_page
+
+    paths = [os.path.join(ROOT, "README.md"), os.path.join(ROOT, "CHANGELOG.md")]
+    paths += glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)
+    paths += [os.path.join(ROOT, "benchmarks", "results", "figures.yaml")]
+    for path in sorted(paths):
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        if path == results_page.PAGE:
+            # The page's own words and its run cells; the folded `more` cells quote each
+            # line's fields as written (its `machine` is the CPU's model name as recorded).
+            text = re.sub(r"<details><summary>\d+ fields</summary>.*?</details>", "", text)
+        yield os.path.relpath(path, ROOT), text
+
+
+def test_pages_name_each_cpu_as_the_machine_table_does():
+    """A page names a CPU by its name in `benchmarks/machines.py` ("AMD EPYC Zen 5", "Intel Xeon
+    @ 2.5 GHz"), or a Zen by its generation alone ("the Zen 4"): not "AMD EPYC, AVX-512" for a
+    Zen 5 the next page calls Zen 5, not a bare "AMD EPYC" that is any of three."""
+    from benchmarks import machines
+
+    names = sorted(machines.NAMES, key=len, reverse=True)
+    known = {re.search(r"Zen \d", n).group(0) for n in names if "Zen" in n}
+    found = []
+    for path, text in _page_texts():
+        # A name may be wrapped across lines: a line break is a space of the same length, so
+        # that a match's offset still gives its line. Each name found is blanked out.
+        rest = text.replace("\n", " ")
+        for name in names:
+            rest = re.sub(re.escape(name).replace("\\ ", r"\s"), lambda m: "#" * len(m[0]), rest)
+        for match in _CPU.finditer(rest):
+            word = match.group(0)
+            if re.sub(r"Zen\s?", "Zen ", word) in known:
+                continue
+            found.append(f"{path}:{text.count(chr(10), 0, match.start()) + 1}: {word.strip()!r}")
+    assert not found, "\n".join(found)
+
+
 def test_the_machine_table_in_the_docs_is_the_module_s():
     """docs/benchmarks.md shows the table `python -m benchmarks.machines` prints."""
     from benchmarks import machines
 
     with open(os.path.join(ROOT, "docs", "benchmarks.md"), encoding="utf-8") as f:
         assert machines.table() in f.read(), "python -m benchmarks.machines"
+
+
+def test_the_history_names_the_machine_of_the_lines_each_row_links():
+    """Each row of the experiment history names the machines of the ledger lines it links, in
+    the order first linked."""
+    from benchmarks import ledger, machines
+
+    with open(os.path.join(ROOT, "docs", "history.md"), encoding="utf-8") as f:
+        rows = [line for line in f if line.startswith("| ") and "](results.md#" in line]
+    assert rows
+    wrong = []
+    for row in rows:
+        cells = [cell.strip() for cell in row.split("|")[1:-1]]
+        links = re.findall(r"results\.md#([a-z_]+)-(\d+)", row)
+        keys = dict.fromkeys(machines.of(ledger.read(b)[int(n) - 1]).key for b, n in links)
+        if cells[1] != machines.names(", ".join(keys)):
+            wrong.append(f"{cells[0][:50]}: {cells[1]}, its lines {list(keys)}")
+    assert not wrong, "\n".join(wrong)
