@@ -221,10 +221,11 @@ def _same(flag, recorded, given):
         return str(recorded) == given
 
 
-def disagreements(line):
+def disagreements(line, labels=True):
     """`["what differs", ...]`: where a line's command sets something other than the line
     records: a flag of `SETTINGS` against its field, each `--set KEY=VALUE` against the line's
-    `overrides` (both ways), a JSON shape argument against its `cfg`."""
+    `overrides` (both ways), a JSON shape argument against its `cfg`. `labels=False` leaves
+    `--label` out (`record`: `BENCH_LABEL` names the line, `--label` the run's own files)."""
     command = re.split(r"\s#\s|\s\(", line.get("command", ""))[0]
     try:
         words = shlex.split(command)
@@ -256,7 +257,7 @@ def disagreements(line):
                     if key in cfg and not _same(None, cfg[key], str(shape[key]))
                 ]
         elif word in SETTINGS and value is not None:
-            if word == "--label" and line.get("system") in _PEERS:
+            if word == "--label" and (not labels or line.get("system") in _PEERS):
                 continue
             given = value.split(",") if word in _LISTS else [value]
             for field in SETTINGS[word]:
@@ -338,7 +339,7 @@ def record(benchmark, fields, label=None, command=None):
         }
     )
     line.update({key: neutral(portable(line[key])) for key in fields if key in line})
-    found = traces(line) + disagreements(line)
+    found = traces(line) + disagreements(line, labels=False)
     if found:
         raise ValueError(
             f"{benchmark}: a ledger line a stranger could not rerun ({'; '.join(found)}): "
