@@ -8,6 +8,9 @@ Usage (from the repository root):
 
 Prints every figure as a JSON line (with `checkout`), then per shape the ratio of the medians
 (second checkout / first) for training and beam-4 decoding tokens/s.
+With `BENCH_LABEL`, the ledger writes the checkouts as `A` and `B` and the command as the
+commits compared, `commit 1a2b3c4 vs commit 5d6e7f8: python benchmarks/ab_checkouts.py A B ...`
+(`ledger.compared`), so that the line reruns anywhere.
 """
 
 import argparse

@@ -9,6 +9,9 @@ Usage (from the repository root; run it alone on the machine: the figures are ti
 
 One JSON line per export and load (`checkout`: `first` or `second`), then a summary line with
 the medians and their ratios (second / first).
+With `BENCH_LABEL`, the ledger writes the checkouts as `A` and `B` and the command as the
+commits compared, `commit 1a2b3c4 vs commit 5d6e7f8: python benchmarks/export_cost.py A B ...`
+(`ledger.compared`), so that the line reruns anywhere.
 """
 
 import argparse

@@ -26,9 +26,10 @@ import re
 import yaml
 
 try:
-    from benchmarks import ledger
+    from benchmarks import ledger, machines
 except ImportError:  # run as a script from benchmarks/
     import ledger
+    import machines
 
 FIGURES = os.path.join(ledger.RESULTS, "figures.yaml")
 KEYS = {"id", "what", "note", "ledger", "figure", "machine", "reproduce", "readme"}
@@ -82,6 +83,9 @@ def load(path=FIGURES):
             raise ValueError(f"{entry.get('what')}: unknown keys {unknown}, missing {missing}")
         if not re.fullmatch(r"[a-z0-9]+(?:-[a-z0-9]+)*", str(entry["id"])):
             raise ValueError(f"{entry['id']!r}: an id is lowercase words joined by '-'")
+        unknown_machines = set(machines.keys(entry["machine"])) - set(machines.BY_KEY)
+        if unknown_machines:
+            raise ValueError(f"{entry['id']}: machine {unknown_machines} not in machines.py")
         literal = NUMBER.findall(_QUOTE.sub("", entry["figure"]))
         if literal:
             raise ValueError(f"{entry['what']}: a figure's numbers are {{...}} quotes: {literal}")
@@ -244,7 +248,7 @@ def readme_rows(entries=None, read=ledger.read):
             unit = units[n - 1] if units[n - 1] in ("x", "%") else ""
             rows.append(
                 f"| [{_cell(_unlinked(name))}](docs/results.md#figure-{entry['id']}) | "
-                f"{found[n - 1].text}{unit} | {_cell(entry['machine'])} |"
+                f"{found[n - 1].text}{unit} | {_cell(machines.names(entry['machine']))} |"
             )
     return "\n".join(head + rows)
 
@@ -259,7 +263,8 @@ def page_rows(entries=None, read=ledger.read):
         found = quotes(entry, read)
         rows.append(
             f'| <a id="figure-{entry["id"]}"></a>{_cell(entry["what"])} '
-            f"| {_cell(shown(entry, found))} | {_cell(entry['machine'])} | {_links(found, '')} |"
+            f"| {_cell(shown(entry, found))} | {_cell(machines.names(entry['machine']))} "
+            f"| {_links(found, '')} |"
         )
         derived = _QUOTE.sub(
             lambda m: f"`{m.group(1).rpartition(':')[0].strip()}`", entry["figure"]

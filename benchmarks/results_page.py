@@ -20,10 +20,11 @@ import re
 import sys
 
 try:
-    from benchmarks import figures, ledger
+    from benchmarks import figures, ledger, machines
 except ImportError:  # run as a script from benchmarks/
     import figures
     import ledger
+    import machines
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGE = os.path.join(ROOT, "docs", "results.md")
@@ -534,12 +535,8 @@ def _cell(value):
 
 
 def _machine(row):
-    """The machine in a few words: `AMD EPYC, AVX-512`, `Intel Xeon, AVX-512`, `NVIDIA H200`."""
-    name = re.sub(r"\s*\(.*?\)|\s*@[^,]*", "", row.get("machine") or "").split(",")[0].strip()
-    flags = row.get("cpu_flags") or []
-    if flags:
-        name += ", AVX-512" if "avx512f" in flags else ", AVX2"
-    return name
+    """The machine's one name (`benchmarks/machines.py`): `AMD EPYC Zen 5`, `NVIDIA H200`."""
+    return machines.name(row)
 
 
 def _more(row, shown):
@@ -556,7 +553,7 @@ def _more(row, shown):
 def _cells(benchmark, rows, number):
     """The cells of line `number`: its number (with its anchor), its run (label, date,
     machine), the ledger's `COLUMNS` and its other fields folded."""
-    row = rows[number - 1]
+    row = ledger.shown(benchmark, number, rows[number - 1])
     cells, shown = [], set()
     for column in COLUMNS[benchmark]:
         text, fields = column.render(row)
@@ -660,11 +657,11 @@ def plot(path=PLOT):
     from matplotlib import pyplot as plt
 
     rows = [r for r in ledger.read("quality_budget") if r.get("steps") and r.get("test_bleu")]
-    machines = sorted({r["machine"] for r in rows})
+    names = sorted({machines.name(r) for r in rows})
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
-    for index, machine in enumerate(machines):
+    for index, machine in enumerate(names):
         for system, marker in (("keras-transformer", "o"), ("modelgarden", "x")):
-            points = [r for r in rows if r["machine"] == machine and r.get("system") == system]
+            points = [r for r in rows if machines.name(r) == machine and r.get("system") == system]
             if not points:
                 continue
             label = f"{machine}: {'ours' if system == 'keras-transformer' else 'TF Model Garden'}"

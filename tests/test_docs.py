@@ -448,10 +448,10 @@ def test_a_readme_row_holds_one_number_named_with_its_unit_and_shape():
     "1.08x / 1.39x; greedy 1.28x / 1.65x; ..."): an entry names each number it puts there."""
     from benchmarks import figures
 
-    entry = {"id": "s", "figure": "{a[1]:.2f}x / {a[2]:.2f}x", "ledger": "t", "machine": "m"}
+    entry = {"id": "s", "figure": "{a[1]:.2f}x / {a[2]:.2f}x", "ledger": "t", "machine": "zen5"}
     read = {"t": [{"a": 1.234}, {"a": 2.5}]}.__getitem__
     rows = figures.readme_rows([dict(entry, readme={2: "speed over a peer, base"})], read)
-    row = "| [speed over a peer, base](docs/results.md#figure-s) | 2.50x | m |"
+    row = "| [speed over a peer, base](docs/results.md#figure-s) | 2.50x | AMD EPYC Zen 5 |"
     assert rows.splitlines()[2] == row
     for bad in (True, {3: "no third number"}, {1: " "}, {"1": "a string N"}):
         with pytest.raises(ValueError, match="readme is"):
