@@ -817,7 +817,9 @@ def question_data():
 
 def render(data=None):
     """The results page's Markdown."""
-    data = data if data is not None else question_data()
+    if data is None:
+        _LINES.clear()
+        data = question_data()
     parts = [INTRO]
     for question in questions.QUESTIONS:
         parts.append(question_section(question, data[question.id]))
