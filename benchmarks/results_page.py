@@ -805,7 +805,7 @@ def question_section(question, points):
     """A question's section: its heading (anchor: the question's id), plot and table."""
     return (
         f"## {question.title} {{#{question.id}}}\n\n"
-        f"![{question.title}](img/{question.id}.png)\n\n"
+        f"[![{question.title}](img/{question.id}.png)](img/{question.id}.png)\n\n"
         f"*{question.caption}*\n\n{question_table(question, points)}\n"
     )
 
@@ -827,8 +827,7 @@ def render(data=None):
     names = ledger.benchmarks()
     order = [n for n in TITLES if n in names] + [n for n in names if n not in TITLES]
     listed = "\n".join(
-        f"- [{TITLES.get(n, (n,))[0]}](ledgers/{n}.md): `benchmarks/results/{n}.jsonl`, "
-        f"{len(_read(n)):,} lines"
+        f"- [{TITLES.get(n, (n,))[0]}](ledgers/{n}.md): `{n}`, {len(_read(n)):,} lines"
         for n in order
     )
     parts.append(LEDGERS + listed + "\n")
