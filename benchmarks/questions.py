@@ -291,9 +291,10 @@ class Question:
     """One question of the results page: its `id` (the section's anchor, the plot's name), its
     `title`, what its plot shows (`caption`), its points (`data()`) and the table's layout."""
 
-    def __init__(self, id, title, caption, data, series, groups=None):
+    def __init__(self, id, title, caption, data, series, missing=NOT_MEASURED):
         self.id, self.title, self.caption, self._data = id, title, caption, data
-        self.series, self.groups = series, groups
+        # What a cell without a point says: each column of the decoding table is one run.
+        self.series, self.missing = series, missing
 
     def data(self):
         return self._data()
@@ -305,9 +306,11 @@ QUESTIONS = [
         "How fast does each export decode, against CTranslate2 and TF Model Garden?",
         "Target tokens/s of a 32-sentence batch, 2 CPU threads, each export and peer (bars), "
         "at the small and base shapes, beam 1 and 4; each panel one run of "
-        "`benchmarks/serve_compare.py` on one machine.",
+        "`benchmarks/serve_compare.py` on one machine (a cell not in this run: that run did "
+        "not measure it; TF Model Garden was measured on one machine only).",
         decoding,
         [name for _, name in DECODERS],
+        missing="not in this run",
     ),
     Question(
         "training-speed",

@@ -788,7 +788,7 @@ def _feature_unit(feature, measure):
 
 def _question_cell(question, points):
     if not points:
-        return NOT_MEASURED
+        return question.missing
     if question.id == "quality-minutes":
         bleu = [p for p in points if p["measure"] == "test BLEU"]
         minutes = {p["value"] for p in points if p["measure"] == "minutes"}

@@ -86,6 +86,8 @@ def test_a_cell_without_a_ledger_line_says_so():
     sections = _sections()
     training = [line for line in sections["training-speed"].splitlines() if line.startswith("|")]
     assert any("TF Model Garden" in line and NOT_MEASURED in line for line in training)
+    decoding = [line for line in sections["decoding-speed"].splitlines() if line.startswith("|")]
+    assert any("TF Model Garden" in line and "not in this run" in line for line in decoding)
     for text in sections.values():
         for line in text.splitlines():
             if line.startswith("| ") and not line.startswith("|---"):
