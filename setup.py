@@ -130,6 +130,9 @@ setup(
             # Our layers pass KerasHub's own layer test (its TestCase imports grain).
             "keras-hub>=0.32",
             "grain>=0.2",
+            # The browser test of the results page drives the system's Chromium (.ci/run
+            # installs Debian's `chromium`; Playwright's own browser download is not used).
+            "playwright>=1.45",
         ],
         # The release check (.ci/release_check): build the wheel and sdist, check them.
         "release": ["build>=1", "twine>=5"],

@@ -210,14 +210,15 @@ def shown(entry, entry_quotes):
     return _QUOTE.sub(lambda _: next(texts), entry["figure"])
 
 
-def _links(entry_quotes, page):
-    """`[name a](page#name-a), [b](page#name-b)`: each line read, by ledger and number."""
+def _links(entry_quotes, page="ledgers/"):
+    """`[name a](ledgers/name.md#name-a), [b](ledgers/name.md#name-b)`: each line read, by
+    ledger and number, linking the ledger's page."""
     read = lines(entry_quotes)
     parts = []
     for name in dict.fromkeys(name for name, _ in read):
         numbers = sorted(number for other, number in read if other == name)
         parts += [
-            f"[{name + ' ' if i == 0 else ''}{number}]({page}#{name}-{number})"
+            f"[{name + ' ' if i == 0 else ''}{number}]({page}{name}.md#{name}-{number})"
             for i, number in enumerate(numbers)
         ]
     return ", ".join(parts)
@@ -254,8 +255,9 @@ def readme_rows(entries=None, read=ledger.read):
 
 
 def page_rows(entries=None, read=ledger.read):
-    """The results page's opening table, a row per entry (anchor `figure-<id>`) with the ledger
-    lines it reads, then how each figure is read and reproduced, folded."""
+    """The results page's table of current figures, a row per entry (anchor `figure-<id>`) with
+    the ledger lines it reads (on each ledger's page), then how each figure is read and
+    reproduced, folded."""
     entries = entries if entries is not None else load()
     head = ["| figure | value | machine | ledger lines |", "|---|---|---|---|"]
     rows, how = [], []
@@ -264,7 +266,7 @@ def page_rows(entries=None, read=ledger.read):
         rows.append(
             f'| <a id="figure-{entry["id"]}"></a>{_cell(entry["what"])} '
             f"| {_cell(shown(entry, found))} | {_cell(machines.names(entry['machine']))} "
-            f"| {_links(found, '')} |"
+            f"| {_links(found)} |"
         )
         derived = _QUOTE.sub(
             lambda m: f"`{m.group(1).rpartition(':')[0].strip()}`", entry["figure"]

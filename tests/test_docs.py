@@ -321,7 +321,8 @@ def test_results_page_is_generated_from_the_ledgers():
     assert _read(results_page.PAGE) == results_page.render(), (
         "docs/results.md is stale: python -m benchmarks.results_page"
     )
-    assert os.path.exists(results_page.PLOT)
+    for question in results_page.questions.QUESTIONS:
+        assert os.path.exists(os.path.join(results_page.IMG, f"{question.id}.png"))
     names = ledger.benchmarks()
     assert "quality_budget" in names and "compare" in names
     # One ledger per benchmark: no per-run files beside them.
@@ -357,21 +358,30 @@ def test_every_ledger_shows_its_figures():
 
 
 def test_results_page_tables_are_narrow_and_old_lines_fold():
-    """At most 7 columns a table (11 ran off the page), and a ledger shows its latest lines
-    and the lines the current figures read; the others are folded into a `<details>` block."""
+    """At most 7 columns a table (11 ran off the page), on the results page and each ledger's
+    page; a ledger's page shows its latest lines and the lines the current figures read, the
+    others folded into a `<details>` block."""
     from benchmarks import ledger, results_page
 
-    page = _read(results_page.PAGE)
-    for line in page.splitlines():
-        if line.startswith("|"):
-            cells = re.split(r"(?<!\\)\|", line.strip())[1:-1]
-            assert len(cells) <= 7, line[:120]
-        elif line.startswith("<thead>"):
-            assert line.count("<th>") <= 7, line[:120]
     read = results_page._read_by_figures()
-    for name in ledger.benchmarks():
+    for name in [None] + ledger.benchmarks():
+        path = (
+            results_page.PAGE
+            if name is None
+            else os.path.join(results_page.LEDGER_DIR, f"{name}.md")
+        )
+        page = _read(path)
+        for line in page.splitlines():
+            if line.startswith("|"):
+                cells = re.split(r"(?<!\\)\|", line.strip())[1:-1]
+                assert len(cells) <= 7, line[:120]
+            elif line.startswith("<thead>"):
+                assert line.count("<th>") <= 7, line[:120]
+        if name is None:
+            continue
         rows = ledger.read(name)
-        section = page[page.index(f"`benchmarks/results/{name}.jsonl`") :]
+        section = page[page.index(f"`benchmarks/results/{name}.jsonl`, {len(rows)} lines") :]
+        section += "\n\n"  # a table that ends the page
         visible = section[: section.index("\n\n", section.index("|"))]
         shown = re.findall(rf'<a id="{name}-(\d+)">', visible)
         assert len(shown) <= results_page.LATEST + len(read.get(name, ()))
@@ -426,7 +436,9 @@ def test_figures_are_the_ledger_lines_they_link():
     wrong = []
     for (what, shown, _, sources), entry in zip(page_rows, entries):
         assert what.startswith(f'<a id="figure-{entry["id"]}">'), what
-        linked = {(name, int(n)) for name, n in re.findall(r"\(#(\w+)-(\d+)\)", sources)}
+        linked = {
+            (name, int(n)) for name, n in re.findall(r"\(ledgers/\w+\.md#(\w+)-(\d+)\)", sources)
+        }
         read = set(figures.lines(figures.quotes(entry)))
         if linked != read:
             wrong.append(f"{entry['id']} links {sorted(linked)}, its figure reads {sorted(read)}")
