@@ -57,6 +57,12 @@ MUST_RUN = {
     "shortlist; the whole module skips without `ai-edge-litert`",
     "tests/test_litert.py": "the LiteRT export answers as the SavedModel, its runtime runs "
     "without TensorFlow, and the CLI uses it; the whole module skips without `ai-edge-litert`",
+    "tests/test_results_page.py::test_results_page_is_small": "the results page's own HTML "
+    "under its size limit (`markdown`, from the docs extra)",
+    "tests/test_results_page.py::test_results_page_and_readme_table_in_a_browser": "the "
+    "results page and the README's table read in headless Chromium: every plot loads, no table "
+    "is wider than its column, the page under 12,000 px (Debian's `chromium`, which .ci/run "
+    "installs, `playwright` from the test extra, and `site/` built by the README's command)",
     "tests/test_workdir_lock.py::test_a_run_in_another_pid_namespace_does_not_take_over_a_live_"
     "lock": "a run in another pid namespace of this host (a container with host networking) "
     "does not take a live lock over; it skips without `unshare` or where `unshare --pid` is not "
@@ -396,14 +402,9 @@ def model_base_dir(exported_copy_model):
 
 
 @pytest.fixture
-def run_cli(capsys):
+def run_cli():
     """`run_cli(*argv)` -> `(exit code, stdout, stderr)` of `keras-transformer argv...`, run in
-    this process."""
-    from keras_transformer import cli
+    this process (`training_helpers.cli_in_process`)."""
+    from training_helpers import cli_in_process
 
-    def run(*argv):
-        code = cli.main(list(argv))
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
+    return cli_in_process

@@ -13,18 +13,12 @@ import sys
 
 import pytest
 import tensorflow as tf
-from training_helpers import subprocess_env, tiny_yaml, write_yaml
+from training_helpers import cli_in_process, subprocess_env, tiny_yaml, write_yaml
 
 from keras_transformer import cli
 from keras_transformer.workdir import Workdir, list_checkpoints
 
 NO_SPACE = "No space left on device"
-
-
-def _run(capsys, *argv):
-    code = cli.main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _error_lines(err):
@@ -305,7 +299,7 @@ def _full_disk_command(case, tmp_path, trained):
 @pytest.mark.parametrize("refusal", sorted(REFUSALS))
 @pytest.mark.parametrize("writer", sorted(WRITERS))
 def test_a_refused_write_is_one_line_and_the_same_command_continues(
-    writer, refusal, trained, tmp_path, monkeypatch, capsys
+    writer, refusal, trained, tmp_path, monkeypatch
 ):
     """Each refused write (a full disk or quota, a file-size limit, a read-only file system, a
     failing device) at each writer, raised as that writer's library raises it: one line naming
@@ -316,7 +310,7 @@ def test_a_refused_write_is_one_line_and_the_same_command_continues(
     injector = _Injector(case["nth"], refusal)
     with monkeypatch.context() as patch:
         case["inject"](patch, injector)
-        code, out, err = _run(capsys, *argv)
+        code, out, err = cli_in_process(*argv)
     assert injector.failed_path, f"the {writer} write was never reached"
     errors = _error_lines(err)
     assert code == 2, err
@@ -339,7 +333,7 @@ def test_a_refused_write_is_one_line_and_the_same_command_continues(
     # EFBIG's retry: test_export_under_a_real_file_size_limit_...).
     if refusal != "ENOSPC":
         return
-    code, out, err = _run(capsys, *argv)
+    code, out, err = cli_in_process(*argv)
     assert code == 0, err
     if case["kind"] == "train":
         assert "resuming from step" in out
@@ -364,7 +358,7 @@ def _file_size_limit(limit):
 
 @pytest.mark.scenario
 def test_export_under_a_real_file_size_limit_is_one_line_and_the_retry_gets_version_1(
-    trained, tmp_path, capsys
+    trained, tmp_path
 ):
     """`export` in a process whose files may not grow past 64 KiB (`ulimit -f 64`): TensorFlow's
     SaveV2 or file system refuses with EFBIG. One line naming the cause, exit 2, no traceback,
@@ -388,7 +382,7 @@ def test_export_under_a_real_file_size_limit_is_one_line_and_the_retry_gets_vers
     assert "ulimit -f" in errors[0] and str(tmp_path) in errors[0]
     assert "Traceback" not in done.stderr
     assert _leftovers(tmp_path) == [] and glob.glob(str(exports / "*" / "*")) == []
-    code, _, err = _run(capsys, *argv[3:])
+    code, _, err = cli_in_process(*argv[3:])
     assert code == 0, err[-3000:]
     assert [os.path.basename(p) for p in glob.glob(str(exports / "*" / "*"))] == ["1"]
 
@@ -482,7 +476,7 @@ def test_write_refused_recognises_each_refusal_as_tensorflow_h5py_and_python_say
 
 @pytest.mark.scenario(slow="an export refused, then a SavedModel exported from the older step")
 @pytest.mark.parametrize("damage", ["truncate", "flip", "truncate_without_checksum"])
-def test_export_skips_a_torn_newest_checkpoint(damage, copy_of, tmp_path, capsys):
+def test_export_skips_a_torn_newest_checkpoint(damage, copy_of, tmp_path):
     _, workdir = copy_of
     newest = Workdir(str(workdir)).checkpoint(4)
     if damage.startswith("truncate"):
@@ -493,11 +487,13 @@ def test_export_skips_a_torn_newest_checkpoint(damage, copy_of, tmp_path, capsys
         os.remove(newest + ".sha256")
     output = tmp_path / "exports"
     # --average 2 would need the torn file: refused, never averaged.
-    code, _, err = _run(capsys, "export", "--workdir", workdir, "--average", 2, "--output", output)
+    code, _, err = cli_in_process(
+        "export", "--workdir", workdir, "--average", 2, "--output", output
+    )
     assert code == 2 and "cannot average 2 checkpoints" in err and "1 complete" in err, err
     assert f"skipping the torn or corrupted checkpoint {newest}" in err
-    code, out, err = _run(
-        capsys, "export", "--workdir", workdir, "--average", 1, "--output", output
+    code, out, err = cli_in_process(
+        "export", "--workdir", workdir, "--average", 1, "--output", output
     )
     assert code == 0, err
     assert "exported step 2" in out
@@ -521,24 +517,24 @@ def test_averaging_skips_a_torn_checkpoint_and_says_so(copy_of, capsys):
 
 @pytest.mark.scenario
 @pytest.mark.parametrize("damage", ["flip_data", "truncate_data", "truncate_index"])
-def test_train_resumes_from_the_newest_complete_state(damage, copy_of, capsys):
+def test_train_resumes_from_the_newest_complete_state(damage, copy_of):
     config, workdir = copy_of
     prefix = os.path.join(workdir, "backup", "ckpt-4")
     kind, part = damage.split("_")
     path = prefix + (".index" if part == "index" else ".data-00000-of-00001")
     (_flip_middle_byte if kind == "flip" else _truncate)(path)
-    code, out, err = _run(capsys, *_train_argv(config, workdir))
+    code, out, err = cli_in_process(*_train_argv(config, workdir))
     assert code == 0, err
     assert f"skipping the torn or unreadable resume state {prefix}" in out
     assert "resuming from step 2" in out
     assert json.loads((workdir / "result.json").read_text())["step"] == 4
 
 
-def test_train_refuses_when_every_resume_state_is_torn(copy_of, capsys):
+def test_train_refuses_when_every_resume_state_is_torn(copy_of):
     config, workdir = copy_of
     for path in glob.glob(os.path.join(workdir, "backup", "ckpt-*.index")):
         _truncate(path)
-    code, out, err = _run(capsys, *_train_argv(config, workdir))
+    code, out, err = cli_in_process(*_train_argv(config, workdir))
     assert code == 2 and len(_error_lines(err)) == 1
     assert "no readable resume state" in err and "to train from step 0" in err
 
@@ -548,14 +544,14 @@ def test_train_refuses_when_every_resume_state_is_torn(copy_of, capsys):
 
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
 @pytest.mark.parametrize("command", ["train", "prepare"])
-def test_a_corrupted_shard_stops_before_training(command, damage, copy_of, capsys):
+def test_a_corrupted_shard_stops_before_training(command, damage, copy_of):
     config, workdir = copy_of
     shard = sorted(glob.glob(os.path.join(workdir, "prepared", "*.tfrecord")))[3]
     (_flip_middle_byte if damage == "flip" else _truncate)(shard)
     argv = _train_argv(config, workdir)
     if command == "prepare":
         argv = ["prepare", "--config", config, "--workdir", str(workdir)]
-    code, out, err = _run(capsys, *argv)
+    code, out, err = cli_in_process(*argv)
     assert code == 2, err
     (line,) = _error_lines(err)
     assert f"prepared shard {shard} is corrupted" in line
@@ -585,9 +581,7 @@ time.sleep(120)
 """
 
 
-def test_a_second_run_exits_naming_the_holder_and_a_stale_lock_is_taken_over(
-    trained, tmp_path, capsys
-):
+def test_a_second_run_exits_naming_the_holder_and_a_stale_lock_is_taken_over(trained, tmp_path):
     config, _ = trained
     workdir = tmp_path / "workdir"
     holder = subprocess.Popen(
@@ -602,7 +596,7 @@ def test_a_second_run_exits_naming_the_holder_and_a_stale_lock_is_taken_over(
             _train_argv(config, workdir),
             ["prepare", "--config", config, "--workdir", workdir],
         ):
-            code, out, err = _run(capsys, *argv)
+            code, out, err = cli_in_process(*argv)
             assert code == 2, err
             (line,) = _error_lines(err)
             assert f"is in use by {os.uname().nodename} pid {holder.pid} (train" in line
@@ -612,13 +606,13 @@ def test_a_second_run_exits_naming_the_holder_and_a_stale_lock_is_taken_over(
         holder.wait()
     # The holder is gone (as after SIGKILL): its lock is taken over, then released.
     assert os.path.exists(workdir / "lock.json")
-    code, out, err = _run(capsys, "prepare", "--config", config, "--workdir", workdir)
+    code, out, err = cli_in_process("prepare", "--config", config, "--workdir", workdir)
     assert code == 0, err
     assert f"taking over the lock {workdir / 'lock.json'}" in err and str(holder.pid) in err
     assert not os.path.exists(workdir / "lock.json")
 
 
-def test_workers_of_one_job_share_the_chiefs_lock(trained, tmp_path, monkeypatch, capsys):
+def test_workers_of_one_job_share_the_chiefs_lock(trained, tmp_path, monkeypatch):
     from keras_transformer import training
     from keras_transformer.lock import WorkdirLock
 
@@ -630,10 +624,10 @@ def test_workers_of_one_job_share_the_chiefs_lock(trained, tmp_path, monkeypatch
     with WorkdirLock(workdir, "train"):  # the chief's
         worker = {"cluster": cluster, "task": {"type": "worker", "index": 1}}
         monkeypatch.setenv("TF_CONFIG", json.dumps(worker))
-        assert _run(capsys, *_train_argv(config, workdir))[0] == 0  # a worker: no lock of its own
+        assert cli_in_process(*_train_argv(config, workdir))[0] == 0  # a worker: no lock of its own
         chief = {"cluster": cluster, "task": {"type": "worker", "index": 0}}
         monkeypatch.setenv("TF_CONFIG", json.dumps(chief))
-        code, _, err = _run(capsys, *_train_argv(config, workdir))  # a second chief
+        code, _, err = cli_in_process(*_train_argv(config, workdir))  # a second chief
         assert code == 2 and "is in use by" in err
     assert ran == ["tiny"]
 
