@@ -568,6 +568,9 @@ def _machine(row):
 def _more(row, shown):
     """The line's other fields, folded: `command` first, then in the line's order."""
     keys = ["command"] + [k for k in row if k not in shown and k not in _RUN_FIELDS | {"command"}]
+    if "machine" in row:  # by its one name (benchmarks/machines.py), with what it recorded
+        cores = re.search(r"\d+ (?:cores?|vCPUs?|GPUs?)", str(row["machine"]))
+        row = dict(row, machine=_machine(row) + (f", {cores.group(0)}" if cores else ""))
     text = "<br>".join(
         f"{key}: {html.escape(_value(row[key]), quote=False)}".translate(_MARKDOWN)
         for key in keys
@@ -934,14 +937,15 @@ def plot(question, points, path):
 
 
 def pages():
-    """The pages that may quote a figure: the README and the manual (not the results page)."""
+    """The pages that may quote a figure: the README and the manual (not the generated pages:
+    the results page and the ledgers' pages, which `rendered()` writes whole)."""
     found = [README] + sorted(
         os.path.join(folder, name)
         for folder, _, names in os.walk(os.path.join(ROOT, "docs"))
         for name in names
         if name.endswith(".md")
     )
-    return [path for path in found if path != PAGE]
+    return [path for path in found if path != PAGE and os.path.dirname(path) != LEDGER_DIR]
 
 
 def rendered(data=None):

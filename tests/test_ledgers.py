@@ -298,12 +298,12 @@ def test_the_history_names_the_machine_of_the_lines_each_row_links():
     from benchmarks import ledger, machines
 
     with open(os.path.join(ROOT, "docs", "history.md"), encoding="utf-8") as f:
-        rows = [line for line in f if line.startswith("| ") and "](results.md#" in line]
+        rows = [line for line in f if line.startswith("| ") and "](ledgers/" in line]
     assert rows
     wrong = []
     for row in rows:
         cells = [cell.strip() for cell in row.split("|")[1:-1]]
-        links = re.findall(r"results\.md#([a-z_]+)-(\d+)", row)
+        links = re.findall(r"ledgers/[a-z_]+\.md#([a-z_]+)-(\d+)", row)
         keys = dict.fromkeys(machines.of(ledger.read(b)[int(n) - 1]).key for b, n in links)
         if cells[1] != machines.names(", ".join(keys)):
             wrong.append(f"{cells[0][:50]}: {cells[1]}, its lines {list(keys)}")
