@@ -177,20 +177,6 @@ def test_a_failed_export_leaves_nothing(tmp_path, monkeypatch, toy_spm_bytes):
     assert sorted(os.listdir(tmp_path)) == ["m"]
 
 
-def test_the_exporters_take_the_translators_graph_by_keyword(toy_spm_bytes):
-    """`export_translator` / `export_saved_model` take the `Translator`'s graph keywords
-    (`GRAPH_KEYWORDS`) as before; any other keyword is refused, not taken as a decoding
-    setting to replace."""
-    from keras_transformer.export.saved_model import export_translator
-
-    graph = dict(alignments=True, alignment_layer=-1, precision="bfloat16")
-    translator = export_translator(_untrained_model(), toy_spm_bytes, DECODE, DATA, **graph)
-    assert (translator.alignments, translator.precision) == (True, "bfloat16")
-    assert translator.settings.beam_size == DECODE["beam_size"]
-    with pytest.raises(TypeError, match="beam_size"):
-        export_saved_model(_untrained_model(), toy_spm_bytes, DECODE, DATA, "x", "m", beam_size=1)
-
-
 def test_resolve_model_dir_errors(tmp_path):
     with pytest.raises(FileNotFoundError):
         resolve_model_dir(str(tmp_path / "missing"))

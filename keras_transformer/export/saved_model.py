@@ -71,19 +71,26 @@ def _field(config, key, default):
     return getattr(config, key, default)
 
 
-def export_translator(model, tokenizer, settings=None, data_config=None, **graph):
+def export_translator(
+    model,
+    tokenizer,
+    settings=None,
+    data_config=None,
+    jit_compile=False,
+    shortlist=None,
+    alignments=False,
+    alignment_layer=-2,
+    precision="float32",
+):
     """The `Translator` that `export_saved_model` saves, with the same decoding settings.
 
-    `settings` and `data_config` are as in `export_saved_model`, and `graph` its keywords
-    `jit_compile`, `shortlist`, `alignments`, `alignment_layer` and `precision` (`Translator`'s);
+    `settings`, `data_config`, `jit_compile`, `shortlist`, `alignments`, `alignment_layer` and
+    `precision` are as in `export_saved_model`;
     use it to decode with exactly the graph an export would serve (e.g.
     `benchmarks/decode_sweep.py`).
     """
     if settings is not None and not isinstance(settings, DecodingSettings):
         settings = DecodingSettings(**settings)  # a mapping of its fields
-    unknown = sorted(set(graph) - set(GRAPH_KEYWORDS))
-    if unknown:  # not a decoding setting to replace (`Translator`'s **changes)
-        raise TypeError(f"unexpected keyword argument(s) {', '.join(unknown)}")
     return Translator(
         model,
         tokenizer,
@@ -91,12 +98,12 @@ def export_translator(model, tokenizer, settings=None, data_config=None, **graph
         max_source_length=_field(data_config, "max_source_length", 128),
         # As in the dev-set decoding during training: no output longer than the training targets.
         max_length=_field(data_config, "max_target_length", None),
-        **graph,
+        jit_compile=jit_compile,
+        shortlist=shortlist,
+        alignments=alignments,
+        alignment_layer=alignment_layer,
+        precision=precision,
     )
-
-
-# `export_saved_model`'s and `export_translator`'s keywords for the `Translator`'s graph.
-GRAPH_KEYWORDS = ("jit_compile", "shortlist", "alignments", "alignment_layer", "precision")
 
 
 # Dev sentences at most that calibrate the confidence and time the decoding at export.
@@ -112,7 +119,11 @@ def export_saved_model(
     name="model",
     card_facts=None,
     dev_pairs=None,
-    **graph,
+    jit_compile=False,
+    shortlist=None,
+    alignments=False,
+    alignment_layer=-2,
+    precision="float32",
 ):
     """Exports `Translator(model, tokenizer)` as the next version of `base_dir/name`.
 
@@ -153,7 +164,6 @@ def export_saved_model(
         dev_pairs: `[(source, reference), ...]`; the first `MAX_CALIBRATION_SENTENCES` calibrate
             the confidence against sentence chrF and time the decoding. None keeps the default
             map (`Translator.set_calibration`) and leaves the speed unmeasured.
-        **graph: the `Translator`'s graph, by keyword (`GRAPH_KEYWORDS`):
         jit_compile: compile the search with XLA (`Translator`'s `jit_compile`; the config's
             `export.jit_compile`): faster on CPUs, a compile per new input shape, and TF
             Serving needs `--xla_cpu_compilation_enabled=true` to run it on a CPU.
@@ -182,7 +192,17 @@ def export_saved_model(
     """
     if not name or os.sep in str(name) or str(name) in (".", ".."):
         raise ValueError(f"invalid model name {name!r}")
-    translator = export_translator(model, tokenizer, settings, data_config, **graph)
+    translator = export_translator(
+        model,
+        tokenizer,
+        settings,
+        data_config,
+        jit_compile,
+        shortlist,
+        alignments,
+        alignment_layer,
+        precision,
+    )
     stopping.check(PHASE)
     calibration, speed = _calibrate(translator, dev_pairs)
     stopping.check(PHASE)
