@@ -5,7 +5,10 @@
 Every half second it sums the memory of PID and every process below it (the pytest-xdist
 workers and the subprocesses the tests start) and keeps the largest sum in OUT_FILE (a number of
 bytes, rewritten at each new peak, so it holds even if this sampler is killed). `.ci/run` starts
-one per tier and prints the figure; it needs nothing but Linux's `/proc`.
+one per tier and prints the figure; it needs nothing but Linux's `/proc`. The proportional sizes
+below are read only when the resident sum could make a new peak (`tree_memory`'s `floor`), and
+then at most every 2 seconds unless the resident sum grew by 256 MB: reading them for every
+process twice a second took a fifth of a core in the scenario tier.
 
 A process's memory is its proportional set size (`Pss` of `/proc/PID/smaps_rollup`): its own
 pages, plus each page it shares with other processes divided by how many share it. Their sum is
@@ -21,7 +24,8 @@ prints to say where the peak came from.
 
 OUT_FILE.procs counts the Python processes the tests started (`Subprocesses`): how many, and
 the seconds they ran, summed (its first line), then the same by what each ran (`command_kind`:
-`keras-transformer train`, `jax_runner.py quickstart_run`, `pytest`, ...), the costliest first.
+`keras-transformer train`, `jax_runner.py quickstart_run`, `pytest`, ...), the costliest first;
+rewritten every 5 seconds and when the tree has ended.
 Each pays for its imports (TensorFlow's alone takes seconds).
 """
 
@@ -49,19 +53,35 @@ def _field_bytes(path, name):
     return None
 
 
+def resident_bytes(pid):
+    """The resident set size of `pid` in bytes (0 once it has gone): cheap to read."""
+    return _field_bytes(f"/proc/{pid}/status", "VmRSS:") or 0
+
+
+def proportional_bytes(pid, rss):
+    """The proportional set size of `pid` in bytes (`rss` where it cannot be read). Reading
+    `smaps_rollup` walks the process's page tables: for a process holding TensorFlow, a few
+    milliseconds of kernel time each."""
+    pss = _field_bytes(f"/proc/{pid}/smaps_rollup", "Pss:")
+    return rss if pss is None else pss
+
+
 def memory_bytes(pid):
     """`(proportional set size, resident set size)` of `pid`, in bytes (0 once it has gone)."""
-    rss = _field_bytes(f"/proc/{pid}/status", "VmRSS:") or 0
-    pss = _field_bytes(f"/proc/{pid}/smaps_rollup", "Pss:")
-    return (rss if pss is None else pss), rss
+    rss = resident_bytes(pid)
+    return proportional_bytes(pid, rss), rss
 
 
-def tree_memory(root, labels=None, seen=None):
+def tree_memory(root, labels=None, seen=None, floor=None):
     """`(pss, rss, shares)`: the summed proportional and resident memory of `root` and its
     descendants, in bytes, and with `labels` ({pid: test}) each labelled process's share: its
     own and its descendants' proportional memory, as {pid: [bytes, test]} (a labelled process
-    below another is counted in its own only). `seen`, a set, gets every pid of the tree."""
-    pss_total, rss_total, stack, shares = 0, 0, [(root, None)], {}
+    below another is counted in its own only). `seen`, a set, gets every pid of the tree.
+
+    With `floor` (the peak so far): where the resident sum is at most `floor`, the proportional
+    sum is too (a process's proportional size never exceeds its resident one), so it is not read:
+    `pss` is None and `shares` empty. A sampler keeps its true peak at a fraction of the cost."""
+    rss_total, stack, tree = 0, [(root, None)], []
     seen = set() if seen is None else seen
     while stack:
         pid, owner = stack.pop()
@@ -70,13 +90,18 @@ def tree_memory(root, labels=None, seen=None):
         seen.add(pid)
         if labels and pid in labels:
             owner = pid
-            shares[pid] = [0, labels[pid]]
-        pss, rss = memory_bytes(pid)
-        pss_total += pss
+        rss = resident_bytes(pid)
         rss_total += rss
-        if owner is not None:
-            shares[owner][0] += pss
+        tree.append((pid, owner, rss))
         stack.extend((child, owner) for child in _children(pid))
+    if floor is not None and rss_total <= floor:
+        return None, rss_total, {}
+    pss_total, shares = 0, {}
+    for pid, owner, rss in tree:
+        pss = proportional_bytes(pid, rss)
+        pss_total += pss
+        if owner is not None:
+            shares.setdefault(owner, [0, labels[owner]])[0] += pss
     return pss_total, rss_total, shares
 
 
@@ -223,21 +248,36 @@ def _write(path, text):
     os.replace(path + ".tmp", path)
 
 
+# Reading `smaps_rollup` takes about 15 ms for a process holding TensorFlow (2 cores, Zen 3):
+# at every half-second sample of a tier's four or five such processes, a fifth of a core.
+PSS_SECONDS, PSS_GROWTH = 2.0, 256 * 2**20
+
+
 def main(argv):
     root, out = int(argv[1]), argv[2]
     tests_dir = argv[3] if len(argv) > 3 else None
     peak = rss_peak = 0
     interval, started = 0.5, time.monotonic()
     subprocesses = Subprocesses(interval)
+    written = 0.0  # when OUT_FILE.procs was last written
+    read_at, read_rss = -PSS_SECONDS, 0  # the last sample that read the proportional sizes
     while _alive(root):
         labels, seen = _labels(tests_dir) if tests_dir else {}, set()
-        pss, rss, shares = tree_memory(root, labels, seen)
-        subprocesses.sample(root, seen, time.monotonic() - started)
-        _write(out + ".procs", subprocesses.summary())
+        now = time.monotonic() - started
+        # Proportional sizes where the resident sum could make a new peak, at most every
+        # PSS_SECONDS unless the resident sum grew by PSS_GROWTH since they were last read.
+        floor = peak if now - read_at >= PSS_SECONDS else max(peak, read_rss + PSS_GROWTH)
+        pss, rss, shares = tree_memory(root, labels, seen, floor=floor)
+        if pss is not None:
+            read_at, read_rss = now, rss
+        subprocesses.sample(root, seen, now)
+        if now - written >= 5:
+            _write(out + ".procs", subprocesses.summary())
+            written = now
         if rss > rss_peak:
             rss_peak = rss
             _write(out + ".rss", f"{rss_peak}\n")
-        if pss > peak:
+        if pss is not None and pss > peak:
             peak = pss
             _write(out, f"{peak}\n")
             if tests_dir:
@@ -245,6 +285,7 @@ def main(argv):
                 lines = sorted((s for s in shares.values() if s[0]), key=lambda share: -share[0])
                 _write(out + ".where", "".join(f"{b / 2**30:.1f} GB  {t}\n" for b, t in lines))
         time.sleep(interval)
+    _write(out + ".procs", subprocesses.summary())
 
 
 if __name__ == "__main__":

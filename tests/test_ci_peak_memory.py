@@ -169,3 +169,26 @@ def test_each_command_is_put_down_to_what_it_runs():
     assert kind(["python", "-c", "print(1)"]) == "python -c"
     assert kind(["python", "benchmarks/export_cost.py", "a", "b"]) == "export_cost.py"
     assert kind(["python"]) == "python"
+
+
+def test_proportional_sizes_are_read_only_where_the_resident_sum_could_make_a_peak():
+    """A process's proportional size never exceeds its resident size: below the peak so far,
+    the resident sum settles it without reading `smaps_rollup` (pss None); above, the sum and
+    each labelled share are what a sample without the floor gives."""
+    import time
+
+    sampler = _sampler_module()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        labels = {child.pid: "the child"}  # a sleeping process: its memory holds still
+        time.sleep(1)
+        pss, rss, shares = sampler.tree_memory(child.pid, labels)
+        assert 0 < pss <= rss and shares[child.pid][1] == "the child"
+        skipped = sampler.tree_memory(child.pid, labels, floor=rss * 4)
+        assert skipped[0] is None and skipped[2] == {} and skipped[1] > 0
+        read_pss, read_rss, read_shares = sampler.tree_memory(child.pid, labels, floor=0)
+        assert 0 < read_pss <= read_rss and set(read_shares) == {child.pid}
+        assert abs(read_pss - pss) < 0.5 * pss  # the same process, sampled again
+    finally:
+        child.kill()
+        child.wait()

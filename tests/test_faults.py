@@ -356,7 +356,10 @@ def _file_size_limit(limit):
     return apply
 
 
-@pytest.mark.scenario
+@pytest.mark.scenario(
+    slow="two exports of the trained run, each tracing every signature: one in a process of its "
+    "own (a file-size limit is per process), the retry in this one"
+)
 def test_export_under_a_real_file_size_limit_is_one_line_and_the_retry_gets_version_1(
     trained, tmp_path
 ):
