@@ -20,15 +20,23 @@ NOT_MEASURED = "not measured"
 
 def point(group, series, measure, rows, *reads):
     """A point read from `reads` (`(ledger, line, field)`; two: the first over the second)."""
-    values = [rows[name][number - 1][field] for name, number, field in reads]
-    value = values[0] if len(values) == 1 else round(values[0] / values[1], 4)
     return {
         "group": group,
         "series": series,
         "measure": measure,
-        "value": value,
+        "value": value_of({"reads": reads}, read=rows.__getitem__),
         "reads": [list(r) for r in reads],
     }
+
+
+def _with_and_without(points, rows, name, without, with_, rate=False):
+    """A feature's three points: its figure without it, with it, and the time with it over the
+    time without (`without`, `with_`: `(ledger, line, field)`; `rate`: the fields are speeds,
+    tokens or sentences a second, so that the ratio is without over with)."""
+    points.append(point(name, name, "without", rows, without))
+    points.append(point(name, name, "with", rows, with_))
+    ratio = (without, with_) if rate else (with_, without)
+    points.append(point(name, name, "time with / without", rows, *ratio))
 
 
 def value_of(read_point, read=ledger.read):
@@ -235,13 +243,9 @@ def features():
             ),
         )
         if m:
-            name = "vocabulary shortlist"
-            points.append(point(name, name, "without", rows, ("serve_compare", m, "tokens_per_s")))
-            points.append(point(name, name, "with", rows, ("serve_compare", n, "tokens_per_s")))
-            points.append(
-                point(name, name, "time with / without", rows,
-                      ("serve_compare", m, "tokens_per_s"), ("serve_compare", n, "tokens_per_s"))
-            )  # fmt: skip
+            _with_and_without(points, rows, "vocabulary shortlist",
+                              ("serve_compare", m, "tokens_per_s"),
+                              ("serve_compare", n, "tokens_per_s"), rate=True)  # fmt: skip
     q = _last(rows, "shortlist_quality", lambda r: r.get("saved_model_delta") is not None)
     if q:
         points.append(
@@ -250,39 +254,20 @@ def features():
         )  # fmt: skip
     k = _last(rows, "markup_cost", lambda r: r.get("export_with_alignments_s") is not None)
     if k:
-        name = "alignments (export time)"
-        points.append(point(name, name, "without", rows, ("markup_cost", k, "export_s")))
-        points.append(
-            point(name, name, "with", rows, ("markup_cost", k, "export_with_alignments_s"))
-        )
-        points.append(
-            point(name, name, "time with / without", rows,
-                  ("markup_cost", k, "export_with_alignments_s"), ("markup_cost", k, "export_s"))
-        )  # fmt: skip
+        _with_and_without(points, rows, "alignments (export time)", ("markup_cost", k, "export_s"),
+                          ("markup_cost", k, "export_with_alignments_s"))  # fmt: skip
     k = _last(rows, "markup_cost", lambda r: r.get("translate_markup_s") is not None)
     if k:
-        name = "markup"
-        points.append(point(name, name, "without", rows, ("markup_cost", k, "serving_default_s")))
-        points.append(point(name, name, "with", rows, ("markup_cost", k, "translate_markup_s")))
-        points.append(
-            point(name, name, "time with / without", rows,
-                  ("markup_cost", k, "translate_markup_s"), ("markup_cost", k, "serving_default_s"))
-        )  # fmt: skip
+        _with_and_without(points, rows, "markup", ("markup_cost", k, "serving_default_s"),
+                          ("markup_cost", k, "translate_markup_s"))  # fmt: skip
     g = _last(rows, "glossary", lambda r: r.get("system") == "plain_constrained")
     if g:
         label = rows["glossary"][g - 1]["label"]
         p = _last(rows, "glossary", lambda r: (r.get("label"), r.get("system")) == (label, "plain"))
         if p:
             name = "constraints"
-            points.append(
-                point(name, name, "without", rows, ("glossary", p, "sentences_per_second"))
-            )
-            points.append(point(name, name, "with", rows, ("glossary", g, "sentences_per_second")))
-            points.append(
-                point(name, name, "time with / without", rows,
-                      ("glossary", p, "sentences_per_second"),
-                      ("glossary", g, "sentences_per_second"))
-            )  # fmt: skip
+            _with_and_without(points, rows, name, ("glossary", p, "sentences_per_second"),
+                              ("glossary", g, "sentences_per_second"), rate=True)  # fmt: skip
             for measure, sign in (("BLEU without", p), ("BLEU with", g)):
                 points.append(point(name, name, measure, rows, ("glossary", sign, "test_bleu")))
     return points
