@@ -15,7 +15,7 @@ commits first (`commit 1a2b3c4 vs commit 5d6e7f8: python benchmarks/ab_checkouts
 `record` refuses a line that still names a scratch directory, a temporary path or a checkout
 beside the repository (`traces`). Lines are only ever appended; `docs/results.md` is generated
 from these files (`python -m benchmarks.results_page`), each line as `shown` gives it: older
-lines with the same rewriting, and with the facts `results/corrections.yaml` gives for them.
+lines with the same rewriting, and with the facts `benchmarks/corrections.yaml` gives for them.
 
 A benchmark script appends its figures when the environment names the run:
 
@@ -37,7 +37,7 @@ import tempfile
 import yaml
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-CORRECTIONS = os.path.join(RESULTS, "corrections.yaml")
+CORRECTIONS = os.path.join(os.path.dirname(RESULTS), "corrections.yaml")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # An absolute path inside a string: after the start, a space, a quote, `=`, `:` or `,`.
 _ABSOLUTE = re.compile(r"(?:(?<=^)|(?<=[\s'\"=:,(]))/(?:[\w.+@-]+/)*[\w.+@-]+/?")
@@ -359,7 +359,7 @@ def read(benchmark):
 
 
 def corrections(path=None):
-    """`{(benchmark, line number): correction}` from `results/corrections.yaml`: for lines
+    """`{(benchmark, line number): correction}` from `benchmarks/corrections.yaml`: for lines
     written before `record` wrote commands as they are now, the facts shown in their place
     (`command`; `compared`, the commits behind `A` and `B`; `checkouts`, which `A` or `B` a
     field's text names), each with `why`. The ledger lines themselves are never edited."""
@@ -400,7 +400,7 @@ def _side(text):
 
 def shown(benchmark, number, row=None, fixes=None):
     """Line `number` (1-based) of `benchmark` as the results page shows it: its measured
-    fields as written, its command and paths `neutral`, and where `results/corrections.yaml`
+    fields as written, its command and paths `neutral`, and where `benchmarks/corrections.yaml`
     has an entry for it, the command it gives and the comparison's commits (`A` and `B`)."""
     row = dict(row if row is not None else read(benchmark)[number - 1])
     fix = (corrections() if fixes is None else fixes).get((benchmark, number))

@@ -82,7 +82,7 @@ def _commit_known(commit):
 
 
 def test_each_correction_is_needed_and_names_real_commits():
-    """`results/corrections.yaml` holds only what a line lacks or records wrong: each line it
+    """`benchmarks/corrections.yaml` holds only what a line lacks or records wrong: each line it
     corrects would otherwise show a trace or a command that disagrees with its settings; each
     commit it names is one of this repository's."""
     from benchmarks import ledger
