@@ -66,12 +66,6 @@ def proportional_bytes(pid, rss):
     return rss if pss is None else pss
 
 
-def memory_bytes(pid):
-    """`(proportional set size, resident set size)` of `pid`, in bytes (0 once it has gone)."""
-    rss = resident_bytes(pid)
-    return proportional_bytes(pid, rss), rss
-
-
 def tree_memory(root, labels=None, seen=None, floor=None):
     """`(pss, rss, shares)`: the summed proportional and resident memory of `root` and its
     descendants, in bytes, and with `labels` ({pid: test}) each labelled process's share: its
