@@ -18,10 +18,15 @@ same test's wall time moved by a third between CI runs (84 s and 60 s), so a tes
 55 s would fail one run in a few at 60; a new test that takes two minutes fails every run.
 """
 
+import json
 import os
 import time
 
 import pytest
+
+# The file in the run's shared directory where tests/shared_runs.py records each wait for a
+# fixture that another worker was building.
+WAITS = "waits.jsonl"
 
 
 def file_of(nodeid):
@@ -36,17 +41,35 @@ class TierTimes:
         workers: how many processes ran tests (pytest-xdist's `-n`; 1 without it).
     """
 
-    def __init__(self, workers=1):
+    def __init__(self, workers=1, waits=None):
         self.workers = max(int(workers or 1), 1)
         self.started = time.monotonic()
+        self.started_at = time.time()  # the reports' clock (their `start`/`stop`)
         self.seconds = {}  # file -> summed seconds
         self.tests = {}  # file -> node ids seen
+        self.spans = []  # (start, stop, worker, node id): each report's run on the wall clock
+        self.waits = waits  # the shared fixtures' waits file (tests/shared_runs.py), if any
 
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report):
         path = file_of(report.nodeid)
         self.seconds[path] = self.seconds.get(path, 0.0) + float(report.duration)
         self.tests.setdefault(path, set()).add(report.nodeid)
+        start, stop = getattr(report, "start", None), getattr(report, "stop", None)
+        if start is not None and stop is not None:
+            node = getattr(report, "node", None)  # xdist's controller: the worker it came from
+            worker = getattr(getattr(node, "gateway", None), "id", None) or "main"
+            self.spans.append((float(start), float(stop), worker, report.nodeid))
+
+    @pytest.hookimpl
+    def pytest_sessionstart(self, session):
+        """The shared fixtures' waits file, in this run's base directory."""
+        factory = getattr(session.config, "_tmp_path_factory", None)
+        if self.waits is None and factory is not None:
+            try:
+                self.waits = os.path.join(str(factory.getbasetemp()), "shared", WAITS)
+            except OSError:
+                pass
 
     def lines(self, wall, top=15):
         """The summary's lines for a tier that ran `wall` seconds."""
@@ -64,6 +87,77 @@ class TierTimes:
                 f"{seconds:8.1f} s {100 * seconds / total:5.1f}% "
                 f"{len(self.tests[path]):4d} tests  {path}"
             )
+        return out + self.idle_lines(self.started_at + wall) + self.wait_lines()
+
+    def idle_lines(self, end, gap=5.0, top=5):
+        """Where the workers' time outside tests went, from the reports' wall-clock spans: before
+        the first test (start-up, collection), between tests (a worker recycled for its memory
+        and its replacement starting, or one waiting for work), and in the tail after the last
+        moment every worker ran a test (the run waiting for its last tests). The gaps between
+        two tests of one worker longer than `gap` seconds are counted and the longest named."""
+        if not self.spans or self.workers < 2:
+            return []
+        spans = sorted(self.spans)
+        first = spans[0][0]
+        events = sorted([(a, 1) for a, _, _, _ in spans] + [(b, -1) for _, b, _, _ in spans])
+        running, last_full, previous = 0, first, first
+        idle_after = {}  # time -> idle worker-seconds from there to the end
+        idle = 0.0
+        for t, step in events:
+            idle += max(self.workers - running, 0) * max(t - previous, 0.0)
+            previous = t
+            running += step
+            if running >= self.workers:
+                last_full = t
+                idle_after = {}
+            idle_after.setdefault(t, idle)
+        idle += max(self.workers - running, 0) * max(end - previous, 0.0)
+        tail = idle - min(idle_after.values()) if idle_after else 0.0
+        start_up = self.workers * max(first - self.started_at, 0.0)
+        between = max(idle - tail, 0.0)
+        workers = {}
+        for a, b, worker, nodeid in spans:
+            workers.setdefault(worker, []).append((a, b, nodeid))
+        gaps = []
+        for worker, runs in workers.items():
+            for (_, b, before), (a, _, after) in zip(runs, runs[1:]):
+                if a - b > gap:
+                    gaps.append((a - b, worker, before, after))
+        gaps.sort(reverse=True)
+        alone = [n for _, b, _, n in spans if b > last_full]
+        out = [
+            f"outside tests: {start_up:.0f} s of worker time before the first test, "
+            f"{between:.0f} s between tests ({len(gaps)} gaps over {gap:.0f} s; "
+            f"{len(workers)} workers started for {self.workers} places), {tail:.0f} s in the "
+            f"tail ({end - last_full:.0f} s after the last moment all {self.workers} ran tests)"
+        ]
+        for seconds, worker, before, after in gaps[:top]:
+            out.append(f"  gap {seconds:6.1f} s on {worker}: after {before}, before {after}")
+        for nodeid in sorted(set(alone), key=lambda n: -max(b for _, b, _, m in spans if m == n))[
+            :top
+        ]:
+            out.append(f"  in the tail: {nodeid}")
+        return out
+
+    def wait_lines(self, top=5):
+        """The time tests spent waiting for a shared fixture another worker was building
+        (inside their setup times above): its sum and the longest waits."""
+        if not self.waits or not os.path.exists(self.waits):
+            return []
+        waits = []
+        with open(self.waits, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    waits.append(json.loads(line))
+                except ValueError:
+                    continue  # a line torn by a worker that was killed while writing it
+        if not waits:
+            return []
+        waits.sort(key=lambda w: -float(w.get("seconds", 0)))
+        total = sum(float(w.get("seconds", 0)) for w in waits)
+        out = [f"waiting for shared fixtures others built: {total:.0f} s in {len(waits)} waits"]
+        for w in waits[:top]:
+            out.append(f"  {float(w['seconds']):6.1f} s for {w.get('name')} ({w.get('test')})")
         return out
 
     @pytest.hookimpl

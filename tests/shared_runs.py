@@ -20,6 +20,7 @@ import os
 import pathlib
 import shutil
 import sys
+import time
 
 
 def run_root(factory, config):
@@ -47,6 +48,7 @@ def shared_directory(root, name, build, provides=None):
         provide(root, name, provides)
     target, done = root / name, root / f"{name}.complete"
     with open(root / f"{name}.lock", "w") as lock:
+        asked = time.monotonic()
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             if not done.exists():
@@ -55,9 +57,26 @@ def shared_directory(root, name, build, provides=None):
                 with training_allowed():
                     build(target)
                 done.touch()
+            else:
+                _record_wait(root, name, time.monotonic() - asked)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return target
+
+
+def _record_wait(root, name, seconds):
+    """A wait of over a second for a directory another worker was building, appended to
+    `root/waits.jsonl` (one line, one `write`): the tier's summary sums them
+    (tests/_tier_times.py), since a worker that waits runs no test."""
+    if seconds < 1.0:
+        return
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
+    line = json.dumps({"name": name, "seconds": round(seconds, 1), "test": test})
+    try:
+        with open(pathlib.Path(root) / "waits.jsonl", "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+    except OSError:
+        pass
 
 
 # ------------------------------------------------------------------ runs trained once, not again

@@ -1,9 +1,11 @@
 """The CI's time-by-file summary (tests/_tier_times.py): sums by file, the workers' busy share,
 and the section printed only where `--durations` asks for times."""
 
+import json
 import os
 import subprocess
 import sys
+import time
 import types
 
 from _tier_times import TierTimes, file_of
@@ -113,3 +115,57 @@ def test_a_test_over_the_scenario_limit_fails_the_run_unless_its_marker_says_why
     assert run("-p", "no:xdist", limit="")[0] == 0  # off unless asked (a local run)
     code, out = run("-n", "2")  # through pytest-xdist's controller: the reason travels
     assert code == 1 and "(slow: sleeps to be slow)" in out and "NO REASON" in out, out
+
+
+def _span(nodeid, start, stop, worker):
+    node = types.SimpleNamespace(gateway=types.SimpleNamespace(id=worker))
+    return types.SimpleNamespace(nodeid=nodeid, duration=stop - start, start=start, stop=stop,
+                                 node=node)  # fmt: skip
+
+
+def test_the_workers_time_outside_tests_is_split_into_start_up_gaps_and_the_tail():
+    """Two workers from t=0 to 120 s: gw0 runs a (10-50 s) and b (60-100 s), gw1 runs c
+    (12-80 s). Outside tests: 2 x 10 s before the first test; between tests gw1's 2 s late
+    start and gw0's 10 s gap; the tail from 60 s (the last moment both ran) to the end:
+    20 s of gw1 idle, then 20 s of both."""
+    times = TierTimes(workers=2)
+    times.started_at = 0.0
+    for report in [_span("t.py::a", 10, 50, "gw0"), _span("t.py::c", 12, 80, "gw1"),
+                   _span("t.py::b", 60, 100, "gw0")]:  # fmt: skip
+        times.pytest_runtest_logreport(report)
+    lines = times.idle_lines(end=120.0)
+    assert lines[0] == (
+        "outside tests: 20 s of worker time before the first test, 12 s between tests "
+        "(1 gaps over 5 s; 2 workers started for 2 places), 60 s in the tail (60 s after the "
+        "last moment all 2 ran tests)"
+    )
+    assert lines[1] == "  gap   10.0 s on gw0: after t.py::a, before t.py::b"
+    assert lines[2:] == ["  in the tail: t.py::b", "  in the tail: t.py::c"]
+    assert TierTimes(workers=1).idle_lines(end=1.0) == []  # one worker: nothing to split
+
+
+def test_waits_for_a_fixture_another_worker_builds_are_recorded_and_summed(tmp_path):
+    """`shared_directory`: a second caller that waits on the lock while the first builds
+    records its wait (`waits.jsonl`); the summary sums the waits, skipping a torn line."""
+    import threading
+
+    from shared_runs import shared_directory
+
+    def build(path):
+        time.sleep(1.6)
+        (path / "built").write_text("yes")
+
+    first = threading.Thread(target=shared_directory, args=(tmp_path, "run", build))
+    first.start()
+    time.sleep(0.3)
+    assert (shared_directory(tmp_path, "run", build) / "built").read_text() == "yes"
+    first.join()
+    recorded = [json.loads(line) for line in (tmp_path / "waits.jsonl").read_text().splitlines()]
+    assert [w["name"] for w in recorded] == ["run"] and 1.0 <= recorded[0]["seconds"] < 1.7
+    with open(tmp_path / "waits.jsonl", "a") as f:
+        f.write('{"name": "other", "seconds": 2.5, "test": "t.py::x"}\n{"name": "torn", "sec')
+    times = TierTimes(workers=2, waits=str(tmp_path / "waits.jsonl"))
+    lines = times.wait_lines()
+    total = recorded[0]["seconds"] + 2.5
+    assert lines[0] == f"waiting for shared fixtures others built: {total:.0f} s in 2 waits"
+    assert lines[1] == "     2.5 s for other (t.py::x)"
