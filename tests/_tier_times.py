@@ -239,9 +239,32 @@ class ScenarioReasons:
                 item.user_properties.append((REASON, str(reason)))
 
 
+def slow_modules_first(items):
+    """Reorders `items` in place: the test files holding a test whose `scenario` marker says
+    why it is slow (`slow="..."`) first, then the others, each file's tests together and in
+    their order. pytest-xdist hands tests out in this order, in chunks, and a worker left
+    without any waits for the other's last tests: with the slow files last (alphabetically,
+    the training ones are), one worker ran a minutes-long test alone at the end of the
+    scenario tier; with the files of short tests last, the two workers finish together.
+    Every worker sorts its own collection the same way, as xdist requires."""
+    slow_files = set()
+    for item in items:
+        marker = item.get_closest_marker("scenario")
+        if marker is not None and marker.kwargs.get("slow"):
+            slow_files.add(file_of(item.nodeid))
+    items.sort(key=lambda item: file_of(item.nodeid) not in slow_files)  # stable
+
+
+class SlowFilesFirst:
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items):
+        slow_modules_first(items)
+
+
 def register(config):
-    """Registers `TierTimes` where the reports arrive, when `--durations` is given, and
-    `SlowScenarios` there when `KT_TESTS_SCENARIO_LIMIT_S` is set."""
+    """Registers `SlowFilesFirst`, `TierTimes` where the reports arrive, when `--durations` is
+    given, and `SlowScenarios` there when `KT_TESTS_SCENARIO_LIMIT_S` is set."""
+    config.pluginmanager.register(SlowFilesFirst(), "slow-files-first")
     if os.environ.get(LIMIT_VARIABLE, "").strip():
         config.pluginmanager.register(ScenarioReasons(), "scenario-reasons")
     if hasattr(config, "workerinput"):

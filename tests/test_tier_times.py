@@ -169,3 +169,25 @@ def test_waits_for_a_fixture_another_worker_builds_are_recorded_and_summed(tmp_p
     total = recorded[0]["seconds"] + 2.5
     assert lines[0] == f"waiting for shared fixtures others built: {total:.0f} s in 2 waits"
     assert lines[1] == "     2.5 s for other (t.py::x)"
+
+
+def test_files_with_slow_tests_are_handed_out_first_each_file_kept_together():
+    from _tier_times import slow_modules_first
+
+    class Item:
+        def __init__(self, nodeid, slow=None):
+            self.nodeid, self.slow = nodeid, slow
+
+        def get_closest_marker(self, name):
+            if self.slow is None:
+                return None
+            return types.SimpleNamespace(kwargs={"slow": self.slow} if self.slow else {})
+
+    items = [Item("tests/test_a.py::x", ""), Item("tests/test_b.py::y"),
+             Item("tests/test_c.py::p", ""), Item("tests/test_c.py::q", "trains twice"),
+             Item("tests/test_c.py::r"), Item("tests/test_d.py::z", "two processes")]  # fmt: skip
+    slow_modules_first(items)
+    assert [i.nodeid for i in items] == [
+        "tests/test_c.py::p", "tests/test_c.py::q", "tests/test_c.py::r", "tests/test_d.py::z",
+        "tests/test_a.py::x", "tests/test_b.py::y",
+    ]  # fmt: skip
