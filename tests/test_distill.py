@@ -228,3 +228,68 @@ def test_the_shard_request_reads_the_job_environment():
     assert flags.shard_request(given, {"JOB_COMPLETION_INDEX": "1"}) == flags.ShardRequest(0, 2)
     with pytest.raises(UsageError, match="JOB_COMPLETION_INDEX must be in"):
         flags.shard_request(indexed, {"JOB_COMPLETION_INDEX": "5"})
+
+
+def _toy_student(tmp_path, sources):
+    """The `--set`s of a student at toy scale (`_recipes.TOY`) on `sources` copied: the copy
+    model's task, its corpus in text files."""
+    from _recipes import TOY, TOY_DEFAULTS
+
+    (tmp_path / "train.src").write_text("".join(s + "\n" for s in sources), encoding="utf-8")
+    (tmp_path / "train.tgt").write_text("".join(s + "\n" for s in sources), encoding="utf-8")
+    corpus = f"text:{tmp_path / 'train.src'},{tmp_path / 'train.tgt'}"
+    settings = {**TOY_DEFAULTS, **TOY, "data.train": corpus, "data.dev": corpus}
+    settings.update({"data.test": "null", "export.base_dir": str(tmp_path / "saved_models")})
+    return [a for key, value in settings.items() for a in ("--set", f"{key}={value}")]
+
+
+@pytest.mark.scenario(
+    slow="exports the copy model (a shared fixture), trains and exports a student"
+)
+def test_a_real_teacher_distills_and_the_student_trains(
+    run_cli, exported_copy_model, toy_spm_path, tmp_path
+):
+    """The teacher's export translates the corpus as `translate --input` does; the student,
+    with the teacher's vocabulary, trains and exports through `train`; a beam size other than
+    the export's is refused in one line."""
+    import _inference_fixtures as fx
+
+    _, export = exported_copy_model
+    sources = fx.toy_sentences(24, seed=3)
+    toy = _toy_student(tmp_path, sources)
+    teacher = ["--teacher", export, "--teacher-vocabulary", toy_spm_path]
+    config = ["--config", "configs/quickstart.yaml"]
+    code, _, err = run_cli(
+        "distill", *teacher, *config, "--workdir", tmp_path / "beam5", *toy,
+        "--set", "distill.beam_size=5",
+    )  # fmt: skip
+    assert code == 2 and err.count("\n") == 1 and "distill.beam_size is 5" in err, err
+
+    workdir = tmp_path / "student"
+    code, out, err = run_cli("distill", *teacher, *config, "--workdir", workdir, *toy)
+    assert code == 0, err
+    code, _, err = run_cli(
+        "translate", "--model", export, "--input", tmp_path / "train.src",
+        "--output", tmp_path / "teacher.txt",
+    )  # fmt: skip
+    assert code == 0, err
+    corpus = distillation.distilled_corpus(str(workdir))
+    assert open(corpus["target"]).read() == (tmp_path / "teacher.txt").read_text()
+    assert (workdir / "spm.model").read_bytes() == open(toy_spm_path, "rb").read()
+    result = json.loads((workdir / "result.json").read_text())
+    assert result["saved_model"].startswith(str(tmp_path / "saved_models"))
+    code, out, err = run_cli("distill", *teacher, *config, "--workdir", workdir, *toy)
+    assert code == 0, err  # run again: every phase done, nothing redone
+
+
+def test_the_teacher_is_a_workdir_or_an_export_with_its_vocabulary(setup, tmp_path, toy_spm_path):
+    teacher, _, _ = setup
+    resolved = distill.resolve_teacher(teacher)
+    assert resolved == distill.Teacher(str(tmp_path / "export"), os.path.join(teacher, "spm.model"))
+    export = tmp_path / "export"
+    export.mkdir()
+    assert distill.resolve_teacher(str(export), toy_spm_path) == distill.Teacher(
+        str(export), toy_spm_path
+    )
+    with pytest.raises(UsageError, match="vocabulary .* is missing"):
+        distill.resolve_teacher(str(export), str(tmp_path / "none.model"))

@@ -41,7 +41,7 @@ def resolve_teacher(path, vocabulary=None):
     gfile = local_files.gfile()
     if not gfile.isdir(path):
         raise UsageError(f"--teacher {path}: no such workdir or export directory")
-    layout = Workdir(path)
+    layout, export = Workdir(path), path
     if gfile.exists(layout.config):  # a training workdir
         export = (read_json(layout.result) or {}).get("saved_model")
         if not export:
