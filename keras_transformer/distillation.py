@@ -29,7 +29,7 @@ import dataclasses
 import json
 import os
 
-from keras_transformer import local_files
+from keras_transformer import local_files, stopping
 from keras_transformer.data import corpora
 from keras_transformer.errors import UsageError
 from keras_transformer.file_translation import translate_file
@@ -39,6 +39,8 @@ SHARDS = "distill"
 CORPUS = "distilled"
 MANIFEST = "manifest.json"
 PARTIAL = ".partial"
+# Corpus lines between two safe points while a shard's sources are read.
+_CHECK_EVERY = 65536
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +96,8 @@ def _write_sources(train, shard):
     with gfile.GFile(temporary, "wb") as f:
         f.write(b"")  # an empty shard has a file too
         for i, (source, _) in enumerate(corpus_pairs(train)):
+            if i % _CHECK_EVERY == 0:  # the temporary file is written again by the next run
+                stopping.check(f"distill (reading the sources of {shard.name})")
             if i % shard.count == shard.index:
                 f.write((_one_line(source) + "\n").encode("utf-8"))
     gfile.rename(temporary, shard.source, overwrite=True)

@@ -293,3 +293,29 @@ def test_the_teacher_is_a_workdir_or_an_export_with_its_vocabulary(setup, tmp_pa
     )
     with pytest.raises(UsageError, match="vocabulary .* is missing"):
         distill.resolve_teacher(str(export), str(tmp_path / "none.model"))
+
+
+def test_a_stop_while_the_sources_are_read_leaves_no_source_file(
+    run_cli, setup, monkeypatch, tmp_path
+):
+    """The sources of a shard are read with safe points too (a big corpus takes a while); the
+    stopped run leaves no shard file, and the next one makes it whole."""
+    monkeypatch.setattr(distill, "teacher_translation", FakeTeacher().load)
+    monkeypatch.setattr(distillation, "_CHECK_EVERY", 4)
+    pairs = distillation.corpus_pairs
+
+    def stopping_pairs(train):
+        for i, pair in enumerate(pairs(train)):
+            if i == 5:
+                stopping.request("a test's stop request")
+            yield pair
+
+    monkeypatch.setattr(distillation, "corpus_pairs", stopping_pairs)
+    workdir = str(tmp_path / "student")
+    code, _, err = _distill(run_cli, setup, workdir)
+    assert code == 75 and err.count("\n") == 1 and "reading the sources of shard 0" in err, err
+    assert not os.path.exists(distillation.Shard(workdir, 0, 1).source)
+    monkeypatch.setattr(distillation, "corpus_pairs", pairs)
+    code, _, err = _distill(run_cli, setup, workdir)
+    assert code == 0, err
+    assert len(_corpus_bytes(workdir)[0].splitlines()) == len(PAIRS)
