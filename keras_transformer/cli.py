@@ -1,8 +1,8 @@
 """The `keras-transformer` command: thin argument parsing over `keras_transformer.commands`.
 
-Subcommands: prepare, train, translate, evaluate, score, info, export, shortlist. This module
-only parses (types, choices) and turns errors into messages; what the flags mean together is
-checked by the commands (`commands/flags.py`). Exit code 0 on success, 2 with a one-line message
+Subcommands: prepare, train, distill, translate, evaluate, score, info, export, shortlist. This
+module only parses (types, choices) and turns errors into messages; what the flags mean together
+is checked by the commands (`commands/flags.py`). Exit code 0 on success, 2 with a one-line message
 on bad usage or bad input (no traceback for user errors). TensorFlow's start-up log is kept off
 the terminal unless `--verbose` is given (whatever `TF_CPP_MIN_LOG_LEVEL` says), whichever module
 imports it first (`commands.startup.quiet_tensorflow_import`).
@@ -139,6 +139,56 @@ def _add_training_commands(sub, common):
     )
     _add_config_arguments(p, "data.train=text:train.en,train.de")
     p.set_defaults(func=commands.prepare_command, stops_safely=True)
+    _add_distill_command(sub, common)
+
+
+def _add_distill_command(sub, common):
+    """`distill`: a teacher's translations of the training corpus, then a student trained on
+    them."""
+    p = sub.add_parser(
+        "distill",
+        parents=[common],
+        help="sequence-level distillation: a teacher translates data.train, a student trains on it",
+        description="The teacher's export translates the sources of the student's data.train "
+        "with its beam search into WORKDIR/distilled (resumable; complete or absent), the "
+        "teacher's vocabulary is copied to WORKDIR/spm.model, and the student trains on the "
+        "distilled pairs (plus the original ones with distill.keep_original) as train does. "
+        "With --shard I --num-shards N a worker translates only the lines whose index is I "
+        "modulo N and stops; the same command with --num-shards N and no --shard then merges "
+        "the N shards (a missing one is refused) and trains.",
+        epilog="On SIGTERM or SIGINT the translation stops after its chunk and exits with code "
+        f"{PREEMPTED_EXIT_CODE}; training stops as train does. Run the same command again to "
+        "continue in the phase it stopped in. Other exit codes: 0 done, 2 bad input.",
+    )
+    _add_config_arguments(p, "distill.keep_original=true")
+    p.add_argument(
+        "--teacher",
+        required=True,
+        metavar="PATH",
+        help="the teacher: a trained workdir (its export and spm.model) or an export directory "
+        "(with --teacher-vocabulary)",
+    )
+    p.add_argument(
+        "--teacher-vocabulary",
+        metavar="FILE",
+        help="the teacher's SentencePiece model, when --teacher is an export (default: the "
+        "teacher workdir's spm.model)",
+    )
+    p.add_argument(
+        "--shard",
+        type=int,
+        metavar="I",
+        help="translate only shard I (the lines whose index is I modulo --num-shards) and stop "
+        "(default: JOB_COMPLETION_INDEX of a Kubernetes indexed job, or SLURM_ARRAY_TASK_ID)",
+    )
+    p.add_argument(
+        "--num-shards",
+        type=int,
+        metavar="N",
+        help="the number of shards (default: SLURM_ARRAY_TASK_COUNT, else 1); without --shard: "
+        "merge the N translated shards and train",
+    )
+    p.set_defaults(func=commands.distill_command, stops_safely=True)
 
 
 def _add_translate_command(sub, common):

@@ -24,7 +24,8 @@ import os
 import sys
 import time
 
-from keras_transformer.errors import UsageError
+from keras_transformer import stopping
+from keras_transformer.errors import Preempted, UsageError
 
 # Input lines read, translated and written at a time (`--chunk-lines`).
 CHUNK_LINES = 4096
@@ -256,7 +257,7 @@ def _input_lines(f, skip):
 
 def translate_file(
     translate, input_path, output_path, batch_size=32, chunk_lines=CHUNK_LINES, model="",
-    lines_per_input=1, stream=None,
+    lines_per_input=1, stream=None, stop_phase=None,
 ):  # fmt: skip
     """Translates `input_path` into `output_path` as it streams, resuming a killed run.
 
@@ -269,6 +270,9 @@ def translate_file(
         model: what translates (the SavedModel's path), recorded so a resume uses the same one.
         lines_per_input: output lines per input line (K with n-best).
         stream: where the progress goes (default stderr).
+        stop_phase: the phase `stopping.check` names at each chunk boundary, once the chunk is
+            saved (`errors.Preempted` then leaves a translation the same call resumes); None:
+            no stop there (`translate`, which is not run inside `stopping.catching()`).
 
     Returns:
         `{"lines", "resumed_after", "translated", "seconds"}`: input lines in all, lines done by
@@ -296,16 +300,35 @@ def translate_file(
             record["lines"] += len(chunk)
             record["output_bytes"] += len(data)
             if _is_local(output_path) or time.monotonic() - saved >= _REMOTE_SAVE_SECONDS:
-                out.flush()
-                _fsync(output_path)
-                _save_progress(output_path, record)
+                _save(out, output_path, record)
                 saved = time.monotonic()
+            _stop_point(stop_phase, out, output_path, record)
     _fsync(output_path)
     gfile.remove(output_path + PROGRESS_SUFFIX)
     progress.finish()
     seconds = time.monotonic() - start
     translated = record["lines"] - first
     return dict(lines=record["lines"], resumed_after=first, translated=translated, seconds=seconds)
+
+
+def _save(out, output_path, record):
+    """The output flushed (fsync'ed on a local disk), then its progress record."""
+    out.flush()
+    _fsync(output_path)
+    _save_progress(output_path, record)
+
+
+def _stop_point(phase, out, output_path, record):
+    """A safe point between two chunks: on a stop request the output and its record are saved
+    (also on a remote filesystem, where saves are otherwise a minute apart), then
+    `errors.Preempted` goes up."""
+    if phase is None:
+        return
+    try:
+        stopping.check(phase, done=f"{record['lines']:,} lines translated are kept")
+    except Preempted:
+        _save(out, output_path, record)
+        raise
 
 
 def _counted(translate, progress):

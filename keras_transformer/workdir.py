@@ -24,6 +24,8 @@ WORKDIR/
   init_from.json       a fine-tuning run's parent: path, checkpoint, step (train.init_from,
                        training/run/init_from.py)
   lock.json            who runs `train` or `prepare` here now (see `keras_transformer.lock`)
+  distill/ distilled/  a distilled student's corpus: the teacher's translated shards, and the
+                       merged corpus it trains on (`keras_transformer.distillation`)
   prepared.partial/    a preparation under way or stopped (local disk), renamed to prepared/
   prepare.progress.json  its complete segments, so that a stopped one continues (see
                        data/prepare_progress.py); prepare.vocabulary.*: its trained vocabulary

@@ -199,7 +199,8 @@ def test_cli_reference_lists_every_subcommand_and_flag():
     page = _read(CLI_PAGE)
     (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
     assert set(sub.choices) == {
-        "prepare", "train", "translate", "evaluate", "export", "info", "score", "shortlist",
+        "prepare", "train", "distill", "translate", "evaluate", "export", "info", "score",
+        "shortlist",
     }  # fmt: skip
     for name, parser in sub.choices.items():
         heading = f"## `keras-transformer {name}`"

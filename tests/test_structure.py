@@ -44,6 +44,7 @@ LEVELS = {
     "keras_transformer.alignment": 3,
     "keras_transformer.final_model": 3,
     "keras_transformer.file_translation": 3,
+    "keras_transformer.distillation": 3,
     "keras_transformer.training": 4,
     "keras_transformer.commands": 5,
     "keras_transformer.cli": 6,

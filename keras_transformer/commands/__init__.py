@@ -4,6 +4,7 @@
 | module | holds |
 |---|---|
 | `train.py` | `train` and `prepare`: a config to a workdir, one run per workdir at a time |
+| `distill.py` | `distill`: a teacher's translations of the corpus, then the student's training |
 | `export.py` | `export`: a workdir's model rebuilt (`load_workdir_model`) and exported |
 | `shortlist.py` | `shortlist`: a prepared workdir's vocabulary shortlist (lexical table) |
 | `translate.py` | `translate`: TEXT arguments, stdin, or a file streamed and resumable |
@@ -20,6 +21,7 @@ TF Serving would. User errors are raised as `UsageError` (or another
 """
 
 # The names `cli.py`, the tests and the benchmarks import from here (explicit re-exports).
+from keras_transformer.commands.distill import distill_command as distill_command
 from keras_transformer.commands.evaluate import evaluate_command as evaluate_command
 from keras_transformer.commands.evaluate import score_command as score_command
 from keras_transformer.commands.export import export_command as export_command

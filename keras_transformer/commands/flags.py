@@ -190,3 +190,54 @@ def export_settings(config, args, chosen_alpha=None):
             section = "decode" if key in SAMPLING_FLAGS else "export"
             message = message.replace(f"{section}.{key}", flag)
         raise UsageError(message) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardRequest:
+    """Which part of the distilled corpus a `distill` run translates.
+
+    Attributes:
+        index: the shard this worker translates, or None: the run merges the shards and trains
+            (translating them itself first when `count` is 1).
+        count: the number of shards.
+    """
+
+    index: int | None
+    count: int
+
+
+def shard_request(args, environ):
+    """The `ShardRequest` of `distill --shard I --num-shards N`; without the flags, from the
+    job's environment: `JOB_COMPLETION_INDEX` (a Kubernetes indexed job; `--num-shards` is its
+    completions) or `SLURM_ARRAY_TASK_ID` and `SLURM_ARRAY_TASK_COUNT` (a Slurm array, counted
+    from `SLURM_ARRAY_TASK_MIN`). `UsageError` for a shard outside `[0, N)`."""
+    index, count = getattr(args, "shard", None), getattr(args, "num_shards", None)
+    source = "--shard"
+    if index is None and environ.get("JOB_COMPLETION_INDEX", "").strip():
+        index, source = _environment_int(environ, "JOB_COMPLETION_INDEX"), "JOB_COMPLETION_INDEX"
+    elif index is None and environ.get("SLURM_ARRAY_TASK_ID", "").strip():
+        first = _environment_int(environ, "SLURM_ARRAY_TASK_MIN", 0)
+        index = _environment_int(environ, "SLURM_ARRAY_TASK_ID") - first
+        source = "SLURM_ARRAY_TASK_ID"
+        if count is None:
+            count = _environment_int(environ, "SLURM_ARRAY_TASK_COUNT", None)
+    if count is None:
+        if index is not None:
+            raise UsageError(f"{source} {index} needs --num-shards (the number of shards)")
+        count = 1
+    if count < 1:
+        raise UsageError(f"--num-shards must be a positive integer, got {count}")
+    if index is not None and not 0 <= index < count:
+        raise UsageError(f"{source} must be in [0, {count}) (--num-shards {count}), got {index}")
+    return ShardRequest(index, count)
+
+
+def _environment_int(environ, name, default=UsageError):
+    """The integer in the environment variable `name` (`default` where it is unset)."""
+    value = environ.get(name, "").strip()
+    if not value and default is not UsageError:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise UsageError(f"{name} must be an integer, got {value!r}") from None

@@ -1,10 +1,11 @@
 """Experiment configuration: YAML loading, dotted overrides and validation.
 
-A config file is YAML with the sections `model`, `data`, `train`, `decode`, `runtime` and
-`export` (the dataclasses of `sections.py`, re-exported here). Every key has a default and its
-valid values (`valid=`: an interval, the choices, or non-empty), declared together (see
-`config_reference()`); unknown keys, values of the wrong type and values outside their range
-raise `ConfigError` naming the key. How a key is declared and checked is in `_schema.py`.
+A config file is YAML with the sections `model`, `data`, `train`, `decode`, `runtime`,
+`export` and `distill` (the dataclasses of `sections.py`, re-exported here). Every key has a
+default and its valid values (`valid=`: an interval, the choices, or non-empty), declared
+together (see `config_reference()`); unknown keys, values of the wrong type and values outside
+their range raise `ConfigError` naming the key. How a key is declared and checked is in
+`_schema.py`.
 
 Example:
 ```python
@@ -34,6 +35,7 @@ from keras_transformer.config.sections import (  # noqa: F401
     DataConfig,
     DecodeConfig,
     DecodingSettings,
+    DistillConfig,
     ExperimentConfig,
     ExportConfig,
     ModelConfig,

@@ -1,6 +1,6 @@
 """The config's sections: one dataclass per YAML section (`model`, `data`, `train`, `decode`,
-`runtime`, `export`), each key declared once with its default, help and valid values (`key()`),
-and `DecodingSettings`, the decoding settings made from the `decode:` section.
+`runtime`, `export`, `distill`), each key declared once with its default, help and valid values
+(`key()`), and `DecodingSettings`, the decoding settings made from the `decode:` section.
 
 Every section (and the `ExperimentConfig` holding them) is frozen: a config is validated once,
 where it is built (`keras_transformer.config`), and a changed one is a new config
@@ -357,7 +357,6 @@ class RuntimeConfig:
     )
 
 
-
 @dataclasses.dataclass(frozen=True)
 class ExportConfig:
     """SavedModel export."""
@@ -453,6 +452,33 @@ class ExportConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class DistillConfig:
+    """Sequence-level knowledge distillation (Kim & Rush 2016; `keras-transformer distill`): a
+    trained teacher translates the sources of `data.train` with its beam search, and the
+    student trains on those pairs."""
+
+    keep_original: bool = key(
+        False,
+        "the student also trains on the original pairs of data.train: the distilled pairs "
+        "plus the original ones (twice the pairs); false: the distilled pairs only",
+    )
+    beam_size: Optional[int] = key(
+        None,
+        "the teacher's beam size; null: the one fixed in the teacher's export (a SavedModel's "
+        "search is fixed at export: another value is refused, export the teacher again with "
+        "--beam-size)",
+        valid=f"[1, {_MAX_BEAM}]",
+    )
+    batch_size: int = key(32, "sentences per call of the teacher", valid=f"[1, {_MAX_BATCH}]")
+    chunk_lines: int = key(
+        4096,
+        "source lines translated and saved at a time: a stop waits for the chunk, a kill "
+        "loses at most one",
+        valid=f"[1, {_MAX_BATCH}]",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
 class DecodingSettings:
     """How outputs are decoded: the one type that `translate_ids`, the dev evaluation, the
     `Translator` and the CTranslate2 export take (`decoding_settings(config)` makes it from a
@@ -529,6 +555,7 @@ class ExperimentConfig:
     decode: DecodeConfig = dataclasses.field(default_factory=DecodeConfig)
     runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
     export: ExportConfig = dataclasses.field(default_factory=ExportConfig)
+    distill: DistillConfig = dataclasses.field(default_factory=DistillConfig)
     name: str = key("experiment", "experiment name (default: the config file's stem)")
 
     def to_dict(self):
