@@ -148,3 +148,35 @@ def test_ledger_lines_hold_no_path_of_the_measuring_machine(tmp_path, monkeypatc
     assert line["unit"] == "tokens/s, ours / theirs, https://example.org/a/b"
     with open(tmp_path / "results" / "toy.jsonl", encoding="utf-8") as f:
         assert json.loads(f.read()) == line
+
+
+def test_a_ci_log_is_read_into_one_line_per_phase_with_its_slowest_tests():
+    """`benchmarks/ci_times.py`: a phase's pytest runs (passed counts summed, their slowest
+    tests merged and ranked) belong to the `ci:` line that follows them."""
+    from benchmarks.ci_times import phases
+
+    log = [
+        "+ pip install ...",
+        "============ slowest 15 durations ============",
+        "30.50s call     tests/test_a.py::test_x",
+        "2.00s setup    tests/test_a.py::test_y",
+        "846 passed, 2 deselected in 500.12s (0:08:20)",
+        "4.10s call     tests/test_b.py::test_z[p]",
+        "163 passed in 90.01s",
+        "ci: fast-tier: 762s, peak memory 4.5 GB (exit 0; summed resident sets: 6.0 GB)",
+        "ci: fast-tier: the CPUs were busy 95% of the time (2 cores)",
+        "99.00s call     tests/test_c.py::test_w",
+        "12 passed, 1 rerun in 120.00s",
+        "ci: scenario-tier: 130s, peak memory ? GB (exit 0; summed resident sets: ? GB)",
+        "ci: line coverage of keras_transformer/ (both tiers): 96.0%",
+        "CI finished in 1200s",
+    ]
+    found, total = phases(log, top=2)
+    assert [p["phase"] for p in found] == ["fast-tier", "scenario-tier"]
+    fast, scenario = found
+    assert (fast["seconds"], fast["peak_gb"], fast["tests"]) == (762, 4.5, 846 + 163)
+    assert fast["slowest"] == [[30.5, "call tests/test_a.py::test_x"],
+                               [4.1, "call tests/test_b.py::test_z[p]"]]  # fmt: skip
+    assert (scenario["peak_gb"], scenario["tests"]) == (None, 12)
+    assert scenario["slowest"] == [[99.0, "call tests/test_c.py::test_w"]]
+    assert total == {"seconds": 1200, "coverage": 96.0}
