@@ -249,9 +249,9 @@ def _toy_student(tmp_path, sources):
 def test_a_real_teacher_distills_and_the_student_trains(
     run_cli, exported_copy_model, toy_spm_path, tmp_path
 ):
-    """The teacher's export translates the corpus as `translate --input` does; the student,
-    with the teacher's vocabulary, trains and exports through `train`; a beam size other than
-    the export's is refused in one line."""
+    """The toy chain: the teacher's export translates the corpus as `translate --input` does;
+    the student, with the teacher's vocabulary, trains and exports through `train`, and its
+    export translates; a beam size other than the export's is refused in one line."""
     import _inference_fixtures as fx
 
     _, export = exported_copy_model
@@ -278,6 +278,8 @@ def test_a_real_teacher_distills_and_the_student_trains(
     assert (workdir / "spm.model").read_bytes() == open(toy_spm_path, "rb").read()
     result = json.loads((workdir / "result.json").read_text())
     assert result["saved_model"].startswith(str(tmp_path / "saved_models"))
+    code, out, err = run_cli("translate", "--model", result["saved_model"], *sources[:2])
+    assert code == 0 and len(out.splitlines()) == 2, err  # the chain's end: the student answers
     code, out, err = run_cli("distill", *teacher, *config, "--workdir", workdir, *toy)
     assert code == 0, err  # run again: every phase done, nothing redone
 
