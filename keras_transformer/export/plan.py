@@ -140,17 +140,9 @@ def run_export(plan, model, tokenizer, output, name=None, card=(None, None)):
     exporter = getattr(importlib.import_module(module), function)
     facts, dev_pairs = card
     if plan.format == "saved_model":
-        return exporter(
-            model, tokenizer, plan.settings, plan.data, output, name, facts, dev_pairs,
-            jit_compile=plan.jit_compile, shortlist=plan.shortlist, alignments=plan.alignments,
-            alignment_layer=plan.alignment_layer, precision=plan.quantization,
-        )  # fmt: skip
+        return exporter(model, tokenizer, plan, output, name, facts, dev_pairs)
     if plan.format == "litert":
-        return exporter(
-            model, tokenizer, output, plan.quantization or "float32", plan.data, plan.settings,
-            facts, dev_pairs=dev_pairs, shortlist=plan.shortlist, constraints=plan.constraints,
-            alignments=plan.alignments, alignment_layer=plan.alignment_layer,
-        )  # fmt: skip
+        return exporter(model, tokenizer, output, plan, facts, dev_pairs=dev_pairs)
     # A converted model (CTranslate2's, or a registered format's): this call.
     return exporter(
         model, tokenizer, output, plan.quantization, plan.data, plan.settings,

@@ -24,7 +24,7 @@ would not fit: to twice their length, or to the chunk's longest output (its sour
 copies the written positions into the longer layout and resizes the step (about a step's
 cost). `cache_bucket=0` sizes them for the longest output at once. The answers are the same.
 
-Vocabulary shortlist: an export made with one (`export_litert(shortlist=...)`) decodes over it
+Vocabulary shortlist: an export made with one (`ExportPlan(shortlist=...)`) decodes over it
 when loaded with `shortlist=True`: each chunk's shortlist is the lexical table's translations of
 its source pieces, the table's frequent pieces, the special ids and the chunk's prefix and
 constraint pieces (`keras_transformer.lexical_table.batch_shortlist`), and no other piece can be
@@ -54,7 +54,7 @@ still takes the chunk's `[vocab]` mask, every row decoded over the chunk's union
 Each is set once per chunk (and again when the step's inputs are resized), never per step,
 and follows the live rows when settled sentences are dropped (`graphs.DecoderStep.keep`).
 
-Lexical constraints: an export made with its constrained step (`export_litert(constraints=
+Lexical constraints: an export made with its constrained step (`ExportPlan(constraints=
 True)`) answers `translate_constrained` (and `translate(texts, constraints=...)`) as the
 SavedModel's signature does: the constraints tokenized as it tokenizes them, the constrained
 beam search of `keras_transformer.litert.search` (`keras_transformer.constraint_rules`' rules,
@@ -65,7 +65,7 @@ over the chunk's shortlist (which holds every constraint piece) with the export'
 shortlist step (made when it has both), each wanted piece given as its shortlist column (as
 itself over a mask).
 
-Word alignments: an export made with its alignment graph (`export_litert(alignments=True)`)
+Word alignments: an export made with its alignment graph (`ExportPlan(alignments=True)`)
 answers `translate(texts, alignments=True)` as the SavedModel's `Translator.translate(texts,
 alignments=True)` does: after each chunk's search, one pass of the alignment graph over the
 sources and their translations gives the source piece each target piece attends to most, and
