@@ -494,7 +494,7 @@ class _Constrained(_Beams):
         xp, (n, k) = rules.NUMPY, self.alive_log_probs.shape
         values, token_log_probs, beams, tokens = self._candidates(step, index, eos_id)
         chosen, new_progress = rules.choose(
-            xp, self.alive_seqs, index, self.progress, values, beams, tokens, self.constraints, k
+            xp, self.alive_seqs, index, self.progress, (values, beams, tokens), self.constraints, k
         )
         top = tuple(
             np.take_along_axis(x, chosen, axis=1) for x in (values, token_log_probs, beams, tokens)
