@@ -94,7 +94,7 @@ from keras_transformer.litert.graphs import (
     GatheredHead,
     LiteRTError,
 )
-from keras_transformer.litert.search import NEG_INF, search
+from keras_transformer.litert.search import NEG_INF, Settings, search
 from keras_transformer.markup import markup_answer
 from keras_transformer.special_ids import UNK_ID
 from keras_transformer.translating import TranslatorInterface, refusal
@@ -191,7 +191,8 @@ class LiteRTTranslator(TranslatorInterface):
         with open(os.path.join(path, METADATA_FILE), encoding="utf-8") as f:
             self.metadata = meta = json.load(f)
         self.path = path
-        self.settings = meta["decoding"]
+        self.settings = s = meta["decoding"]
+        self._search_settings = Settings(s["beam_size"], s["alpha"], s["eos_id"], s["bos_id"])
         self.max_source_length = int(meta["max_source_length"])
         self.max_length = meta.get("max_length")
         self.calibration = meta["calibration"]
@@ -499,7 +500,7 @@ class LiteRTTranslator(TranslatorInterface):
         the unconstrained search of the chunk (as `translate_ids` answers them)."""
         s, (encoder, step) = self.settings, engines[:2]
         source = _padded(sources, s["pad_id"])
-        c, s_len = source.shape
+        s_len, settings = source.shape[1], self._search_settings
         buffer = s_len + s["max_extra_length"]
         if self.max_length is not None:
             buffer = min(buffer, int(self.max_length))
@@ -526,16 +527,10 @@ class LiteRTTranslator(TranslatorInterface):
         cross = encoder(source)
         if constraints is None:
             step.start(cross, source != s["pad_id"], buffer, columns)
-            return search(
-                step, c, s["beam_size"], buffer, caps, s["alpha"], s["eos_id"], s["bos_id"],
-                prefix=prefix_matrix, return_all=True,
-            )  # fmt: skip
+            return search(step, settings, buffer, caps, prefix=prefix_matrix, return_all=True)
         step = self._constrained_step(engines)
         step.start(cross, source != s["pad_id"], buffer, columns, wanted=constraints.shape[1])
-        found = search(
-            step, c, s["beam_size"], buffer, caps, s["alpha"], s["eos_id"], s["bos_id"],
-            return_all=True, constraints=constraints,
-        )  # fmt: skip
+        found = search(step, settings, buffer, caps, return_all=True, constraints=constraints)
         met = found[3]
         if met.all():
             return found
