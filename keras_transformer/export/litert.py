@@ -276,15 +276,8 @@ def _alignment_function(model, layer, settings):
     return tf.function(align, input_signature=specs, autograph=False)
 
 
-def _metadata(model, settings, quantization, data_config, top_k, calibration, outputs):
+def _metadata(model, settings, quantization, lengths, top_k, calibration, outputs):
     from keras_transformer.search_rules import DEFAULT_CALIBRATION
-
-    def field(key, default):
-        if data_config is None:
-            return default
-        if isinstance(data_config, dict):
-            return data_config.get(key, default)
-        return getattr(data_config, key, default)
 
     return {
         "format": "litert",
@@ -299,8 +292,8 @@ def _metadata(model, settings, quantization, data_config, top_k, calibration, ou
         "vocab_size": model.vocab_size,
         "top_k": top_k,
         "outputs": outputs,
-        "max_source_length": int(field("max_source_length", 128)),
-        "max_length": field("max_target_length", None),
+        "max_source_length": lengths[0],
+        "max_length": lengths[1],
         "decoding": {
             "beam_size": settings.beam_size,
             "alpha": settings.alpha,
@@ -370,7 +363,7 @@ def export_litert(
     )
     (encoder, encoder_outputs), (step, step_outputs) = graphs["encoder"], graphs["decoder_step"]
     outputs = {"encoder": encoder_outputs, "decoder_step": step_outputs}
-    metadata = _metadata(model, settings, quantization, plan.data, top_k, calibration, outputs)
+    metadata = _metadata(model, settings, quantization, plan.lengths, top_k, calibration, outputs)
     files = {ENCODER_FILE: encoder, STEP_FILE: step, SPM_FILE: spm_bytes}
     files.update(_optional_graphs(graphs, shortlist, metadata, model, quantization))
     functions = dict(RUNTIME_FUNCTIONS, **(CONSTRAINED_FUNCTION if plan.constraints else {}))

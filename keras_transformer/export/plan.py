@@ -52,6 +52,16 @@ class ExportPlan:
     constraints: bool = False
 
     @property
+    def lengths(self):
+        """`(max_source_length, max_length)` of `data` (a `DataConfig` or a dict; missing: 128
+        and None): inputs are truncated to the first; the second is the longest output, EOS
+        included (as in the dev-set decoding during training: no longer than the targets)."""
+        data = {} if self.data is None else self.data
+        if isinstance(data, dict):
+            return int(data.get("max_source_length", 128)), data.get("max_target_length")
+        return int(getattr(data, "max_source_length", 128)), getattr(data, "max_target_length")
+
+    @property
     def searched_shortlist(self):
         """The lexical table the export's own search decodes over (a SavedModel's `shortlist`;
         another format holds its table for its runtime to use when asked: None, the whole

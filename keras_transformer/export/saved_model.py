@@ -63,26 +63,18 @@ def resolve_model_dir(path):
     raise FileNotFoundError(f"no SavedModel (saved_model.pb or numbered versions) in {path}")
 
 
-def _field(config, key, default):
-    if config is None:
-        return default
-    if isinstance(config, dict):
-        return config.get(key, default)
-    return getattr(config, key, default)
-
-
 def export_translator(model, tokenizer, plan=ExportPlan()):
     """The `Translator` that `export_saved_model` saves of `plan` (an `ExportPlan`: its decoding
     settings, length limits, XLA, shortlist, alignments and their layer, precision); use it to
     decode with exactly the graph an export would serve (e.g. `benchmarks/decode_sweep.py`).
     """
+    max_source_length, max_length = plan.lengths
     return Translator(
         model,
         tokenizer,
         plan.settings,
-        max_source_length=_field(plan.data, "max_source_length", 128),
-        # As in the dev-set decoding during training: no output longer than the training targets.
-        max_length=_field(plan.data, "max_target_length", None),
+        max_source_length=max_source_length,
+        max_length=max_length,
         jit_compile=plan.jit_compile,
         shortlist=plan.shortlist,
         alignments=plan.alignments,
