@@ -43,6 +43,7 @@ def main():
     from keras_transformer.commands import load_workdir_model, read_lines
     from keras_transformer.config import decoding_settings
     from keras_transformer.evaluation import score_translations
+    from keras_transformer.export.plan import ExportPlan
     from keras_transformer.export.saved_model import export_translator
 
     sources = read_lines(args.source, "source")
@@ -52,7 +53,8 @@ def main():
     for beam in [int(b) for b in _floats(args.beams)]:
         for alpha in _floats(args.alphas):
             settings = decoding_settings(config, True, beam_size=beam, alpha=alpha, n_best=1)
-            translator = export_translator(model, spm_bytes, settings, config.data)
+            plan = ExportPlan(settings=settings, data=config.data)
+            translator = export_translator(model, spm_bytes, plan)
             start = time.perf_counter()
             # One call: the Translator sorts by length and decodes in chunks of
             # decode.batch_size inside its graph.

@@ -34,16 +34,16 @@ EXPORT = r"""
 import json, os, sys, time
 import keras
 from keras_transformer.data.tokenizer import Tokenizer
-from keras_transformer.export import export_saved_model
+from keras_transformer.export import ExportPlan, export_saved_model
 from keras_transformer.models import Transformer
 
 preset, work, spm_path = sys.argv[1:4]
 tokenizer = Tokenizer(spm_path)
 keras.utils.set_random_seed(0)
 model = Transformer.from_preset(preset, vocab_size=tokenizer.vocab_size)
-data = dict(max_source_length=64, max_target_length=64)
+plan = ExportPlan(data=dict(max_source_length=64, max_target_length=64))
 start = time.perf_counter()
-path = export_saved_model(model, tokenizer, None, data, os.path.join(work, "saved"), "demo")
+path = export_saved_model(model, tokenizer, plan, os.path.join(work, "saved"), "demo")
 export_s = time.perf_counter() - start
 size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
 print(json.dumps({"export_s": export_s, "size_mb": size / 2**20, "path": path}))

@@ -63,6 +63,7 @@ def main():
     args = parser.parse_args()
     from keras_transformer.config import DecodingSettings
     from keras_transformer.export.litert import export_litert
+    from keras_transformer.export.plan import ExportPlan
 
     baseline = peak_mb("-", QUICKSTART)
     for name in args.shapes.split(","):
@@ -74,9 +75,9 @@ def main():
         data = {"max_source_length": cfg["src"] + 1, "max_target_length": cfg["tgt"] + 1}
         with tempfile.TemporaryDirectory(prefix="kt-litert-footprint-") as work:
             for q in args.quantizations.split(","):
-                path = export_litert(
-                    model, word_vocabulary(cfg["vocab"]), os.path.join(work, q), q, data, settings
-                )
+                plan = ExportPlan(quantization=q, settings=settings, data=data)
+                vocabulary = word_vocabulary(cfg["vocab"])
+                path = export_litert(model, vocabulary, os.path.join(work, q), plan)
                 files = {f: os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)}
                 emit(what="litert_footprint", shape=name, quantization=q,
                      parameters=model.count_params(),

@@ -27,12 +27,13 @@ from benchmarks.common import demo_vocabulary, emit  # noqa: E402
 
 
 def _export(model, tokenizer, work, alignments):
-    from keras_transformer.export import export_saved_model
+    from keras_transformer.export import ExportPlan, export_saved_model
 
     start = time.perf_counter()
     data = dict(max_source_length=64, max_target_length=64)
     base = os.path.join(work, f"saved_{int(alignments)}")
-    path = export_saved_model(model, tokenizer, None, data, base, "demo", alignments=alignments)
+    plan = ExportPlan(data=data, alignments=alignments)
+    path = export_saved_model(model, tokenizer, plan, base, "demo")
     return path, time.perf_counter() - start
 
 

@@ -180,16 +180,17 @@ def saved_model_decoder(
     import tensorflow as tf
     import tensorflow_text  # noqa: F401
 
-    from keras_transformer.export import export_saved_model
+    from keras_transformer.config import DecodingSettings
+    from keras_transformer.export import ExportPlan, export_saved_model
 
-    decode = {"beam_size": beam, "alpha": 0.6, "batch_size": SENTENCES, "n_best": 1,
-              "max_extra_length": cfg["tgt"] - cfg["src"]}  # fmt: skip
+    settings = DecodingSettings(beam_size=beam, alpha=0.6, batch_size=SENTENCES, n_best=1,
+                                max_extra_length=cfg["tgt"] - cfg["src"])  # fmt: skip
     data = {"max_source_length": cfg["src"] + 1, "max_target_length": cfg["tgt"] + 1}
     name = "bench_xla" if jit_compile else "bench"
     name += ("" if shortlist is None else "_shortlist") + f"_{precision}"
-    path = export_saved_model(model, spm_bytes, decode, data, work, name,
-                              jit_compile=jit_compile, shortlist=shortlist,
-                              precision=precision)  # fmt: skip
+    plan = ExportPlan(settings=settings, data=data, jit_compile=jit_compile, shortlist=shortlist,
+                      quantization=precision)  # fmt: skip
+    path = export_saved_model(model, spm_bytes, plan, work, name)
     serve = tf.saved_model.load(path).signatures["serving_default"]
     text = tf.constant(sources(cfg))
 
@@ -248,6 +249,7 @@ def litert_decoders(
     from keras_transformer import litert
     from keras_transformer.config import DecodingSettings
     from keras_transformer.export.litert import export_litert
+    from keras_transformer.export.plan import ExportPlan
 
     settings = DecodingSettings(beam_size=beam, alpha=0.6, batch_size=SENTENCES, n_best=1,
                                 max_extra_length=cfg["tgt"] - cfg["src"])  # fmt: skip
@@ -256,7 +258,9 @@ def litert_decoders(
     decoders = {}
     for quantization in quantizations:
         path = os.path.join(work, f"litert-{quantization}")
-        export_litert(model, spm_bytes, path, quantization, data, settings, shortlist=shortlist)
+        plan = ExportPlan(quantization=quantization, settings=settings, data=data,
+                          shortlist=shortlist)  # fmt: skip
+        export_litert(model, spm_bytes, path, plan)
         for listed in (False, True) if shortlist is not None else (False,):
             translator = litert.load(path, num_threads=2, shortlist=listed)
 

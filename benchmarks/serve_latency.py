@@ -52,7 +52,7 @@ def export_demo(preset):
     import keras
 
     from keras_transformer.data.tokenizer import Tokenizer
-    from keras_transformer.export import export_saved_model
+    from keras_transformer.export import ExportPlan, export_saved_model
     from keras_transformer.models import Transformer
 
     work = tempfile.mkdtemp(prefix="kt-serve-bench-")
@@ -60,8 +60,8 @@ def export_demo(preset):
     tokenizer = Tokenizer(demo_vocabulary(work))
     keras.utils.set_random_seed(0)
     model = Transformer.from_preset(preset, vocab_size=tokenizer.vocab_size)
-    data = dict(max_source_length=64, max_target_length=64)
-    return export_saved_model(model, tokenizer, None, data, os.path.join(work, "saved"), "demo")
+    plan = ExportPlan(data=dict(max_source_length=64, max_target_length=64))
+    return export_saved_model(model, tokenizer, plan, os.path.join(work, "saved"), "demo")
 
 
 def main():

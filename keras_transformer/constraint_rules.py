@@ -198,9 +198,12 @@ def refuse_eos(xp, log_probs, progress, lengths, is_eos):
     return xp.where(xp.logical_and(unmet, is_eos), NEG_INF, log_probs)
 
 
-def choose(xp, alive_seqs, index, progress, values, beams, tokens, constraints, k):
+def choose(xp, alive_seqs, index, progress, candidates, constraints, k):
     """The `2k` candidates a step keeps, `[batch, 2k]` indices (in the banks' order; the usual
-    first `2k` in rows without constraints), and every candidate's progress `[batch, M, C]`."""
+    first `2k` in rows without constraints), and every candidate's progress `[batch, M, C]`.
+    `candidates`: `(log_probs, beams, tokens)` `[batch, M]` each (`candidates`' without the
+    token log p, tokens as ids)."""
+    values, beams, tokens = candidates
     lengths = constraint_lengths(xp, constraints)  # [batch, C]
     constrained = xp.any(xp.greater(lengths, 0), axis=1)  # [batch]
     old = xp.gather_beams(progress, beams)  # [batch, M, C]

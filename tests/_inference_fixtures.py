@@ -136,6 +136,17 @@ MODEL_KWARGS = dict(num_layers=1, d_model=32, num_heads=2, d_ff=64, dropout=0.0)
 EXPORT_DECODE = {"beam_size": 3, "alpha": 0.6, "max_extra_length": 8, "batch_size": 4}
 EXPORT_DATA = {"max_source_length": MAX_SOURCE_LENGTH}
 
+
+def export_plan(**changes):
+    """The `ExportPlan` of the exported copy model (`EXPORT_DECODE`, `EXPORT_DATA`), with
+    `changes` (its other fields)."""
+    from keras_transformer.config import DecodingSettings
+    from keras_transformer.export.plan import ExportPlan
+
+    fields = {"settings": DecodingSettings(**EXPORT_DECODE), "data": EXPORT_DATA, **changes}
+    return ExportPlan(**fields)
+
+
 # Sentences of the copy-task vocabulary, and inputs every signature must answer all the same.
 NORMAL = ["red apple cat", "dog dog fish bird", "blue", "plum pear white black green"]
 HOSTILE = [

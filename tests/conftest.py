@@ -372,8 +372,8 @@ def exported_copy_model(copy_model, toy_spm_bytes, _shared_root):
 
     def export(directory):
         export_saved_model(
-            copy_model, toy_spm_bytes, fx.EXPORT_DECODE, fx.EXPORT_DATA,
-            str(directory / "saved_models"), "toy", dev_pairs=fx.dev_pairs(),
+            copy_model, toy_spm_bytes, fx.export_plan(), str(directory / "saved_models"), "toy",
+            dev_pairs=fx.dev_pairs(),
         )  # fmt: skip
 
     # Exported once per run: every worker reads the same version (tests only read it).

@@ -544,8 +544,7 @@ def aligned_export(copy_model, toy_spm_bytes, tmp_path_factory):
 
     base_dir = str(tmp_path_factory.mktemp("aligned") / "saved_models")
     return export_saved_model(
-        copy_model, toy_spm_bytes, fx.EXPORT_DECODE, fx.EXPORT_DATA, base_dir, "toy",
-        alignments=True,
+        copy_model, toy_spm_bytes, fx.export_plan(alignments=True), base_dir, "toy",
     )  # fmt: skip
 
 

@@ -137,13 +137,13 @@ def sampling_export(model, toy_spm_bytes, _shared_root):
     """The copy model exported with sampling: once per run (shared by the workers)."""
     from shared_runs import shared_directory
 
-    from keras_transformer.export import export_saved_model
+    from keras_transformer.export import ExportPlan, export_saved_model
 
     settings = DecodingSettings(**fx.EXPORT_DECODE, sampling_topk=8, sampling_temperature=2.0)
 
     def export(base):
-        export_saved_model(model, toy_spm_bytes, settings, fx.EXPORT_DATA,
-                           str(base / "saved_models"), "toy")  # fmt: skip
+        plan = ExportPlan(settings=settings, data=fx.EXPORT_DATA)
+        export_saved_model(model, toy_spm_bytes, plan, str(base / "saved_models"), "toy")
 
     base = shared_directory(_shared_root, "sampling_export", export)
     return str(base / "saved_models" / "toy" / "1")

@@ -577,7 +577,8 @@ def exported_quickstart(tmp_path_factory, toy_spm_bytes):
     formats are under test here, not the translations."""
     import _inference_fixtures as fx
 
-    from keras_transformer.export import export_saved_model
+    from keras_transformer.config import DecodingSettings
+    from keras_transformer.export import ExportPlan, export_saved_model
     from keras_transformer.models import Transformer
 
     base = tmp_path_factory.mktemp("readme")
@@ -585,8 +586,10 @@ def exported_quickstart(tmp_path_factory, toy_spm_bytes):
     path = export_saved_model(
         model,
         toy_spm_bytes,
-        dict(beam_size=2, alpha=0.6, max_extra_length=4, batch_size=4),
-        dict(max_source_length=12, max_target_length=12),
+        ExportPlan(
+            settings=DecodingSettings(beam_size=2, alpha=0.6, max_extra_length=4, batch_size=4),
+            data=dict(max_source_length=12, max_target_length=12),
+        ),
         str(base / "saved_models"),
         "quickstart",
     )
@@ -600,15 +603,18 @@ def exported_with_alignments(tmp_path_factory, toy_spm_bytes):
     signature)."""
     import _inference_fixtures as fx
 
-    from keras_transformer.export import export_saved_model
+    from keras_transformer.config import DecodingSettings
+    from keras_transformer.export import ExportPlan, export_saved_model
     from keras_transformer.models import Transformer
 
     model = Transformer(vocab_size=fx.spm_processor().get_piece_size(), **fx.MODEL_KWARGS)
     base = tmp_path_factory.mktemp("aligned") / "saved_models"
-    decode = dict(beam_size=2, alpha=0.6, max_extra_length=4, batch_size=4)
-    lengths = dict(max_source_length=12, max_target_length=12)
-    return export_saved_model(model, toy_spm_bytes, decode, lengths, str(base), "quickstart",
-                              alignments=True)  # fmt: skip
+    plan = ExportPlan(
+        settings=DecodingSettings(beam_size=2, alpha=0.6, max_extra_length=4, batch_size=4),
+        data=dict(max_source_length=12, max_target_length=12),
+        alignments=True,
+    )
+    return export_saved_model(model, toy_spm_bytes, plan, str(base), "quickstart")
 
 
 @pytest.mark.scenario

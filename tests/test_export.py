@@ -146,8 +146,8 @@ def _untrained_model():
 def test_exports_take_the_next_version_and_never_overwrite(tmp_path, toy_spm_bytes):
     model = _untrained_model()
     os.makedirs(tmp_path / "m" / "not-a-version")
-    first = export_saved_model(model, toy_spm_bytes, DECODE, DATA, str(tmp_path), "m")
-    second = export_saved_model(model, toy_spm_bytes, DECODE, DATA, str(tmp_path), "m")
+    first = export_saved_model(model, toy_spm_bytes, fx.export_plan(), str(tmp_path), "m")
+    second = export_saved_model(model, toy_spm_bytes, fx.export_plan(), str(tmp_path), "m")
     assert first == str(tmp_path / "m" / "1") and second == str(tmp_path / "m" / "2")
     assert list_versions(str(tmp_path / "m")) == [1, 2]
     assert sorted(os.listdir(tmp_path / "m")) == ["1", "2", "not-a-version"]  # no temp dirs
@@ -161,7 +161,7 @@ def test_exports_take_the_next_version_and_never_overwrite(tmp_path, toy_spm_byt
 @pytest.mark.scenario
 def test_a_failed_export_leaves_nothing(tmp_path, monkeypatch, toy_spm_bytes):
     model = _untrained_model()
-    export_saved_model(model, toy_spm_bytes, DECODE, DATA, str(tmp_path), "m")
+    export_saved_model(model, toy_spm_bytes, fx.export_plan(), str(tmp_path), "m")
 
     def broken_save(obj, export_dir, signatures=None, **kwargs):
         with open(os.path.join(export_dir, "saved_model.pb"), "wb") as f:
@@ -170,10 +170,10 @@ def test_a_failed_export_leaves_nothing(tmp_path, monkeypatch, toy_spm_bytes):
 
     monkeypatch.setattr(tf.saved_model, "save", broken_save)
     with pytest.raises(OSError, match="disk full"):
-        export_saved_model(model, toy_spm_bytes, DECODE, DATA, str(tmp_path), "m")
+        export_saved_model(model, toy_spm_bytes, fx.export_plan(), str(tmp_path), "m")
     assert os.listdir(tmp_path / "m") == ["1"]
     with pytest.raises(OSError):
-        export_saved_model(model, toy_spm_bytes, DECODE, DATA, str(tmp_path), "fresh")
+        export_saved_model(model, toy_spm_bytes, fx.export_plan(), str(tmp_path), "fresh")
     assert sorted(os.listdir(tmp_path)) == ["m"]
 
 
@@ -267,8 +267,8 @@ def test_xla_compiled_search_answers_as_the_graph_search(tmp_path, copy_model, t
     outputs = {}
     for jit in (False, True):
         path = export_saved_model(
-            copy_model, toy_spm_bytes, DECODE, DATA, str(tmp_path), f"m{int(jit)}",
-            jit_compile=jit,
+            copy_model, toy_spm_bytes, fx.export_plan(jit_compile=jit), str(tmp_path),
+            f"m{int(jit)}",
         )  # fmt: skip
         loaded = tf.saved_model.load(path)
         signatures = loaded.signatures
@@ -336,7 +336,11 @@ def test_the_warmup_compiles_every_program_the_xla_export_runs(tmp_path, copy_mo
     under TF Serving); after replaying it, no request of any length compiles again."""
     data = {**DATA, "bucket_boundaries": [10, 12]}  # training buckets: all pad to 16 in serving
     path = export_saved_model(
-        copy_model, toy_spm_bytes, DECODE, data, str(tmp_path), "xla", jit_compile=True
+        copy_model,
+        toy_spm_bytes,
+        fx.export_plan(data=data, jit_compile=True),
+        str(tmp_path),
+        "xla",
     )
     translator = Translator(
         copy_model, toy_spm_bytes, max_source_length=DATA["max_source_length"], **DECODE

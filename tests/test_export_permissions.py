@@ -86,15 +86,11 @@ def test_another_user_reads_a_litert_export(copy_model, toy_spm_bytes, shared_di
     the same `staging_directory`, checked by their mode bits below and in test_export_ct2.py)
     under umask 022: another user lists and reads all of it. As root, read as uid 65534;
     otherwise, by the mode bits."""
-    from keras_transformer.config import DecodingSettings
     from keras_transformer.export.litert import export_litert
 
     output = os.path.join(shared_directory, "litert")
     with _umask(0o022):
-        export_litert(
-            copy_model, toy_spm_bytes, output, "float32", fx.EXPORT_DATA,
-            DecodingSettings(**fx.EXPORT_DECODE),
-        )  # fmt: skip
+        export_litert(copy_model, toy_spm_bytes, output, fx.export_plan(format="litert"))
     if os.geteuid() == 0:
         code, err = _read_as_another_user(shared_directory)
         assert code == 0, f"uid {OTHER_USER} cannot read the export: {err}"

@@ -80,7 +80,11 @@ def test_a_bfloat16_export_holds_bfloat16_weights_and_serves_its_answers(
 ):
     paths = {
         precision: export_saved_model(
-            copy_model, toy_spm_bytes, DECODE, DATA, str(tmp_path), precision, precision=precision
+            copy_model,
+            toy_spm_bytes,
+            fx.export_plan(quantization=precision),
+            str(tmp_path),
+            precision,
         )
         for precision in ("float32", "bfloat16")
     }

@@ -341,11 +341,16 @@ def test_exported_translate_glossary_through_the_cli(glossary_translator, tmp_pa
     import json
 
     from keras_transformer import cli
-    from keras_transformer.export import export_saved_model
+    from keras_transformer.config import DecodingSettings
+    from keras_transformer.export import ExportPlan, export_saved_model
 
     model, proto = glossary_translator.parts
     path = export_saved_model(
-        model, proto, GLOSSARY_DECODE, {"max_source_length": 24}, str(tmp_path), "gloss"
+        model,
+        proto,
+        ExportPlan(settings=DecodingSettings(**GLOSSARY_DECODE), data={"max_source_length": 24}),
+        str(tmp_path),
+        "gloss",
     )
     with open(os.path.join(path, "assets.extra", "keras_transformer.json")) as f:
         metadata = json.load(f)

@@ -19,6 +19,7 @@ from test_cli_inference import _write_workdir
 from keras_transformer import stopping
 from keras_transformer.errors import Preempted, UsageError
 from keras_transformer.export.litert import export_litert
+from keras_transformer.export.plan import ExportPlan
 
 pytest.importorskip("ai_edge_litert")
 
@@ -57,9 +58,14 @@ def litert_dirs(copy_model, toy_spm_bytes, _shared_root):
 
     def export(base):
         for q in quantizations:
-            export_litert(copy_model, toy_spm_bytes, str(base / q), q, fx.EXPORT_DATA, settings,
-                          dev_pairs=fx.dev_pairs(), constraints=q == "float32",
-                          alignments=q == "float32")  # fmt: skip
+            plan = ExportPlan(
+                quantization=q,
+                settings=settings,
+                data=fx.EXPORT_DATA,
+                constraints=q == "float32",
+                alignments=q == "float32",
+            )
+            export_litert(copy_model, toy_spm_bytes, str(base / q), plan, dev_pairs=fx.dev_pairs())
 
     base = shared_directory(_shared_root, "litert_copy_model", export)
     return {q: str(base / q) for q in quantizations}
@@ -590,7 +596,7 @@ def test_an_export_appears_whole_or_not_at_all(copy_model, toy_spm_bytes, tmp_pa
         export_litert(copy_model, toy_spm_bytes, str(fresh))
     assert sorted(os.listdir(tmp_path)) == ["model"]  # no directory, no temporary left
     with pytest.raises(UsageError, match="float32, float16, dynamic_int8"):
-        export_litert(copy_model, toy_spm_bytes, str(fresh), "int4")
+        export_litert(copy_model, toy_spm_bytes, str(fresh), ExportPlan(quantization="int4"))
 
 
 @pytest.mark.scenario

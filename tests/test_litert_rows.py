@@ -13,6 +13,7 @@ from _shortlist_tables import table as _table
 
 from keras_transformer.data.shortlist import batch_shortlist
 from keras_transformer.export.litert import export_litert
+from keras_transformer.export.plan import ExportPlan
 
 pytest.importorskip("ai_edge_litert")
 
@@ -50,8 +51,14 @@ def row_dirs(copy_model, toy_spm_bytes, _shared_root):
 
         def export(base):
             for q in QUANTIZATIONS:
-                export_litert(copy_model, toy_spm_bytes, str(base / q), q, fx.EXPORT_DATA,
-                              settings, shortlist=table, constraints=True)  # fmt: skip
+                plan = ExportPlan(
+                    quantization=q,
+                    settings=settings,
+                    data=fx.EXPORT_DATA,
+                    shortlist=table,
+                    constraints=True,
+                )
+                export_litert(copy_model, toy_spm_bytes, str(base / q), plan)
 
         return export
 

@@ -147,8 +147,8 @@ def _both(model, source_ids, k, alpha, extra, max_length=None, return_all=False,
     caps = (source_ids != 0).sum(1) + extra
     step = step_class(model, source_ids, buffer, k, top_k or 2 * k)
     got = litert_search.search(
-        step, len(source_ids), k, buffer, caps, alpha, prefix=prefix, return_all=return_all,
-        drop_finished=drop,
+        step, litert_search.Settings(k, alpha), buffer, caps, prefix=prefix,
+        return_all=return_all, drop_finished=drop,
     )  # fmt: skip
     return tuple(np.asarray(x) for x in expected), got, step
 
@@ -242,7 +242,7 @@ def test_more_top_tokens_than_needed_give_the_same_answers(models):
 def test_a_step_with_too_few_top_tokens_is_refused(models):
     step = DroppingStep(models["random"], _sources(0), 10, 2, top_k=3)
     with pytest.raises(ValueError, match="K >= 4"):
-        litert_search.search(step, 5, 2, 10, None, 0.6)
+        litert_search.search(step, litert_search.Settings(2, 0.6), 10, np.full(5, 10))
 
 
 def test_constants_are_the_packages():
@@ -342,8 +342,9 @@ def test_constrained_search_gives_the_graphs_answers(models, model_name, k, alph
     buffer, caps = source_ids.shape[1] + extra, (source_ids != 0).sum(1) + extra
     step = WantedStep(model, source_ids, buffer, k, 2 * k + 1)
     *got, met = litert_search.search(
-        step, len(source_ids), k, buffer, caps, alpha, return_all=True, constraints=constraints
-    )
+        step, litert_search.Settings(k, alpha), buffer, caps, return_all=True,
+        constraints=constraints,
+    )  # fmt: skip
     np.testing.assert_array_equal(met, np.asarray(expected.constraints_met))
     assert met.tolist()[3:] == [True, False]  # no constraint: met; BOS: never
     assert step.kept, "settled sentences were dropped"

@@ -21,6 +21,7 @@ from keras_transformer.data.shortlist import SPECIAL_IDS, batch_shortlist
 from keras_transformer.decoding.shortlist import row_shortlists
 from keras_transformer.errors import UsageError
 from keras_transformer.export.litert import export_litert
+from keras_transformer.export.plan import ExportPlan
 
 pytest.importorskip("ai_edge_litert")
 
@@ -213,8 +214,8 @@ def test_the_output_columns_are_the_projections_columns(kind):
 
 def test_export_refuses_a_table_of_another_vocabulary(copy_model, toy_spm_bytes, tmp_path):
     with pytest.raises(UsageError, match="source rows"):
-        export_litert(copy_model, toy_spm_bytes, str(tmp_path / "x"),
-                      shortlist=_full_table(copy_model.vocab_size + 1))  # fmt: skip
+        plan = ExportPlan(shortlist=_full_table(copy_model.vocab_size + 1))
+        export_litert(copy_model, toy_spm_bytes, str(tmp_path / "x"), plan)
     assert not os.path.exists(tmp_path / "x")
 
 
@@ -235,8 +236,14 @@ def listed_dirs(copy_model, toy_spm_bytes, _shared_root):
 
     def export(base):
         for q in quantizations:
-            export_litert(copy_model, toy_spm_bytes, str(base / q), q, fx.EXPORT_DATA, settings,
-                          shortlist=table, constraints=True)  # fmt: skip
+            plan = ExportPlan(
+                quantization=q,
+                settings=settings,
+                data=fx.EXPORT_DATA,
+                shortlist=table,
+                constraints=True,
+            )
+            export_litert(copy_model, toy_spm_bytes, str(base / q), plan)
 
     base = shared_directory(_shared_root, "litert_shortlist_copy_model", export)
     return {q: str(base / q) for q in quantizations}
@@ -462,8 +469,13 @@ def test_an_untied_projection_gathers_its_own_columns(toy_spm_bytes, tmp_path, m
     texts = fx.NORMAL
     for quantization in ("float32", "dynamic_int8"):
         path = str(tmp_path / quantization)
-        export_litert(model, toy_spm_bytes, path, quantization, fx.EXPORT_DATA, settings,
-                      shortlist=_full_table(vocab))  # fmt: skip
+        plan = ExportPlan(
+            quantization=quantization,
+            settings=settings,
+            data=fx.EXPORT_DATA,
+            shortlist=_full_table(vocab),
+        )
+        export_litert(model, toy_spm_bytes, path, plan)
         plain, listed = litert.load(path), litert.load(path, shortlist=True)
         a, b = plain.translate_nbest(texts), listed.translate_nbest(texts)
         if quantization == "float32":

@@ -293,8 +293,7 @@ def test_exported_shortlist_serves(copy_model, toy_spm_bytes, tmp_path):
     cat = fx.encode_sources(["cat"])[0, :-1].tolist()
     table = _identity_table(copy_model.vocab_size, without=cat)
     path = export_saved_model(
-        copy_model, toy_spm_bytes, fx.EXPORT_DECODE, fx.EXPORT_DATA, str(tmp_path), "toy",
-        shortlist=table,
+        copy_model, toy_spm_bytes, fx.export_plan(shortlist=table), str(tmp_path), "toy",
     )  # fmt: skip
     loaded = tf.saved_model.load(path)
     texts = tf.constant(["red apple cat", "blue"])
@@ -514,9 +513,9 @@ def test_a_run_scores_and_exports_over_one_current_shortlist(tmp_path, monkeypat
 
     export_saved_model = export_package.export_saved_model
 
-    def exporting(*args, **kwargs):
-        exported.append(kwargs.get("shortlist"))
-        return export_saved_model(*args, **kwargs)
+    def exporting(model, tokenizer, plan, *args, **kwargs):
+        exported.append(plan.shortlist)
+        return export_saved_model(model, tokenizer, plan, *args, **kwargs)
 
     monkeypatch.setattr(final_model, "evaluate_bleu", recording(chosen))
     monkeypatch.setattr(finish, "evaluate_bleu", recording(scored))

@@ -29,10 +29,11 @@ References:
     Rewriting" (NAACL).
 """
 
+from typing import Any, NamedTuple
+
 from keras import ops
 
 from keras_transformer import constraint_rules as rules
-from keras_transformer.config import EOS_ID, DecodingSettings
 from keras_transformer.decoding.beams import (
     BeamState,
     DecodingResult,
@@ -113,8 +114,25 @@ def _candidates(state, progress, log_probs, constraints, token_ids):
     )  # fmt: skip
 
 
-def _constrained_step(state, progress, step_fn, k, caps, alpha, eos_id, constraints, token_ids):
-    """One token more for every alive beam: the next `(BeamState, progress)`."""
+class _Loop(NamedTuple):
+    """What every step of one constrained search reads, the same at each: the next-token
+    function, the beams per input `k`, each input's length limit `caps` int `[batch]`, the
+    length penalty's `alpha`, the EOS id, the constraints int `[batch, C, P]` and the
+    shortlist's `token_ids` (None: the whole vocabulary)."""
+
+    step_fn: Any
+    k: int
+    caps: Any
+    alpha: float
+    eos_id: int
+    constraints: Any
+    token_ids: Any
+
+
+def _constrained_step(state, progress, loop):
+    """One token more for every alive beam (`loop`: a `_Loop`): the next `(BeamState,
+    progress)`."""
+    step_fn, k, caps, alpha, eos_id, constraints, token_ids = loop
     log_probs, cache = step_fn(flatten_beams(state.alive_seqs), state.index, state.cache)
     log_probs = unflatten_beams(ops.cast(log_probs, "float32"), k)  # [batch, k, vocab]
     length = state.index + 1
@@ -130,7 +148,7 @@ def _constrained_step(state, progress, step_fn, k, caps, alpha, eos_id, constrai
     values = ops.where(rules.earlier_same(KERAS, beams, columns), NEG_INF, values)  # [batch, M]
     tokens = columns if token_ids is None else ops.take(token_ids, columns, axis=0)
     chosen, new_progress = rules.choose(
-        KERAS, state.alive_seqs, state.index, progress, values, beams, tokens, constraints, k
+        KERAS, state.alive_seqs, state.index, progress, (values, beams, tokens), constraints, k
     )
 
     def take(x):
@@ -177,15 +195,14 @@ def _continues(state, max_length, max_penalty):
 
 
 def constrained_beam_search(
-    step_fn, initial_ids, initial_state, beam_size, max_length, constraints,
-    alpha=DecodingSettings.alpha, eos_id=EOS_ID, max_lengths=None, return_all=False,
-    token_ids=None,
-):  # fmt: skip
+    search, settings, max_length, constraints, max_lengths=None, return_all=False, token_ids=None
+):
     """`decoding.search.beam_search` whose outputs meet lexical constraints (module docstring).
 
     Args:
-        step_fn, initial_ids, initial_state, beam_size, max_length, alpha, eos_id, max_lengths,
-            return_all, token_ids: as `beam_search`'s (`beam_size` 1 included).
+        search: `(step_fn, initial_ids, initial_state)`, as `beam_search`'s first three.
+        settings: the `DecodingSettings`: its `beam_size` (1 included), `alpha` and `eos_id`.
+        max_length, max_lengths, return_all, token_ids: as `beam_search`'s.
         constraints: int `[batch, C, P]`, 0-padded piece ids (`P` >= 1); rows of zeros are no
             constraint, an input without any searches as `beam_search` does.
 
@@ -195,24 +212,20 @@ def constrained_beam_search(
         the length limit, or the search ended first), the outputs are the best alive hypotheses
         and meet nothing for sure: `translate_ids` answers those inputs unconstrained.
     """
-    k = int(beam_size)
+    step_fn, initial_ids, initial_state = search
+    k, alpha = int(settings.beam_size), settings.alpha
     if k < 1:
-        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
+        raise ValueError(f"beam_size must be at least 1, got {settings.beam_size}")
     constraints = ops.cast(ops.convert_to_tensor(constraints), "int32")
     caps = _output_caps(initial_ids, max_length, max_lengths)  # [batch]
     batch = ops.shape(caps)[0]
     max_penalty = length_penalty(caps, alpha)
     state = _initial_beam_state(initial_ids, initial_state, k, max_length, batch)
     progress = ops.zeros((batch, k, _dim(constraints, 1)), "int32")
-
-    def body(state, progress):
-        return _constrained_step(
-            state, progress, step_fn, k, caps, alpha, eos_id, constraints, token_ids
-        )
-
+    loop = _Loop(step_fn, k, caps, alpha, settings.eos_id, constraints, token_ids)
     state, _ = ops.while_loop(
         lambda state, progress: _continues(state, max_length, max_penalty),
-        body,
+        lambda state, progress: _constrained_step(state, progress, loop),
         (state, progress),
     )
     met = rules.constraints_met(KERAS, state.finished_flags, constraints)

@@ -407,7 +407,7 @@ def translate_ids(
     if constraints is not None:
         again = (model, source_ids, settings, max_length, use_cache, return_all, prefix_ids, seed)
         again += (kernels, shortlist)  # translate_ids' arguments, for the unconstrained answers
-        return _constrained_translation(search, k, buffer, constraints, caps, token_ids, again)
+        return _constrained_translation(search, buffer, constraints, caps, token_ids, again)
     if k > 1:
         return beam_search(
             *search, k, buffer, settings.alpha, settings.eos_id, max_lengths=caps,
@@ -443,7 +443,7 @@ def _shortlist_columns(shortlist, source_ids, extra):
     return row_shortlists(shortlist.translations, shortlist.frequent, source_ids, extra)
 
 
-def _constrained_translation(search, k, buffer, constraints, caps, token_ids, arguments):
+def _constrained_translation(search, buffer, constraints, caps, token_ids, arguments):
     """`translate_ids`' `ConstrainedResult`: the constrained beam search, and for the inputs
     whose constraints it could not meet, `translate_ids(*arguments)`'s answers (`arguments`:
     the call's, without constraints; a fresh search with its own caches, as the first one owned
@@ -452,8 +452,8 @@ def _constrained_translation(search, k, buffer, constraints, caps, token_ids, ar
     if settings.sampling:
         raise ValueError("constraints need beam search, not sampling (sampling_topk > 0)")
     result, met = constrained_beam_search(
-        *search, k, buffer, constraints, settings.alpha, settings.eos_id, max_lengths=caps,
-        return_all=return_all, token_ids=token_ids,
+        search, settings, buffer, constraints, max_lengths=caps, return_all=return_all,
+        token_ids=token_ids,
     )  # fmt: skip
 
     def merged():

@@ -8,7 +8,7 @@ The directory holds:
 - `decoder_step.tflite`: one token of every hypothesis against the runtime's caches
   (`keras_transformer.export.litert_graphs` has the contract);
 - `spm.model`, the SentencePiece model;
-- with a vocabulary shortlist (`export_litert(shortlist=...)`, `export --format litert
+- with a vocabulary shortlist (`ExportPlan(shortlist=...)`, `export --format litert
   --shortlist`): `decoder_step_shortlist.tflite`, the step over a batch's shortlist alone, and
   `shortlist.npz`, the lexical table (`keras_transformer.data.shortlist`) the runtime makes
   each batch's shortlist from (with `litert.load(..., shortlist=True)`), and
@@ -20,7 +20,7 @@ The directory holds:
   int8 model of the columns it writes once per batch (`keras_transformer.litert.projection`),
   and `shortlist_head.tflite` (`litert_graphs.gathered_head_function`) gives the scores.
   The step without it stays, unchanged;
-- for hard lexical constraints (`export_litert(constraints=True)`):
+- for hard lexical constraints (`ExportPlan(constraints=True)`):
   `decoder_step_constrained.tflite`, the step that also gives the log-probabilities of the
   ids the runtime asks for (`litert_graphs.constrained_step_function`), with which
   `LiteRTTranslator.translate_constrained` searches; the step without it stays, unchanged;
@@ -29,7 +29,7 @@ The directory holds:
   the constrained step with an `output_mask` over its own product,
   `litert_graphs.constrained_step_function(..., masked=True)`), with which it searches when
   loaded with `shortlist=True`;
-- for word alignments (`export_litert(alignments=True)`, `export --format litert
+- for word alignments (`ExportPlan(alignments=True)`, `export --format litert
   --alignments`): `alignment.tflite`, `source_ids` int32 `[B, S]` and the final hypotheses'
   `target_ids` int32 `[B, T]` -> `pieces` int32 `[B, T]`, the source piece each target piece
   attends to most in the chosen decoder layer's cross-attention averaged over heads
@@ -61,9 +61,9 @@ import os
 import shutil
 
 from keras_transformer import stopping
-from keras_transformer.config import DecodingSettings
 from keras_transformer.config.formats import check_quantization
 from keras_transformer.errors import UsageError
+from keras_transformer.export.plan import ExportPlan
 from keras_transformer.workdir import staging_directory
 
 METADATA_FILE = "keras_transformer.json"
@@ -91,7 +91,7 @@ RUNTIME_FUNCTIONS = {
     },
     "translate_prefix": {"inputs": ["text", "prefix"], "outputs": ["translation", "score"]},
 }
-# With the constrained step (`export_litert(constraints=True)`).
+# With the constrained step (`ExportPlan(constraints=True)`).
 CONSTRAINED_FUNCTION = {
     "translate_constrained": {
         "inputs": ["text", "constraints"],
@@ -276,15 +276,8 @@ def _alignment_function(model, layer, settings):
     return tf.function(align, input_signature=specs, autograph=False)
 
 
-def _metadata(model, settings, quantization, data_config, top_k, calibration, outputs):
+def _metadata(model, settings, quantization, lengths, top_k, calibration, outputs):
     from keras_transformer.search_rules import DEFAULT_CALIBRATION
-
-    def field(key, default):
-        if data_config is None:
-            return default
-        if isinstance(data_config, dict):
-            return data_config.get(key, default)
-        return getattr(data_config, key, default)
 
     return {
         "format": "litert",
@@ -299,8 +292,8 @@ def _metadata(model, settings, quantization, data_config, top_k, calibration, ou
         "vocab_size": model.vocab_size,
         "top_k": top_k,
         "outputs": outputs,
-        "max_source_length": int(field("max_source_length", 128)),
-        "max_length": field("max_target_length", None),
+        "max_source_length": lengths[0],
+        "max_length": lengths[1],
         "decoding": {
             "beam_size": settings.beam_size,
             "alpha": settings.alpha,
@@ -316,20 +309,9 @@ def _metadata(model, settings, quantization, data_config, top_k, calibration, ou
 
 
 def export_litert(
-    model,
-    tokenizer,
-    output_dir,
-    quantization="float32",
-    data_config=None,
-    settings=None,
-    card_facts=None,
-    calibration=None,
-    dev_pairs=None,
-    shortlist=None,
-    constraints=False,
-    alignments=False,
-    alignment_layer=-2,
-):
+    model, tokenizer, output_dir, plan=ExportPlan(format="litert"), card_facts=None,
+    calibration=None, dev_pairs=None,
+):  # fmt: skip
     """Exports `model` as a LiteRT directory (module docstring) that
     `keras_transformer.litert.load` translates with.
 
@@ -337,28 +319,26 @@ def export_litert(
         model: a trained `Transformer` (TensorFlow backend, float32 weights).
         tokenizer: SentencePiece model bytes, or an object with `.model_proto`.
         output_dir: the directory to create (it must not exist or be empty).
-        quantization: `float32`, `float16` or `dynamic_int8`.
-        data_config: `DataConfig` (or dict): `max_source_length` (inputs are truncated to it)
-            and `max_target_length` (the longest output, EOS included).
-        settings: the `DecodingSettings` fixed in the export (beam size, length penalty, n-best,
-            extra length, batch size); sampling is not exported.
+        plan: the `ExportPlan` it serves (its `format` is not read): `quantization`,
+            `float32` (None too), `float16` or `dynamic_int8`; `data`, a `DataConfig` (or
+            dict): `max_source_length` (inputs are truncated to it) and `max_target_length`
+            (the longest output, EOS included); `settings`, the `DecodingSettings` fixed in the
+            export (beam size, length penalty, n-best, extra length, batch size; sampling is
+            not exported); `shortlist`, a vocabulary shortlist's lexical table (`keras_
+            transformer.data.shortlist.LexicalTable`, a row per piece of the model's
+            vocabulary): the export also holds the shortlist step and the table (module
+            docstring), which the runtime decodes with when asked (`litert.load(path,
+            shortlist=True)`), None: neither; `constraints`, also the constrained step (module
+            docstring) for `LiteRTTranslator.translate_constrained` (hard lexical
+            constraints); `alignments`, also the alignment graph (module docstring) for
+            `LiteRTTranslator.translate(texts, alignments=True)`, of the decoder layer
+            `alignment_layer` (-2: the second-to-last, a one-layer decoder's only one).
         card_facts: the training side of the model card (`export.card.card_facts`).
         calibration: the confidence's map (`Translator.set_calibration`'s three numbers);
             None: the default map, or the one fitted on `dev_pairs`.
         dev_pairs: `[(source, reference), ...]`: the first 1,000 are translated by this export
             itself (with `keras_transformer.litert`, when installed) to fit the confidence
             against sentence chrF, as the SavedModel's export does, and to time it for the card.
-        shortlist: a vocabulary shortlist's lexical table (`keras_transformer.data.shortlist.
-            LexicalTable`, a row per piece of the model's vocabulary): the export also holds
-            the shortlist step and the table (module docstring), which the runtime decodes
-            with when asked (`litert.load(path, shortlist=True)`). None: neither.
-        constraints: also the constrained step (module docstring), for
-            `LiteRTTranslator.translate_constrained` (hard lexical constraints).
-        alignments: also the alignment graph (module docstring), for
-            `LiteRTTranslator.translate(texts, alignments=True)` (the config's
-            `export.alignments`).
-        alignment_layer: the decoder layer whose cross-attention aligns (`export.
-            alignment_layer`; -2: the second-to-last, a one-layer decoder's only one).
 
     Returns:
         `output_dir`.
@@ -366,9 +346,10 @@ def export_litert(
     from keras_transformer.export.alignment_graph import alignment_layer as resolve_layer
     from keras_transformer.export.translator import _model_proto
 
+    quantization, shortlist = plan.quantization or "float32", plan.shortlist
     _check(model, quantization)
-    layer = resolve_layer(model, alignment_layer) if alignments else None
-    settings = (DecodingSettings() if settings is None else settings).without_sampling()
+    layer = resolve_layer(model, plan.alignment_layer) if plan.alignments else None
+    settings = plan.settings.without_sampling()
     if os.path.isdir(output_dir) and os.listdir(output_dir):
         raise UsageError(f"{output_dir} already exists and is not empty: choose another --output")
     if shortlist is not None and shortlist.vocab_size != model.vocab_size:
@@ -378,15 +359,15 @@ def export_litert(
         )
     spm_bytes = _model_proto(tokenizer)
     graphs, top_k = convert_graphs(
-        model, settings, quantization, shortlist is not None, constraints, layer
+        model, settings, quantization, shortlist is not None, plan.constraints, layer
     )
     (encoder, encoder_outputs), (step, step_outputs) = graphs["encoder"], graphs["decoder_step"]
     outputs = {"encoder": encoder_outputs, "decoder_step": step_outputs}
-    metadata = _metadata(model, settings, quantization, data_config, top_k, calibration, outputs)
+    metadata = _metadata(model, settings, quantization, plan.lengths, top_k, calibration, outputs)
     files = {ENCODER_FILE: encoder, STEP_FILE: step, SPM_FILE: spm_bytes}
     files.update(_optional_graphs(graphs, shortlist, metadata, model, quantization))
-    functions = dict(RUNTIME_FUNCTIONS, **(CONSTRAINED_FUNCTION if constraints else {}))
-    if alignments:
+    functions = dict(RUNTIME_FUNCTIONS, **(CONSTRAINED_FUNCTION if plan.constraints else {}))
+    if plan.alignments:
         metadata["alignments"] = {"graph": ALIGNMENT_FILE, "layer": layer}
         files[ALIGNMENT_FILE], metadata["outputs"]["alignment"] = graphs["alignment"]
         translate = functions["translate"]

@@ -52,6 +52,16 @@ class ExportPlan:
     constraints: bool = False
 
     @property
+    def lengths(self):
+        """`(max_source_length, max_length)` of `data` (a `DataConfig` or a dict; missing: 128
+        and None): inputs are truncated to the first; the second is the longest output, EOS
+        included (as in the dev-set decoding during training: no longer than the targets)."""
+        data = {} if self.data is None else self.data
+        if isinstance(data, dict):
+            return int(data.get("max_source_length", 128)), data.get("max_target_length")
+        return int(getattr(data, "max_source_length", 128)), getattr(data, "max_target_length")
+
+    @property
     def searched_shortlist(self):
         """The lexical table the export's own search decodes over (a SavedModel's `shortlist`;
         another format holds its table for its runtime to use when asked: None, the whole
@@ -140,17 +150,9 @@ def run_export(plan, model, tokenizer, output, name=None, card=(None, None)):
     exporter = getattr(importlib.import_module(module), function)
     facts, dev_pairs = card
     if plan.format == "saved_model":
-        return exporter(
-            model, tokenizer, plan.settings, plan.data, output, name, facts, dev_pairs,
-            jit_compile=plan.jit_compile, shortlist=plan.shortlist, alignments=plan.alignments,
-            alignment_layer=plan.alignment_layer, precision=plan.quantization,
-        )  # fmt: skip
+        return exporter(model, tokenizer, plan, output, name, facts, dev_pairs)
     if plan.format == "litert":
-        return exporter(
-            model, tokenizer, output, plan.quantization or "float32", plan.data, plan.settings,
-            facts, dev_pairs=dev_pairs, shortlist=plan.shortlist, constraints=plan.constraints,
-            alignments=plan.alignments, alignment_layer=plan.alignment_layer,
-        )  # fmt: skip
+        return exporter(model, tokenizer, output, plan, facts, dev_pairs=dev_pairs)
     # A converted model (CTranslate2's, or a registered format's): this call.
     return exporter(
         model, tokenizer, output, plan.quantization, plan.data, plan.settings,

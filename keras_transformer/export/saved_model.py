@@ -11,10 +11,10 @@ import tensorflow as tf
 
 from keras_transformer import glossary as glossaries
 from keras_transformer import stopping
-from keras_transformer.config import DecodingSettings
 from keras_transformer.export import calibration as calib
 from keras_transformer.export.card import build_card, write_card
 from keras_transformer.export.card import card_facts as facts_of_workdir
+from keras_transformer.export.plan import ExportPlan
 from keras_transformer.export.translator import Translator
 from keras_transformer.export.warmup import (
     sentence_of_length,
@@ -63,46 +63,23 @@ def resolve_model_dir(path):
     raise FileNotFoundError(f"no SavedModel (saved_model.pb or numbered versions) in {path}")
 
 
-def _field(config, key, default):
-    if config is None:
-        return default
-    if isinstance(config, dict):
-        return config.get(key, default)
-    return getattr(config, key, default)
-
-
-def export_translator(
-    model,
-    tokenizer,
-    settings=None,
-    data_config=None,
-    jit_compile=False,
-    shortlist=None,
-    alignments=False,
-    alignment_layer=-2,
-    precision="float32",
-):
-    """The `Translator` that `export_saved_model` saves, with the same decoding settings.
-
-    `settings`, `data_config`, `jit_compile`, `shortlist`, `alignments`, `alignment_layer` and
-    `precision` are as in `export_saved_model`;
-    use it to decode with exactly the graph an export would serve (e.g.
-    `benchmarks/decode_sweep.py`).
+def export_translator(model, tokenizer, plan=ExportPlan()):
+    """The `Translator` that `export_saved_model` saves of `plan` (an `ExportPlan`: its decoding
+    settings, length limits, XLA, shortlist, alignments and their layer, precision); use it to
+    decode with exactly the graph an export would serve (e.g. `benchmarks/decode_sweep.py`).
     """
-    if settings is not None and not isinstance(settings, DecodingSettings):
-        settings = DecodingSettings(**settings)  # a mapping of its fields
+    max_source_length, max_length = plan.lengths
     return Translator(
         model,
         tokenizer,
-        settings,
-        max_source_length=_field(data_config, "max_source_length", 128),
-        # As in the dev-set decoding during training: no output longer than the training targets.
-        max_length=_field(data_config, "max_target_length", None),
-        jit_compile=jit_compile,
-        shortlist=shortlist,
-        alignments=alignments,
-        alignment_layer=alignment_layer,
-        precision=precision,
+        plan.settings,
+        max_source_length=max_source_length,
+        max_length=max_length,
+        jit_compile=plan.jit_compile,
+        shortlist=plan.shortlist,
+        alignments=plan.alignments,
+        alignment_layer=plan.alignment_layer,
+        precision=plan.quantization or "float32",
     )
 
 
@@ -111,20 +88,9 @@ MAX_CALIBRATION_SENTENCES = 1000
 
 
 def export_saved_model(
-    model,
-    tokenizer,
-    settings=None,
-    data_config=None,
-    base_dir="saved_models",
-    name="model",
-    card_facts=None,
+    model, tokenizer, plan=ExportPlan(), base_dir="saved_models", name="model", card_facts=None,
     dev_pairs=None,
-    jit_compile=False,
-    shortlist=None,
-    alignments=False,
-    alignment_layer=-2,
-    precision="float32",
-):
+):  # fmt: skip
     """Exports `Translator(model, tokenizer)` as the next version of `base_dir/name`.
 
     The SavedModel has five signatures (more with sampling, alignments or glossary tags; see
@@ -152,11 +118,19 @@ def export_saved_model(
     Args:
         model: a `Transformer` (TensorFlow backend).
         tokenizer: `keras_transformer.data.Tokenizer` (or SentencePiece model bytes).
-        settings: the `DecodingSettings` fixed into the graph (`config.decoding_settings(config,
-            export=True)`; or a dict of its fields; None: the defaults). With sampling on
-            (`sampling_topk > 0`) the export adds the `translate_sample` signature.
-        data_config: `DataConfig` (or dict): `max_source_length` (inputs are truncated to it)
-            and `max_target_length` (the longest output, EOS included).
+        plan: the `ExportPlan` it serves (`export.plan.resolve_export_plan`; its `format` is
+            not read): `settings`, the `DecodingSettings` fixed into the graph (with sampling
+            on, `sampling_topk > 0`, the export adds the `translate_sample` signature); `data`,
+            a `DataConfig` (or dict): `max_source_length` (inputs are truncated to it) and
+            `max_target_length` (the longest output, EOS included); `jit_compile`, the search
+            compiled with XLA (`Translator`'s: faster on CPUs, a compile per new input shape,
+            and TF Serving needs `--xla_cpu_compilation_enabled=true` to run it on a CPU);
+            `shortlist`, a vocabulary shortlist's `LexicalTable` the searching signatures decode
+            over (None: the whole vocabulary); `alignments`, `serving_default` also returns each
+            translation's word `alignment` (one more forward pass per request) from the decoder
+            layer `alignment_layer` (-2: the second-to-last); `quantization`, the precision:
+            None or "float32" (the model as given) or "bfloat16" (weights held and multiplied
+            in bfloat16, faster on CPUs with AVX512-BF16 or AMX, answers within its rounding).
         base_dir: directory holding the named models.
         name: the model's name (TF Serving's `--model_name`).
         card_facts: the training side of the model card (`keras_transformer.export.card.
@@ -164,45 +138,19 @@ def export_saved_model(
         dev_pairs: `[(source, reference), ...]`; the first `MAX_CALIBRATION_SENTENCES` calibrate
             the confidence against sentence chrF and time the decoding. None keeps the default
             map (`Translator.set_calibration`) and leaves the speed unmeasured.
-        jit_compile: compile the search with XLA (`Translator`'s `jit_compile`; the config's
-            `export.jit_compile`): faster on CPUs, a compile per new input shape, and TF
-            Serving needs `--xla_cpu_compilation_enabled=true` to run it on a CPU.
-        shortlist: a vocabulary shortlist's lexical table (`keras_transformer.data.shortlist.
-            LexicalTable`; the config's `export.shortlist`): the searching signatures decode
-            over each batch's shortlist (`Translator`'s `shortlist`). None: the whole
-            vocabulary.
-        alignments: `serving_default` also returns each translation's word `alignment` (the
-            config's `export.alignments`; `Translator`'s `alignments`): one more forward pass
-            per request. Off: `serving_default` runs the search alone.
-        alignment_layer: the decoder layer whose cross-attention aligns (`export.
-            alignment_layer`; -2: the second-to-last).
-        precision: "float32" (the default: the model as given) or "bfloat16" (the config's
-            `export.precision`; `Translator`'s `precision`): weights held and multiplied in
-            bfloat16, faster on CPUs with AVX512-BF16 or AMX, answers within its rounding.
 
     Returns:
         The path of the new version directory, e.g. `saved_models/quickstart/3`.
 
     Example:
     ```python
-    settings = decoding_settings(config, export=True)
-    path = export_saved_model(model, tokenizer, settings, config.data, "saved_models",
-                              "quickstart")
+    plan = ExportPlan(settings=decoding_settings(config, export=True), data=config.data)
+    path = export_saved_model(model, tokenizer, plan, "saved_models", "quickstart")
     ```
     """
     if not name or os.sep in str(name) or str(name) in (".", ".."):
         raise ValueError(f"invalid model name {name!r}")
-    translator = export_translator(
-        model,
-        tokenizer,
-        settings,
-        data_config,
-        jit_compile,
-        shortlist,
-        alignments,
-        alignment_layer,
-        precision,
-    )
+    translator = export_translator(model, tokenizer, plan)
     stopping.check(PHASE)
     calibration, speed = _calibrate(translator, dev_pairs)
     stopping.check(PHASE)

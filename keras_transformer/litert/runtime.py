@@ -24,7 +24,7 @@ would not fit: to twice their length, or to the chunk's longest output (its sour
 copies the written positions into the longer layout and resizes the step (about a step's
 cost). `cache_bucket=0` sizes them for the longest output at once. The answers are the same.
 
-Vocabulary shortlist: an export made with one (`export_litert(shortlist=...)`) decodes over it
+Vocabulary shortlist: an export made with one (`ExportPlan(shortlist=...)`) decodes over it
 when loaded with `shortlist=True`: each chunk's shortlist is the lexical table's translations of
 its source pieces, the table's frequent pieces, the special ids and the chunk's prefix and
 constraint pieces (`keras_transformer.lexical_table.batch_shortlist`), and no other piece can be
@@ -54,7 +54,7 @@ still takes the chunk's `[vocab]` mask, every row decoded over the chunk's union
 Each is set once per chunk (and again when the step's inputs are resized), never per step,
 and follows the live rows when settled sentences are dropped (`graphs.DecoderStep.keep`).
 
-Lexical constraints: an export made with its constrained step (`export_litert(constraints=
+Lexical constraints: an export made with its constrained step (`ExportPlan(constraints=
 True)`) answers `translate_constrained` (and `translate(texts, constraints=...)`) as the
 SavedModel's signature does: the constraints tokenized as it tokenizes them, the constrained
 beam search of `keras_transformer.litert.search` (`keras_transformer.constraint_rules`' rules,
@@ -65,7 +65,7 @@ over the chunk's shortlist (which holds every constraint piece) with the export'
 shortlist step (made when it has both), each wanted piece given as its shortlist column (as
 itself over a mask).
 
-Word alignments: an export made with its alignment graph (`export_litert(alignments=True)`)
+Word alignments: an export made with its alignment graph (`ExportPlan(alignments=True)`)
 answers `translate(texts, alignments=True)` as the SavedModel's `Translator.translate(texts,
 alignments=True)` does: after each chunk's search, one pass of the alignment graph over the
 sources and their translations gives the source piece each target piece attends to most, and
@@ -94,7 +94,7 @@ from keras_transformer.litert.graphs import (
     GatheredHead,
     LiteRTError,
 )
-from keras_transformer.litert.search import NEG_INF, search
+from keras_transformer.litert.search import NEG_INF, Settings, search
 from keras_transformer.markup import markup_answer
 from keras_transformer.special_ids import UNK_ID
 from keras_transformer.translating import TranslatorInterface, refusal
@@ -191,7 +191,8 @@ class LiteRTTranslator(TranslatorInterface):
         with open(os.path.join(path, METADATA_FILE), encoding="utf-8") as f:
             self.metadata = meta = json.load(f)
         self.path = path
-        self.settings = meta["decoding"]
+        self.settings = s = meta["decoding"]
+        self._search_settings = Settings(s["beam_size"], s["alpha"], s["eos_id"], s["bos_id"])
         self.max_source_length = int(meta["max_source_length"])
         self.max_length = meta.get("max_length")
         self.calibration = meta["calibration"]
@@ -499,7 +500,7 @@ class LiteRTTranslator(TranslatorInterface):
         the unconstrained search of the chunk (as `translate_ids` answers them)."""
         s, (encoder, step) = self.settings, engines[:2]
         source = _padded(sources, s["pad_id"])
-        c, s_len = source.shape
+        s_len, settings = source.shape[1], self._search_settings
         buffer = s_len + s["max_extra_length"]
         if self.max_length is not None:
             buffer = min(buffer, int(self.max_length))
@@ -526,16 +527,10 @@ class LiteRTTranslator(TranslatorInterface):
         cross = encoder(source)
         if constraints is None:
             step.start(cross, source != s["pad_id"], buffer, columns)
-            return search(
-                step, c, s["beam_size"], buffer, caps, s["alpha"], s["eos_id"], s["bos_id"],
-                prefix=prefix_matrix, return_all=True,
-            )  # fmt: skip
+            return search(step, settings, buffer, caps, prefix=prefix_matrix, return_all=True)
         step = self._constrained_step(engines)
         step.start(cross, source != s["pad_id"], buffer, columns, wanted=constraints.shape[1])
-        found = search(
-            step, c, s["beam_size"], buffer, caps, s["alpha"], s["eos_id"], s["bos_id"],
-            return_all=True, constraints=constraints,
-        )  # fmt: skip
+        found = search(step, settings, buffer, caps, return_all=True, constraints=constraints)
         met = found[3]
         if met.all():
             return found

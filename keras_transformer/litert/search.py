@@ -91,22 +91,31 @@ def length_penalty(length, alpha):
     return np.power((_OFFSET + length) / _DIVISOR, np.float32(alpha))
 
 
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What the search reads of the decoding settings an export fixes (its metadata's
+    `decoding`): the beams per sentence (1: greedy search), the length-penalty exponent
+    (>= 0) and the special ids."""
+
+    beam_size: int = 1
+    alpha: float = 0.0
+    eos_id: int = EOS_ID
+    bos_id: int = BOS_ID
+
+
 def search(
-    step, batch, beam_size, max_length, caps, alpha, eos_id=EOS_ID, bos_id=BOS_ID, prefix=None,
-    return_all=False, drop_finished=True, constraints=None,
+    step, settings, max_length, caps, prefix=None, return_all=False, drop_finished=True,
+    constraints=None,
 ):  # fmt: skip
-    """Greedy search (`beam_size` 1) or beam search over `step` (module docstring), with the
-    answers of `keras_transformer.decoding.translate_ids`.
+    """Greedy search (`settings.beam_size` 1) or beam search over `step` (module docstring),
+    with the answers of `keras_transformer.decoding.translate_ids`.
 
     Args:
-        step: the decoder step, already holding `batch` sentences (`batch * beam_size` rows).
-        batch: number of sentences.
-        beam_size: beams per sentence (1: greedy search).
+        step: the decoder step, already holding the sentences (`batch * beam_size` rows).
+        settings: `Settings`: beam size, length penalty, special ids.
         max_length: most tokens generated per sentence, EOS included; the output's length.
-        caps: int `[batch]`, each sentence's own limit (source length + max_extra_length): EOS
-            is forced there. None: `max_length` for all.
-        alpha: length-penalty exponent (>= 0).
-        eos_id, bos_id: the special ids.
+        caps: int `[batch]`, each sentence's own limit (source length + max_extra_length, at
+            most `max_length`): EOS is forced there.
         prefix: optional int `[batch, p]`, 0-padded: output i starts with row i's ids, forced at
             log p 0 (the search goes on after them).
         return_all: every beam's finished hypothesis (n-best), best first.
@@ -126,13 +135,13 @@ def search(
         constraints (as `constrained_beam_search`'s `met`; where they do not, the outputs are
         its best alive hypotheses: answer them unconstrained).
     """
-    k, max_length = int(beam_size), int(max_length)
+    k, max_length, alpha = int(settings.beam_size), int(max_length), settings.alpha
     if k < 1:
-        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
+        raise ValueError(f"beam_size must be at least 1, got {settings.beam_size}")
     if constraints is not None and prefix is not None:
         raise ValueError("constraints and a prefix cannot be searched together")
-    caps = np.full(batch, max_length) if caps is None else np.asarray(caps).reshape(batch)
-    caps = np.minimum(caps, max_length).astype(np.int32)  # [batch]
+    caps = np.minimum(np.asarray(caps).reshape(-1), max_length).astype(np.int32)  # [batch]
+    batch = len(caps)
     if prefix is not None:  # a 0 column: nothing forced past the end
         prefix = np.pad(np.asarray(prefix, np.int32).reshape(batch, -1), ((0, 0), (0, 1)))
     begin = _Greedy.start if k == 1 else _Beams.start
@@ -141,12 +150,12 @@ def search(
             batch, -1, np.shape(constraints)[-1]
         )
         begin = _Constrained.starter(constraints)
-    state = begin(np.arange(batch), caps, prefix, k, max_length, bos_id, alpha)
+    state = begin(np.arange(batch), caps, prefix, k, max_length, settings.bos_id, alpha)
     outputs = _Outputs(batch, k, max_length)
     drop = drop_finished and hasattr(step, "keep")
     index, done = 0, state.done()
     while index < max_length and not done.all():
-        state.advance(step, index, alpha, eos_id)
+        state.advance(step, index, alpha, settings.eos_id)
         index += 1
         done = state.done()
         settled = done & state.answered()  # [n] sentences whose answer cannot change
@@ -494,7 +503,7 @@ class _Constrained(_Beams):
         xp, (n, k) = rules.NUMPY, self.alive_log_probs.shape
         values, token_log_probs, beams, tokens = self._candidates(step, index, eos_id)
         chosen, new_progress = rules.choose(
-            xp, self.alive_seqs, index, self.progress, values, beams, tokens, self.constraints, k
+            xp, self.alive_seqs, index, self.progress, (values, beams, tokens), self.constraints, k
         )
         top = tuple(
             np.take_along_axis(x, chosen, axis=1) for x in (values, token_log_probs, beams, tokens)
