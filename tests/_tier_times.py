@@ -56,7 +56,9 @@ class TierTimes:
         self.seconds[path] = self.seconds.get(path, 0.0) + float(report.duration)
         self.tests.setdefault(path, set()).add(report.nodeid)
         start, stop = getattr(report, "start", None), getattr(report, "stop", None)
-        if start is not None and stop is not None:
+        # A test rescheduled after its worker was recycled is reported by the controller with
+        # no run of its own (`rerun`, start and stop 0): not a span of any worker.
+        if start and stop and stop >= start and getattr(report, "outcome", "") != "rerun":
             node = getattr(report, "node", None)  # xdist's controller: the worker it came from
             worker = getattr(getattr(node, "gateway", None), "id", None) or "main"
             self.spans.append((float(start), float(stop), worker, report.nodeid))

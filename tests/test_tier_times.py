@@ -133,6 +133,10 @@ def test_the_workers_time_outside_tests_is_split_into_start_up_gaps_and_the_tail
     for report in [_span("t.py::a", 10, 50, "gw0"), _span("t.py::c", 12, 80, "gw1"),
                    _span("t.py::b", 60, 100, "gw0")]:  # fmt: skip
         times.pytest_runtest_logreport(report)
+    # A test rescheduled after its worker was recycled: the controller's report has no run.
+    rerun = _span("t.py::d", 0, 0, "gw1")
+    rerun.outcome = "rerun"
+    times.pytest_runtest_logreport(rerun)
     lines = times.idle_lines(end=120.0)
     assert lines[0] == (
         "outside tests: 20 s of worker time before the first test, 12 s between tests "
