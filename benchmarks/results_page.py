@@ -219,6 +219,12 @@ COLUMNS = {
         first("pairs/s", "pairs_per_second"),
         labelled("ratio, same shards", ("", "ratio", "x"), ("same", "identical_shards", "")),
     ],
+    "ci_times": [
+        first("phase", "phase"),
+        first("s", "seconds"),
+        first("tests", "tests"),
+        first("peak GB", "peak_gb"),
+    ],
     "restart_cost": [
         labelled("strategy, way", ("", "strategy", ""), ("", "way", "")),
         first("position", "position"),
@@ -441,6 +447,7 @@ TITLES = {
     "translate_file": ("Translating a file against CTranslate2", "benchmarks/translate_file.py"),
     "prepare_workers": ("`prepare` with 1 and 2 workers", "benchmarks/prepare_workers.py"),
     "restart_cost": ("What a resume costs at steps 100 and 100,000", "benchmarks/restart_cost.py"),
+    "ci_times": ("CI's phases on 2 cores: seconds, tests, peak memory", "benchmarks/ci_times.py"),
     "profile_ops": ("Where a step's wall time goes", "benchmarks/profile_ops.py"),
     "serve_latency": (
         "Requests of 1 to 64 sentences through `serving_default`",
