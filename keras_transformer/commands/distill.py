@@ -17,6 +17,7 @@ from keras_transformer import distillation, local_files
 from keras_transformer.commands import flags, startup
 from keras_transformer.commands.lines import output_rows
 from keras_transformer.commands.train import load_command_config, train_command
+from keras_transformer.data.tokenizer import adopt_model
 from keras_transformer.errors import UsageError
 from keras_transformer.workdir import Workdir, join, read_json
 
@@ -64,21 +65,12 @@ def install_vocabulary(teacher, layout):
     """Copies the teacher's vocabulary to the student's `WORKDIR/spm.model` (where `prepare`
     takes an existing one as is: the teacher's shortlist and tokenization carry over); refuses
     a workdir that holds another vocabulary."""
-    from keras_transformer.data.tokenizer import copy_model
-
-    gfile = local_files.gfile()
-    with gfile.GFile(teacher.vocabulary, "rb") as f:
-        proto = f.read()
-    if gfile.exists(layout.spm):
-        with gfile.GFile(layout.spm, "rb") as f:
-            if f.read() != proto:
-                raise UsageError(
-                    f"{layout.spm} is not the teacher's vocabulary ({teacher.vocabulary}): use "
-                    "another --workdir"
-                )
-        return
-    gfile.makedirs(layout.root)
-    copy_model(teacher.vocabulary, layout.spm, proto)
+    local_files.gfile().makedirs(layout.root)
+    if not adopt_model(teacher.vocabulary, layout.spm):
+        raise UsageError(
+            f"{layout.spm} is not the teacher's vocabulary ({teacher.vocabulary}): use another "
+            "--workdir"
+        )
 
 
 def teacher_translation(teacher, beam_size, verbose=False):

@@ -208,6 +208,21 @@ def copy_model(source, destination, proto=None):
     return proto
 
 
+def adopt_model(source, destination):
+    """Makes `destination` the model `source` (`copy_model`, its `.vocab` included), or leaves it
+    where it is that model already; returns False, copying nothing, where `destination` holds
+    another model (a workdir whose vocabulary a parent or teacher must not replace).
+    `destination`'s directory must exist."""
+    gfile = local_files.gfile()
+    with gfile.GFile(source, "rb") as f:
+        proto = f.read()
+    if gfile.exists(destination):
+        with gfile.GFile(destination, "rb") as f:
+            return f.read() == proto
+    copy_model(source, destination, proto)
+    return True
+
+
 class Tokenizer:
     """A SentencePiece model applied in the TensorFlow graph (tensorflow-text).
 

@@ -20,6 +20,7 @@ import os
 
 from keras_transformer import hyper_parameters, local_files
 from keras_transformer.config import load_config
+from keras_transformer.data.tokenizer import adopt_model
 from keras_transformer.errors import ConfigError, first_line
 from keras_transformer.workdir import (
     CHECKPOINT_PATTERN,
@@ -116,19 +117,13 @@ def prepare_parent(config):
         return recorded
     parent = resolve_parent(config.train.init_from)
     check_compatible(config, parent)
-    layout, gfile = Workdir.of(config), _gfile()
-    with gfile.GFile(Workdir(parent["workdir"]).spm, "rb") as f:
-        vocabulary = f.read()
-    if gfile.exists(layout.spm):
-        with gfile.GFile(layout.spm, "rb") as f:
-            if f.read() != vocabulary:
-                raise ConfigError(
-                    f"train.init_from: {layout.spm} is not the parent's vocabulary "
-                    f"({Workdir(parent['workdir']).spm}); use another --workdir"
-                )
-    else:
-        gfile.makedirs(layout.root)
-        write_atomically(layout.spm, vocabulary)
+    layout, vocabulary = Workdir.of(config), Workdir(parent["workdir"]).spm
+    _gfile().makedirs(layout.root)
+    if not adopt_model(vocabulary, layout.spm):
+        raise ConfigError(
+            f"train.init_from: {layout.spm} is not the parent's vocabulary ({vocabulary}); use "
+            "another --workdir"
+        )
     write_atomically(os.path.join(layout.root, RECORD), json.dumps(parent, indent=1))
     return parent
 
