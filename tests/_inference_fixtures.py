@@ -147,6 +147,32 @@ def export_plan(**changes):
     return ExportPlan(**fields)
 
 
+LITERT_QUANTIZATIONS = ("float32", "dynamic_int8")
+
+
+def litert_shortlist_exports(root, name, model, spm_bytes, beam_size=EXPORT_DECODE["beam_size"]):
+    """`{quantization: directory}`: `model` exported to LiteRT in each of `LITERT_QUANTIZATIONS`
+    with a shortlist table of every piece and its constrained steps, built once per run as
+    `shared_runs.shared_directory(root, name, ...)`. The shortlist tests and the row tests read
+    the beam-3 one by the same name, so one builder makes it for both."""
+    from _shortlist_tables import full_table
+    from shared_runs import shared_directory
+
+    from keras_transformer.config import DecodingSettings
+    from keras_transformer.export.litert import export_litert
+
+    settings = DecodingSettings(**{**EXPORT_DECODE, "beam_size": beam_size})
+    table = full_table(model.vocab_size)
+
+    def export(base):
+        for q in LITERT_QUANTIZATIONS:
+            plan = export_plan(quantization=q, settings=settings, shortlist=table, constraints=True)
+            export_litert(model, spm_bytes, str(base / q), plan)
+
+    base = shared_directory(root, name, export)
+    return {q: str(base / q) for q in LITERT_QUANTIZATIONS}
+
+
 # Sentences of the copy-task vocabulary, and inputs every signature must answer all the same.
 NORMAL = ["red apple cat", "dog dog fish bird", "blue", "plum pear white black green"]
 HOSTILE = [

@@ -8,12 +8,9 @@ constraints on another. Skipped only when the `litert` extra (ai-edge-litert) is
 import _inference_fixtures as fx
 import numpy as np
 import pytest
-from _shortlist_tables import full_table as _full_table
 from _shortlist_tables import table as _table
 
 from keras_transformer.data.shortlist import batch_shortlist
-from keras_transformer.export.litert import export_litert
-from keras_transformer.export.plan import ExportPlan
 
 pytest.importorskip("ai_edge_litert")
 
@@ -21,7 +18,7 @@ from keras_transformer import litert  # noqa: E402
 
 pytestmark = pytest.mark.numerics
 
-QUANTIZATIONS = ("float32", "dynamic_int8")
+QUANTIZATIONS = fx.LITERT_QUANTIZATIONS
 TEXTS = fx.NORMAL  # one chunk (the exports' batch_size is 4)
 PREFIXES = ["", "", "dog", ""]
 CONSTRAINTS = [[], ["white"], [], []]
@@ -40,32 +37,10 @@ def row_dirs(copy_model, toy_spm_bytes, _shared_root):
     """`{(quantization, beams): directory}`: the copy model exported with a shortlist and its
     constrained steps, in float32 and int8, with beam 3 (the shortlist tests' exports, shared)
     and greedy search."""
-    from shared_runs import shared_directory
-
-    from keras_transformer.config import DecodingSettings
-
-    table = _full_table(copy_model.vocab_size)
-
-    def exporter(beams):
-        settings = DecodingSettings(**{**fx.EXPORT_DECODE, "beam_size": beams})
-
-        def export(base):
-            for q in QUANTIZATIONS:
-                plan = ExportPlan(
-                    quantization=q,
-                    settings=settings,
-                    data=fx.EXPORT_DATA,
-                    shortlist=table,
-                    constraints=True,
-                )
-                export_litert(copy_model, toy_spm_bytes, str(base / q), plan)
-
-        return export
-
     dirs = {}
     for beams, name in ((3, "litert_shortlist_copy_model"), (1, "litert_rows_greedy")):
-        base = shared_directory(_shared_root, name, exporter(beams))
-        dirs.update({(q, beams): str(base / q) for q in QUANTIZATIONS})
+        exports = fx.litert_shortlist_exports(_shared_root, name, copy_model, toy_spm_bytes, beams)
+        dirs.update({(q, beams): path for q, path in exports.items()})
     return dirs
 
 

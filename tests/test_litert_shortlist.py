@@ -226,27 +226,9 @@ def test_export_refuses_a_table_of_another_vocabulary(copy_model, toy_spm_bytes,
 def listed_dirs(copy_model, toy_spm_bytes, _shared_root):
     """The copy model exported in float32 and int8 with a table of every piece (the tests
     give the runtime other tables) and its constrained steps."""
-    from shared_runs import shared_directory
-
-    from keras_transformer.config import DecodingSettings
-
-    settings = DecodingSettings(**fx.EXPORT_DECODE)
-    quantizations = ("float32", "dynamic_int8")
-    table = _full_table(copy_model.vocab_size)
-
-    def export(base):
-        for q in quantizations:
-            plan = ExportPlan(
-                quantization=q,
-                settings=settings,
-                data=fx.EXPORT_DATA,
-                shortlist=table,
-                constraints=True,
-            )
-            export_litert(copy_model, toy_spm_bytes, str(base / q), plan)
-
-    base = shared_directory(_shared_root, "litert_shortlist_copy_model", export)
-    return {q: str(base / q) for q in quantizations}
+    return fx.litert_shortlist_exports(
+        _shared_root, "litert_shortlist_copy_model", copy_model, toy_spm_bytes
+    )
 
 
 def _recording(monkeypatch):
