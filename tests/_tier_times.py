@@ -103,18 +103,15 @@ class TierTimes:
         first = spans[0][0]
         events = sorted([(a, 1) for a, _, _, _ in spans] + [(b, -1) for _, b, _, _ in spans])
         running, last_full, previous = 0, first, first
-        idle_after = {}  # time -> idle worker-seconds from there to the end
-        idle = 0.0
+        idle = idle_at_full = 0.0  # idle worker-seconds so far; up to the last moment all ran
         for t, step in events:
             idle += max(self.workers - running, 0) * max(t - previous, 0.0)
             previous = t
             running += step
             if running >= self.workers:
-                last_full = t
-                idle_after = {}
-            idle_after.setdefault(t, idle)
+                last_full, idle_at_full = t, idle
         idle += max(self.workers - running, 0) * max(end - previous, 0.0)
-        tail = idle - min(idle_after.values()) if idle_after else 0.0
+        tail = idle - idle_at_full
         start_up = self.workers * max(first - self.started_at, 0.0)
         between = max(idle - tail, 0.0)
         workers = {}
@@ -126,7 +123,10 @@ class TierTimes:
                 if a - b > gap:
                     gaps.append((a - b, worker, before, after))
         gaps.sort(reverse=True)
-        alone = [n for _, b, _, n in spans if b > last_full]
+        alone = {}  # the tests still running after the last moment all ran: node id -> end
+        for _, b, _, nodeid in spans:
+            if b > last_full:
+                alone[nodeid] = max(b, alone.get(nodeid, b))
         out = [
             f"outside tests: {start_up:.0f} s of worker time before the first test, "
             f"{between:.0f} s between tests ({len(gaps)} gaps over {gap:.0f} s; "
@@ -135,9 +135,7 @@ class TierTimes:
         ]
         for seconds, worker, before, after in gaps[:top]:
             out.append(f"  gap {seconds:6.1f} s on {worker}: after {before}, before {after}")
-        for nodeid in sorted(set(alone), key=lambda n: -max(b for _, b, _, m in spans if m == n))[
-            :top
-        ]:
+        for nodeid in sorted(alone, key=alone.get, reverse=True)[:top]:
             out.append(f"  in the tail: {nodeid}")
         return out
 
